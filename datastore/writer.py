@@ -1,0 +1,181 @@
+"""Write one datastore build: a staged table, binary COPY, index after load, atomic swap.
+
+Lifecycle (``DatastoreWriter``):
+
+1. ``begin``: take a session advisory lock on the name (a second concurrent build
+   of the same name fails at once), mark earlier ``building`` rows of that name
+   ``failed`` (they were interrupted: nobody held the lock), insert a
+   ``building`` row and create its empty ``token_trees_<id>`` table.
+2. ``write``: binary COPY of (key, tree) rows (psycopg 3).
+3. ``finish``: ANALYZE, then ``CREATE INDEX ... USING hash (key)``, measure bytes on
+   disk, and in one transaction retire the name's previous ready build (drop its
+   table) and mark this one ``ready``.
+
+Until step 3 commits, readers see the previous build (or nothing): a failed or
+interrupted build is never visible. On an exception inside the ``with`` block the
+build is marked ``failed`` and its table dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+import psycopg
+from psycopg import sql
+
+from .connection import connect
+from .migrate import ensure_schema
+from .models import TREE_TABLE_PREFIX
+
+__all__ = ["DatastoreWriter", "BuildConflict", "name_lock_key"]
+
+
+class BuildConflict(RuntimeError):
+    """Raised when another build of the same datastore name is running."""
+
+
+def name_lock_key(name: str) -> int:
+    """Signed 64-bit advisory lock key for a datastore name."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class DatastoreWriter:
+    """One build in progress; use :meth:`begin` and the ``with`` statement.
+
+    Attributes:
+        build_id: the ``datastores.id`` of this build.
+        table: the build's tree table name.
+        rows: rows written so far.
+    """
+
+    def __init__(self, conn: psycopg.Connection, name: str, build_id: int, table: str) -> None:
+        self._conn = conn
+        self.name = name
+        self.build_id = build_id
+        self.table = table
+        self.rows = 0
+        self._done = False
+
+    @classmethod
+    def begin(
+        cls,
+        url: str,
+        name: str,
+        *,
+        tokenizer: str,
+        tokenizer_fingerprint: str,
+        key_width: int,
+        corpus: dict,
+        params: dict,
+    ) -> "DatastoreWriter":
+        """Start a build of ``name``.
+
+        Raises:
+            BuildConflict: when another build of ``name`` holds the lock.
+            ValueError: for an empty name or a key width other than 2 or 4.
+        """
+        if not name or len(name) > 200:
+            raise ValueError(f"datastore name must be 1..200 characters, got {name!r}")
+        if key_width not in (2, 4):
+            raise ValueError(f"key_width must be 2 or 4, got {key_width}")
+        ensure_schema(url)
+        conn = connect(url, autocommit=True)
+        try:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)]).fetchone()[0]
+            if not got:
+                raise BuildConflict(f"another build of datastore {name!r} is running; wait for it or pick another --name")
+            with conn.transaction():
+                stale = conn.execute(
+                    "UPDATE datastores SET state = 'failed', error = 'interrupted before completion' "
+                    "WHERE name = %s AND state = 'building' RETURNING trees_table", [name]).fetchall()
+                for (table,) in stale:
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+                build_id = conn.execute("SELECT nextval(pg_get_serial_sequence('datastores', 'id'))").fetchone()[0]
+                table = f"{TREE_TABLE_PREFIX}{build_id}"
+                conn.execute(
+                    "INSERT INTO datastores (id, name, state, trees_table, tokenizer, tokenizer_fingerprint, "
+                    "key_width, corpus, params) VALUES (%s, %s, 'building', %s, %s, %s, %s, %s, %s)",
+                    [build_id, name, table, tokenizer, tokenizer_fingerprint, key_width,
+                     json.dumps(corpus), json.dumps(params)])
+                conn.execute(sql.SQL("CREATE TABLE {} (key bytea NOT NULL, tree bytea NOT NULL)").format(
+                    sql.Identifier(table)))
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, name, build_id, table)
+
+    def write(self, keys: Sequence[bytes], trees: Sequence[bytes]) -> None:
+        """Append rows by binary COPY.
+
+        Args:
+            keys: n-gram keys (``n * key_width`` bytes each, big-endian ids).
+            trees: codec blobs, one per key.
+
+        Raises:
+            ValueError: when the two sequences differ in length.
+        """
+        if len(keys) != len(trees):
+            raise ValueError(f"{len(keys)} keys but {len(trees)} trees")
+        stmt = sql.SQL("COPY {} (key, tree) FROM STDIN (FORMAT BINARY)").format(sql.Identifier(self.table))
+        with self._conn.cursor() as cur, cur.copy(stmt) as copy:
+            copy.set_types(["bytea", "bytea"])
+            for row in zip(keys, trees):
+                copy.write_row(row)
+        self.rows += len(keys)
+
+    def finish(self, *, ngram_stats: dict, num_tokens: int, timings: dict, corpus: dict | None = None) -> int:
+        """Index the table and make this build the ready one; returns its bytes on disk.
+
+        ``timings`` gets an ``index`` entry (seconds) added to the recorded copy.
+        """
+        import time
+
+        t0 = time.perf_counter()
+        ident = sql.Identifier(self.table)
+        self._conn.execute(sql.SQL("ANALYZE {}").format(ident))
+        self._conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (key) WITH (fillfactor = 100)").format(
+            sql.Identifier(f"{self.table}_key_hash"), ident))
+        size = self._conn.execute("SELECT pg_total_relation_size(%s::regclass)", [self.table]).fetchone()[0]
+        recorded = dict(timings, index=round(time.perf_counter() - t0, 3))
+        with self._conn.transaction():
+            old = self._conn.execute(
+                "SELECT id, trees_table FROM datastores WHERE name = %s AND state = 'ready' FOR UPDATE",
+                [self.name]).fetchall()
+            for old_id, old_table in old:
+                self._conn.execute("UPDATE datastores SET state = 'retired' WHERE id = %s", [old_id])
+                self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(old_table)))
+            self._conn.execute(
+                "UPDATE datastores SET state = 'ready', completed_at = now(), num_trees = %s, num_tokens = %s, "
+                "bytes_on_disk = %s, ngram_stats = %s, timings = %s, corpus = COALESCE(%s::jsonb, corpus) "
+                "WHERE id = %s",
+                [self.rows, num_tokens, size, json.dumps(ngram_stats), json.dumps(recorded),
+                 json.dumps(corpus) if corpus is not None else None, self.build_id])
+        self._done = True
+        return int(size)
+
+    def abort(self, reason: str) -> None:
+        """Mark the build failed and drop its table (the previous ready build keeps serving)."""
+        if self._done or self._conn.closed:
+            return
+        with self._conn.transaction():
+            self._conn.execute("UPDATE datastores SET state = 'failed', error = %s WHERE id = %s",
+                               [reason[:2000], self.build_id])
+            self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.table)))
+        self._done = True
+
+    def close(self) -> None:
+        """Release the name lock and the connection."""
+        if not self._conn.closed:
+            self._conn.close()
+
+    def __enter__(self) -> "DatastoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None:
+                self.abort(f"{exc_type.__name__}: {exc}")
+        finally:
+            self.close()

@@ -1,0 +1,220 @@
+"""The build pipeline: corpus -> token stream -> top-t n-grams -> token trees -> Postgres.
+
+Stages (timed, in seconds, and stored with the build):
+    tokenize  read the source and tokenize it into the on-disk token stream
+    count     exact n-gram counts and the top-t per n (DuckDB)
+    trees     find occurrences and build the pruned continuation trees
+    encode    codec blobs (zstd by default)
+    load      binary COPY into the build's table
+    index     ANALYZE and the hash index (inside ``DatastoreWriter.finish``)
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from datastore.codec import encode_trees
+from datastore.connection import resolve_database_url
+from datastore.keys import encode_keys, key_width_for
+from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerprint
+from datastore.writer import DatastoreWriter
+
+from .counting import count_top_t
+from .occurrences import partitions, tag_occurrences
+from .sources import SourceReport, iter_documents
+from .tokens import TokenStreamWriter, open_stream
+from .trees import build_trees
+
+__all__ = ["BuildConfig", "BuildResult", "build_datastore", "tokenize_source"]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Parameters of one build (see ``python -m ingest build --help``).
+
+    Attributes:
+        name: datastore name. source/path/limit/glob/text_field: the corpus.
+        top_t: n-grams kept per n (CREST combined top-t), >= 1.
+        max_n: largest n (1..8). min_count: drop rarer n-grams.
+        depth: continuation tokens per tree (1..32). tree_budget: nodes per tree (1..1024).
+        tokenizer: model spec for the tokenizer. compression: zstd | lz4 | none.
+        database_url: None -> DATABASE_URL -> embedded server.
+        workdir: scratch space for the token stream and spills (a temp dir if None).
+        max_occurrences: occurrences per tree-building partition (bounds memory).
+        memory_limit: DuckDB's memory limit for counting.
+    """
+
+    name: str = "sharegpt"
+    source: str = "sharegpt"
+    path: Path | None = None
+    limit: int | None = None
+    glob: str = "**/*.py"
+    text_field: str = "content"
+    top_t: int = 2_000_000
+    max_n: int = 5
+    min_count: int = 1
+    depth: int = 10
+    tree_budget: int = 64
+    tokenizer: str = DEFAULT_MODEL
+    compression: str = "zstd"
+    database_url: str | None = None
+    workdir: Path | None = None
+    max_occurrences: int = 8_000_000
+    memory_limit: str = "4GB"
+
+    def __post_init__(self) -> None:
+        checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),
+                  (1 <= self.depth <= 32, "--depth must be in 1..32"),
+                  (1 <= self.tree_budget <= 1024, "--tree-budget must be in 1..1024"),
+                  (self.min_count >= 1, "--min-count must be >= 1"),
+                  (self.limit is None or self.limit >= 1, "--limit must be >= 1"),
+                  (self.compression in ("zstd", "lz4", "none"), "--compression must be zstd, lz4 or none")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def params(self) -> dict:
+        """The parameters recorded with the build."""
+        return {"top_t": self.top_t, "max_n": self.max_n, "min_count": self.min_count, "depth": self.depth,
+                "tree_budget": self.tree_budget, "compression": self.compression, "limit": self.limit}
+
+
+@dataclass
+class BuildResult:
+    """What a build produced (also printed as the summary table)."""
+
+    name: str
+    build_id: int
+    num_documents: int
+    num_tokens: int
+    num_trees: int
+    bytes_on_disk: int
+    ngram_stats: dict
+    timings: dict
+    report: dict = field(default_factory=dict)
+
+    @property
+    def bytes_per_ngram(self) -> float:
+        """Table + index bytes per stored n-gram."""
+        return self.bytes_on_disk / max(self.num_trees, 1)
+
+
+def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path, progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
+    """Stream the source through the tokenizer into ``stream_path``; returns the report and the closed writer."""
+    report, batches = iter_documents(config.source, config.path, tokenizer=tokenizer, limit=config.limit,
+                                     glob=config.glob, text_field=config.text_field)
+    backend = tokenizer.backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    with TokenStreamWriter(stream_path) as writer, tqdm(desc="tokenize", unit=" docs", disable=not progress) as bar:
+        for batch in batches:
+            texts = batch.column(0).to_pylist()
+            encodings = encode(texts, add_special_tokens=False)
+            writer.write([np.asarray(e.ids, dtype=np.uint32) for e in encodings])
+            bar.update(len(texts))
+            bar.set_postfix(tokens=f"{writer.num_tokens:,}")
+    return report, writer
+
+
+def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
+    """Run the whole pipeline and make the new build the ready datastore ``config.name``.
+
+    Raises:
+        ingest.sources.SourceError: when the corpus cannot be read.
+        datastore.writer.BuildConflict: when a build of the same name is running.
+        datastore.connection.DatabaseUnavailable: when Postgres is unreachable.
+        ValueError: when the corpus yields no tokens.
+    """
+    timings: dict[str, float] = defaultdict(float)
+    url = resolve_database_url(config.database_url)
+    tokenizer = load_tokenizer(config.tokenizer)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    width = key_width_for(len(tokenizer))
+    with tempfile.TemporaryDirectory(prefix="crest-build-", dir=config.workdir) as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        report, stream_info = tokenize_source(config, tokenizer, work / "tokens.u32", progress)
+        timings["tokenize"] = time.perf_counter() - t0
+        if stream_info.num_tokens == 0:
+            raise ValueError(f"the corpus at {report.path} produced no tokens (malformed: {dict(report.malformed)})")
+        if stream_info.max_token >= 1 << (8 * width):
+            width = 4
+        stream = open_stream(work / "tokens.u32")
+        corpus = report.as_dict() | {"tokens": stream_info.num_tokens}
+        ngram_stats: dict[str, dict] = {}
+        writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
+                                       key_width=width, corpus=corpus, params=config.params())
+        with writer:
+            for n in range(1, config.max_n + 1):
+                t = time.perf_counter()
+                kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+                timings["count"] += time.perf_counter() - t
+                nodes = _trees_for_n(stream, kept, config, width, writer, work, timings, progress)
+                ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct, "occurrences": kept.occurrences,
+                                       "min_kept_count": int(kept.counts[-1]) if len(kept) else 0, "nodes": nodes}
+            t = time.perf_counter()
+            size = writer.finish(ngram_stats=ngram_stats, num_tokens=stream_info.num_tokens,
+                                 timings={k: round(v, 3) for k, v in timings.items()}, corpus=corpus)
+            timings["index"] = time.perf_counter() - t
+        del stream
+    return BuildResult(config.name, writer.build_id, report.documents, stream_info.num_tokens, writer.rows, size,
+                       ngram_stats, {k: round(v, 3) for k, v in timings.items()}, corpus)
+
+
+def _trees_for_n(stream, kept, config: BuildConfig, width: int, writer: DatastoreWriter, work: Path,
+                 timings: dict, progress: bool) -> int:
+    """Build, encode and load the trees of one n; returns the number of nodes stored."""
+    t = time.perf_counter()
+    tags = tag_occurrences(stream, kept, work / f"tags_{kept.n}.npy")
+    timings["trees"] += time.perf_counter() - t
+    keys_all = encode_keys(kept.ngrams, width)
+    nodes = 0
+    bar = tqdm(total=len(kept), desc=f"trees n={kept.n}", unit=" trees", disable=not progress)
+    for tree_index, positions, local_ids in partitions(tags, kept, config.max_occurrences):
+        t = time.perf_counter()
+        batch = build_trees(stream, positions, local_ids, kept.counts[tree_index], kept.n, config.depth, config.tree_budget)
+        t1 = time.perf_counter()
+        blobs = encode_trees(batch, config.compression, threads=2)
+        t2 = time.perf_counter()
+        writer.write([keys_all[i] for i in tree_index.tolist()], blobs)
+        t3 = time.perf_counter()
+        timings["trees"] += t1 - t
+        timings["encode"] += t2 - t1
+        timings["load"] += t3 - t2
+        nodes += len(batch.token_ids)
+        bar.update(len(tree_index))
+    bar.close()
+    del tags
+    (work / f"tags_{kept.n}.npy").unlink(missing_ok=True)
+    return nodes
+
+
+def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
+    """(label, value) rows of the end-of-build summary."""
+    total = sum(result.timings.values())
+    rows = [("datastore", f"{result.name} (build {result.build_id})"),
+            ("documents", f"{result.num_documents:,}"), ("tokens", f"{result.num_tokens:,}"),
+            ("n-grams stored", f"{result.num_trees:,}"), ("bytes on disk", f"{result.bytes_on_disk:,}"),
+            ("bytes per n-gram", f"{result.bytes_per_ngram:.1f}")]
+    for n, s in result.ngram_stats.items():
+        rows.append((f"n={n}", f"kept {s['kept']:,} of {s['distinct']:,} (min count {s['min_kept_count']}), "
+                               f"mean tree {s['nodes'] / max(s['kept'], 1):.1f} nodes"))
+    rows += [(f"{stage} s", f"{sec:.1f}") for stage, sec in result.timings.items()]
+    rows.append(("total s", f"{total:.1f}  ({result.num_tokens / max(total, 1e-9):,.0f} tokens/s)"))
+    rep = result.report
+    rows.append(("malformed", ", ".join(f"{k}: {v}" for k, v in rep.get("malformed", {}).items()) or "none"))
+    if rep.get("duplicates"):
+        rows.append(("duplicates", f"{rep['duplicates']:,}"))
+    rows += [("note", note) for note in rep.get("notes", [])]
+    return rows
+
+
+def config_dict(config: BuildConfig) -> dict:
+    """JSON-ready form of a config."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}

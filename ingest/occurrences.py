@@ -1,0 +1,97 @@
+"""Find every occurrence of the kept n-grams in the token stream.
+
+Each window of ``n`` tokens is hashed (64-bit multiply-xorshift), looked up in
+the sorted hashes of the kept n-grams, and then compared token by token with
+the candidate, so a hash collision can never attribute an occurrence to the
+wrong n-gram. The result, one int32 tree id per stream position (-1 where no
+kept n-gram starts), is written to a memory-mapped file so that partitions can
+be read back without holding the corpus in RAM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .counting import KeptNgrams, ngram_windows
+
+__all__ = ["ngram_hash", "tag_occurrences", "partitions"]
+
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+_MAX_SEEDS = 16
+
+
+def ngram_hash(windows: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``[m]`` uint64 hash of each column of ``windows`` (``[n, m]`` uint32)."""
+    h = np.full(windows.shape[1], np.uint64(seed) * _MUL + np.uint64(0x632BE59BD9B4E019), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for row in windows:
+            h ^= row.astype(np.uint64)
+            h *= _MUL
+            h ^= h >> np.uint64(29)
+    return h
+
+
+def _kept_index(kept: KeptNgrams) -> tuple[int, np.ndarray, np.ndarray]:
+    """A seed under which all kept n-grams hash apart, their sorted hashes, and the sort order."""
+    for seed in range(_MAX_SEEDS):
+        h = ngram_hash(kept.ngrams.T, seed)
+        order = np.argsort(h, kind="stable")
+        sh = h[order]
+        if len(sh) < 2 or not np.any(sh[1:] == sh[:-1]):
+            return seed, sh, order
+    raise RuntimeError(f"{_MAX_SEEDS} hash seeds all collided on the kept {kept.n}-grams")  # ~1e-100 odds
+
+
+def tag_occurrences(stream: np.ndarray, kept: KeptNgrams, path: Path) -> np.ndarray:
+    """Tag each stream position with the kept n-gram starting there.
+
+    Args:
+        stream: ``[num_tokens]`` uint32 token stream.
+        kept: the kept n-grams of one n.
+        path: file for the tags (created or truncated).
+
+    Returns:
+        ``[num_tokens]`` int32 memory map: the index into ``kept`` of the n-gram
+        starting at each position, -1 where none does.
+    """
+    tags = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(max(len(stream), 1),))
+    tags[:] = -1
+    if len(kept) == 0:
+        return tags
+    seed, sorted_hashes, order = _kept_index(kept)
+    for start, valid, win in ngram_windows(stream, kept.n):
+        h = ngram_hash(win, seed)
+        idx = np.minimum(np.searchsorted(sorted_hashes, h), len(sorted_hashes) - 1)
+        hit = valid & (sorted_hashes[idx] == h)
+        where = np.flatnonzero(hit)
+        cand = order[idx[where]]
+        exact = np.all(kept.ngrams[cand].T == win[:, where], axis=0)
+        tags[start + where[exact]] = cand[exact].astype(np.int32)
+    tags.flush()
+    return tags
+
+
+def partitions(tags: np.ndarray, kept: KeptNgrams, max_occurrences: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Split the kept n-grams into parts of at most about ``max_occurrences`` occurrences.
+
+    Yields:
+        ``(tree_index, positions, local_ids)`` per part: ``tree_index`` ``[k]``
+        int64 indices into ``kept``, ``positions`` ``[m]`` int64 occurrence
+        starts, ``local_ids`` ``[m]`` int64 indices into ``tree_index``.
+    """
+    total = int(kept.counts.sum(dtype=np.uint64)) if len(kept) else 0
+    parts = max(1, -(-total // max(max_occurrences, 1)))
+    part_of = np.arange(len(kept), dtype=np.int64) % parts  # counts are sorted: round-robin balances
+    local_of = np.arange(len(kept), dtype=np.int64) // parts
+    for p in range(parts):
+        tree_index = np.flatnonzero(part_of == p)
+        positions = []
+        for s in range(0, len(tags), 1 << 25):
+            block = np.asarray(tags[s:s + (1 << 25)])
+            hit = np.flatnonzero((block >= 0) & (part_of[np.maximum(block, 0)] == p))
+            positions.append(hit.astype(np.int64) + s)
+        pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+        yield tree_index, pos, local_of[np.asarray(tags[pos], dtype=np.int64)]
