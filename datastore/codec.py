@@ -7,7 +7,8 @@ One blob holds one tree. Layout, all multi-byte fixed fields little-endian:
     1       1     format version (1)
     2       1     high nibble: compression id (0 none, 1 zstd, 2 lz4);
                   low nibble: token width in bytes (1..4)
-    3       4     CRC-32 (zlib polynomial) of the uncompressed payload, uint32 LE
+    3       4     CRC-32 (zlib polynomial) of bytes 0..2 followed by the uncompressed
+                  payload, uint32 LE
     7       1..5  uncompressed payload length, LEB128 varint
     ...           body: the payload, compressed as the compression id says
 
@@ -194,10 +195,9 @@ def encode_trees(batch: TreeBatch, compression: Compression = "zstd", level: int
     for raw, body in zip(raws, bodies):
         n = len(raw)
         length = _varint_bytes(n)
-        if len(body) < n:
-            out.append(pack(MAGIC, FORMAT_VERSION, (cid << 4) | width, zlib.crc32(raw)) + length + body)
-        else:
-            out.append(pack(MAGIC, FORMAT_VERSION, width, zlib.crc32(raw)) + length + raw)
+        flags = (cid << 4) | width if len(body) < n else width
+        crc = zlib.crc32(raw, zlib.crc32(bytes((MAGIC, FORMAT_VERSION, flags))))
+        out.append(pack(MAGIC, FORMAT_VERSION, flags, crc) + length + (body if flags >> 4 else raw))
     return out
 
 
@@ -210,7 +210,11 @@ def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
     if cid == 0:
         return body
     if cid == 1:
-        return zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS).decompress(body, max_output_size=raw_len)
+        dobj = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS).decompressobj()
+        raw = dobj.decompress(body)
+        if not dobj.eof or dobj.unused_data:
+            raise CodecError("zstd body is truncated or followed by extra bytes")
+        return raw
     if cid == 2:
         return lz4.block.decompress(body, uncompressed_size=raw_len)
     raise CodecError(f"unknown compression id {cid}")
@@ -254,7 +258,7 @@ def decode_tree(blob: bytes) -> TokenTree:
         raise CodecError(f"corrupt tree blob: {exc}") from exc
     if len(raw) != raw_len:
         raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
-    if zlib.crc32(raw) != crc:
+    if zlib.crc32(raw, zlib.crc32(blob[:3])) != crc:
         raise CodecError("CRC mismatch: the blob is corrupt")
     return _parse_payload(np.frombuffer(raw, dtype=np.uint8), width)
 

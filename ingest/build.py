@@ -11,8 +11,12 @@ Stages (timed, in seconds, and stored with the build):
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,10 +31,10 @@ from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerp
 from datastore.writer import DatastoreWriter
 
 from .counting import count_top_t
-from .occurrences import partitions, tag_occurrences
+from .occurrences import partition_plan, tag_occurrences
 from .sources import SourceReport, iter_documents
 from .tokens import TokenStreamWriter, open_stream
-from .trees import build_trees
+from .workers import TreeJob, run_tree_job
 
 __all__ = ["BuildConfig", "BuildResult", "build_datastore", "tokenize_source"]
 
@@ -47,8 +51,9 @@ class BuildConfig:
         tokenizer: model spec for the tokenizer. compression: zstd | lz4 | none.
         database_url: None -> DATABASE_URL -> embedded server.
         workdir: scratch space for the token stream and spills (a temp dir if None).
-        max_occurrences: occurrences per tree-building partition (bounds memory).
+        max_occurrences: occurrences per tree-building partition (bounds each worker's memory).
         memory_limit: DuckDB's memory limit for counting.
+        workers: tree-building worker processes (>= 1).
     """
 
     name: str = "sharegpt"
@@ -66,8 +71,9 @@ class BuildConfig:
     compression: str = "zstd"
     database_url: str | None = None
     workdir: Path | None = None
-    max_occurrences: int = 8_000_000
+    max_occurrences: int = 4_000_000
     memory_limit: str = "4GB"
+    workers: int = 2
 
     def __post_init__(self) -> None:
         checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),
@@ -75,7 +81,8 @@ class BuildConfig:
                   (1 <= self.tree_budget <= 1024, "--tree-budget must be in 1..1024"),
                   (self.min_count >= 1, "--min-count must be >= 1"),
                   (self.limit is None or self.limit >= 1, "--limit must be >= 1"),
-                  (self.compression in ("zstd", "lz4", "none"), "--compression must be zstd, lz4 or none")]
+                  (self.compression in ("zstd", "lz4", "none"), "--compression must be zstd, lz4 or none"),
+                  (self.workers >= 1, "--workers must be >= 1")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -88,7 +95,12 @@ class BuildConfig:
 
 @dataclass
 class BuildResult:
-    """What a build produced (also printed as the summary table)."""
+    """What a build produced (also printed as the summary table).
+
+    ``timings`` are seconds per stage; trees and encode are summed over worker processes and
+    overlap with counting and loading, so ``wall_seconds`` (start to ready, tokenizer load
+    included) is the end-to-end figure.
+    """
 
     name: str
     build_id: int
@@ -98,6 +110,7 @@ class BuildResult:
     bytes_on_disk: int
     ngram_stats: dict
     timings: dict
+    wall_seconds: float
     report: dict = field(default_factory=dict)
 
     @property
@@ -132,6 +145,7 @@ def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
         ValueError: when the corpus yields no tokens.
     """
     timings: dict[str, float] = defaultdict(float)
+    started = time.perf_counter()
     url = resolve_database_url(config.database_url)
     tokenizer = load_tokenizer(config.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
@@ -151,53 +165,83 @@ def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
         writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
                                        key_width=width, corpus=corpus, params=config.params())
         with writer:
-            for n in range(1, config.max_n + 1):
-                t = time.perf_counter()
-                kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
-                timings["count"] += time.perf_counter() - t
-                nodes = _trees_for_n(stream, kept, config, width, writer, work, timings, progress)
-                ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct, "occurrences": kept.occurrences,
-                                       "min_kept_count": int(kept.counts[-1]) if len(kept) else 0, "nodes": nodes}
+            nodes = _count_and_build(stream, work, config, width, writer, timings, ngram_stats, progress)
+            for n, count in nodes.items():
+                ngram_stats[str(n)]["nodes"] = count
             t = time.perf_counter()
             size = writer.finish(ngram_stats=ngram_stats, num_tokens=stream_info.num_tokens,
                                  timings={k: round(v, 3) for k, v in timings.items()}, corpus=corpus)
             timings["index"] = time.perf_counter() - t
         del stream
     return BuildResult(config.name, writer.build_id, report.documents, stream_info.num_tokens, writer.rows, size,
-                       ngram_stats, {k: round(v, 3) for k, v in timings.items()}, corpus)
+                       ngram_stats, {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3),
+                       corpus)
 
 
-def _trees_for_n(stream, kept, config: BuildConfig, width: int, writer: DatastoreWriter, work: Path,
-                 timings: dict, progress: bool) -> int:
-    """Build, encode and load the trees of one n; returns the number of nodes stored."""
-    t = time.perf_counter()
-    tags = tag_occurrences(stream, kept, work / f"tags_{kept.n}.npy")
-    timings["trees"] += time.perf_counter() - t
-    keys_all = encode_keys(kept.ngrams, width)
-    nodes = 0
-    bar = tqdm(total=len(kept), desc=f"trees n={kept.n}", unit=" trees", disable=not progress)
-    for tree_index, positions, local_ids in partitions(tags, kept, config.max_occurrences):
-        t = time.perf_counter()
-        batch = build_trees(stream, positions, local_ids, kept.counts[tree_index], kept.n, config.depth, config.tree_budget)
-        t1 = time.perf_counter()
-        blobs = encode_trees(batch, config.compression, threads=2)
-        t2 = time.perf_counter()
-        writer.write([keys_all[i] for i in tree_index.tolist()], blobs)
-        t3 = time.perf_counter()
-        timings["trees"] += t1 - t
-        timings["encode"] += t2 - t1
-        timings["load"] += t3 - t2
-        nodes += len(batch.token_ids)
-        bar.update(len(tree_index))
-    bar.close()
-    del tags
-    (work / f"tags_{kept.n}.npy").unlink(missing_ok=True)
-    return nodes
+def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer: DatastoreWriter,
+                     timings: dict, ngram_stats: dict, progress: bool) -> dict[int, int]:
+    """Count and select each n, then build its trees in worker processes while the next n is
+    counted; a consumer thread COPYs finished partitions in order. Returns nodes stored per n."""
+    pending: queue.Queue = queue.Queue()
+    nodes: dict[int, int] = defaultdict(int)
+    failure: list[BaseException] = []
+    bar = tqdm(total=0, desc="trees", unit=" trees", disable=not progress)
+
+    def consume() -> None:
+        while (item := pending.get()) is not None:
+            future, keys = item
+            if failure:
+                continue
+            try:
+                res = future.result()
+                t = time.perf_counter()
+                writer.write([keys[i] for i in res.tree_index.tolist()], res.blobs)
+                timings["load"] += time.perf_counter() - t
+                timings["trees"] += res.build_seconds
+                timings["encode"] += res.encode_seconds
+                nodes[res.n] += res.nodes
+                bar.update(len(res.tree_index))
+            except BaseException as exc:  # handed to the main thread, which re-raises it
+                failure.append(exc)
+
+    consumer = threading.Thread(target=consume, name="copy", daemon=True)
+    consumer.start()
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx) as pool:
+            for n in range(1, config.max_n + 1):
+                if failure:
+                    break
+                t = time.perf_counter()
+                kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+                timings["count"] += time.perf_counter() - t
+                ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct, "occurrences": kept.occurrences,
+                                       "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
+                if len(kept) == 0:
+                    continue
+                t = time.perf_counter()
+                tags_path = work / f"tags_{n}.npy"
+                tag_occurrences(stream, kept, tags_path)
+                timings["tag"] += time.perf_counter() - t
+                keys = encode_keys(kept.ngrams, width)
+                parts = partition_plan(kept, config.max_occurrences)
+                bar.total += len(kept)
+                for p in range(parts):
+                    job = TreeJob(str(work / "tokens.u32"), str(tags_path), n, len(kept), parts, p,
+                                  kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
+                    pending.put((pool.submit(run_tree_job, job), keys))
+            pending.put(None)
+            consumer.join()
+    finally:
+        pending.put(None)
+        bar.close()
+    if failure:
+        raise failure[0]
+    return dict(nodes)
 
 
 def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
     """(label, value) rows of the end-of-build summary."""
-    total = sum(result.timings.values())
     rows = [("datastore", f"{result.name} (build {result.build_id})"),
             ("documents", f"{result.num_documents:,}"), ("tokens", f"{result.num_tokens:,}"),
             ("n-grams stored", f"{result.num_trees:,}"), ("bytes on disk", f"{result.bytes_on_disk:,}"),
@@ -206,7 +250,7 @@ def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
         rows.append((f"n={n}", f"kept {s['kept']:,} of {s['distinct']:,} (min count {s['min_kept_count']}), "
                                f"mean tree {s['nodes'] / max(s['kept'], 1):.1f} nodes"))
     rows += [(f"{stage} s", f"{sec:.1f}") for stage, sec in result.timings.items()]
-    rows.append(("total s", f"{total:.1f}  ({result.num_tokens / max(total, 1e-9):,.0f} tokens/s)"))
+    rows.append(("wall s", f"{result.wall_seconds:.1f}  ({result.num_tokens / max(result.wall_seconds, 1e-9):,.0f} tokens/s)"))
     rep = result.report
     rows.append(("malformed", ", ".join(f"{k}: {v}" for k, v in rep.get("malformed", {}).items()) or "none"))
     if rep.get("duplicates"):

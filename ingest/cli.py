@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="libpq URL (default: $DATABASE_URL, else an embedded Postgres in a per-user data dir)")
     b.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: the system temp dir)")
     b.add_argument("--memory-limit", default=d.memory_limit, help="DuckDB memory limit while counting (default: %(default)s)")
+    b.add_argument("--workers", type=int, default=d.workers, help="tree-building processes (default: %(default)s)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                              text_field=args.text_field, top_t=args.top_t, max_n=args.max_n,
                              min_count=args.min_count, depth=args.depth, tree_budget=args.tree_budget,
                              tokenizer=args.tokenizer, compression=args.compression,
-                             database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit)
+                             database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
+                             workers=args.workers)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"config": config_dict(config), "build_id": result.build_id, "documents": result.num_documents,
                           "tokens": result.num_tokens, "ngrams": result.num_trees, "bytes_on_disk": result.bytes_on_disk,
                           "bytes_per_ngram": result.bytes_per_ngram, "ngram_stats": result.ngram_stats,
-                          "timings": result.timings, "corpus": result.report}, indent=2))
+                          "timings": result.timings, "wall_seconds": result.wall_seconds,
+                          "corpus": result.report}, indent=2))
     else:
         from rich.console import Console
         from rich.table import Table

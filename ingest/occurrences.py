@@ -17,7 +17,7 @@ import numpy as np
 
 from .counting import KeptNgrams, ngram_windows
 
-__all__ = ["ngram_hash", "tag_occurrences", "partitions"]
+__all__ = ["ngram_hash", "tag_occurrences", "partition_plan", "partition", "partitions"]
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _MAX_SEEDS = 16
@@ -74,24 +74,35 @@ def tag_occurrences(stream: np.ndarray, kept: KeptNgrams, path: Path) -> np.ndar
     return tags
 
 
-def partitions(tags: np.ndarray, kept: KeptNgrams, max_occurrences: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Split the kept n-grams into parts of at most about ``max_occurrences`` occurrences.
-
-    Yields:
-        ``(tree_index, positions, local_ids)`` per part: ``tree_index`` ``[k]``
-        int64 indices into ``kept``, ``positions`` ``[m]`` int64 occurrence
-        starts, ``local_ids`` ``[m]`` int64 indices into ``tree_index``.
-    """
+def partition_plan(kept: KeptNgrams, max_occurrences: int) -> int:
+    """How many parts keep each under about ``max_occurrences`` occurrences (>= 1)."""
     total = int(kept.counts.sum(dtype=np.uint64)) if len(kept) else 0
-    parts = max(1, -(-total // max(max_occurrences, 1)))
-    part_of = np.arange(len(kept), dtype=np.int64) % parts  # counts are sorted: round-robin balances
-    local_of = np.arange(len(kept), dtype=np.int64) // parts
+    return max(1, -(-total // max(max_occurrences, 1)))
+
+
+def partition(tags: np.ndarray, num_kept: int, parts: int, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Part ``p`` of ``parts``: kept n-grams are dealt round-robin (they are sorted by count, so
+    the parts balance).
+
+    Returns:
+        ``(tree_index, positions, local_ids)``: ``tree_index`` ``[k]`` int64 indices into the
+        kept n-grams, ``positions`` ``[m]`` int64 occurrence starts, ``local_ids`` ``[m]`` int64
+        indices into ``tree_index``.
+    """
+    tree_index = np.arange(p, num_kept, parts, dtype=np.int64)
+    positions = []
+    for s in range(0, len(tags), 1 << 25):
+        block = np.asarray(tags[s:s + (1 << 25)])
+        hit = np.flatnonzero((block >= 0) & (block % parts == p))
+        positions.append(hit.astype(np.int64) + s)
+    pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    return tree_index, pos, np.asarray(tags[pos], dtype=np.int64) // parts
+
+
+def partitions(tags: np.ndarray, kept: KeptNgrams, max_occurrences: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every part of :func:`partition_plan`, in order (see :func:`partition`)."""
+    if len(kept) == 0:
+        return
+    parts = partition_plan(kept, max_occurrences)
     for p in range(parts):
-        tree_index = np.flatnonzero(part_of == p)
-        positions = []
-        for s in range(0, len(tags), 1 << 25):
-            block = np.asarray(tags[s:s + (1 << 25)])
-            hit = np.flatnonzero((block >= 0) & (part_of[np.maximum(block, 0)] == p))
-            positions.append(hit.astype(np.int64) + s)
-        pos = np.concatenate(positions) if positions else np.zeros(0, np.int64)
-        yield tree_index, pos, local_of[np.asarray(tags[pos], dtype=np.int64)]
+        yield partition(tags, len(kept), parts, p)

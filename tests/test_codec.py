@@ -1,0 +1,96 @@
+"""Codec: round trips (hypothesis), every corruption and truncation refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datastore.codec import CodecError, TreeBatch, decode_tree, encode_tree, encode_trees
+from datastore.tree import TokenTree, TreeError
+from datastore.varint import decode_varints, encode_varints, unzigzag, zigzag
+
+
+@st.composite
+def trees(draw, max_nodes=80, max_token=2**32 - 2):
+    n = draw(st.integers(0, max_nodes))
+    parents, counts = [], []
+    for i in range(n):
+        p = draw(st.integers(-1, i - 1))
+        parents.append(p)
+        cap = counts[p] if p >= 0 else 10**6
+        counts.append(draw(st.integers(0, cap)))
+    tokens = draw(st.lists(st.integers(0, max_token), min_size=n, max_size=n))
+    root = draw(st.integers(0, 2**40))
+    return TokenTree(np.array(tokens, dtype=np.uint32), np.array(parents, dtype=np.int32),
+                     np.array(counts, dtype=np.uint32), root)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(), st.sampled_from(["zstd", "lz4", "none"]))
+def test_round_trip(tree, compression):
+    assert decode_tree(encode_tree(tree, compression)) == tree
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(trees(max_nodes=30, max_token=70000), max_size=12), st.sampled_from(["zstd", "lz4", "none"]))
+def test_batch_encoding_matches_single(tree_list, compression):
+    blobs = encode_trees(TreeBatch.from_trees(tree_list), compression)
+    assert [decode_tree(b) for b in blobs] == tree_list
+
+
+@settings(max_examples=40, deadline=None)
+@given(trees(max_nodes=40), st.sampled_from(["zstd", "lz4", "none"]), st.data())
+def test_any_single_byte_corruption_is_refused(tree, compression, data):
+    blob = bytearray(encode_tree(tree, compression))
+    i = data.draw(st.integers(0, len(blob) - 1))
+    blob[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CodecError):
+        decode_tree(bytes(blob))
+
+
+@settings(max_examples=40, deadline=None)
+@given(trees(max_nodes=40), st.sampled_from(["zstd", "lz4", "none"]), st.data())
+def test_truncation_and_extension_are_refused(tree, compression, data):
+    blob = encode_tree(tree, compression)
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    with pytest.raises(CodecError):
+        decode_tree(blob[:cut])
+    with pytest.raises(CodecError):
+        decode_tree(blob + data.draw(st.binary(min_size=1, max_size=8)))
+
+
+def test_unknown_version_and_magic_named_in_error():
+    blob = bytearray(encode_tree(TokenTree([5], [-1], [1], 1)))
+    blob[1] = 99
+    with pytest.raises(CodecError, match="version 99"):
+        decode_tree(bytes(blob))
+    with pytest.raises(CodecError, match="magic"):
+        decode_tree(b"\x00" + bytes(blob[1:]))
+
+
+def test_zstd_shrinks_repetitive_trees():
+    chain = TokenTree(np.full(60, 7, np.uint32), np.arange(-1, 59, dtype=np.int32), np.full(60, 3, np.uint32), 3)
+    assert len(encode_tree(chain, "zstd")) < len(encode_tree(chain, "none"))
+
+
+def test_tree_validation_rejects_bad_arrays():
+    with pytest.raises(TreeError, match="parent"):
+        TokenTree([1, 2], [-1, 1], [1, 1])
+    with pytest.raises(TreeError, match="more than its parent"):
+        TokenTree([1, 2], [-1, 0], [1, 2])
+    with pytest.raises(TreeError, match="lengths differ"):
+        TokenTree([1, 2], [-1], [1, 1])
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_varints_round_trip(values):
+    arr = np.array(values, dtype=np.uint64)
+    decoded, end = decode_varints(encode_varints(arr), len(values))
+    assert decoded.tolist() == values
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=50))
+def test_zigzag_round_trip(values):
+    assert unzigzag(zigzag(np.array(values, dtype=np.int64))).tolist() == values
