@@ -31,8 +31,9 @@ def _contexts(tokenizer, limit: int) -> list[list[int]]:
     out: list[list[int]] = []
     for line in QUESTIONS.read_text().splitlines():
         q = json.loads(line)
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
         out.extend(ids[max(0, i - 5):i] for i in range(1, len(ids) + 1))
         if len(out) >= limit:
             break

@@ -35,7 +35,7 @@ import numpy as np
 import zstandard
 
 from .tree import TokenTree, TreeError
-from .varint import VarintError, decode_varints, encode_varints, unzigzag, varint_lengths, zigzag
+from .varint import encode_varints, varint_lengths, zigzag
 
 __all__ = ["CodecError", "TreeBatch", "encode_tree", "encode_trees", "decode_tree", "Compression", "FORMAT_VERSION"]
 
@@ -220,6 +220,31 @@ def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
     raise CodecError(f"unknown compression id {cid}")
 
 
+def _uvarints(buf: bytes, pos: int, count: int) -> tuple[list[int], int]:
+    """Read ``count`` LEB128 varints from ``buf`` at ``pos`` (pure Python: trees are small)."""
+    chunk = buf[pos:pos + count]
+    if len(chunk) == count and (not chunk or max(chunk) < 0x80):  # all single-byte: the common case
+        return list(chunk), pos + count
+    out: list[int] = []
+    append = out.append
+    end = len(buf)
+    for _ in range(count):
+        value = shift = 0
+        while True:
+            if pos >= end:
+                raise CodecError("payload ends inside a varint")
+            byte = buf[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise CodecError("varint longer than 10 bytes")
+        append(value)
+    return out, pos
+
+
 def decode_tree(blob: bytes) -> TokenTree:
     """Decode one blob written by :func:`encode_tree` / :func:`encode_trees`.
 
@@ -245,45 +270,47 @@ def decode_tree(blob: bytes) -> TokenTree:
     cid, width = flags >> 4, flags & 0x0F
     if not 1 <= width <= 4:
         raise CodecError(f"token width {width} is outside 1..4")
-    arr = np.frombuffer(blob, dtype=np.uint8)
+    (raw_len,), body_start = _uvarints(blob, _HEADER.size, 1)
+    if raw_len > _MAX_PAYLOAD:
+        raise CodecError(f"payload length {raw_len} exceeds the {_MAX_PAYLOAD}-byte limit")
     try:
-        (raw_len,), body_start = decode_varints(arr[:_HEADER.size + 5], 1, _HEADER.size)
-        raw_len = int(raw_len)
-        if raw_len > _MAX_PAYLOAD:
-            raise CodecError(f"payload length {raw_len} exceeds the {_MAX_PAYLOAD}-byte limit")
         raw = _decompress(cid, blob[body_start:], raw_len)
     except CodecError:
         raise
-    except (VarintError, zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
+    except (zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
         raise CodecError(f"corrupt tree blob: {exc}") from exc
     if len(raw) != raw_len:
         raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
     if zlib.crc32(raw, zlib.crc32(blob[:3])) != crc:
         raise CodecError("CRC mismatch: the blob is corrupt")
-    return _parse_payload(np.frombuffer(raw, dtype=np.uint8), width)
+    return _parse_payload(raw, width)
 
 
-def _parse_payload(p: np.ndarray, width: int) -> TokenTree:
-    try:
-        (n, root), pos = decode_varints(p, 2)
-        n = int(n)
-        if pos + n * width > len(p):
-            raise CodecError(f"payload too short for {n} token ids")
-        tok_bytes = p[pos:pos + n * width].reshape(n, width).astype(np.uint32)
-        tokens = np.zeros(n, dtype=np.uint32)
-        for b in range(width):
-            tokens |= tok_bytes[:, b] << np.uint32(8 * b)
-        pos += n * width
-        codes, pos = decode_varints(p, n, pos)
-        counts, pos = decode_varints(p, n, pos)
-    except VarintError as exc:
-        raise CodecError(f"corrupt tree payload: {exc}") from exc
+def _parse_payload(p: bytes, width: int) -> TokenTree:
+    (n, root), pos = _uvarints(p, 0, 2)
+    if pos + n * width > len(p):
+        raise CodecError(f"payload too short for {n} token ids")
+    if width in (1, 2, 4):
+        tokens = np.frombuffer(p, dtype=_TOKEN_DTYPES[width], count=n, offset=pos).astype(np.uint32)
+    else:
+        b = np.frombuffer(p, dtype=np.uint8, count=n * width, offset=pos).reshape(n, width).astype(np.uint32)
+        tokens = b[:, 0] | (b[:, 1] << np.uint32(8)) | (b[:, 2] << np.uint32(16))
+    pos += n * width
+    codes, pos = _uvarints(p, pos, n)
+    counts, pos = _uvarints(p, pos, n)
     if pos != len(p):
         raise CodecError(f"{len(p) - pos} trailing bytes after the tree payload")
-    parents = np.cumsum(unzigzag(codes)) - 1
-    if np.any(counts > np.iinfo(np.uint32).max) or np.any((parents < -1) | (parents >= max(n, 1))):
-        raise CodecError("count or parent index out of range")
-    try:
-        return TokenTree(tokens, parents.astype(np.int32), counts.astype(np.uint32), int(root))
-    except TreeError as exc:
-        raise CodecError(f"decoded arrays are not a valid tree: {exc}") from exc
+    parents = []
+    prev = 0
+    for i, code in enumerate(codes):
+        prev += (code >> 1) ^ -(code & 1)  # unzigzag, then undo the delta on parent + 1
+        parent = prev - 1
+        if not -1 <= parent < i:
+            raise CodecError(f"decoded arrays are not a valid tree: node {i} has parent {parent}")
+        if counts[i] > 0xFFFFFFFF or (parent >= 0 and counts[i] > counts[parent]):
+            raise CodecError(f"decoded arrays are not a valid tree: node {i} counts more than its parent")
+        parents.append(parent)
+    return TokenTree.trusted(tokens, np.array(parents, dtype=np.int32), np.array(counts, dtype=np.uint32), root)
+
+
+_TOKEN_DTYPES = {1: np.uint8, 2: "<u2", 4: "<u4"}

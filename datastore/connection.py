@@ -90,6 +90,16 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
+def _redacted(url: str) -> str:
+    """The connection string without its password, for error messages."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparsable URL>"
+    params.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**params)
+
+
 def connect(url: str, **kwargs) -> psycopg.Connection:
     """Open a psycopg 3 connection.
 
@@ -100,8 +110,7 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     try:
         return psycopg.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
-        shown = psycopg.conninfo.make_conninfo(url, password="***") if "password" in url or "@" in url else url
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {shown}: {exc}. "
+            f"cannot connect to PostgreSQL at {_redacted(url)}: {exc}. "
             "Check DATABASE_URL/--database-url, or unset both to use the embedded server."
         ) from exc

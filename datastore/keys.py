@@ -7,6 +7,7 @@ to 2**32 - 1 ids work).
 
 from __future__ import annotations
 
+import struct
 from typing import Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 __all__ = ["key_width_for", "encode_key", "encode_keys", "decode_key"]
 
 _DTYPES = {2: ">u2", 4: ">u4"}
+_STRUCT = {2: "H", 4: "I"}
 
 
 def key_width_for(vocab_size: int) -> int:
@@ -33,10 +35,10 @@ def encode_key(tokens: Sequence[int], width: int) -> bytes:
     Raises:
         ValueError: when a token id does not fit ``width`` bytes.
     """
-    arr = np.asarray(tokens, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() >= 1 << (8 * width)):
-        raise ValueError(f"token ids must be in 0..{(1 << (8 * width)) - 1} for key width {width}")
-    return arr.astype(_DTYPES[width]).tobytes()
+    try:
+        return struct.pack(f">{len(tokens)}{_STRUCT[width]}", *tokens)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be in 0..{(1 << (8 * width)) - 1} for key width {width}: {exc}") from exc
 
 
 def encode_keys(ngrams: np.ndarray, width: int) -> list[bytes]:
@@ -55,4 +57,4 @@ def decode_key(key: bytes, width: int) -> tuple[int, ...]:
     """
     if len(key) % width:
         raise ValueError(f"key of {len(key)} bytes is not a multiple of key width {width}")
-    return tuple(np.frombuffer(key, dtype=_DTYPES[width]).tolist())
+    return struct.unpack(f">{len(key) // width}{_STRUCT[width]}", key)

@@ -76,6 +76,18 @@ class TokenTree:
         return len(self.token_ids)
 
     @classmethod
+    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, counts: np.ndarray, root_count: int) -> "TokenTree":
+        """Wrap arrays already validated by the caller (the codec checks every invariant while
+        parsing): uint32 / int32 / uint32 contiguous arrays of equal length."""
+        tree = object.__new__(cls)
+        object.__setattr__(tree, "token_ids", token_ids)
+        object.__setattr__(tree, "parents", parents)
+        object.__setattr__(tree, "counts", counts)
+        object.__setattr__(tree, "root_count", int(root_count))
+        object.__setattr__(tree, "_depths", None)
+        return tree
+
+    @classmethod
     def empty(cls) -> "TokenTree":
         """A tree with no nodes (no draft)."""
         return cls(np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.uint32), 0)

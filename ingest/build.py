@@ -25,7 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from datastore.codec import encode_trees
-from datastore.connection import resolve_database_url
+from datastore.connection import connect, resolve_database_url
+from datastore.migrate import ensure_schema
 from datastore.keys import encode_keys, key_width_for
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
@@ -147,6 +148,8 @@ def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
     timings: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
     url = resolve_database_url(config.database_url)
+    connect(url).close()  # fail before the expensive stages if the database is unreachable
+    ensure_schema(url)
     tokenizer = load_tokenizer(config.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
     width = key_width_for(len(tokenizer))

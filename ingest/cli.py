@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from datastore.connection import DatabaseUnavailable
+    from datastore.writer import BuildConflict
+
     from .sources import SourceError
 
     try:
@@ -86,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (DatabaseUnavailable, BuildConflict) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: the build was discarded; the previous datastore of this name still serves", file=sys.stderr)
         return 130

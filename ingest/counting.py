@@ -112,6 +112,7 @@ def count_top_t(
         con.execute(f"SET threads={int(threads)}")
         con.execute("SET memory_limit=?", [memory_limit])
         con.execute("SET preserve_insertion_order=false")
+        con.execute("SET enable_progress_bar=false")
         if workdir is not None:
             con.execute("SET temp_directory=?", [str(workdir)])
         con.register("windows", reader)

@@ -1,0 +1,53 @@
+"""CLI parsing and error messages (the real entry points, run as subprocesses where it matters)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from ingest.cli import parse_count
+
+
+@pytest.mark.parametrize("text,value", [("2M", 2_000_000), ("500K", 500_000), ("2000000", 2_000_000),
+                                        ("2_000_000", 2_000_000), ("1.5m", 1_500_000), ("7", 7)])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "two", "-5", "0", "1.5", "2T"])
+def test_parse_count_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_count(text)
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_bad_flags_name_the_flag(database_url):
+    out = _run("ingest", "build", "--depth", "0", "--database-url", database_url)
+    assert out.returncode == 2 and "--depth must be in 1..32" in out.stderr
+    out = _run("ingest", "build", "--source", "code", "--path", "/nonexistent/dir", "--database-url", database_url)
+    assert out.returncode == 2 and "/nonexistent/dir does not exist" in out.stderr
+
+
+def test_unreachable_database_is_reported(tmp_path):
+    out = _run("ingest", "build", "--limit", "2", "--database-url", "postgresql://postgres@127.0.0.1:1/none")
+    assert out.returncode == 1 and "cannot connect to PostgreSQL" in out.stderr and "DATABASE_URL" in out.stderr
+
+
+def test_datastore_cli_stats_and_missing_name(database_url, sharegpt_sample, ds_name):
+    out = _run("ingest", "build", "--name", ds_name, "--path", str(sharegpt_sample), "--limit", "5", "--top-t", "50",
+               "--max-n", "2", "--quiet", "--database-url", database_url)
+    assert out.returncode == 0, out.stderr
+    assert "bytes per n-gram" in out.stdout
+    stats = _run("datastore", "--database-url", database_url, "stats", "--name", ds_name, "--json")
+    assert stats.returncode == 0 and '"bytes_per_ngram"' in stats.stdout
+    listed = _run("datastore", "--database-url", database_url, "list")
+    assert ds_name in listed.stdout
+    missing = _run("datastore", "--database-url", database_url, "stats", "--name", "no-such-store")
+    assert missing.returncode == 1 and "no ready datastore named 'no-such-store'" in missing.stderr
