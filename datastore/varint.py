@@ -1,21 +1,18 @@
-"""Vectorized LEB128 varints and zigzag, the integer coding of the tree codec.
+"""Vectorized LEB128 varint and zigzag encoding, the integer coding of the tree codec.
 
 LEB128: seven value bits a byte, least significant group first, the high bit set
-on every byte but the last. Encoding and decoding run on whole numpy arrays so
-that millions of trees can be coded without a Python loop per value.
+on every byte but the last. Encoding runs on whole numpy arrays so that millions
+of trees are coded without a Python loop per value; decoding reads one small
+tree at a time and lives in :mod:`datastore.codec`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["varint_lengths", "encode_varints", "decode_varints", "zigzag", "unzigzag", "VarintError"]
+__all__ = ["varint_lengths", "encode_varints", "zigzag"]
 
 _MAX_BYTES = 10  # 64-bit values need at most ten 7-bit groups
-
-
-class VarintError(ValueError):
-    """Raised when a byte string does not hold the varints asked for."""
 
 
 def varint_lengths(values: np.ndarray) -> np.ndarray:
@@ -66,48 +63,7 @@ def encode_varints(values: np.ndarray, out: np.ndarray | None = None, offsets: n
     return out
 
 
-def decode_varints(buf: np.ndarray, count: int, start: int = 0) -> tuple[np.ndarray, int]:
-    """Decode ``count`` varints from ``buf`` starting at byte ``start``.
-
-    Args:
-        buf: uint8 array.
-        count: how many values to read.
-        start: byte offset of the first value.
-
-    Returns:
-        ``(values, end)``: ``[count]`` uint64 values and the offset after the last byte read.
-
-    Raises:
-        VarintError: when the buffer ends inside the values, or a value is
-            longer than ten bytes.
-    """
-    if count == 0:
-        return np.zeros(0, dtype=np.uint64), start
-    tail = buf[start:]
-    ends = np.flatnonzero(tail < 0x80)
-    if len(ends) < count:
-        raise VarintError(f"buffer holds {len(ends)} complete varints, {count} were expected")
-    ends = ends[:count]
-    begins = np.empty(count, dtype=np.int64)
-    begins[0] = 0
-    begins[1:] = ends[:-1] + 1
-    lengths = ends - begins + 1
-    if lengths.max() > _MAX_BYTES:
-        raise VarintError("varint longer than 10 bytes")
-    values = np.zeros(count, dtype=np.uint64)
-    for k in range(int(lengths.max())):
-        sel = lengths > k
-        values[sel] |= (tail[begins[sel] + k].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * k)
-    return values, start + int(ends[-1]) + 1
-
-
 def zigzag(values: np.ndarray) -> np.ndarray:
     """Map signed int64 to uint64 so that small magnitudes stay small (0,-1,1,-2 -> 0,1,2,3)."""
     v = np.asarray(values, dtype=np.int64)
     return ((v << 1) ^ (v >> 63)).astype(np.uint64)
-
-
-def unzigzag(values: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`zigzag`: uint64 back to int64."""
-    u = np.asarray(values, dtype=np.uint64)
-    return ((u >> np.uint64(1)).astype(np.int64)) ^ -((u & np.uint64(1)).astype(np.int64))
