@@ -34,7 +34,7 @@ import lz4.block
 import numpy as np
 import zstandard
 
-from .tree import TokenTree, TreeError
+from .tree import TokenTree
 from .varint import encode_varints, varint_lengths, zigzag
 
 __all__ = ["CodecError", "TreeBatch", "encode_tree", "encode_trees", "decode_tree", "Compression", "FORMAT_VERSION"]

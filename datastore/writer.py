@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Sequence
 
 import psycopg
@@ -125,20 +126,22 @@ class DatastoreWriter:
                 copy.write_row(row)
         self.rows += len(keys)
 
-    def finish(self, *, ngram_stats: dict, num_tokens: int, timings: dict, corpus: dict | None = None) -> int:
-        """Index the table and make this build the ready one; returns its bytes on disk.
+    def finish(self, *, ngram_stats: dict, num_tokens: int, timings: dict,
+               corpus: dict | None = None) -> tuple[int, float]:
+        """Index the table and make this build the ready one.
 
-        ``timings`` gets an ``index`` entry (seconds) added to the recorded copy.
+        ``timings`` is recorded with an ``index`` entry added: seconds for ANALYZE, the hash
+        index and the swap.
+
+        Returns:
+            ``(bytes_on_disk, index_seconds)``.
         """
-        import time
-
         t0 = time.perf_counter()
         ident = sql.Identifier(self.table)
         self._conn.execute(sql.SQL("ANALYZE {}").format(ident))
         self._conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (key) WITH (fillfactor = 100)").format(
             sql.Identifier(f"{self.table}_key_hash"), ident))
         size = self._conn.execute("SELECT pg_total_relation_size(%s::regclass)", [self.table]).fetchone()[0]
-        recorded = dict(timings, index=round(time.perf_counter() - t0, 3))
         with self._conn.transaction():
             old = self._conn.execute(
                 "SELECT id, trees_table FROM datastores WHERE name = %s AND state = 'ready' FOR UPDATE",
@@ -146,6 +149,8 @@ class DatastoreWriter:
             for old_id, old_table in old:
                 self._conn.execute("UPDATE datastores SET state = 'retired' WHERE id = %s", [old_id])
                 self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(old_table)))
+            index_seconds = time.perf_counter() - t0
+            recorded = dict(timings, index=round(index_seconds, 3))
             self._conn.execute(
                 "UPDATE datastores SET state = 'ready', completed_at = now(), num_trees = %s, num_tokens = %s, "
                 "bytes_on_disk = %s, ngram_stats = %s, timings = %s, corpus = COALESCE(%s::jsonb, corpus) "
@@ -153,7 +158,7 @@ class DatastoreWriter:
                 [self.rows, num_tokens, size, json.dumps(ngram_stats), json.dumps(recorded),
                  json.dumps(corpus) if corpus is not None else None, self.build_id])
         self._done = True
-        return int(size)
+        return int(size), index_seconds
 
     def abort(self, reason: str) -> None:
         """Mark the build failed and drop its table (the previous ready build keeps serving)."""
