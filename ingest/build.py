@@ -3,15 +3,17 @@
 Stages (timed, in seconds, and stored with the build):
     tokenize  read the source and tokenize it into the on-disk token stream
     count     exact n-gram counts and the top-t per n (DuckDB)
-    trees     find occurrences and build the pruned continuation trees
-    encode    codec blobs (zstd by default)
+    tag       find the occurrences of the kept n-grams
+    trees     build the pruned continuation trees (worker processes, summed)
+    encode    codec blobs, zstd by default (worker processes, summed)
     load      binary COPY into the build's table
-    index     ANALYZE and the hash index (inside ``DatastoreWriter.finish``)
+    index     ANALYZE, the hash index and the swap (``DatastoreWriter.finish``)
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import tempfile
 import threading
@@ -24,7 +26,6 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from datastore.codec import encode_trees
 from datastore.connection import connect, resolve_database_url
 from datastore.migrate import ensure_schema
 from datastore.keys import encode_keys, key_width_for
@@ -35,7 +36,7 @@ from .counting import count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .sources import SourceReport, iter_documents
 from .tokens import TokenStreamWriter, open_stream
-from .workers import TreeJob, run_tree_job
+from .workers import TreeJob, exit_with_parent, run_tree_job
 
 __all__ = ["BuildConfig", "BuildResult", "build_datastore", "tokenize_source"]
 
@@ -171,10 +172,8 @@ def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
             nodes = _count_and_build(stream, work, config, width, writer, timings, ngram_stats, progress)
             for n, count in nodes.items():
                 ngram_stats[str(n)]["nodes"] = count
-            t = time.perf_counter()
-            size = writer.finish(ngram_stats=ngram_stats, num_tokens=stream_info.num_tokens,
-                                 timings={k: round(v, 3) for k, v in timings.items()}, corpus=corpus)
-            timings["index"] = time.perf_counter() - t
+            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=stream_info.num_tokens,
+                                                   timings={k: round(v, 3) for k, v in timings.items()}, corpus=corpus)
         del stream
     return BuildResult(config.name, writer.build_id, report.documents, stream_info.num_tokens, writer.rows, size,
                        ngram_stats, {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3),
@@ -187,13 +186,15 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
     counted; a consumer thread COPYs finished partitions in order. Returns nodes stored per n."""
     pending: queue.Queue = queue.Queue()
     nodes: dict[int, int] = defaultdict(int)
-    failure: list[BaseException] = []
+    failure: list[BaseException] = []  # the first error of the consumer, re-raised here
+    stop = threading.Event()  # set when the main thread fails: the consumer drains without writing
     bar = tqdm(total=0, desc="trees", unit=" trees", disable=not progress)
 
     def consume() -> None:
         while (item := pending.get()) is not None:
             future, keys = item
-            if failure:
+            if failure or stop.is_set():
+                future.cancel()
                 continue
             try:
                 res = future.result()
@@ -209,34 +210,40 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
 
     consumer = threading.Thread(target=consume, name="copy", daemon=True)
     consumer.start()
-    ctx = multiprocessing.get_context("spawn")
     try:
-        with ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx) as pool:
-            for n in range(1, config.max_n + 1):
-                if failure:
-                    break
-                t = time.perf_counter()
-                kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
-                timings["count"] += time.perf_counter() - t
-                ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct, "occurrences": kept.occurrences,
-                                       "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
-                if len(kept) == 0:
-                    continue
-                t = time.perf_counter()
-                tags_path = work / f"tags_{n}.npy"
-                tag_occurrences(stream, kept, tags_path)
-                timings["tag"] += time.perf_counter() - t
-                keys = encode_keys(kept.ngrams, width)
-                parts = partition_plan(kept, config.max_occurrences)
-                bar.total += len(kept)
-                for p in range(parts):
-                    job = TreeJob(str(work / "tokens.u32"), str(tags_path), n, len(kept), parts, p,
-                                  kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
-                    pending.put((pool.submit(run_tree_job, job), keys))
-            pending.put(None)
-            consumer.join()
+        with ProcessPoolExecutor(max_workers=config.workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
+            try:
+                for n in range(1, config.max_n + 1):
+                    if failure:
+                        break
+                    t = time.perf_counter()
+                    kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+                    timings["count"] += time.perf_counter() - t
+                    ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct,
+                                           "occurrences": kept.occurrences,
+                                           "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
+                    if len(kept) == 0:
+                        continue
+                    t = time.perf_counter()
+                    tags_path = work / f"tags_{n}.npy"
+                    tag_occurrences(stream, kept, tags_path)
+                    timings["tag"] += time.perf_counter() - t
+                    keys = encode_keys(kept.ngrams, width)
+                    parts = partition_plan(kept, config.max_occurrences)
+                    bar.total += len(kept)
+                    for p in range(parts):
+                        job = TreeJob(str(work / "tokens.u32"), str(tags_path), n, len(kept), parts, p,
+                                      kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
+                        pending.put((pool.submit(run_tree_job, job), keys))
+            except BaseException:
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)  # queued jobs dropped, workers joined
+                raise
     finally:
+        # the writer's connection is used by the consumer: it must be idle before anyone aborts
         pending.put(None)
+        consumer.join()
         bar.close()
     if failure:
         raise failure[0]

@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import psycopg
 import pytest
 
@@ -143,8 +144,13 @@ def test_killed_build_is_invisible_and_cleaned(database_url, sharegpt_sample, to
                 break
             assert proc.poll() is None, "the build ended before it could be interrupted"
             time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert workers, "the build should be running tree workers by now"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        # a SIGKILLed build runs no cleanup: its workers must notice and exit on their own
+        gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"orphaned workers still running: {[p.pid for p in alive]}"
         with Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url) as ds:
             assert ds.info.id == first.build_id
         stale_table = row[0]
