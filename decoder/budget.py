@@ -1,0 +1,178 @@
+"""Draft budget: the target's verification latency against draft size, and policies that use it.
+
+A verification pass over ``q`` query tokens (the last committed token plus
+``q - 1`` draft nodes) costs ``latency(q)``. GPU papers verify 64 nodes because
+a pass costs about the same for 1 or 64 tokens; on a CPU a 64-token pass costs
+several single-token passes, so the budget must trade tokens accepted against
+time per step. :class:`AdaptiveBudget` does it every step: with nodes in
+best-first order and score ``s_i`` the estimated acceptance probability of node
+``i``, it keeps the ``k`` nodes that maximize ``(1 + sum_{i<k} s_i) / latency(1 + k)``,
+the expected tokens per second of that step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from datastore.tokenizer import cache_dir
+from datastore.tree import TokenTree
+
+from .draft import Draft
+from .model import TargetModel
+from .verify import tree_attention_inputs
+
+__all__ = ["LatencyCurve", "BudgetPolicy", "FixedBudget", "AdaptiveBudget", "measure_latency", "load_or_measure"]
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Median seconds of one verification pass by query size.
+
+    Attributes:
+        latency_s: ``[max_tokens]`` float64; ``latency_s[q - 1]`` is a pass over
+            ``q`` query tokens (``q = 1``: plain decoding).
+        context_len: cached tokens behind the query when measured.
+        key: model / device / dtype / threads the curve belongs to.
+    """
+
+    latency_s: np.ndarray
+    context_len: int
+    key: str
+
+    def __call__(self, query_tokens: int) -> float:
+        """Seconds for a pass over ``query_tokens`` tokens (clamped to the measured range)."""
+        q = min(max(int(query_tokens), 1), len(self.latency_s))
+        return float(self.latency_s[q - 1])
+
+    def relative(self) -> np.ndarray:
+        """``[max_tokens]`` latency relative to a single-token pass."""
+        return self.latency_s / self.latency_s[0]
+
+
+class BudgetPolicy(Protocol):
+    """How many draft nodes to ask for, and how many of the best to verify."""
+
+    max_nodes: int
+
+    def trim(self, draft: Draft) -> Draft:
+        """The first ``k`` (best) nodes of ``draft`` to verify."""
+
+
+@dataclass(frozen=True)
+class FixedBudget:
+    """Verify every proposed node, up to ``max_nodes`` (>= 0)."""
+
+    max_nodes: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_nodes < 0:
+            raise ValueError(f"max_nodes={self.max_nodes}: must be >= 0")
+
+    def trim(self, draft: Draft) -> Draft:
+        """``draft`` as it is (drafters already respect ``max_nodes``)."""
+        return draft
+
+
+@dataclass(frozen=True)
+class AdaptiveBudget:
+    """Per step, verify the ``k`` best nodes that maximize expected tokens per second.
+
+    Attributes:
+        curve: the target's measured latency curve.
+        max_nodes: nodes asked from the drafter, 0..``len(curve.latency_s) - 1``.
+        calibration: multiplies the drafter's scores (they are corpus
+            frequencies, not the target's probabilities), in (0, 1].
+    """
+
+    curve: LatencyCurve
+    max_nodes: int = 48
+    calibration: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_nodes < len(self.curve.latency_s):
+            raise ValueError(f"max_nodes={self.max_nodes}: must be in 0..{len(self.curve.latency_s) - 1}")
+        if not 0.0 < self.calibration <= 1.0:
+            raise ValueError(f"calibration={self.calibration}: must be in (0, 1]")
+
+    def best_k(self, scores: np.ndarray) -> int:
+        """Number of leading nodes (scores in best-first order) to verify."""
+        k = min(len(scores), self.max_nodes)
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(scores[:k] * self.calibration)])  # [k + 1]
+        return int(np.argmax(expected / self.curve.latency_s[: k + 1]))
+
+    def trim(self, draft: Draft) -> Draft:
+        """The best prefix of ``draft`` (nodes are best-first, so any prefix is a tree)."""
+        k = self.best_k(draft.scores)
+        if k == len(draft):
+            return draft
+        t = draft.tree
+        tree = TokenTree.trusted(t.token_ids[:k], t.parents[:k], t.counts[:k], t.root_count)
+        return Draft(tree, draft.scores[:k])
+
+
+def _key(target: TargetModel) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target.spec}-{target.device}-{str(target.dtype).split('.')[-1]}"
+                  f"-t{torch.get_num_threads()}")
+
+
+@torch.inference_mode()
+def measure_latency(target: TargetModel, *, max_tokens: int = 64, context_len: int = 256,
+                    repeats: int = 5) -> LatencyCurve:
+    """Time verification passes of 1..``max_tokens`` query tokens behind ``context_len`` cached tokens.
+
+    Each size is a chain-shaped draft with the tree attention mask, as in decoding;
+    the median of ``repeats`` passes is kept. Takes ~``max_tokens * repeats``
+    passes (about a minute for SmolLM2-135M on 2 CPU cores).
+
+    Raises:
+        ValueError: when ``max_tokens < 2`` or ``repeats < 1``.
+    """
+    if max_tokens < 2 or repeats < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be >= 2 and repeats={repeats} >= 1")
+    model, dev = target.model, target.device
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.randint(0, vocab, (1, context_len), generator=gen).to(dev), past_key_values=cache)
+    out = np.zeros(max_tokens, dtype=np.float64)
+    for q in range(1, max_tokens + 1):
+        ids = torch.randint(0, vocab, (1, q), generator=gen).to(dev)
+        mask, pos = tree_attention_inputs(np.arange(-1, q - 2), context_len, dtype=target.dtype, device=dev)
+        times = []
+        for _ in range(repeats + 1):  # the first pass warms up
+            t0 = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            times.append(time.perf_counter() - t0)
+            cache.crop(-q)
+        out[q - 1] = statistics.median(times[1:])
+    return LatencyCurve(out, context_len, _key(target))
+
+
+def load_or_measure(target: TargetModel, *, remeasure: bool = False, **kwargs) -> LatencyCurve:
+    """The cached curve for this model, device, dtype and thread count, measured on first use.
+
+    Stored as JSON under ``<cache>/latency/``. ``kwargs`` go to :func:`measure_latency`.
+    """
+    key = _key(target)
+    path = Path(cache_dir()) / "latency" / f"{key}.json"
+    if path.exists() and not remeasure:
+        data = json.loads(path.read_text())
+        return LatencyCurve(np.asarray(data["latency_s"]), int(data["context_len"]), key)
+    curve = measure_latency(target, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"latency_s": curve.latency_s.tolist(), "context_len": curve.context_len}))
+    tmp.replace(path)
+    return curve

@@ -1,0 +1,174 @@
+"""``python -m decoder``: ``bench`` (real decoding), ``replay`` (simulated accept length) and ``budget`` (latency curve)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from datastore import DatabaseUnavailable, Datastore, DatastoreNotFound, TokenizerMismatch
+from datastore.tokenizer import cache_dir
+
+from .bench import run_bench, summarize, write_csv
+from .budget import AdaptiveBudget, FixedBudget, load_or_measure
+from .drafters import (DatastoreDrafter, DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter,
+                       TrieDrafter)
+from .model import DTYPES, load_target
+from .prompts import SETS, load_prompts
+
+__all__ = ["main", "build_parser"]
+
+DRAFTERS = ("none", "pld", "trie", "datastore", "merged")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
+                   help="evaluation prompts from ../shared/data (default: spec_bench)")
+    p.add_argument("--drafter", nargs="+", choices=DRAFTERS, default=["merged"],
+                   help="one or more drafters, each measured against plain greedy (default: merged)")
+    p.add_argument("--datastore", default="sharegpt", help="datastore name for datastore/merged (default: sharegpt)")
+    p.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded Postgres)")
+    p.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
+    p.add_argument("--category", nargs="+", default=None, help="only these categories (default: all)")
+    p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
+    p.add_argument("--budget", default="auto",
+                   help="draft nodes verified per step: an integer 0..63, or 'auto' to pick per step the count that "
+                        "maximizes expected tokens/s on the measured latency curve (default: auto)")
+    p.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
+    p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
+    p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommands ``bench``, ``replay``, ``budget``)."""
+    parser = argparse.ArgumentParser(prog="python -m decoder", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="decode the prompts with each drafter and with plain greedy; print the table")
+    _common(bench)
+    bench.add_argument("--csv", default=None,
+                       help="summary CSV (default: results/bench_<set>.csv; per-prompt rows go to *_runs.csv)")
+    replay = sub.add_parser("replay", help="accept length per drafter from saved greedy outputs, without the model")
+    _common(replay)
+    budget = sub.add_parser("budget", help="measure (or show the cached) verification latency for 1..64 tokens")
+    budget.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct)")
+    budget.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
+    budget.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    budget.add_argument("--remeasure", action="store_true", help="measure again even when a curve is cached")
+    return parser
+
+
+def _drafters(args, tokenizer) -> list:
+    source = None
+    if {"datastore", "merged"} & set(args.drafter):
+        source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tokenizer,
+                                                        database_url=args.database_url))
+    made = {
+        "none": lambda: NoDrafter(),
+        "pld": lambda: PromptLookupDrafter(),
+        "trie": lambda: TrieDrafter(args.window, args.max_prefix),
+        "datastore": lambda: DatastoreDrafter(source),
+        "merged": lambda: MergedDrafter(source, args.window, args.max_prefix),
+    }
+    return [made[name]() for name in args.drafter]
+
+
+def _budget(args, target):
+    if args.budget == "auto":
+        return AdaptiveBudget(load_or_measure(target))
+    try:
+        n = int(args.budget)
+    except ValueError:
+        raise SystemExit(f"--budget {args.budget!r}: give an integer 0..63 or 'auto'") from None
+    if not 0 <= n <= 63:
+        raise SystemExit(f"--budget {n}: must be in 0..63")
+    return FixedBudget(n)
+
+
+def _table(title: str, rows, columns) -> Table:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("category", "drafter") else "right")
+    for r in rows:
+        table.add_row(*(str(getattr(r, c)) for c in columns))
+    return table
+
+
+def _cmd_bench(args, console: Console) -> int:
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
+                           categories=tuple(args.category) if args.category else None)
+    drafters = _drafters(args, target.tokenizer)
+    policy = _budget(args, target)
+    start = time.perf_counter()
+
+    def progress(row):
+        console.print(f"[dim]{row.prompt_id:>22} {row.drafter:>9}: {row.new_tokens} tokens, accept "
+                      f"{row.accept_length:.2f}, {row.tokens_per_s:.1f} tok/s, lossless={row.lossless}[/dim]")
+
+    rows, assembly = run_bench(target, prompts, drafters, budget=policy, max_new_tokens=args.max_new_tokens,
+                               on_row=progress)
+    summary = summarize(rows, assembly)
+    csv_path = Path(args.csv or f"results/bench_{args.prompt_set}.csv")
+    write_csv(csv_path, summary)
+    write_csv(csv_path.with_name(csv_path.stem + "_runs.csv"), rows)
+    cols = ["category", "drafter", "prompts", "lossless", "accept_length", "tokens_per_s", "speedup", "lookup_ms",
+            "trie_ms", "merge_ms", "verify_ms", "assembly_p50_ms", "drafted_per_step"]
+    console.print(_table(f"{args.prompt_set}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, budget "
+                         f"{args.budget}", summary, cols))
+    console.print(f"wrote {csv_path} and its _runs.csv in {time.perf_counter() - start:.0f} s")
+    lossy = [r for r in rows if not r.lossless]
+    if lossy:
+        console.print(f"[red]{len(lossy)} runs differ from plain greedy: {[r.prompt_id for r in lossy][:10]}[/red]")
+        return 1
+    return 0
+
+
+def _cmd_replay(args, console: Console) -> int:
+    from .replay_cli import run_replay
+
+    return run_replay(args, console, _drafters, _budget)
+
+
+def _cmd_budget(args, console: Console) -> int:
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    curve = load_or_measure(target, remeasure=args.remeasure)
+    table = Table(title=f"verification latency, {curve.key}, {curve.context_len} cached tokens")
+    for col in ("query tokens", "ms", "x single"):
+        table.add_column(col, justify="right")
+    rel = curve.relative()
+    for q in range(1, len(curve.latency_s) + 1):
+        table.add_row(str(q), f"{1e3 * curve(q):.1f}", f"{rel[q - 1]:.2f}")
+    console.print(table)
+    console.print(f"cached under {cache_dir() / 'latency'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    try:
+        return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
+    except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Drafters, one module per proposer: none, prompt lookup (pld), n-gram trie, datastore, merged."""
+
+from .base import Drafter, NoDrafter, Proposal
+from .datastore import DatastoreDrafter, DatastoreSource
+from .merged import MergedDrafter
+from .pld import PromptLookupDrafter
+from .trie import TrieDrafter
+
+__all__ = ["Drafter", "NoDrafter", "Proposal", "DatastoreDrafter", "DatastoreSource", "MergedDrafter",
+           "PromptLookupDrafter", "TrieDrafter"]

@@ -1,0 +1,215 @@
+"""Speculative generation with draft trees, and the plain greedy loop it is measured against.
+
+Each step: the drafter proposes a draft tree, the target verifies it in one
+forward pass (:mod:`decoder.verify`), the accepted path plus the bonus token is
+committed, and the KV cache keeps only the accepted path. The cache always holds
+every committed token but the last, whose KV is computed in the next pass.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .budget import BudgetPolicy, FixedBudget
+from .draft import Draft
+from .drafters.base import Drafter
+from .model import TargetModel
+from .verify import accept_greedy, accept_sampled, keep_accepted_kv, tree_attention_inputs
+
+__all__ = ["StepRecord", "GenerationResult", "speculative_generate", "greedy_generate"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One verification step.
+
+    Attributes:
+        drafted: draft tree nodes verified.
+        accepted: tokens committed (accepted draft tokens + the bonus token,
+            less any cut at EOS or ``max_new_tokens``).
+        lookup_s, trie_s, merge_s: draft assembly seconds (see :class:`Proposal`).
+        verify_s: seconds for the forward pass, acceptance and KV compaction.
+    """
+
+    drafted: int
+    accepted: int
+    lookup_s: float
+    trie_s: float
+    merge_s: float
+    verify_s: float
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced and what it cost.
+
+    Attributes:
+        output_ids: generated token ids (EOS included when it ended the request).
+        steps: one record per verification step (the prefill's first token is not a step).
+        prefill_s: seconds for the prompt's forward pass.
+        wall_s: seconds for the whole request, prefill included.
+    """
+
+    output_ids: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens committed per verification step, bonus token included."""
+        return sum(s.accepted for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second, prefill included."""
+        return len(self.output_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0.0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _prefill(target: TargetModel, prompt_ids: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty; generation needs at least one prompt token (e.g. BOS)")
+    cache = DynamicCache(config=target.model.config)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)  # [1, prompt_len]
+    logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    return cache, logits[0, -1]  # [vocab_size]
+
+
+def _commit(out: list[int], new: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
+    """Append ``new`` to ``out``, cut after the first EOS and at ``max_new_tokens``; returns what was kept."""
+    kept: list[int] = []
+    for t in new:
+        if len(out) >= max_new_tokens:
+            break
+        out.append(t)
+        kept.append(t)
+        if t in eos:
+            break
+    return kept
+
+
+def _done(out: list[int], eos: frozenset[int], max_new_tokens: int) -> bool:
+    return len(out) >= max_new_tokens or (bool(out) and out[-1] in eos)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: TargetModel,
+    prompt_ids: Sequence[int],
+    drafter: Drafter,
+    *,
+    max_new_tokens: int = 128,
+    budget: BudgetPolicy | None = None,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> GenerationResult:
+    """Generate with draft trees verified by the target (batch size 1).
+
+    Greedy (``temperature == 0``) output is token-identical to plain greedy
+    decoding; with ``temperature > 0`` tokens follow the target's
+    temperature-scaled distribution exactly (:func:`decoder.verify.accept_sampled`).
+
+    Args:
+        target: the loaded model.
+        prompt_ids: ``[prompt_len]`` token ids (chat template already applied).
+        drafter: proposes a draft tree per step (``begin``/``propose``/``extend``/``end``).
+        max_new_tokens: most tokens generated, >= 1.
+        budget: draft-size policy; default :class:`FixedBudget` of 16 nodes.
+        temperature: 0 for greedy, > 0 to sample.
+        seed: seeds the sampling generator (ignored when greedy).
+
+    Raises:
+        ValueError: for an empty prompt, ``max_new_tokens < 1`` or a negative temperature.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+    policy = budget or FixedBudget(16)
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator(device="cpu")
+        if seed is not None:
+            gen.manual_seed(seed)
+    eos = target.eos_token_ids
+    start = time.perf_counter()
+    cache, logits = _prefill(target, prompt_ids)
+    out: list[int] = []
+    _commit(out, [_next_token(logits, temperature, gen)], eos, max_new_tokens)
+    result = GenerationResult(out, prefill_s=time.perf_counter() - start)
+    drafter.begin(list(prompt_ids) + out)
+    past_len = len(prompt_ids)  # cached tokens: all committed but the last
+    try:
+        while not _done(out, eos, max_new_tokens):
+            proposal = drafter.propose(policy.max_nodes)
+            draft = policy.trim(proposal.draft)
+            t0 = time.perf_counter()
+            path, bonus = _verify(target, cache, past_len, out[-1], draft, temperature, gen)
+            new = [int(draft.tree.token_ids[i]) for i in path] + [bonus]
+            kept = _commit(out, new, eos, max_new_tokens)
+            past_len += len(path) + 1
+            result.steps.append(StepRecord(len(draft), len(kept), proposal.lookup_s, proposal.trie_s,
+                                           proposal.merge_s, time.perf_counter() - t0))
+            drafter.extend(kept)
+    finally:
+        drafter.end()
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, draft: Draft,
+            temperature: float, gen: torch.Generator | None) -> tuple[list[int], int]:
+    """One tree-attention forward pass over ``[last] + draft``; returns the accepted path and bonus token."""
+    tree = draft.tree
+    ids = torch.tensor([[last] + tree.token_ids.astype(np.int64).tolist()], device=target.device)  # [1, 1 + N]
+    if len(tree):
+        mask, positions = tree_attention_inputs(tree.parents, past_len, dtype=target.dtype, device=target.device)
+        logits = target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              past_key_values=cache, use_cache=True).logits[0]  # [1 + N, vocab_size]
+    else:
+        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [1, vocab_size]
+    if temperature <= 0.0:
+        path, bonus = accept_greedy(tree.token_ids, tree.parents, logits.argmax(-1).tolist())
+    else:
+        probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)  # [1 + N, vocab_size]
+        path, bonus = accept_sampled(tree.token_ids, tree.parents, probs.cpu(), gen)
+    keep_accepted_kv(cache, past_len, path)
+    return path, bonus
+
+
+@torch.inference_mode()
+def greedy_generate(target: TargetModel, prompt_ids: Sequence[int], *, max_new_tokens: int = 128) -> GenerationResult:
+    """Plain greedy decoding with a KV cache, one token per forward pass: the speed-up baseline.
+
+    Raises:
+        ValueError: for an empty prompt or ``max_new_tokens < 1``.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    eos = target.eos_token_ids
+    start = time.perf_counter()
+    cache, logits = _prefill(target, prompt_ids)
+    out: list[int] = []
+    _commit(out, [int(logits.argmax())], eos, max_new_tokens)
+    result = GenerationResult(out, prefill_s=time.perf_counter() - start)
+    while not _done(out, eos, max_new_tokens):
+        t0 = time.perf_counter()
+        ids = torch.tensor([[out[-1]]], device=target.device)
+        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+        _commit(out, [int(logits.argmax())], eos, max_new_tokens)
+        result.steps.append(StepRecord(0, 1, 0.0, 0.0, 0.0, time.perf_counter() - t0))
+    result.wall_s = time.perf_counter() - start
+    return result

@@ -1,0 +1,89 @@
+"""Evaluation prompts: Spec-Bench (chat, by category) and HumanEval (code), from ``../shared/data``.
+
+Chat prompts get the target's chat template (first user turn, generation prompt
+added); HumanEval prompts are used raw, as code completion. These sets are for
+scoring only: they must never be ingested into a datastore scored on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Prompt", "SETS", "default_data_dir", "load_prompts"]
+
+SETS = ("spec_bench", "humaneval")
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One evaluation prompt.
+
+    Attributes:
+        id: stable id, ``<category>-<question_id>`` or the HumanEval ``task_id``.
+        category: Spec-Bench category, or ``humaneval``.
+        text: the prompt as the model sees it (chat template applied for chat sets).
+        token_ids: ``text`` tokenized without extra special tokens.
+    """
+
+    id: str
+    category: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+def default_data_dir() -> Path:
+    """``CREST_EVAL_DATA``, else ``../shared/data`` beside the repository."""
+    override = os.environ.get("CREST_EVAL_DATA")
+    if override:
+        return Path(override).expanduser()
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = None,
+                 limit: int | None = None, categories: tuple[str, ...] | None = None) -> list[Prompt]:
+    """Load an evaluation set.
+
+    Args:
+        name: ``spec_bench`` or ``humaneval``.
+        tokenizer: the target's tokenizer (its chat template is used for chat sets).
+        data_dir: folder holding ``spec_bench/questions.jsonl`` and
+            ``humaneval/problems.jsonl``; default :func:`default_data_dir`.
+        limit: most prompts per category (file order), default all.
+        categories: keep only these categories (default all).
+
+    Raises:
+        ValueError: for an unknown set name or a non-positive limit.
+        FileNotFoundError: when the set's file is missing (the message names it).
+    """
+    if name not in SETS:
+        raise ValueError(f"unknown prompt set {name!r}: choose one of {', '.join(SETS)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit}: must be >= 1")
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    path = root / ("spec_bench/questions.jsonl" if name == "spec_bench" else "humaneval/problems.jsonl")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: pass --data-dir (or set CREST_EVAL_DATA) to the folder "
+                                "holding spec_bench/ and humaneval/")
+    taken: dict[str, int] = {}
+    out: list[Prompt] = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if name == "spec_bench":
+            category, pid = row["category"], f"{row['category']}-{row['question_id']}"
+            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}],
+                                                 tokenize=False, add_generation_prompt=True)
+        else:
+            category, pid, text = "humaneval", row["task_id"], row["prompt"]
+        if categories and category not in categories:
+            continue
+        if limit is not None and taken.get(category, 0) >= limit:
+            continue
+        taken[category] = taken.get(category, 0) + 1
+        out.append(Prompt(pid, category, text, tuple(tokenizer.encode(text, add_special_tokens=False))))
+    return out

@@ -1,0 +1,88 @@
+"""``python -m decoder replay``: accept length per drafter and category from saved plain-greedy outputs."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from datastore.tokenizer import cache_dir
+
+from .bench import write_csv
+from .generate import greedy_generate
+from .model import TargetModel, load_target
+from .prompts import Prompt, load_prompts
+from .simulate import ReferenceStore, replay
+
+__all__ = ["ReplayRow", "references_for", "run_replay"]
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """Simulated figures for one category and drafter."""
+
+    category: str
+    drafter: str
+    prompts: int
+    accept_length: float
+    drafted_per_step: float
+    steps: int
+    seconds: float
+
+
+def reference_store(target: TargetModel, prompt_set: str, max_new_tokens: int) -> ReferenceStore:
+    """The reference file for this model, dtype, prompt set and output length, under ``<cache>/references``."""
+    key = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target.spec}-{str(target.dtype).split('.')[-1]}")
+    return ReferenceStore(Path(cache_dir()) / "references" / key / f"{prompt_set}-{max_new_tokens}.jsonl")
+
+
+def references_for(target: TargetModel, prompts: list[Prompt], store: ReferenceStore,
+                   max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's plain-greedy output, generated (and saved) for the ones not saved yet."""
+    out = []
+    for p in prompts:
+        ref = store.get(p.id, p.token_ids)
+        if ref is None:
+            ref = greedy_generate(target, p.token_ids, max_new_tokens=max_new_tokens).output_ids
+            store.put(p.id, p.token_ids, ref)
+        out.append(ref)
+    return out
+
+
+def run_replay(args, console: Console, make_drafters, make_budget) -> int:
+    """Replay every prompt with every drafter; print and write the per-category table."""
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
+                           categories=tuple(args.category) if args.category else None)
+    store = reference_store(target, args.prompt_set, args.max_new_tokens)
+    refs = references_for(target, prompts, store, args.max_new_tokens)
+    policy = make_budget(args, target)
+    rows = []
+    for drafter in make_drafters(args, target.tokenizer):
+        by_cat: dict[str, list] = {}
+        for p, ref in zip(prompts, refs):
+            t0 = time.perf_counter()
+            res = replay(drafter, p.token_ids, ref, policy)
+            for cat in (p.category, "all"):
+                by_cat.setdefault(cat, []).append((res, time.perf_counter() - t0))
+        for cat, items in by_cat.items():
+            steps = sum(len(r.accepted) for r, _ in items)
+            rows.append(ReplayRow(
+                cat, drafter.name, len(items),
+                round(sum(sum(r.accepted) for r, _ in items) / max(steps, 1), 3),
+                round(sum(sum(r.drafted) for r, _ in items) / max(steps, 1), 2), steps,
+                round(sum(s for _, s in items), 2)))
+    table = Table(title=f"replayed accept length, {args.prompt_set}, {len(prompts)} prompts, budget {args.budget}")
+    for col in ("category", "drafter", "prompts", "accept_length", "drafted_per_step", "steps", "seconds"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.category, r.drafter, str(r.prompts), f"{r.accept_length:.3f}", f"{r.drafted_per_step:.1f}",
+                      str(r.steps), f"{r.seconds:.1f}")
+    console.print(table)
+    path = write_csv(Path(f"results/replay_{args.prompt_set}.csv"), rows)
+    console.print(f"wrote {path}")
+    return 0
