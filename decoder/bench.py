@@ -86,11 +86,11 @@ def run_bench(
     prompts: Sequence[Prompt],
     drafters: Sequence[Drafter],
     *,
-    budget: BudgetPolicy,
+    budgets: dict[str, BudgetPolicy],
     max_new_tokens: int,
     on_row: Callable[[RunRow], None] | None = None,
 ) -> tuple[list[RunRow], dict[tuple[str, str], list[float]]]:
-    """Decode every prompt with the greedy baseline, then with each drafter.
+    """Decode every prompt with the greedy baseline, then with each drafter (``budgets`` by drafter name).
 
     Returns:
         The rows (baseline rows have ``drafter == "greedy"``), and per
@@ -105,7 +105,7 @@ def run_bench(
             on_row(rows[-1])
         for drafter in drafters:
             res = speculative_generate(target, prompt.token_ids, drafter, max_new_tokens=max_new_tokens,
-                                       budget=budget)
+                                       budget=budgets[drafter.name])
             rows.append(_row(prompt, drafter.name, res, base))
             assembly.setdefault((prompt.category, drafter.name), []).extend(
                 1e3 * (s.lookup_s + s.trie_s + s.merge_s) for s in res.steps)
@@ -130,8 +130,10 @@ def summarize(rows: Sequence[RunRow], assembly: dict[tuple[str, str], list[float
         tokens = sum(r.new_tokens for r in rs)
         wall = sum(r.wall_s for r in rs)
         first_tokens = len(rs)  # the prefill's token is not a verification step
-        asm = assembly.get((cat, name)) or [ms for (c, d), v in assembly.items() if d == name for ms in v] \
-            if cat == "all" else assembly.get((cat, name), [])
+        if cat == "all":
+            asm = [ms for (c, d), v in assembly.items() if d == name for ms in v]
+        else:
+            asm = assembly.get((cat, name), [])
         out.append(SummaryRow(
             cat, name, len(rs), f"{sum(r.lossless for r in rs)}/{len(rs)}",
             round((tokens - first_tokens) / steps, 3) if steps else 0.0,

@@ -4,10 +4,11 @@ A verification pass over ``q`` query tokens (the last committed token plus
 ``q - 1`` draft nodes) costs ``latency(q)``. GPU papers verify 64 nodes because
 a pass costs about the same for 1 or 64 tokens; on a CPU a 64-token pass costs
 several single-token passes, so the budget must trade tokens accepted against
-time per step. :class:`AdaptiveBudget` does it every step: with nodes in
-best-first order and score ``s_i`` the estimated acceptance probability of node
-``i``, it keeps the ``k`` nodes that maximize ``(1 + sum_{i<k} s_i) / latency(1 + k)``,
-the expected tokens per second of that step.
+time per step: :func:`choose_budget` takes the budget ``B`` that maximizes
+``accept_length(B) / latency(B + 1)``, with accept lengths from the replay
+simulator (:mod:`decoder.simulate`). The drafters' count-ratio scores are not
+calibrated probabilities (a score of 0.5 was accepted ~15% of the time on
+Spec-Bench), so the choice uses replayed acceptance, not the scores.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import torch
 from transformers import DynamicCache
 
 from datastore.tokenizer import cache_dir
-from datastore.tree import TokenTree
 
 from .draft import Draft
 from .model import TargetModel
 from .verify import tree_attention_inputs
 
-__all__ = ["LatencyCurve", "BudgetPolicy", "FixedBudget", "AdaptiveBudget", "measure_latency", "load_or_measure"]
+__all__ = ["LatencyCurve", "BudgetPolicy", "FixedBudget", "choose_budget", "measure_latency", "load_or_measure"]
 
 
 @dataclass(frozen=True)
@@ -83,41 +83,23 @@ class FixedBudget:
         return draft
 
 
-@dataclass(frozen=True)
-class AdaptiveBudget:
-    """Per step, verify the ``k`` best nodes that maximize expected tokens per second.
+def choose_budget(curve: LatencyCurve, accept_lengths: dict[int, float]) -> tuple[int, dict[int, float]]:
+    """The draft budget that maximizes expected tokens per second.
 
-    Attributes:
-        curve: the target's measured latency curve.
-        max_nodes: nodes asked from the drafter, 0..``len(curve.latency_s) - 1``.
-        calibration: multiplies the drafter's scores (they are corpus
-            frequencies, not the target's probabilities), in (0, 1].
+    Args:
+        curve: the target's latency curve (a budget ``B`` costs ``curve(B + 1)``).
+        accept_lengths: replayed accept length (tokens per step) by budget.
+
+    Returns:
+        ``(best budget, tokens per second by budget)``.
+
+    Raises:
+        ValueError: when ``accept_lengths`` is empty.
     """
-
-    curve: LatencyCurve
-    max_nodes: int = 48
-    calibration: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_nodes < len(self.curve.latency_s):
-            raise ValueError(f"max_nodes={self.max_nodes}: must be in 0..{len(self.curve.latency_s) - 1}")
-        if not 0.0 < self.calibration <= 1.0:
-            raise ValueError(f"calibration={self.calibration}: must be in (0, 1]")
-
-    def best_k(self, scores: np.ndarray) -> int:
-        """Number of leading nodes (scores in best-first order) to verify."""
-        k = min(len(scores), self.max_nodes)
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(scores[:k] * self.calibration)])  # [k + 1]
-        return int(np.argmax(expected / self.curve.latency_s[: k + 1]))
-
-    def trim(self, draft: Draft) -> Draft:
-        """The best prefix of ``draft`` (nodes are best-first, so any prefix is a tree)."""
-        k = self.best_k(draft.scores)
-        if k == len(draft):
-            return draft
-        t = draft.tree
-        tree = TokenTree.trusted(t.token_ids[:k], t.parents[:k], t.counts[:k], t.root_count)
-        return Draft(tree, draft.scores[:k])
+    if not accept_lengths:
+        raise ValueError("accept_lengths is empty: replay at least one budget")
+    rate = {b: al / curve(b + 1) for b, al in sorted(accept_lengths.items())}
+    return max(rate, key=rate.get), rate
 
 
 def _key(target: TargetModel) -> str:

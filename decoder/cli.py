@@ -15,7 +15,7 @@ from datastore import DatabaseUnavailable, Datastore, DatastoreNotFound, Tokeniz
 from datastore.tokenizer import cache_dir
 
 from .bench import run_bench, summarize, write_csv
-from .budget import AdaptiveBudget, FixedBudget, load_or_measure
+from .budget import FixedBudget, load_or_measure
 from .drafters import (DatastoreDrafter, DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter,
                        TrieDrafter)
 from .model import DTYPES, load_target
@@ -44,8 +44,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--category", nargs="+", default=None, help="only these categories (default: all)")
     p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
     p.add_argument("--budget", default="auto",
-                   help="draft nodes verified per step: an integer 0..63, or 'auto' to pick per step the count that "
-                        "maximizes expected tokens/s on the measured latency curve (default: auto)")
+                   help="draft nodes verified per step: an integer 0..63, or 'auto': per drafter, the budget that "
+                        "maximizes replayed accept length / measured verification latency, calibrated on the "
+                        "first prompt of each category and cached (default: auto)")
     p.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
@@ -68,7 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct)")
     budget.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
     budget.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
-    budget.add_argument("--remeasure", action="store_true", help="measure again even when a curve is cached")
+    budget.add_argument("--remeasure", action="store_true",
+                        help="measure the curve and choose the budgets again even when cached")
+    budget.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
+                        help="prompt set whose first prompt per category calibrates the budget (default: spec_bench)")
+    budget.add_argument("--drafter", nargs="*", choices=DRAFTERS, default=[],
+                        help="drafters to choose a budget for (default: none, only the latency curve)")
+    budget.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt)")
+    budget.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded)")
+    budget.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length (default: 128)")
+    budget.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/")
+    budget.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
+    budget.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest suffix Lp (default: 3)")
     return parser
 
 
@@ -87,16 +99,21 @@ def _drafters(args, tokenizer) -> list:
     return [made[name]() for name in args.drafter]
 
 
-def _budget(args, target):
+def _budgets(args, target, drafters, console: Console) -> dict:
+    """A fixed budget policy per drafter: ``--budget N``, or the latency-aware choice for ``auto``."""
     if args.budget == "auto":
-        return AdaptiveBudget(load_or_measure(target))
+        from .replay_cli import auto_budgets
+
+        chosen = auto_budgets(args, target, drafters, console)
+        console.print("budgets: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
+        return {k: FixedBudget(v) for k, v in chosen.items()}
     try:
         n = int(args.budget)
     except ValueError:
         raise SystemExit(f"--budget {args.budget!r}: give an integer 0..63 or 'auto'") from None
     if not 0 <= n <= 63:
         raise SystemExit(f"--budget {n}: must be in 0..63")
-    return FixedBudget(n)
+    return {d.name: FixedBudget(n) for d in drafters}
 
 
 def _table(title: str, rows, columns) -> Table:
@@ -113,14 +130,14 @@ def _cmd_bench(args, console: Console) -> int:
     prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
                            categories=tuple(args.category) if args.category else None)
     drafters = _drafters(args, target.tokenizer)
-    policy = _budget(args, target)
+    budgets = _budgets(args, target, drafters, console)
     start = time.perf_counter()
 
     def progress(row):
         console.print(f"[dim]{row.prompt_id:>22} {row.drafter:>9}: {row.new_tokens} tokens, accept "
                       f"{row.accept_length:.2f}, {row.tokens_per_s:.1f} tok/s, lossless={row.lossless}[/dim]")
 
-    rows, assembly = run_bench(target, prompts, drafters, budget=policy, max_new_tokens=args.max_new_tokens,
+    rows, assembly = run_bench(target, prompts, drafters, budgets=budgets, max_new_tokens=args.max_new_tokens,
                                on_row=progress)
     summary = summarize(rows, assembly)
     csv_path = Path(args.csv or f"results/bench_{args.prompt_set}.csv")
@@ -141,7 +158,7 @@ def _cmd_bench(args, console: Console) -> int:
 def _cmd_replay(args, console: Console) -> int:
     from .replay_cli import run_replay
 
-    return run_replay(args, console, _drafters, _budget)
+    return run_replay(args, console, _drafters, _budgets)
 
 
 def _cmd_budget(args, console: Console) -> int:
@@ -155,6 +172,11 @@ def _cmd_budget(args, console: Console) -> int:
         table.add_row(str(q), f"{1e3 * curve(q):.1f}", f"{rel[q - 1]:.2f}")
     console.print(table)
     console.print(f"cached under {cache_dir() / 'latency'}")
+    if args.drafter:
+        from .replay_cli import auto_budgets
+
+        chosen = auto_budgets(args, target, _drafters(args, target.tokenizer), console, refresh=args.remeasure)
+        console.print("chosen budgets: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
     return 0
 
 

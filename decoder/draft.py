@@ -50,18 +50,32 @@ EMPTY_DRAFT = Draft(
 )
 
 
-def source_probabilities(tree: TokenTree) -> np.ndarray:
-    """``[num_nodes]`` float64: ``count(node) / root_count`` (the product of count ratios along the path).
+def source_probabilities(tree: TokenTree, prior: float = 0.0) -> np.ndarray:
+    """``[num_nodes]`` float64: the product of ``count(child) / (count(parent) + prior)`` along each path.
 
-    When ``root_count`` is 0 (unknown), the sum of the root's children's counts
-    stands in for it.
+    With ``prior == 0`` this telescopes to ``count(node) / root_count``. A
+    positive ``prior`` shrinks ratios drawn from few occurrences (additive
+    smoothing): ``2 / (2 + 2)`` instead of ``2 / 2``. When ``root_count`` is 0
+    (unknown), the sum of the root's children's counts stands in for it.
+
+    Raises:
+        ValueError: when ``prior < 0``.
     """
+    if prior < 0:
+        raise ValueError(f"prior={prior}: must be >= 0")
     counts = tree.counts.astype(np.float64)
-    root = tree.root_count or float(counts[tree.parents < 0].sum())
-    return counts / root if root > 0 else counts
+    root = float(tree.root_count or counts[tree.parents < 0].sum())
+    probs = np.zeros(len(counts), dtype=np.float64)
+    parents = tree.parents.tolist()
+    for i, p in enumerate(parents):
+        if p < 0:
+            probs[i] = counts[i] / (root + prior) if root + prior > 0 else 0.0
+        else:
+            probs[i] = probs[p] * (counts[i] / (counts[p] + prior))  # ratio <= 1 first: never above the parent
+    return probs
 
 
-def merge_drafts(sources: Sequence[tuple[TokenTree, float]], budget: int) -> Draft:
+def merge_drafts(sources: Sequence[tuple[TokenTree, float]], budget: int, prior: float = 0.0) -> Draft:
     """Merge token trees into one draft tree of at most ``budget`` nodes.
 
     Args:
@@ -69,6 +83,7 @@ def merge_drafts(sources: Sequence[tuple[TokenTree, float]], budget: int) -> Dra
             source's probabilities before the noisy-OR. Trees hang below the same
             root (the current sequence end).
         budget: most nodes kept, >= 0.
+        prior: additive smoothing of each count ratio (:func:`source_probabilities`), >= 0.
 
     Returns:
         A :class:`Draft` whose nodes are in best-first order (score desc, depth
@@ -89,7 +104,7 @@ def merge_drafts(sources: Sequence[tuple[TokenTree, float]], budget: int) -> Dra
             raise ValueError(f"source weight {weight}: must be in (0, 1]")
         if len(tree) == 0:
             continue
-        probs = source_probabilities(tree) * weight
+        probs = source_probabilities(tree, prior) * weight
         where = [0] * len(tree)
         for i, (tok, par) in enumerate(zip(tree.token_ids.tolist(), tree.parents.tolist())):
             mpar = -1 if par < 0 else where[par]

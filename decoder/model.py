@@ -47,7 +47,7 @@ class TargetModel:
         """Token ids that end generation (the generation config's, else the tokenizer's EOS)."""
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         if eos is None:
-            eos = self.tokenizer.eos_token_id
+            eos = getattr(self.tokenizer, "eos_token_id", None)
         if eos is None:
             return frozenset()
         return frozenset([eos] if isinstance(eos, int) else eos)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -13,12 +14,13 @@ from rich.table import Table
 from datastore.tokenizer import cache_dir
 
 from .bench import write_csv
+from .budget import FixedBudget, choose_budget, load_or_measure
 from .generate import greedy_generate
 from .model import TargetModel, load_target
 from .prompts import Prompt, load_prompts
 from .simulate import ReferenceStore, replay
 
-__all__ = ["ReplayRow", "references_for", "run_replay"]
+__all__ = ["ReplayRow", "references_for", "run_replay", "auto_budgets", "CANDIDATE_BUDGETS"]
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,18 @@ def references_for(target: TargetModel, prompts: list[Prompt], store: ReferenceS
     return out
 
 
-def run_replay(args, console: Console, make_drafters, make_budget) -> int:
+def run_replay(args, console: Console, make_drafters, make_budgets) -> int:
     """Replay every prompt with every drafter; print and write the per-category table."""
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
                            categories=tuple(args.category) if args.category else None)
     store = reference_store(target, args.prompt_set, args.max_new_tokens)
     refs = references_for(target, prompts, store, args.max_new_tokens)
-    policy = make_budget(args, target)
+    drafters = make_drafters(args, target.tokenizer)
+    budgets = make_budgets(args, target, drafters, console)
     rows = []
-    for drafter in make_drafters(args, target.tokenizer):
+    for drafter in drafters:
+        policy = budgets[drafter.name]
         by_cat: dict[str, list] = {}
         for p, ref in zip(prompts, refs):
             t0 = time.perf_counter()
@@ -79,6 +83,7 @@ def run_replay(args, console: Console, make_drafters, make_budget) -> int:
     table = Table(title=f"replayed accept length, {args.prompt_set}, {len(prompts)} prompts, budget {args.budget}")
     for col in ("category", "drafter", "prompts", "accept_length", "drafted_per_step", "steps", "seconds"):
         table.add_column(col)
+    rows.sort(key=lambda r: r.category == "all")
     for r in rows:
         table.add_row(r.category, r.drafter, str(r.prompts), f"{r.accept_length:.3f}", f"{r.drafted_per_step:.1f}",
                       str(r.steps), f"{r.seconds:.1f}")
@@ -86,3 +91,43 @@ def run_replay(args, console: Console, make_drafters, make_budget) -> int:
     path = write_csv(Path(f"results/replay_{args.prompt_set}.csv"), rows)
     console.print(f"wrote {path}")
     return 0
+
+
+CANDIDATE_BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+
+
+def auto_budgets(args, target: TargetModel, drafters, console: Console, *, refresh: bool = False) -> dict[str, int]:
+    """Per drafter, the budget maximizing replayed accept length / verification latency.
+
+    Calibrated on the first prompt of each category of ``args.prompt_set``
+    (replayed, so only their greedy references cost model time) and cached per
+    model, device, dtype, thread count, set and drafter under ``<cache>/latency``.
+    """
+    curve = load_or_measure(target)
+    out: dict[str, int] = {}
+    prompts = refs = None
+    for drafter in drafters:
+        path = Path(cache_dir()) / "latency" / f"{curve.key}-{args.prompt_set}-{drafter.name}-budget.json"
+        if path.exists() and not refresh:
+            out[drafter.name] = int(json.loads(path.read_text())["budget"])
+            continue
+        if prompts is None:
+            prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=1)
+            store = reference_store(target, args.prompt_set, args.max_new_tokens)
+            refs = references_for(target, prompts, store, args.max_new_tokens)
+        lengths = {}
+        for b in CANDIDATE_BUDGETS:
+            results = [replay(drafter, p.token_ids, r, FixedBudget(b)) for p, r in zip(prompts, refs)]
+            lengths[b] = sum(sum(x.accepted) for x in results) / max(sum(len(x.accepted) for x in results), 1)
+        best, rate = choose_budget(curve, lengths)
+        table = Table(title=f"budget for {drafter.name} on {args.prompt_set} ({len(prompts)} calibration prompts)")
+        for col in ("budget", "verify ms", "accept length", "tokens/s", ""):
+            table.add_column(col, justify="right")
+        for b in CANDIDATE_BUDGETS:
+            table.add_row(str(b), f"{1e3 * curve(b + 1):.1f}", f"{lengths[b]:.3f}", f"{rate[b]:.1f}",
+                          "best" if b == best else "")
+        console.print(table)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"budget": best, "accept_lengths": lengths, "tokens_per_s": rate}))
+        out[drafter.name] = best
+    return out

@@ -89,3 +89,34 @@ def real_stream(tokenizer, sharegpt_sample) -> np.ndarray:
     out = sharegpt_sample.parent / "stream.u32"
     tokenize_source(BuildConfig(path=sharegpt_sample, limit=40), tokenizer, out, progress=False)
     return np.fromfile(out, dtype=np.uint32)
+
+
+@pytest.fixture(scope="session")
+def target():
+    """The real target model, SmolLM2-135M-Instruct in fp32 on the CPU (safetensors cache after the first load)."""
+    from decoder.model import load_target
+
+    return load_target()
+
+
+@pytest.fixture(scope="session")
+def chat_datastore(database_url, sharegpt_sample, tokenizer):
+    """A real datastore built from the ShareGPT sample (no evaluation data in it); dropped after the session."""
+    from datastore.catalog import drop_datastore
+    from ingest.build import BuildConfig, build_datastore
+
+    name = f"test-chat-{uuid.uuid4().hex[:8]}"
+    build_datastore(BuildConfig(name=name, path=sharegpt_sample, database_url=database_url, top_t=200_000),
+                    progress=False)
+    yield name
+    drop_datastore(database_url, name)
+
+
+@pytest.fixture(scope="session")
+def eval_prompts(tokenizer):
+    """A handful of real evaluation prompts: two chat prompts (rag, writing) and one HumanEval prompt."""
+    from decoder.prompts import load_prompts
+
+    chat = load_prompts("spec_bench", tokenizer, data_dir=SHARED_DATA, limit=1, categories=("rag", "writing"))
+    code = load_prompts("humaneval", tokenizer, data_dir=SHARED_DATA, limit=1)
+    return chat + code

@@ -80,12 +80,14 @@ class DatastoreDrafter:
 
     Args:
         source: the datastore lookups.
+        prior: additive smoothing of count ratios when ranking nodes (default 1.0, >= 0).
     """
 
     name = "datastore"
 
-    def __init__(self, source: DatastoreSource) -> None:
+    def __init__(self, source: DatastoreSource, prior: float = 1.0) -> None:
         self.source = source
+        self.prior = prior
         self._tail: deque[int] = deque(maxlen=source.max_n)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -104,7 +106,7 @@ class DatastoreDrafter:
         mid = time.perf_counter()
         if tree is None or budget < 1:
             return Proposal(EMPTY_DRAFT, lookup_s=mid - start)
-        draft = merge_drafts([(tree, 1.0)], budget)
+        draft = merge_drafts([(tree, 1.0)], budget, self.prior)
         return Proposal(draft, lookup_s=mid - start, merge_s=time.perf_counter() - mid)
 
     def end(self) -> None:

@@ -25,8 +25,10 @@ class MergedDrafter:
         source: datastore lookups (fault-tolerant: trie-only drafts while it is down).
         window: the trie's sliding window ``n`` (default 13).
         max_prefix: the trie's longest matched suffix ``Lp`` (default 3).
-        datastore_weight: weight of the datastore's estimates, in (0, 1].
+        datastore_weight: weight of the datastore's estimates, in (0, 1]
+            (default 0.5: corpus statistics predict this model less well than its own prompt).
         trie_weight: weight of the trie's estimates, in (0, 1].
+        prior: additive smoothing of count ratios (default 1.0, >= 0).
 
     Raises:
         ValueError: when an argument is out of range.
@@ -35,13 +37,14 @@ class MergedDrafter:
     name = "merged"
 
     def __init__(self, source: DatastoreSource, window: int = 13, max_prefix: int = 3,
-                 datastore_weight: float = 1.0, trie_weight: float = 1.0) -> None:
+                 datastore_weight: float = 0.5, trie_weight: float = 1.0, prior: float = 1.0) -> None:
         for label, w in (("datastore_weight", datastore_weight), ("trie_weight", trie_weight)):
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")
         self.source = source
         self.window, self.max_prefix = window, max_prefix
         self.weights = (datastore_weight, trie_weight)
+        self.prior = prior
         self.trie = NGramTrie(window, max_prefix)
         self._tail: deque[int] = deque(maxlen=source.max_n)
         self.build_s = 0.0
@@ -72,7 +75,7 @@ class MergedDrafter:
             sources.append((stored, self.weights[0]))
         if match is not None:
             sources.append((match.tree, self.weights[1]))
-        draft = merge_drafts(sources, budget)
+        draft = merge_drafts(sources, budget, self.prior)
         return Proposal(draft, lookup_s=t1 - t0, trie_s=t2 - t1, merge_s=time.perf_counter() - t2)
 
     def end(self) -> None:

@@ -18,6 +18,7 @@ class TrieDrafter:
     Args:
         window: the trie's sliding window ``n`` (default 13), 2..64.
         max_prefix: longest suffix matched, ``Lp`` (default 3).
+        prior: additive smoothing of count ratios when ranking nodes (default 1.0, >= 0).
 
     Raises:
         ValueError: when an argument is out of range (see :class:`NGramTrie`).
@@ -25,10 +26,11 @@ class TrieDrafter:
 
     name = "trie"
 
-    def __init__(self, window: int = 13, max_prefix: int = 3) -> None:
+    def __init__(self, window: int = 13, max_prefix: int = 3, prior: float = 1.0) -> None:
         NGramTrie(window, max_prefix)  # validate now, not at the first request
         self.window = window
         self.max_prefix = max_prefix
+        self.prior = prior
         self.trie = NGramTrie(window, max_prefix)
         self.build_s = 0.0
 
@@ -50,7 +52,7 @@ class TrieDrafter:
         mid = time.perf_counter()
         if match is None or budget < 1:
             return Proposal(EMPTY_DRAFT, trie_s=mid - start)
-        draft = merge_drafts([(match.tree, 1.0)], budget)
+        draft = merge_drafts([(match.tree, 1.0)], budget, self.prior)
         return Proposal(draft, trie_s=mid - start, merge_s=time.perf_counter() - mid)
 
     def end(self) -> None:

@@ -1,0 +1,82 @@
+"""Draft assembly cost: n-gram trie build time per 1,000 prompt tokens, and per-step lookup + trie + merge.
+
+Replays the saved plain-greedy outputs (``python -m decoder replay`` saves them)
+with the merged drafter, so only drafting is timed, no model forward passes.
+
+    python benchmarks/draft_assembly.py [--datastore sharegpt] [--set spec_bench] [--limit 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from datastore import Datastore, load_tokenizer
+from decoder import DatastoreSource, FixedBudget, MergedDrafter, NGramTrie
+from decoder.prompts import load_prompts
+from decoder.simulate import replay_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt)")
+    ap.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL or embedded)")
+    ap.add_argument("--set", dest="prompt_set", default="spec_bench", help="prompt set (default: spec_bench)")
+    ap.add_argument("--limit", type=int, default=2, help="prompts per category (default: 2)")
+    ap.add_argument("--budget", type=int, default=3, help="draft nodes per step (default: 3)")
+    args = ap.parse_args()
+
+    tok = load_tokenizer()
+    prompts = load_prompts(args.prompt_set, tok, limit=args.limit)
+    per_k = []
+    for p in prompts:
+        best = min(_time_build(p.token_ids) for _ in range(5))
+        per_k.append(1e3 * best / len(p.token_ids) * 1000)
+    lengths = [len(p.token_ids) for p in prompts]
+    print(f"trie build: {statistics.median(per_k):.2f} ms per 1,000 prompt tokens (median over {len(prompts)} "
+          f"prompts of {min(lengths)}..{max(lengths)} tokens; max {max(per_k):.2f})")
+
+    from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
+    from decoder.model import TargetModel
+    import torch
+
+    fake_key = TargetModel(None, tok, "SmolLM2-135M-Instruct", torch.device("cpu"), torch.float32)
+    store = reference_store(fake_key, args.prompt_set, 128)
+    source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
+    lookup, trie, merge, total = [], [], [], []
+    for p in prompts:
+        ref = store.get(p.id, p.token_ids)
+        if ref is None:
+            continue
+        d = MergedDrafter(source)
+        d.begin(list(p.token_ids) + ref[:1])
+        pos = 1
+        while pos < len(ref):
+            prop = d.propose(args.budget)
+            lookup.append(prop.lookup_s)
+            trie.append(prop.trie_s)
+            merge.append(prop.merge_s)
+            total.append(prop.lookup_s + prop.trie_s + prop.merge_s)
+            path = replay_step(prop.draft.tree.token_ids, prop.draft.tree.parents, ref, pos)
+            kept = ref[pos:pos + len(path) + 1]
+            pos += len(kept)
+            d.extend(kept)
+    if not total:
+        raise SystemExit("no saved references: run `python -m decoder replay --set ...` first")
+    q = lambda xs, f: 1e3 * float(np.quantile(xs, f))  # noqa: E731
+    print(f"draft assembly per step over {len(total)} steps (ms): "
+          f"p50 {q(total, .5):.3f}, p90 {q(total, .9):.3f}, p99 {q(total, .99):.3f}; "
+          f"lookup p50 {q(lookup, .5):.3f}, trie p50 {q(trie, .5):.3f}, merge p50 {q(merge, .5):.3f}")
+
+
+def _time_build(ids) -> float:
+    t0 = time.perf_counter()
+    NGramTrie().extend(ids)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
