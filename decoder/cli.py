@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
     try:
         return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
     except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError) as exc:

@@ -32,7 +32,8 @@ class TrieMatch:
         context_len: tokens of the sequence's suffix that matched (1..max_prefix).
         tree: the kept continuation paths as a :class:`datastore.TokenTree`
             (``counts``: window occurrences through each node; ``root_count``:
-            occurrences of the context, the current one included).
+            earlier occurrences of the context, i.e. not counting the one that
+            ends the sequence).
     """
 
     __slots__ = ("context_len", "tree")
@@ -147,7 +148,9 @@ class NGramTrie:
             counts.append(-neg)
             for c in kids[node].values():
                 heapq.heappush(heap, (-count[c], c, idx))
+        # the context's own occurrence at the end of the sequence is what is being predicted, not evidence:
+        # it passes through the context node but has no continuation yet
         return TokenTree.trusted(
             np.array(toks, dtype=np.uint32), np.array(parents, dtype=np.int32),
-            np.array(counts, dtype=np.uint32), count[root],
+            np.array(counts, dtype=np.uint32), max(count[root] - 1, sum(counts[i] for i, p in enumerate(parents) if p < 0)),
         )

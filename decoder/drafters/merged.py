@@ -26,7 +26,7 @@ class MergedDrafter:
         window: the trie's sliding window ``n`` (default 13).
         max_prefix: the trie's longest matched suffix ``Lp`` (default 3).
         datastore_weight: weight of the datastore's estimates, in (0, 1]
-            (default 0.5: corpus statistics predict this model less well than its own prompt).
+            (default 0.3: corpus statistics predict this model less well than its own prompt).
         trie_weight: weight of the trie's estimates, in (0, 1].
         prior: additive smoothing of count ratios (default 1.0, >= 0).
 
@@ -37,7 +37,7 @@ class MergedDrafter:
     name = "merged"
 
     def __init__(self, source: DatastoreSource, window: int = 13, max_prefix: int = 3,
-                 datastore_weight: float = 0.5, trie_weight: float = 1.0, prior: float = 1.0) -> None:
+                 datastore_weight: float = 0.3, trie_weight: float = 1.0, prior: float = 1.0) -> None:
         for label, w in (("datastore_weight", datastore_weight), ("trie_weight", trie_weight)):
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")
