@@ -40,11 +40,8 @@ def main() -> None:
           f"prompts of {min(lengths)}..{max(lengths)} tokens; max {max(per_k):.2f})")
 
     from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
-    from decoder.model import TargetModel
-    import torch
 
-    fake_key = TargetModel(None, tok, "SmolLM2-135M-Instruct", torch.device("cpu"), torch.float32)
-    store = reference_store(fake_key, args.prompt_set, 128)
+    store = reference_store("SmolLM2-135M-Instruct", "float32", args.prompt_set, 128)
     source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
     lookup, trie, merge, total = [], [], [], []
     for p in prompts:

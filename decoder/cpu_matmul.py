@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 __all__ = ["use_weight_major_linear", "WEIGHT_MAJOR_MAX_TOKENS"]
 
-WEIGHT_MAJOR_MAX_TOKENS = 8  # measured crossover on 2 cores (benchmarks/latency.py)
+WEIGHT_MAJOR_MAX_TOKENS = 8  # measured crossover on 2 cores (`python -m decoder budget` prints the curve)
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

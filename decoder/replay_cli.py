@@ -36,10 +36,15 @@ class ReplayRow:
     seconds: float
 
 
-def reference_store(target: TargetModel, prompt_set: str, max_new_tokens: int) -> ReferenceStore:
-    """The reference file for this model, dtype, prompt set and output length, under ``<cache>/references``."""
-    key = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target.spec}-{str(target.dtype).split('.')[-1]}")
+def reference_store(spec: str, dtype: str, prompt_set: str, max_new_tokens: int) -> ReferenceStore:
+    """The reference file for a model spec, dtype name (``float32``...), prompt set and output length,
+    under ``<cache>/references``."""
+    key = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{spec}-{dtype}")
     return ReferenceStore(Path(cache_dir()) / "references" / key / f"{prompt_set}-{max_new_tokens}.jsonl")
+
+
+def _dtype_name(target: TargetModel) -> str:
+    return str(target.dtype).split(".")[-1]
 
 
 def references_for(target: TargetModel, prompts: list[Prompt], store: ReferenceStore,
@@ -60,7 +65,7 @@ def run_replay(args, console: Console, make_drafters, make_budgets) -> int:
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
                            categories=tuple(args.category) if args.category else None)
-    store = reference_store(target, args.prompt_set, args.max_new_tokens)
+    store = reference_store(target.spec, _dtype_name(target), args.prompt_set, args.max_new_tokens)
     refs = references_for(target, prompts, store, args.max_new_tokens)
     drafters = make_drafters(args, target.tokenizer)
     budgets = make_budgets(args, target, drafters, console)
@@ -113,7 +118,7 @@ def auto_budgets(args, target: TargetModel, drafters, console: Console, *, refre
             continue
         if prompts is None:
             prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=1)
-            store = reference_store(target, args.prompt_set, args.max_new_tokens)
+            store = reference_store(target.spec, _dtype_name(target), args.prompt_set, args.max_new_tokens)
             refs = references_for(target, prompts, store, args.max_new_tokens)
         lengths = {}
         for b in CANDIDATE_BUDGETS:

@@ -99,10 +99,14 @@ class DatastoreDrafter:
         """Append committed tokens."""
         self._tail.extend(int(t) for t in tokens)
 
+    def stored_tree(self) -> TokenTree | None:
+        """The stored tree of the longest n-gram ending the sequence, or ``None``."""
+        return self.source.lookup(list(self._tail))
+
     def propose(self, budget: int) -> Proposal:
         """The stored tree, pruned to ``budget`` nodes by estimated acceptance."""
         start = time.perf_counter()
-        tree = self.source.lookup(list(self._tail))
+        tree = self.stored_tree()
         mid = time.perf_counter()
         if tree is None or budget < 1:
             return Proposal(EMPTY_DRAFT, lookup_s=mid - start)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Sequence
 
 from ..draft import merge_drafts
-from ..ngram_trie import NGramTrie
 from .base import Proposal
-from .datastore import DatastoreSource
+from .datastore import DatastoreDrafter, DatastoreSource
+from .trie import TrieDrafter
 
 __all__ = ["MergedDrafter"]
 
@@ -42,33 +41,32 @@ class MergedDrafter:
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")
         self.source = source
-        self.window, self.max_prefix = window, max_prefix
         self.weights = (datastore_weight, trie_weight)
         self.prior = prior
-        self.trie = NGramTrie(window, max_prefix)
-        self._tail: deque[int] = deque(maxlen=source.max_n)
-        self.build_s = 0.0
+        self.trie = TrieDrafter(window, max_prefix, prior)
+        self.stored = DatastoreDrafter(source, prior)
+
+    @property
+    def build_s(self) -> float:
+        """Seconds the last ``begin`` spent building the prompt trie."""
+        return self.trie.build_s
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Build the trie over the prompt."""
-        start = time.perf_counter()
-        self.trie = NGramTrie(self.window, self.max_prefix)
-        self.trie.extend(prompt_ids)
-        self.build_s = time.perf_counter() - start
-        self._tail.clear()
-        self._tail.extend(int(t) for t in prompt_ids[-self.source.max_n:])
+        """Build the trie over the prompt; remember the lookup tail."""
+        self.trie.begin(prompt_ids)
+        self.stored.begin(prompt_ids)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Insert committed tokens into the trie and the lookup tail."""
         self.trie.extend(tokens)
-        self._tail.extend(int(t) for t in tokens)
+        self.stored.extend(tokens)
 
     def propose(self, budget: int) -> Proposal:
         """Lookup, trie match, merge."""
         t0 = time.perf_counter()
-        stored = self.source.lookup(list(self._tail))
+        stored = self.stored.stored_tree()
         t1 = time.perf_counter()
-        match = self.trie.match(max(budget, 1))
+        match = self.trie.match(budget)
         t2 = time.perf_counter()
         sources = []
         if stored is not None:
@@ -80,4 +78,5 @@ class MergedDrafter:
 
     def end(self) -> None:
         """Drop the trie."""
-        self.trie = NGramTrie(self.window, self.max_prefix)
+        self.trie.end()
+        self.stored.end()

@@ -6,7 +6,7 @@ import time
 from typing import Sequence
 
 from ..draft import EMPTY_DRAFT, merge_drafts
-from ..ngram_trie import NGramTrie
+from ..ngram_trie import NGramTrie, TrieMatch
 from .base import Proposal
 
 __all__ = ["TrieDrafter"]
@@ -45,10 +45,14 @@ class TrieDrafter:
         """Insert the committed tokens."""
         self.trie.extend(tokens)
 
+    def match(self, budget: int) -> TrieMatch | None:
+        """The trie's best ``max(budget, 1)`` paths below the longest matching suffix, or ``None``."""
+        return self.trie.match(max(budget, 1))
+
     def propose(self, budget: int) -> Proposal:
         """The trie's best paths below the longest matching suffix."""
         start = time.perf_counter()
-        match = self.trie.match(max(budget, 1))
+        match = self.match(budget)
         mid = time.perf_counter()
         if match is None or budget < 1:
             return Proposal(EMPTY_DRAFT, trie_s=mid - start)
