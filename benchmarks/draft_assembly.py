@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from datastore import Datastore, load_tokenizer
-from decoder import DatastoreSource, FixedBudget, MergedDrafter, NGramTrie
+from decoder import DatastoreSource, MergedDrafter, NGramTrie
 from decoder.prompts import load_prompts
 from decoder.simulate import replay_step
 

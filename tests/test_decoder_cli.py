@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from conftest import REPO, SHARED_DATA
+from conftest import SHARED_DATA
 
 
 def _run(args, database_url, tmp_path):

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from datastore.tree import TokenTree
-from decoder import Draft, FixedBudget, Proposal, TargetModel, speculative_generate
+from decoder import FixedBudget, Proposal, TargetModel, speculative_generate
 from decoder.draft import merge_drafts
 from decoder.verify import accept_sampled
 
