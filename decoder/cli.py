@@ -19,7 +19,7 @@ from .budget import FixedBudget, load_or_measure
 from .drafters import (DatastoreDrafter, DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter,
                        TrieDrafter)
 from .model import DTYPES, load_target
-from .prompts import SETS, load_prompts
+from .prompts import SETS, UnknownCategory, load_prompts
 
 __all__ = ["main", "build_parser"]
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
     try:
         return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
-    except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError) as exc:
+    except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError, UnknownCategory) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 

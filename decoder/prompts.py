@@ -12,10 +12,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Prompt", "SETS", "default_data_dir", "load_prompts"]
+__all__ = ["Prompt", "SETS", "UnknownCategory", "default_data_dir", "load_prompts"]
 
 SETS = ("spec_bench", "humaneval")
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+class UnknownCategory(ValueError):
+    """Raised when a requested category does not occur in the prompt set."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
     Raises:
         ValueError: for an unknown set name or a non-positive limit.
         FileNotFoundError: when the set's file is missing (the message names it).
+        UnknownCategory: when a requested category does not occur in the set
+            (the message lists the set's categories).
     """
     if name not in SETS:
         raise ValueError(f"unknown prompt set {name!r}: choose one of {', '.join(SETS)}")
@@ -69,6 +75,7 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
         raise FileNotFoundError(f"{path} not found: pass --data-dir (or set CREST_EVAL_DATA) to the folder "
                                 "holding spec_bench/ and humaneval/")
     taken: dict[str, int] = {}
+    present: set[str] = set()
     out: list[Prompt] = []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -80,10 +87,15 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
                                                  tokenize=False, add_generation_prompt=True)
         else:
             category, pid, text = "humaneval", row["task_id"], row["prompt"]
+        present.add(category)
         if categories and category not in categories:
             continue
         if limit is not None and taken.get(category, 0) >= limit:
             continue
         taken[category] = taken.get(category, 0) + 1
         out.append(Prompt(pid, category, text, tuple(tokenizer.encode(text, add_special_tokens=False))))
+    missing = sorted(set(categories or ()) - present)
+    if missing:
+        raise UnknownCategory(f"{name} has no category {', '.join(map(repr, missing))}; its categories are: "
+                              f"{', '.join(sorted(present))}")
     return out

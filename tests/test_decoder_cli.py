@@ -43,6 +43,13 @@ def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
     assert "no-such-datastore" in proc.stdout
 
 
+def test_bench_cli_names_an_unknown_category(database_url, tmp_path):
+    proc = _run(["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3",
+                 "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    assert proc.returncode == 2
+    assert "'poetry'" in proc.stdout and "rag" in proc.stdout
+
+
 def test_local_gguf_loads_and_caches_safetensors(target, tokenizer, tmp_path, monkeypatch):
     from datastore.tokenizer import resolve_model
     from decoder.model import load_target
