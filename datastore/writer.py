@@ -126,6 +126,33 @@ class DatastoreWriter:
                 copy.write_row(row)
         self.rows += len(keys)
 
+    def copy_from(self, source_table: str, keys: Sequence[bytes]) -> int:
+        """Append the rows of another build whose key is in ``keys``, server-side.
+
+        The keys are COPYed into a temporary table and the rows are copied with one
+        ``INSERT ... SELECT`` join, so tree blobs never leave the server. This is how a
+        datastore over a subset of another's n-grams (a smaller top-t, a single n) is made
+        without rebuilding its trees: a tree depends only on its n-gram and the corpus.
+
+        Args:
+            source_table: the other build's tree table (``token_trees_<id>``).
+            keys: n-gram keys to copy (keys absent from the source are skipped).
+
+        Returns:
+            Rows copied.
+        """
+        with self._conn.transaction():
+            self._conn.execute("CREATE TEMP TABLE subset_keys (key bytea NOT NULL) ON COMMIT DROP")
+            with self._conn.cursor() as cur, cur.copy("COPY subset_keys (key) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["bytea"])
+                for key in keys:
+                    copy.write_row((key,))
+            copied = self._conn.execute(sql.SQL(
+                "INSERT INTO {} (key, tree) SELECT s.key, s.tree FROM {} s JOIN subset_keys k ON s.key = k.key"
+            ).format(sql.Identifier(self.table), sql.Identifier(source_table))).rowcount
+        self.rows += copied
+        return copied
+
     def finish(self, *, ngram_stats: dict, num_tokens: int, timings: dict,
                corpus: dict | None = None) -> tuple[int, float]:
         """Index the table and make this build the ready one.

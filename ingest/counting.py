@@ -37,6 +37,7 @@ class KeptNgrams:
         counts: ``[t]`` uint64 occurrences of each kept n-gram.
         distinct: distinct n-grams in the corpus before selection.
         occurrences: n-gram occurrences in the corpus (windows without a separator).
+        eligible: distinct n-grams seen at least ``min_count`` times (-1 when unknown).
     """
 
     n: int
@@ -44,6 +45,7 @@ class KeptNgrams:
     counts: np.ndarray
     distinct: int
     occurrences: int
+    eligible: int = -1
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -118,7 +120,9 @@ def count_top_t(
         con.register("windows", reader)
         cols = ", ".join(names)
         con.sql(f"CREATE TEMP TABLE grams AS SELECT {cols}, count(*)::UBIGINT AS c FROM windows GROUP BY ALL")
-        distinct, occurrences = con.sql("SELECT count(*), coalesce(sum(c), 0)::UBIGINT FROM grams").fetchall()[0]
+        distinct, occurrences, eligible = con.sql(
+            f"SELECT count(*), coalesce(sum(c), 0)::UBIGINT, count(*) FILTER (WHERE c >= {int(min_count)}) FROM grams"
+        ).fetchall()[0]
         table = con.sql(
             f"SELECT {cols}, c FROM grams WHERE c >= {int(min_count)} ORDER BY c DESC, {cols} LIMIT {int(top_t)}"
         ).to_arrow_table()
@@ -126,4 +130,5 @@ def count_top_t(
         con.close()
     ngrams = np.stack([table.column(c).to_numpy() for c in names], axis=1).astype(np.uint32) if table.num_rows \
         else np.zeros((0, n), dtype=np.uint32)
-    return KeptNgrams(n, ngrams, table.column("c").to_numpy().astype(np.uint64), int(distinct), int(occurrences))
+    return KeptNgrams(n, ngrams, table.column("c").to_numpy().astype(np.uint64), int(distinct), int(occurrences),
+                      int(eligible))

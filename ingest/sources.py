@@ -7,7 +7,9 @@ Sources:
               system -> system), exactly as the decoder renders prompts; a tokenizer
               without a template gets ``<role>\\n<text>\\n`` turns. A file cut off part-way
               yields every complete record and reports what was lost.
-    code      A directory tree of source files (``--glob``, default ``**/*.py``), one document each.
+    code      Directory trees of source files (``--glob``, default ``**/*.py``), one document each;
+              with no path, the interpreter's own Python source: its standard library and its
+              site-packages (see :func:`python_source_roots`).
     jsonl     JSON Lines with a text field (``--text-field``, default ``content``); a file or a directory.
     parquet   Parquet with a text column (``--text-field``); a file or a directory.
 
@@ -30,7 +32,8 @@ import ijson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["SOURCES", "SourceReport", "SourceError", "iter_documents", "default_sharegpt_path", "flatten_conversation"]
+__all__ = ["SOURCES", "SourceReport", "SourceError", "iter_documents", "default_sharegpt_path", "flatten_conversation",
+           "python_source_roots"]
 
 SOURCES = ("sharegpt", "code", "jsonl", "parquet")
 BATCH_SIZE = 512
@@ -156,15 +159,58 @@ def _truncation_note(path: Path, size: int, exc: Exception) -> str:
             f"{size - lost:,}) was dropped; every complete record before it was recovered")
 
 
-def _files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise SourceError(f"--path {path} does not exist")
-    found = sorted({p for pat in patterns for p in path.glob(pat) if p.is_file() and not p.is_symlink()})
+def python_source_roots() -> tuple[Path, ...]:
+    """The interpreter's standard library and site-packages directories (the default code corpus).
+
+    Returns ``sysconfig``'s ``stdlib``, ``purelib`` and ``platlib`` paths plus ``site``'s
+    site-packages, existing ones only, without repeats. Files under a ``site-packages`` or
+    ``dist-packages`` folder of the standard library are read only through the site roots.
+    """
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found: list[Path] = []
+    for raw in [paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages()]:
+        p = Path(raw).resolve()
+        if p.is_dir() and p not in found:
+            found.append(p)
+    return tuple(found)
+
+
+_SITE_DIRS = {"site-packages", "dist-packages"}
+
+
+def _under_other_site_dir(file: Path, root: Path, roots: set[Path]) -> bool:
+    """Whether ``file`` lies in a site-packages folder below ``root`` that is not itself a root."""
+    folder = root
+    for part in file.relative_to(root).parts[:-1]:
+        folder = folder / part
+        if part in _SITE_DIRS and folder.resolve() not in roots:
+            return True
+    return False
+
+
+def _files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
+    """Every regular file matching ``patterns`` under ``paths``, each once, in a stable order.
+
+    A root's site-packages subfolder is skipped unless it is itself one of ``paths``.
+    """
+    roots = {p.resolve() for p in paths}
+    found: dict[Path, None] = {}
+    for path in paths:
+        if path.is_file():
+            found.setdefault(path, None)
+            continue
+        if not path.is_dir():
+            raise SourceError(f"--path {path} does not exist")
+        hits = sorted({p for pat in patterns for p in path.glob(pat) if p.is_file() and not p.is_symlink()})
+        for p in hits:
+            if not _under_other_site_dir(p, path, roots):
+                found.setdefault(p, None)
     if not found:
-        raise SourceError(f"--path {path} holds no files matching {', '.join(patterns)}")
-    return found
+        raise SourceError(f"--path {', '.join(map(str, paths))} holds no files matching {', '.join(patterns)}")
+    return list(found)
 
 
 def _dedupe(texts: Iterator[str], report: SourceReport) -> Iterator[str]:
@@ -190,8 +236,8 @@ def _check_text(value, report: SourceReport, field_name: str) -> str | None:
     return None
 
 
-def _code(path: Path, glob: str, report: SourceReport) -> Iterator[str]:
-    for file in _files(path, (glob,)):
+def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[str]:
+    for file in _files(paths, (glob,)):
         try:
             data = file.read_bytes()
         except OSError:
@@ -207,7 +253,7 @@ def _code(path: Path, glob: str, report: SourceReport) -> Iterator[str]:
 
 
 def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
-    for file in _files(path, ("**/*.jsonl", "**/*.json")):
+    for file in _files((path,), ("**/*.jsonl", "**/*.json")):
         with open(file, "rb") as fh:
             for line in fh:
                 if not line.strip():
@@ -228,7 +274,7 @@ def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
 
 
 def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
-    for file in _files(path, ("**/*.parquet",)):
+    for file in _files((path,), ("**/*.parquet",)):
         pf = pq.ParquetFile(file)
         if field_name not in pf.schema_arrow.names:
             raise SourceError(f"{file} has no column {field_name!r} (columns: {pf.schema_arrow.names}); set --text-field")
@@ -248,13 +294,14 @@ def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]
                     yield text
 
 
-def iter_documents(source: str, path: Path | None, *, tokenizer=None, limit: int | None = None,
+def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokenizer=None, limit: int | None = None,
                    glob: str = "**/*.py", text_field: str = "content") -> tuple[SourceReport, Iterator[pa.RecordBatch]]:
     """Open a source.
 
     Args:
         source: one of :data:`SOURCES`.
-        path: file or directory; ``None`` for sharegpt means the packaged corpus.
+        path: file or directory (``code`` takes a tuple of several); ``None`` means the packaged
+            ShareGPT corpus for sharegpt and :func:`python_source_roots` for code.
         tokenizer: the target tokenizer (sharegpt needs its chat template).
         limit: stop after this many documents.
         glob: file pattern for ``code``.
@@ -264,21 +311,28 @@ def iter_documents(source: str, path: Path | None, *, tokenizer=None, limit: int
         ``(report, batches)``: the report fills in as the batches are consumed.
 
     Raises:
-        SourceError: for an unknown source or a missing path.
+        SourceError: for an unknown source, a missing path, or several paths for a one-file source.
     """
     if source not in SOURCES:
         raise SourceError(f"unknown --source {source!r}; use one of {', '.join(SOURCES)}")
-    if path is None:
-        if source != "sharegpt":
-            raise SourceError(f"--source {source} needs --path")
-        path = default_sharegpt_path()
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise SourceError(f"--path {path} does not exist")
-    report = SourceReport(source, str(path))
+    if path is None and source == "code":
+        paths = python_source_roots()
+    elif path is None and source == "sharegpt":
+        paths = (default_sharegpt_path(),)
+    elif path is None:
+        raise SourceError(f"--source {source} needs --path")
+    else:
+        paths = tuple(Path(p).expanduser() for p in ((path,) if isinstance(path, (str, os.PathLike)) else path))
+    for p in paths:
+        if not p.exists():
+            raise SourceError(f"--path {p} does not exist")
+    if len(paths) > 1 and source != "code":
+        raise SourceError(f"--source {source} reads one --path; got {len(paths)}")
+    path = paths[0]
+    report = SourceReport(source, os.pathsep.join(map(str, paths)))
     makers: dict[str, Callable[[], Iterator[str]]] = {
         "sharegpt": lambda: _sharegpt(path, tokenizer, report),
-        "code": lambda: _dedupe(_code(path, glob, report), report),
+        "code": lambda: _dedupe(_code(paths, glob, report), report),
         "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),
         "parquet": lambda: _dedupe(_parquet(path, text_field, report), report),
     }

@@ -47,11 +47,13 @@ class TreeJob:
 
 @dataclass(frozen=True)
 class TreeJobResult:
-    """Blobs of one partition: ``tree_index`` ``[k]`` int64 into the kept n-grams, ``blobs`` ``[k]``."""
+    """Blobs of one partition: ``tree_index`` ``[k]`` int64 into the kept n-grams, ``blobs`` ``[k]``,
+    ``sizes`` ``[k]`` int32 nodes of each tree; ``nodes`` their sum."""
 
     n: int
     tree_index: np.ndarray
     blobs: list
+    sizes: np.ndarray
     nodes: int
     build_seconds: float
     encode_seconds: float
@@ -80,4 +82,5 @@ def run_tree_job(job: TreeJob) -> TreeJobResult:
     batch = build_trees(stream, positions, local, job.root_counts, job.n, job.depth, job.budget)
     t1 = time.perf_counter()
     blobs = encode_trees(batch, job.compression)
-    return TreeJobResult(job.n, tree_index, blobs, len(batch.token_ids), t1 - t0, time.perf_counter() - t1)
+    sizes = np.diff(batch.offsets).astype(np.int32)
+    return TreeJobResult(job.n, tree_index, blobs, sizes, len(batch.token_ids), t1 - t0, time.perf_counter() - t1)

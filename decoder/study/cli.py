@@ -1,0 +1,167 @@
+"""``python -m decoder study storage``: accept length against datastore bytes, for chat and code.
+
+Per corpus: tokenize it once (cached), replay the evaluation set's plain-greedy
+references (generated once, cached) through REST over corpus fractions, CREST
+single-n and combined datastores over a top-t grid, and the merged drafter; write
+``study_storage_<corpus>.csv``, ``study_tree_sizes_<corpus>.csv`` and two PNG plots
+to ``--out``, and print each point's cost and the targets' verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from datastore.connection import resolve_database_url
+from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
+
+from ..prompts import MT_BENCH, load_prompts
+from ..replay_cli import reference_store
+from .corpus import CORPORA, EVAL_SETS, prepare_corpus
+from .plots import plot_storage, plot_tree_sizes
+from .runner import StudyGrid, StudyRow, run_corpus
+from .summary import assess
+
+__all__ = ["add_study_parser", "run_study_cli"]
+
+
+def _count(text: str) -> int:
+    from ingest.cli import parse_count
+
+    return parse_count(text)
+
+
+def _fraction(text: str) -> float:
+    value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: a corpus fraction must be in (0, 1] (or 0%..100%)")
+    return value
+
+
+def add_study_parser(sub) -> None:
+    """Register ``study storage`` on the ``python -m decoder`` subparsers."""
+    study = sub.add_parser("study", help="studies over datastore configurations")
+    kinds = study.add_subparsers(dest="study", required=True)
+    s = kinds.add_parser("storage", help="accept length against bytes on disk: REST, CREST single-n/combined, merged",
+                         description=__doc__)
+    d = StudyGrid()
+    s.add_argument("--corpus", nargs="+", choices=CORPORA, default=list(CORPORA),
+                   help="corpora: sharegpt (scored on Spec-Bench's MT-Bench categories) and code (the interpreter's "
+                        "stdlib + site-packages, scored on HumanEval) (default: both)")
+    s.add_argument("--top-t", nargs="+", type=_count, default=list(d.combined_top_t),
+                   help="top-t grid of the combined datastores, n <= --max-n (CREST §5.4; default: 1K 2K ... 512K)")
+    s.add_argument("--single-top-t", nargs="*", type=_count, default=list(d.single_top_t),
+                   help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K)")
+    s.add_argument("--single-n", nargs="*", type=int, default=list(d.single_n),
+                   help="n of the single-n datastores (default: 1 2 3 4 5)")
+    s.add_argument("--max-n", type=int, default=d.max_n, help="m of the combined datastores, 1..8 (default: 5)")
+    s.add_argument("--rest-fractions", nargs="+", type=_fraction, default=list(d.rest_fractions),
+                   help="corpus prefixes indexed for REST, e.g. 1%% 2%% or 0.5 (default: 1%% 2%% 4%% ... 64%% 100%%)")
+    s.add_argument("--budget", type=int, default=d.budget,
+                   help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size)")
+    s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line")
+    s.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
+    s.add_argument("--max-new-tokens", type=int, default=128, help="reference length, tokens (default: 128)")
+    s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results)")
+    s.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--dtype", default="float32", help="dtype of the reference runs (default: float32)")
+    s.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
+    s.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded Postgres)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _references(args, spec: str, eval_set: str, prompts, console: Console) -> list[list[int]]:
+    """Saved plain-greedy outputs, generating the missing ones with the target (loaded only then)."""
+    store = reference_store(spec, args.dtype, eval_set, args.max_new_tokens)
+    missing = [p for p in prompts if store.get(p.id, p.token_ids) is None]
+    if missing:
+        from ..model import load_target
+        from ..replay_cli import references_for
+
+        console.print(f"generating {len(missing)} plain-greedy references for {eval_set} (cached for later runs)")
+        target = load_target(args.model, dtype=args.dtype)
+        t0 = time.perf_counter()
+        references_for(target, missing, store, args.max_new_tokens)
+        console.print(f"  references took {time.perf_counter() - t0:.0f} s")
+    return [store.get(p.id, p.token_ids) for p in prompts]
+
+
+_COLUMNS = [f for f in StudyRow.__dataclass_fields__ if f != "per_n_nodes"]
+
+
+def _write_csv(path: Path, rows: list[StudyRow]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            d = asdict(r)
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items() if k in _COLUMNS})
+    return path
+
+
+def _write_tree_sizes(path: Path, rows: list[StudyRow]) -> Path:
+    """Mean tree nodes per n for every CREST size (CREST Table 2)."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "top_t", "n", "mean_tree_nodes"])
+        for r in rows:
+            for n, m in sorted(r.per_n_nodes.items()):
+                if r.method in ("crest-single", "crest-combined"):
+                    w.writerow([r.method, r.top_t, n, round(m, 2)])
+    return path
+
+
+def _row_line(r: StudyRow) -> str:
+    what = {"rest": f"{100 * r.fraction:g}% of corpus", "trie": "prompt only"}.get(
+        r.method, f"{'n=' if r.method == 'crest-single' else 'n<='}{r.n} t={r.top_t:,}")
+    return (f"{r.method:>14} {what:>22}: {r.bytes / 1e6:9.2f} MB  accept {r.accept_length:.3f}  "
+            f"({r.steps} steps)  build {r.build_s:6.1f} s  replay {r.replay_s:6.1f} s")
+
+
+def run_study_cli(args, console: Console) -> int:
+    """Run the storage study for each requested corpus; returns the exit status."""
+    try:
+        grid = StudyGrid(combined_top_t=tuple(args.top_t), single_top_t=tuple(args.single_top_t),
+                         single_n=tuple(args.single_n), max_n=args.max_n, rest_fractions=tuple(args.rest_fractions),
+                         budget=args.budget, merged=not args.no_merged)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    url = resolve_database_url(args.database_url)
+    spec = args.model or DEFAULT_MODEL
+    tokenizer = load_tokenizer(args.model)
+    started = time.perf_counter()
+    for name in args.corpus:
+        t0 = time.perf_counter()
+        eval_set = EVAL_SETS[name]
+        prompts = load_prompts(eval_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
+                               categories=MT_BENCH if eval_set == "spec_bench" else None)
+        refs = _references(args, spec, eval_set, prompts, console)
+        corpus = prepare_corpus(name, tokenizer, spec, progress=not args.quiet)
+        console.rule(f"{name}: {corpus.tokenized.num_tokens:,} tokens in {corpus.tokenized.num_documents:,} documents"
+                     f" (tokenized in {corpus.tokenize_s:.0f} s; 0 = cached), scored on {eval_set} "
+                     f"({len(prompts)} prompts), budget {grid.budget}")
+        rows = run_corpus(corpus, eval_set, prompts, refs, grid, url=url, tokenizer=tokenizer,
+                          tokenizer_spec=spec, report=lambda r: console.print(_row_line(r)),
+                          log=lambda text: console.print(text), progress=not args.quiet)
+        csv_path = _write_csv(args.out / f"study_storage_{name}.csv", rows)
+        sizes_path = _write_tree_sizes(args.out / f"study_tree_sizes_{name}.csv", rows)
+        title = f"{name} corpus, scored on {eval_set} ({len(prompts)} prompts)"
+        png = plot_storage(rows, args.out / f"study_storage_{name}.png", title)
+        png2 = plot_tree_sizes(rows, args.out / f"study_tree_sizes_{name}.png", f"mean token tree size, {name}")
+        table = Table(title=f"targets, {name}")
+        for col in ("target", "measured", "met"):
+            table.add_column(col)
+        for v in assess(rows):
+            table.add_row(v.target, v.figure, "yes" if v.met else "[red]no[/red]")
+        console.print(table)
+        console.print(f"wrote {csv_path}, {sizes_path}, {png}, {png2} ({time.perf_counter() - t0:.0f} s for {name})")
+    console.print(f"study done in {time.perf_counter() - started:.0f} s")
+    return 0

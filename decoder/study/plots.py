@@ -1,0 +1,78 @@
+"""The study's figures (matplotlib, Agg backend): accept length against bytes, tree size against top-t."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+
+from .runner import StudyRow  # noqa: E402
+
+__all__ = ["plot_storage", "plot_tree_sizes"]
+
+_STYLE = {"rest": ("REST (corpus fraction)", "tab:red", "s", 2.0),
+          "crest-combined": ("CREST combined", "tab:blue", "o", 2.0),
+          "merged": ("merged (CREST combined + prompt trie)", "tab:green", "^", 2.0)}
+
+
+def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
+    """Accept length (y) against bytes on disk (x, log scale): one line per method.
+
+    REST, CREST combined, merged, and each single-n CREST line (thin, dashed); the
+    trie alone (0 bytes) is drawn as a horizontal reference.
+
+    Returns:
+        ``path`` (PNG, parent folders created).
+    """
+    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=120)
+    for method, (label, color, marker, width) in _STYLE.items():
+        pts = sorted((r.bytes, r.accept_length) for r in rows if r.method == method)
+        if pts:
+            ax.plot([b for b, _ in pts], [a for _, a in pts], marker=marker, color=color, lw=width, label=label)
+    singles = sorted({r.n for r in rows if r.method == "crest-single"})
+    cmap = plt.get_cmap("viridis", max(len(singles), 2))
+    for i, n in enumerate(singles):
+        pts = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-single" and r.n == n)
+        ax.plot([b for b, _ in pts], [a for _, a in pts], ls="--", lw=1.0, marker=".", color=cmap(i),
+                label=f"CREST single n={n}")
+    trie = [r.accept_length for r in rows if r.method == "trie"]
+    if trie:
+        ax.axhline(trie[0], color="gray", ls=":", lw=1.2, label="prompt trie alone (0 bytes)")
+    ax.set_xscale("log")
+    ax.set_xlabel("datastore bytes on disk (log scale)")
+    ax.set_ylabel("accept length (tokens per verification step)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_tree_sizes(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
+    """Mean stored tree size (nodes) per n against top-t (CREST Table 2 as a figure).
+
+    Returns:
+        ``path`` (PNG).
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), dpi=120)
+    for n in sorted({r.n for r in rows if r.method == "crest-single"}):
+        pts = sorted((r.top_t, r.mean_tree_nodes) for r in rows if r.method == "crest-single" and r.n == n)
+        ax.plot([t for t, _ in pts], [m for _, m in pts], marker="o", label=f"n={n}")
+    ax.set_xscale("log")
+    ax.set_xlabel("top-t (n-grams kept per n)")
+    ax.set_ylabel("mean nodes per token tree")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

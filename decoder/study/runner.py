@@ -1,0 +1,215 @@
+"""The storage study: accept length against bytes on disk, REST vs CREST vs merged.
+
+For one corpus the study measures, through the replay simulator (exact for greedy
+decoding), the accept length on the corpus's evaluation set of:
+
+- ``rest``: REST over growing prefixes of the corpus (suffix array, bytes as REST counts them);
+- ``crest-single``: CREST datastores of one n-gram length over a top-t grid (CREST §5.3);
+- ``crest-combined``: an equal top-t for every n <= m (CREST §5.4);
+- ``merged``: each combined datastore merged with the per-prompt n-gram trie;
+- ``trie``: the trie alone (0 bytes: a reference line).
+
+Every point's cost (build and replay seconds) is recorded with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from datastore import Datastore
+from datastore.catalog import DatastoreNotFound, drop_datastore
+from datastore.tokenizer import tokenizer_fingerprint
+
+from ..budget import FixedBudget
+from ..drafters import DatastoreDrafter, DatastoreSource, MergedDrafter, RestDrafter, TrieDrafter
+from ..prompts import Prompt
+from ..simulate import replay
+from .corpus import StudyCorpus, rest_index
+from .crest import CrestPoint, effective_sizes, full_build, materialize
+
+__all__ = ["StudyGrid", "StudyRow", "run_corpus", "replay_accept_length"]
+
+_K = 1000
+
+
+@dataclass(frozen=True)
+class StudyGrid:
+    """The points of one study (defaults: the default grid, about 25 min per corpus here).
+
+    Attributes:
+        combined_top_t: top-t values of the combined datastores (n <= ``max_n``), each >= 1.
+        single_top_t: top-t values of the single-n datastores.
+        single_n: the n of the single-n lines (each in ``1..max_n``).
+        max_n: m of the combined datastores, 1..8.
+        rest_fractions: corpus prefixes indexed for REST, each in (0, 1].
+        budget: draft tree nodes verified per step, 1..1024 (REST and CREST trees hold <= 64).
+        merged: also replay each combined datastore merged with the prompt trie.
+
+    Raises:
+        ValueError: when a value is out of range.
+    """
+
+    combined_top_t: tuple[int, ...] = tuple(x * _K for x in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+    single_top_t: tuple[int, ...] = tuple(x * _K for x in (1, 4, 16, 64, 256))
+    single_n: tuple[int, ...] = (1, 2, 3, 4, 5)
+    max_n: int = 5
+    rest_fractions: tuple[float, ...] = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0)
+    budget: int = 64
+    merged: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (all(t >= 1 for t in self.combined_top_t + self.single_top_t), "every top-t must be >= 1"),
+            (1 <= self.max_n <= 8, f"max_n={self.max_n}: must be in 1..8"),
+            (all(1 <= n <= self.max_n for n in self.single_n), f"single n must be in 1..max_n={self.max_n}"),
+            (all(0.0 < f <= 1.0 for f in self.rest_fractions), "REST fractions must be in (0, 1]"),
+            (1 <= self.budget <= 1024, f"budget={self.budget}: must be in 1..1024"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def largest_top_t(self) -> int:
+        """The top-t of the full build every CREST point is cut from."""
+        return max(self.combined_top_t + self.single_top_t, default=1)
+
+    def crest_points(self) -> list[CrestPoint]:
+        """Combined points, then single-n points, smallest first."""
+        combined = [CrestPoint(tuple(range(1, self.max_n + 1)), t) for t in sorted(self.combined_top_t)]
+        single = [CrestPoint((n,), t) for n in self.single_n for t in sorted(self.single_top_t)]
+        return combined + single
+
+
+@dataclass
+class StudyRow:
+    """One measured point (a CSV row).
+
+    Attributes:
+        corpus / eval_set: what was indexed and what was scored.
+        method: rest | crest-single | crest-combined | merged | trie.
+        n: the single n, or m for combined/merged (0 for rest and trie).
+        top_t: n-grams per n (0 for rest and trie). fraction: REST's corpus share (0 otherwise).
+        corpus_tokens: tokens indexed by REST (0 otherwise). ngrams: CREST rows (0 otherwise).
+        bytes: bytes on disk (REST: tokens + suffix array; CREST: table + TOAST + hash index).
+        accept_length: tokens committed per verification step (bonus included), all prompts pooled.
+        steps / prompts: verification steps and prompts replayed.
+        mean_tree_nodes: mean nodes per stored tree (CREST), or per retrieved tree (REST).
+        build_s / replay_s: seconds this point cost (0 build when reused from the cache).
+    """
+
+    corpus: str
+    eval_set: str
+    method: str
+    n: int
+    top_t: int
+    fraction: float
+    corpus_tokens: int
+    ngrams: int
+    bytes: int
+    accept_length: float
+    steps: int
+    prompts: int
+    mean_tree_nodes: float
+    build_s: float
+    replay_s: float
+    per_n_nodes: dict = field(default_factory=dict, repr=False)
+
+
+def replay_accept_length(drafter, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
+                         budget: int) -> tuple[float, int, float]:
+    """Pooled accept length over the prompts: ``(accept_length, steps, seconds)``."""
+    t0 = time.perf_counter()
+    accepted = steps = 0
+    for p, ref in zip(prompts, references):
+        res = replay(drafter, p.token_ids, ref, FixedBudget(budget))
+        accepted += sum(res.accepted)
+        steps += len(res.accepted)
+    return accepted / max(steps, 1), steps, time.perf_counter() - t0
+
+
+class _CountingRest(RestDrafter):
+    """A REST drafter that also tallies the size of the trees it retrieves."""
+
+    def __init__(self, index) -> None:
+        super().__init__(index)
+        self.nodes = self.trees = 0
+
+    def propose(self, budget: int):
+        proposal = super().propose(budget)
+        if len(proposal.draft):
+            self.nodes += len(proposal.draft)
+            self.trees += 1
+        return proposal
+
+
+def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
+               grid: StudyGrid, *, url: str, tokenizer, tokenizer_spec: str,
+               report: Callable[[StudyRow], None], log: Callable[[str], None] = lambda text: None,
+               progress: bool = True) -> list[StudyRow]:
+    """Measure every point of ``grid`` on one corpus; ``report`` is called as each row is done and
+    ``log`` with one-off costs (the full CREST build).
+
+    Raises:
+        datastore.connection.DatabaseUnavailable: when Postgres is unreachable.
+    """
+    rows: list[StudyRow] = []
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    budget = grid.budget
+
+    def emit(row: StudyRow) -> None:
+        rows.append(row)
+        report(row)
+
+    def base(method: str) -> dict:
+        return {"corpus": corpus.name, "eval_set": eval_set, "method": method, "prompts": len(prompts)}
+
+    acc, steps, secs = replay_accept_length(TrieDrafter(), prompts, references, budget)
+    emit(StudyRow(**base("trie"), n=0, top_t=0, fraction=0.0, corpus_tokens=0, ngrams=0, bytes=0,
+                  accept_length=acc, steps=steps, mean_tree_nodes=0.0, build_s=0.0, replay_s=secs))
+
+    for fraction in sorted(grid.rest_fractions):
+        index, build_s = rest_index(corpus, fraction)
+        drafter = _CountingRest(index)
+        acc, steps, secs = replay_accept_length(drafter, prompts, references, budget)
+        emit(StudyRow(**base("rest"), n=0, top_t=0, fraction=fraction, corpus_tokens=index.num_tokens, ngrams=0,
+                      bytes=index.nbytes, accept_length=acc, steps=steps,
+                      mean_tree_nodes=drafter.nodes / max(drafter.trees, 1), build_s=build_s, replay_s=secs))
+
+    points = grid.crest_points()
+    if not points:
+        return rows
+    full = full_build(corpus, grid.largest_top_t, grid.max_n, url=url, tokenizer=tokenizer,
+                      tokenizer_spec=tokenizer_spec, progress=progress)
+    log(f"CREST full build {full.name} (top-t {full.top_t:,}, n <= {full.max_n}): "
+        + (f"{full.seconds:.0f} s" if full.seconds else "reused") + "; each point below is a server-side copy of it")
+    name = f"study-{corpus.name}-point"
+    seen: set[tuple] = set()
+    try:
+        for point in points:
+            sizes = effective_sizes(full, point)
+            if (point.ns, sizes) in seen:  # every n of the point ran out of n-grams: same datastore as before
+                continue
+            seen.add((point.ns, sizes))
+            made = materialize(full, point, name, url=url, tokenizer_spec=tokenizer_spec, fingerprint=fingerprint)
+            nodes = sum(k * m for k, m in made.per_n.values()) / max(made.ngrams, 1)
+            kinds = [(point.method, DatastoreDrafter)]
+            if grid.merged and point.method == "crest-combined":
+                kinds.append(("merged", MergedDrafter))
+            for method, make in kinds:
+                source = DatastoreSource(lambda: Datastore.open(name, fingerprint=fingerprint, database_url=url))
+                try:
+                    acc, steps, secs = replay_accept_length(make(source), prompts, references, budget)
+                finally:
+                    source.close()
+                emit(StudyRow(**base(method), n=max(point.ns), top_t=point.top_t, fraction=0.0, corpus_tokens=0,
+                              ngrams=made.ngrams, bytes=made.bytes, accept_length=acc, steps=steps,
+                              mean_tree_nodes=nodes, build_s=made.seconds if method != "merged" else 0.0, replay_s=secs,
+                              per_n_nodes={n: m for n, (_, m) in made.per_n.items()}))
+    finally:
+        with contextlib.suppress(DatastoreNotFound):  # nothing was materialized
+            drop_datastore(url, name)
+    return rows

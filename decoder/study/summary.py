@@ -1,0 +1,92 @@
+"""The study's verdicts: CREST against REST at REST's best and at equal bytes; merged against both.
+
+Curves are compared at equal bytes by interpolating accept length linearly in
+log(bytes) between a method's measured points (never extrapolated).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .runner import StudyRow
+
+__all__ = ["Verdict", "assess", "interpolate"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target: what it asks, the measured figure, whether it was met."""
+
+    target: str
+    figure: str
+    met: bool
+
+
+def interpolate(points: Sequence[tuple[int, float]], x: int) -> float | None:
+    """Accept length at ``x`` bytes on the curve ``points`` ((bytes, accept) pairs), or ``None`` outside it."""
+    pts = sorted(p for p in points if p[0] > 0)
+    if not pts or x < pts[0][0] or x > pts[-1][0]:
+        return None
+    for (b0, a0), (b1, a1) in zip(pts, pts[1:]):
+        if b0 <= x <= b1:
+            if b1 == b0:
+                return max(a0, a1)
+            w = (math.log(x) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return a0 + w * (a1 - a0)
+    return pts[-1][1]
+
+
+def _envelope(rows: Sequence[StudyRow], methods: tuple[str, ...]) -> list[tuple[int, float]]:
+    """The best accept length reachable with at most each measured size (upper-left frontier)."""
+    pts = sorted((r.bytes, r.accept_length) for r in rows if r.method in methods)
+    out: list[tuple[int, float]] = []
+    for b, a in pts:
+        if not out or a > out[-1][1]:
+            out.append((b, a))
+    return out
+
+
+def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
+    """The issue's targets for one corpus's rows."""
+    rest = sorted((r.bytes, r.accept_length) for r in rows if r.method == "rest")
+    crest = _envelope(rows, ("crest-single", "crest-combined"))
+    combined = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-combined")
+    merged = sorted((r.bytes, r.accept_length) for r in rows if r.method == "merged")
+    out: list[Verdict] = []
+    if rest and crest:
+        best_bytes, best = max(rest, key=lambda p: (p[1], -p[0]))
+        reach = next((b for b, a in crest if a >= best), None)
+        if reach is None:
+            out.append(Verdict("CREST reaches REST's best accept length with <= 1/10 of its bytes",
+                               f"REST best {best:.3f} at {best_bytes:,} B; CREST's best is {crest[-1][1]:.3f}", False))
+        else:
+            ratio = best_bytes / reach
+            out.append(Verdict("CREST reaches REST's best accept length with <= 1/10 of its bytes",
+                               f"REST best {best:.3f} at {best_bytes:,} B; CREST reaches it at {reach:,} B "
+                               f"({ratio:.1f}x less)", ratio >= 10))
+        ratios = []
+        for b, a in rest:
+            c = interpolate(crest, b)
+            if c is not None and a > 0:
+                ratios.append((b, c / a))
+        if ratios:
+            worst = min(r for _, r in ratios)
+            out.append(Verdict("at equal bytes CREST >= 1.15x REST's accept length",
+                               f"{len(ratios)} REST sizes inside CREST's range: ratio min {worst:.2f}, "
+                               f"max {max(r for _, r in ratios):.2f}", worst >= 1.15))
+        else:
+            out.append(Verdict("at equal bytes CREST >= 1.15x REST's accept length",
+                               "no REST size falls inside CREST's measured range", False))
+    if merged:
+        above_crest = all(m >= c for (_, m), (_, c) in zip(merged, combined))
+        vs_rest = [(m, interpolate(rest, b)) for b, m in merged]
+        vs_rest = [(m, r) for m, r in vs_rest if r is not None]
+        above_rest = all(m >= r for m, r in vs_rest)
+        margin = min((m - c for (_, m), (_, c) in zip(merged, combined)), default=float("nan"))
+        out.append(Verdict("merged curve above CREST combined and REST",
+                           f"merged - combined >= {margin:+.3f} at every size; above REST at "
+                           f"{sum(m >= r for m, r in vs_rest)}/{len(vs_rest)} shared sizes",
+                           above_crest and above_rest))
+    return out

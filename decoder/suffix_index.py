@@ -1,0 +1,214 @@
+"""REST's datastore: a corpus token stream and its suffix array, with REST's retrieval.
+
+REST (He et al., "REST: Retrieval-Based Speculative Decoding", NAACL 2024, §3.1-3.2)
+finds the longest suffix of the current sequence (16 down to 2 tokens) that occurs
+in the corpus, takes at most 5000 of its occurrences, and drafts the trie of their
+next 10 tokens, pruned to 64 nodes by prefix counts. The occurrences are the
+matching suffix-array range read from its start, as REST's retriever reads them.
+
+The suffix array is built by libdivsufsort (PyPI ``pydivsufsort``), never by us.
+Its size is counted as REST counts its datastore: the token array (16-bit ids when
+the vocabulary fits, else 32-bit) plus the suffix array (32-bit entries below 2**31
+tokens, else 64-bit), uncompressed.
+
+Documents are separated by one reserved id (``separator`` = vocabulary size), so
+no match and no continuation crosses a document boundary.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from pydivsufsort import divsufsort
+
+from datastore.tree import TokenTree
+from ingest.tokens import SEPARATOR
+from ingest.trees import build_trees
+
+__all__ = ["SuffixIndex", "RestMatch", "REST_DEFAULTS"]
+
+REST_DEFAULTS = {"min_len": 2, "max_len": 16, "max_matches": 5000, "depth": 10, "budget": 64}
+"""REST's retrieval parameters (§4.1): contexts of 16 down to 2 tokens, <= 5000 matches,
+10-token continuations, trees of <= 64 nodes."""
+
+
+@dataclass(frozen=True)
+class RestMatch:
+    """One retrieval.
+
+    Attributes:
+        context_len: tokens of the longest matched suffix (``min_len..max_len``).
+        occurrences: how many times that suffix occurs in the corpus.
+        tree: the continuation tree of the first ``max_matches`` occurrences
+            (``root_count`` = occurrences used).
+    """
+
+    context_len: int
+    occurrences: int
+    tree: TokenTree
+
+
+class _Column:
+    """``column[i]`` = the token ``offset`` places into suffix ``sa[i]`` (-1 past the end): a sorted
+    sequence inside a suffix-array range whose suffixes share their first ``offset`` tokens."""
+
+    def __init__(self, tokens: np.ndarray, sa: np.ndarray, offset: int) -> None:
+        self.tokens, self.sa, self.offset, self.n = tokens, sa, offset, len(tokens)
+
+    def __getitem__(self, i: int) -> int:
+        p = int(self.sa[i]) + self.offset
+        return int(self.tokens[p]) if p < self.n else -1
+
+    def __len__(self) -> int:
+        return len(self.sa)
+
+
+class SuffixIndex:
+    """A token array and its suffix array.
+
+    Attributes:
+        tokens: ``[N]`` uint16 (or uint32 for vocabularies past 65,535 ids) token ids,
+            documents separated by ``separator``.
+        suffix_array: ``[N]`` int32 (int64 from 2**31 tokens): suffix start positions in
+            lexicographic order.
+        separator: the document separator id (the vocabulary size).
+    """
+
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, separator: int) -> None:
+        if len(tokens) != len(suffix_array):
+            raise ValueError(f"tokens ({len(tokens)}) and suffix array ({len(suffix_array)}) differ in length")
+        self.tokens = tokens
+        self.suffix_array = suffix_array
+        self.separator = int(separator)
+
+    @classmethod
+    def build(cls, stream: np.ndarray, vocab_size: int) -> "SuffixIndex":
+        """Index a token stream.
+
+        Args:
+            stream: ``[N]`` uint32 token stream as written by :mod:`ingest.tokens` (documents
+                separated by :data:`ingest.tokens.SEPARATOR`).
+            vocab_size: the tokenizer's vocabulary size (the separator becomes this id).
+
+        Raises:
+            ValueError: when a token id is >= ``vocab_size`` or the stream is empty.
+        """
+        stream = np.asarray(stream)
+        if len(stream) == 0:
+            raise ValueError("the token stream is empty: nothing to index")
+        is_sep = stream == SEPARATOR
+        top = int(stream[~is_sep].max(initial=0))
+        if top >= vocab_size:
+            raise ValueError(f"token id {top} >= vocab_size {vocab_size}: index with the tokenizer that made the stream")
+        dtype = np.uint16 if vocab_size < (1 << 16) else np.uint32
+        tokens = stream.astype(dtype)
+        tokens[is_sep] = vocab_size
+        sa = divsufsort(tokens)
+        sa = sa.astype(np.int32 if len(tokens) < (1 << 31) else np.int64, copy=False)
+        return cls(tokens, sa, vocab_size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk as REST counts them: token array + suffix array, uncompressed."""
+        return int(self.tokens.nbytes + self.suffix_array.nbytes)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens indexed (document separators included)."""
+        return len(self.tokens)
+
+    def save(self, directory: Path) -> None:
+        """Write ``tokens.npy``, ``suffix_array.npy`` and ``meta.json`` into ``directory``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / "tokens.npy", self.tokens)
+        np.save(d / "suffix_array.npy", self.suffix_array)
+        (d / "meta.json").write_text(json.dumps({"separator": self.separator, "num_tokens": self.num_tokens}))
+
+    @classmethod
+    def load(cls, directory: Path) -> "SuffixIndex":
+        """Memory-map an index written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: when ``directory`` holds no saved index.
+        """
+        d = Path(directory)
+        if not (d / "meta.json").exists():
+            raise FileNotFoundError(f"{d} holds no suffix index (meta.json missing); build one with "
+                                    f"python -m decoder study storage or SuffixIndex.build(...).save({str(d)!r})")
+        meta = json.loads((d / "meta.json").read_text())
+        return cls(np.load(d / "tokens.npy", mmap_mode="r"), np.load(d / "suffix_array.npy", mmap_mode="r"),
+                   meta["separator"])
+
+    def find(self, pattern: Sequence[int]) -> tuple[int, int]:
+        """The suffix-array range ``[lo, hi)`` of the suffixes that start with ``pattern``."""
+        lo, hi = 0, len(self.suffix_array)
+        for offset, token in enumerate(pattern):
+            col = _Column(self.tokens, self.suffix_array, offset)
+            lo = bisect_left(col, int(token), lo, hi)
+            hi = bisect_right(col, int(token), lo, hi)
+            if lo == hi:
+                break
+        return lo, hi
+
+    def longest_match(self, context: Sequence[int], min_len: int = 2, max_len: int = 16) -> tuple[int, int, int] | None:
+        """The longest suffix of ``context`` (``min_len..max_len`` tokens) that occurs in the corpus.
+
+        A suffix occurs only if every shorter one does, so the length is found by binary search.
+
+        Returns:
+            ``(length, lo, hi)`` (its suffix-array range), or ``None`` when not even ``min_len`` tokens match.
+
+        Raises:
+            ValueError: when ``min_len < 1`` or ``max_len < min_len``.
+        """
+        if min_len < 1 or max_len < min_len:
+            raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+        ctx = [int(t) for t in context[-max_len:]]
+        low, high, best = min_len, len(ctx), None
+        while low <= high:
+            k = (low + high) // 2
+            lo, hi = self.find(ctx[len(ctx) - k:])
+            if hi > lo:
+                best, low = (k, lo, hi), k + 1
+            else:
+                high = k - 1
+        return best
+
+    def retrieve(self, context: Sequence[int], min_len: int = 2, max_len: int = 16, max_matches: int = 5000,
+                 depth: int = 10, budget: int = 64) -> RestMatch | None:
+        """REST's draft for ``context``: the pruned continuation tree of its longest match.
+
+        Args:
+            context: the sequence so far (token ids; only the last ``max_len`` are used).
+            min_len / max_len: shortest and longest suffix tried (REST: 2 and 16).
+            max_matches: occurrences used, from the start of the range (REST: 5000).
+            depth: continuation tokens (REST: 10). budget: tree nodes kept (REST: 64).
+
+        Returns:
+            The :class:`RestMatch`, or ``None`` when no suffix of ``min_len`` tokens occurs or none
+            of its occurrences has a continuation.
+        """
+        found = self.longest_match(context, min_len, max_len)
+        if found is None:
+            return None
+        k, lo, hi = found
+        starts = np.asarray(self.suffix_array[lo:min(hi, lo + max_matches)], dtype=np.int64)
+        idx = starts[:, None] + k + np.arange(depth)  # [m, depth]
+        inside = idx < len(self.tokens)
+        windows = np.full((len(starts), depth + 1), SEPARATOR, dtype=np.uint32)  # [m, depth + 1], last col separates
+        body = windows[:, :depth]
+        body[inside] = self.tokens[idx[inside]]
+        body[body == self.separator] = SEPARATOR
+        batch = build_trees(windows.ravel(), np.arange(len(starts), dtype=np.int64) * (depth + 1),
+                            np.zeros(len(starts), dtype=np.int64), np.array([len(starts)], dtype=np.uint64),
+                            0, depth, budget)
+        tree = batch.tree(0)
+        if len(tree) == 0:
+            return None
+        return RestMatch(k, hi - lo, tree)
