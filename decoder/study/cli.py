@@ -37,6 +37,13 @@ def _count(text: str) -> int:
     return parse_count(text)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
     if not 0.0 < value <= 1.0:
@@ -66,8 +73,14 @@ def add_study_parser(sub) -> None:
     s.add_argument("--budget", type=int, default=d.budget,
                    help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size)")
     s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line")
-    s.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
-    s.add_argument("--max-new-tokens", type=int, default=128, help="reference length, tokens (default: 128)")
+    s.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
+    s.add_argument("--corpus-limit", type=_count, default=None,
+                   help="index only the corpus's first N documents, e.g. 2K (default: all; for quick looks)")
+    s.add_argument("--workdir", type=Path, default=None,
+                   help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study)")
+    s.add_argument("--name-prefix", default="study",
+                   help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s)")
+    s.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length, tokens (default: 128)")
     s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results)")
     s.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
     s.add_argument("--dtype", default="float32", help="dtype of the reference runs (default: float32)")
@@ -144,13 +157,14 @@ def run_study_cli(args, console: Console) -> int:
         prompts = load_prompts(eval_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
                                categories=MT_BENCH if eval_set == "spec_bench" else None)
         refs = _references(args, spec, eval_set, prompts, console)
-        corpus = prepare_corpus(name, tokenizer, spec, progress=not args.quiet)
+        corpus = prepare_corpus(name, tokenizer, spec, root=args.workdir, limit=args.corpus_limit,
+                                progress=not args.quiet)
         console.rule(f"{name}: {corpus.tokenized.num_tokens:,} tokens in {corpus.tokenized.num_documents:,} documents"
                      f" (tokenized in {corpus.tokenize_s:.0f} s; 0 = cached), scored on {eval_set} "
                      f"({len(prompts)} prompts), budget {grid.budget}")
         rows = run_corpus(corpus, eval_set, prompts, refs, grid, url=url, tokenizer=tokenizer,
                           tokenizer_spec=spec, report=lambda r: console.print(_row_line(r)),
-                          log=lambda text: console.print(text), progress=not args.quiet)
+                          log=lambda text: console.print(text), prefix=args.name_prefix, progress=not args.quiet)
         csv_path = _write_csv(args.out / f"study_storage_{name}.csv", rows)
         sizes_path = _write_tree_sizes(args.out / f"study_tree_sizes_{name}.csv", rows)
         title = f"{name} corpus, scored on {eval_set} ({len(prompts)} prompts)"

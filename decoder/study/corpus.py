@@ -49,9 +49,14 @@ class StudyCorpus:
         return open_stream(self.tokenized.path)
 
 
-def prepare_corpus(name: str, tokenizer, tokenizer_spec: str, root: Path | None = None,
+def prepare_corpus(name: str, tokenizer, tokenizer_spec: str, root: Path | None = None, limit: int | None = None,
                    progress: bool = True) -> StudyCorpus:
     """Tokenize corpus ``name`` (or reuse its cached stream).
+
+    Args:
+        name: one of :data:`CORPORA`. tokenizer / tokenizer_spec: the target's tokenizer and its spec.
+        root: the study's folder (default ``<cache>/study``). limit: first documents only (default all).
+        progress: show a progress bar.
 
     Raises:
         ValueError: for a corpus name not in :data:`CORPORA`.
@@ -60,7 +65,7 @@ def prepare_corpus(name: str, tokenizer, tokenizer_spec: str, root: Path | None 
     if name not in CORPORA:
         raise ValueError(f"unknown corpus {name!r}: choose one of {', '.join(CORPORA)}")
     fp = tokenizer_fingerprint(tokenizer)[:12]
-    folder = Path(root or Path(cache_dir()) / "study") / f"{name}-{fp}"
+    folder = Path(root or Path(cache_dir()) / "study") / (f"{name}-{fp}" + (f"-limit{limit}" if limit else ""))
     folder.mkdir(parents=True, exist_ok=True)
     meta, stream = folder / "corpus.json", folder / "tokens.u32"
     if meta.exists() and stream.exists():
@@ -69,7 +74,7 @@ def prepare_corpus(name: str, tokenizer, tokenizer_spec: str, root: Path | None 
         return StudyCorpus(name, folder, tok, 0.0, len(tokenizer))
     t0 = time.perf_counter()
     partial = folder / "tokens.partial"
-    tok = tokenize_corpus(BuildConfig(source=name, tokenizer=tokenizer_spec), tokenizer, partial, progress)
+    tok = tokenize_corpus(BuildConfig(source=name, tokenizer=tokenizer_spec, limit=limit), tokenizer, partial, progress)
     partial.replace(stream)
     tok = TokenizedCorpus(stream, tok.num_documents, tok.num_tokens, tok.max_token, tok.report)
     meta.write_text(json.dumps({"num_documents": tok.num_documents, "num_tokens": tok.num_tokens,

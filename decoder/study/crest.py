@@ -102,16 +102,16 @@ class Materialized:
 
 
 def full_build(corpus: StudyCorpus, top_t: int, max_n: int, *, url: str, tokenizer, tokenizer_spec: str,
-               depth: int = 10, tree_budget: int = 64, progress: bool = True) -> FullBuild:
+               depth: int = 10, tree_budget: int = 64, prefix: str = "study", progress: bool = True) -> FullBuild:
     """The corpus's CREST build at ``top_t`` for every n <= ``max_n``, built once and then reused.
 
-    It is reused while the database still serves it and it was made from the same stream
-    with a top-t, ``max_n``, depth and tree budget covering the request.
+    It is named ``<prefix>-<corpus>-full`` and reused while the database still serves it and it
+    was made from the same stream with a top-t, ``max_n``, depth and tree budget covering the request.
 
     Raises:
         datastore.connection.DatabaseUnavailable: when Postgres is unreachable.
     """
-    name = f"study-{corpus.name}-full"
+    name = f"{prefix}-{corpus.name}-full"
     digest = stream_digest(corpus.tokenized.path)
     manifest = corpus.dir / "crest-full.json"
     ranking_dir = corpus.dir / "ranking"

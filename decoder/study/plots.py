@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .runner import StudyRow  # noqa: E402
 
@@ -17,6 +18,13 @@ __all__ = ["plot_storage", "plot_tree_sizes"]
 _STYLE = {"rest": ("REST (corpus fraction)", "tab:red", "s", 2.0),
           "crest-combined": ("CREST combined", "tab:blue", "o", 2.0),
           "merged": ("merged (CREST combined + prompt trie)", "tab:green", "^", 2.0)}
+
+
+def _bytes_label(x: float, _pos) -> str:
+    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if x >= div:
+            return f"{x / div:g} {unit}"
+    return f"{x:g} B"
 
 
 def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
@@ -43,6 +51,7 @@ def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     if trie:
         ax.axhline(trie[0], color="gray", ls=":", lw=1.2, label="prompt trie alone (0 bytes)")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
     ax.set_xlabel("datastore bytes on disk (log scale)")
     ax.set_ylabel("accept length (tokens per verification step)")
     ax.set_title(title)

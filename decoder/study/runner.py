@@ -149,9 +149,10 @@ class _CountingRest(RestDrafter):
 def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
                grid: StudyGrid, *, url: str, tokenizer, tokenizer_spec: str,
                report: Callable[[StudyRow], None], log: Callable[[str], None] = lambda text: None,
-               progress: bool = True) -> list[StudyRow]:
+               prefix: str = "study", progress: bool = True) -> list[StudyRow]:
     """Measure every point of ``grid`` on one corpus; ``report`` is called as each row is done and
-    ``log`` with one-off costs (the full CREST build).
+    ``log`` with one-off costs (the full CREST build). Datastores are named ``<prefix>-<corpus>-full``
+    (kept for later runs) and ``<prefix>-<corpus>-point`` (each point in turn, dropped at the end).
 
     Raises:
         datastore.connection.DatabaseUnavailable: when Postgres is unreachable.
@@ -183,10 +184,10 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
     if not points:
         return rows
     full = full_build(corpus, grid.largest_top_t, grid.max_n, url=url, tokenizer=tokenizer,
-                      tokenizer_spec=tokenizer_spec, progress=progress)
+                      tokenizer_spec=tokenizer_spec, prefix=prefix, progress=progress)
     log(f"CREST full build {full.name} (top-t {full.top_t:,}, n <= {full.max_n}): "
         + (f"{full.seconds:.0f} s" if full.seconds else "reused") + "; each point below is a server-side copy of it")
-    name = f"study-{corpus.name}-point"
+    name = f"{prefix}-{corpus.name}-point"
     seen: set[tuple] = set()
     try:
         for point in points:

@@ -1,0 +1,90 @@
+"""The REST baseline: suffix-array retrieval against a brute-force scan, its size accounting, its drafter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decoder.drafters import RestDrafter
+from decoder.simulate import replay
+from decoder.study.corpus import prefix_end
+from decoder.suffix_index import SuffixIndex
+from ingest.tokens import SEPARATOR
+
+from oracles import rest_retrieve, tree_paths
+
+
+def _stream(docs: list[list[int]]) -> np.ndarray:
+    return np.array([t for d in docs for t in (*d, int(SEPARATOR))], dtype=np.uint32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=25), min_size=1, max_size=8),
+       context=st.lists(st.integers(0, 3), min_size=0, max_size=7),
+       max_matches=st.integers(1, 6), depth=st.integers(1, 4), budget=st.integers(1, 9),
+       min_len=st.integers(1, 3))
+def test_retrieve_matches_brute_force(docs, context, max_matches, depth, budget, min_len):
+    stream = _stream(docs)
+    index = SuffixIndex.build(stream, vocab_size=4)
+    got = index.retrieve(context, min_len=min_len, max_len=5, max_matches=max_matches, depth=depth, budget=budget)
+    want = rest_retrieve(stream, 4, context, min_len, 5, max_matches, depth, budget)
+    if want is None or not want[3]:
+        assert got is None
+        return
+    k, occurrences, used, paths = want
+    assert (got.context_len, got.occurrences, got.tree.root_count) == (k, occurrences, used)
+    assert tree_paths(got.tree) == paths
+
+
+def test_find_is_the_occurrence_range():
+    stream = _stream([[1, 2, 1, 2, 3], [2, 1, 2], [3, 3, 3]])
+    index = SuffixIndex.build(stream, vocab_size=4)
+    for pattern in ([1, 2], [2], [3, 3], [1, 2, 3], [0], [2, 3, 3]):
+        lo, hi = index.find(pattern)
+        starts = sorted(int(p) for p in index.suffix_array[lo:hi])
+        brute = [i for i in range(len(stream) - len(pattern) + 1)
+                 if stream[i:i + len(pattern)].tolist() == pattern]
+        assert starts == brute, pattern
+
+
+def test_size_is_counted_as_rest_counts_it(tmp_path):
+    stream = _stream([[5, 6, 7, 8], [9, 10]])
+    small = SuffixIndex.build(stream, vocab_size=49_152)  # ids fit 16 bits: 2 B per token + 4 B per suffix
+    assert small.tokens.dtype == np.uint16 and small.suffix_array.dtype == np.int32
+    assert small.nbytes == 6 * len(stream)
+    wide = SuffixIndex.build(stream, vocab_size=100_000)  # 32-bit ids
+    assert wide.nbytes == 8 * len(stream)
+    small.save(tmp_path / "idx")
+    loaded = SuffixIndex.load(tmp_path / "idx")
+    assert loaded.nbytes == small.nbytes
+    data = sum(np.load(tmp_path / "idx" / f, mmap_mode="r").nbytes for f in ("tokens.npy", "suffix_array.npy"))
+    assert data == small.nbytes
+    with pytest.raises(ValueError, match="vocab_size"):
+        SuffixIndex.build(stream, vocab_size=8)
+    with pytest.raises(FileNotFoundError, match="no suffix index"):
+        SuffixIndex.load(tmp_path / "missing")
+
+
+def test_prefix_end_cuts_after_a_document():
+    stream = _stream([[1] * 10, [2] * 10, [3] * 10])
+    assert prefix_end(stream, 1.0) == len(stream)
+    end = prefix_end(stream, 0.4)
+    assert stream[end - 1] == SEPARATOR and end >= 0.4 * len(stream)
+    assert prefix_end(stream, 0.01) == 11
+    with pytest.raises(ValueError, match="fraction"):
+        prefix_end(stream, 0.0)
+
+
+def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
+    """On real tokens, a context taken from the corpus retrieves a tree holding the true next token,
+    and replaying a corpus document as the 'reference' accepts more than one token per step."""
+    index = SuffixIndex.build(real_stream, vocab_size=len(tokenizer))
+    seps = np.flatnonzero(real_stream == SEPARATOR)
+    doc = real_stream[seps[3] + 1:seps[4]].tolist()
+    match = index.retrieve(doc[:40])
+    assert match is not None and match.context_len >= 2
+    assert doc[40] in match.tree.token_ids.tolist()[:64]
+    res = replay(RestDrafter(index), doc[:40], doc[40:120])
+    assert res.accept_length > 1.5  # the document itself is in the index

@@ -1,0 +1,134 @@
+"""The storage study: grid datastores cut from one build equal direct builds; the CLI end to end."""
+
+from __future__ import annotations
+
+import csv
+import uuid
+
+import numpy as np
+import pytest
+from psycopg import sql
+
+from datastore.catalog import DatastoreNotFound, datastore_stats, drop_datastore, list_datastores
+from datastore.codec import decode_tree
+from datastore.connection import connect
+from datastore.tokenizer import DEFAULT_MODEL
+from ingest.build import BuildConfig, build_datastore, tokenize_corpus
+from ingest.counting import count_top_t
+from ingest.tokens import open_stream
+
+from conftest import SHARED_DATA
+
+
+def _rows(url: str, name: str) -> dict[bytes, bytes]:
+    table = datastore_stats(url, name)["table"]
+    with connect(url) as conn:
+        return {bytes(k): bytes(t) for k, t in conn.execute(
+            sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table))).fetchall()}
+
+
+@pytest.fixture
+def prefix(database_url):
+    """A unique datastore-name prefix; every datastore under it is dropped afterwards."""
+    p = f"test-{uuid.uuid4().hex[:8]}"
+    yield p
+    for row in list_datastores(database_url, include_all=True):
+        if row["name"].startswith(p):
+            try:
+                drop_datastore(database_url, row["name"])
+            except DatastoreNotFound:
+                pass
+
+
+def test_grid_points_equal_direct_builds(database_url, sharegpt_sample, tokenizer, tmp_path, prefix):
+    from decoder.study.corpus import StudyCorpus
+    from decoder.study.crest import CrestPoint, full_build, materialize
+
+    tok = tokenize_corpus(BuildConfig(path=sharegpt_sample, limit=60), tokenizer, tmp_path / "tokens.u32",
+                          progress=False)
+    corpus = StudyCorpus("sharegpt", tmp_path, tok, 0.0, len(tokenizer))
+    full = full_build(corpus, 300, 3, url=database_url, tokenizer=tokenizer, tokenizer_spec=DEFAULT_MODEL,
+                      prefix=prefix, progress=False)
+    assert full.seconds > 0
+    again = full_build(corpus, 200, 3, url=database_url, tokenizer=tokenizer, tokenizer_spec=DEFAULT_MODEL,
+                       prefix=prefix, progress=False)
+    assert again.seconds == 0 and again.table == full.table  # reused: it covers top-t 200
+
+    # the cached ranking, sliced, is exactly what counting at the smaller top-t returns
+    stream = open_stream(tok.path)
+    for n in (1, 2, 3):
+        direct = count_top_t(stream, n, 100)
+        cached = full.ranking.load(n, 100, 1)
+        assert np.array_equal(cached.ngrams, direct.ngrams) and np.array_equal(cached.counts, direct.counts)
+
+    # a combined point copied out of the full build holds the same rows as a build at that top-t
+    direct_name = f"{prefix}-direct"
+    build_datastore(BuildConfig(name=direct_name, top_t=100, max_n=3, database_url=database_url), progress=False,
+                    corpus=tok)
+    point_name = f"{prefix}-point"
+    fingerprint = datastore_stats(database_url, direct_name)["tokenizer_fingerprint"]
+    made = materialize(full, CrestPoint((1, 2, 3), 100), point_name, url=database_url, tokenizer_spec=DEFAULT_MODEL,
+                       fingerprint=fingerprint)
+    assert _rows(database_url, point_name) == _rows(database_url, direct_name)
+    stats = datastore_stats(database_url, point_name)
+    assert made.bytes == stats["bytes_total"] and made.ngrams == stats["rows"]
+
+    # a single-n point: the top-t 2-grams only, and its mean tree size is that of its stored trees
+    made = materialize(full, CrestPoint((2,), 40), point_name, url=database_url, tokenizer_spec=DEFAULT_MODEL,
+                       fingerprint=fingerprint)
+    rows = _rows(database_url, point_name)
+    width = full.key_width
+    assert len(rows) == made.ngrams == 40 and all(len(k) == 2 * width for k in rows)
+    sizes = [len(decode_tree(blob)) for blob in rows.values()]
+    assert made.per_n[2][1] == pytest.approx(np.mean(sizes))
+
+
+def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
+    """The study on a tiny grid and small corpora: CSV rows and PNGs from real runs, values reproducible."""
+    from decoder.cli import main
+    from decoder.drafters import RestDrafter
+    from decoder.prompts import MT_BENCH, load_prompts
+    from decoder.replay_cli import reference_store
+    from decoder.study.runner import replay_accept_length
+    from decoder.suffix_index import SuffixIndex
+
+    out = tmp_path / "out"
+    argv = ["study", "storage", "--corpus", "sharegpt", "code", "--corpus-limit", "150", "--limit", "1",
+            "--max-new-tokens", "12", "--top-t", "50", "200", "--single-top-t", "50", "--single-n", "1", "2",
+            "--max-n", "3", "--rest-fractions", "50%", "100%", "--workdir", str(tmp_path / "work"),
+            "--out", str(out), "--name-prefix", prefix, "--data-dir", str(SHARED_DATA), "--database-url",
+            database_url, "--quiet"]
+    assert main(argv) == 0
+    for corpus, n_prompts in (("sharegpt", len(MT_BENCH)), ("code", 1)):
+        with open(out / f"study_storage_{corpus}.csv") as fh:
+            rows = list(csv.DictReader(fh))
+        methods = [r["method"] for r in rows]
+        assert methods.count("rest") == 2 and methods.count("crest-combined") == 2
+        assert methods.count("merged") == 2 and methods.count("trie") == 1
+        assert 2 <= methods.count("crest-single") <= 2  # n=1 and n=2 at t=50
+        for r in rows:
+            assert int(r["prompts"]) == n_prompts and int(r["steps"]) > 0
+            assert float(r["accept_length"]) >= 1.0
+            if r["method"] != "trie":
+                assert int(r["bytes"]) > 0
+        rest = [r for r in rows if r["method"] == "rest"]
+        assert all(int(r["bytes"]) == 6 * int(r["corpus_tokens"]) for r in rest)  # 16-bit ids + 32-bit suffixes
+        assert int(rest[0]["corpus_tokens"]) < int(rest[1]["corpus_tokens"])
+        combined = [r for r in rows if r["method"] == "crest-combined"]
+        assert int(combined[0]["bytes"]) < int(combined[1]["bytes"])
+        for png in (f"study_storage_{corpus}.png", f"study_tree_sizes_{corpus}.png"):
+            assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with open(out / f"study_tree_sizes_{corpus}.csv") as fh:
+            assert {int(r["n"]) for r in csv.DictReader(fh)} == {1, 2, 3}
+
+    # the REST row is reproduced by replaying its saved index directly
+    eval_prompts = load_prompts("spec_bench", tokenizer, data_dir=SHARED_DATA, limit=1, categories=MT_BENCH)
+    store = reference_store(DEFAULT_MODEL, "float32", "spec_bench", 12)
+    refs = [store.get(p.id, p.token_ids) for p in eval_prompts]
+    folder = next((tmp_path / "work").glob("sharegpt-*")) / "rest" / f"{1.0:.6f}"
+    acc, steps, _ = replay_accept_length(RestDrafter(SuffixIndex.load(folder)), eval_prompts, refs, 64)
+    with open(out / "study_storage_sharegpt.csv") as fh:
+        full_rest = [r for r in csv.DictReader(fh) if r["method"] == "rest" and float(r["fraction"]) == 1.0][0]
+    assert int(full_rest["steps"]) == steps and float(full_rest["accept_length"]) == pytest.approx(acc, abs=1e-4)
+    names = {r["name"] for r in list_datastores(database_url)}
+    assert f"{prefix}-sharegpt-full" in names and f"{prefix}-sharegpt-point" not in names
