@@ -35,6 +35,22 @@ def test_bench_cli_writes_table_and_csv(database_url, chat_datastore, tmp_path):
     assert "accept_length" in proc.stdout
 
 
+def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer, tmp_path):
+    from decoder.suffix_index import SuffixIndex
+
+    SuffixIndex.build(real_stream, len(tokenizer)).save(tmp_path / "rest")
+    out = tmp_path / "bench.csv"
+    proc = _run(["bench", "--set", "spec_bench", "--category", "writing", "--limit", "1", "--max-new-tokens", "12",
+                 "--drafter", "rest", "--rest-index", str(tmp_path / "rest"), "--budget", "8", "--csv", str(out),
+                 "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    rows = [r for r in csv.DictReader(out.open()) if r["drafter"] == "rest"]
+    assert rows and all(r["lossless"] == "1/1" for r in rows)
+    missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
+                    str(tmp_path / "nowhere"), "--budget", "3", "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    assert missing.returncode == 2 and "no suffix index" in missing.stdout
+
+
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
     proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "4", "--drafter", "datastore",
                  "--datastore", "no-such-datastore", "--budget", "3", "--data-dir", str(SHARED_DATA)],

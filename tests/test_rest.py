@@ -88,3 +88,15 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
     assert doc[40] in match.tree.token_ids.tolist()[:64]
     res = replay(RestDrafter(index), doc[:40], doc[40:120])
     assert res.accept_length > 1.5  # the document itself is in the index
+
+
+@settings(max_examples=80, deadline=None)
+@given(docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=5),
+       query=st.lists(st.integers(0, 4), min_size=0, max_size=12))
+def test_longest_run_matches_brute_force(docs, query):
+    from decoder.study.overlap import longest_run
+
+    index = SuffixIndex.build(_stream(docs), vocab_size=5)
+    brute = max((j - i for i in range(len(query)) for j in range(i + 1, len(query) + 1)
+                 if any(query[i:j] == d[k:k + j - i] for d in docs for k in range(len(d)))), default=0)
+    assert longest_run(index, query) == brute

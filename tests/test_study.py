@@ -95,7 +95,7 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     out = tmp_path / "out"
     argv = ["study", "storage", "--corpus", "sharegpt", "code", "--corpus-limit", "150", "--limit", "1",
             "--max-new-tokens", "12", "--top-t", "50", "200", "--single-top-t", "50", "--single-n", "1", "2",
-            "--max-n", "3", "--rest-fractions", "50%", "100%", "--workdir", str(tmp_path / "work"),
+            "--combined-m", "3", "--rest-fractions", "50%", "100%", "--workdir", str(tmp_path / "work"),
             "--out", str(out), "--name-prefix", prefix, "--data-dir", str(SHARED_DATA), "--database-url",
             database_url, "--quiet"]
     assert main(argv) == 0

@@ -67,7 +67,9 @@ def add_study_parser(sub) -> None:
                    help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K)")
     s.add_argument("--single-n", nargs="*", type=int, default=list(d.single_n),
                    help="n of the single-n datastores (default: 1 2 3 4 5)")
-    s.add_argument("--max-n", type=int, default=d.max_n, help="m of the combined datastores, 1..8 (default: 5)")
+    s.add_argument("--combined-m", nargs="*", type=int, default=list(d.combined_m),
+                   help="m of the combined lines (n <= m), each 2..8; the largest is also merged with the trie "
+                        "(CREST §5.4; default: 2 3 5)")
     s.add_argument("--rest-fractions", nargs="+", type=_fraction, default=list(d.rest_fractions),
                    help="corpus prefixes indexed for REST, e.g. 1%% 2%% or 0.5 (default: 1%% 2%% 4%% ... 64%% 100%%)")
     s.add_argument("--budget", type=int, default=d.budget,
@@ -134,16 +136,31 @@ def _write_tree_sizes(path: Path, rows: list[StudyRow]) -> Path:
 def _row_line(r: StudyRow) -> str:
     what = {"rest": f"{100 * r.fraction:g}% of corpus", "trie": "prompt only"}.get(
         r.method, f"{'n=' if r.method == 'crest-single' else 'n<='}{r.n} t={r.top_t:,}")
+    build = "cached" if r.method == "rest" and r.build_s == 0 else f"{r.build_s:.1f} s"
     return (f"{r.method:>14} {what:>22}: {r.bytes / 1e6:9.2f} MB  accept {r.accept_length:.3f}  "
-            f"({r.steps} steps)  build {r.build_s:6.1f} s  replay {r.replay_s:6.1f} s")
+            f"({r.steps} steps)  build {build:>8}  replay {r.replay_s:6.1f} s")
+
+
+def _tree_size_table(rows: list[StudyRow], name: str) -> Table:
+    """Mean stored tree nodes per n (rows) at each single-n top-t (columns): CREST Table 2."""
+    singles = [r for r in rows if r.method == "crest-single"]
+    tops = sorted({r.top_t for r in singles})
+    table = Table(title=f"mean token tree size (nodes) per n, {name}")
+    table.add_column("n")
+    for t in tops:
+        table.add_column(f"t={t:,}", justify="right")
+    for n in sorted({r.n for r in singles}):
+        got = {r.top_t: r.mean_tree_nodes for r in singles if r.n == n}
+        table.add_row(str(n), *(f"{got[t]:.1f}" if t in got else "-" for t in tops))
+    return table
 
 
 def run_study_cli(args, console: Console) -> int:
     """Run the storage study for each requested corpus; returns the exit status."""
     try:
         grid = StudyGrid(combined_top_t=tuple(args.top_t), single_top_t=tuple(args.single_top_t),
-                         single_n=tuple(args.single_n), max_n=args.max_n, rest_fractions=tuple(args.rest_fractions),
-                         budget=args.budget, merged=not args.no_merged)
+                         single_n=tuple(args.single_n), combined_m=tuple(args.combined_m),
+                         rest_fractions=tuple(args.rest_fractions), budget=args.budget, merged=not args.no_merged)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -170,6 +187,7 @@ def run_study_cli(args, console: Console) -> int:
         title = f"{name} corpus, scored on {eval_set} ({len(prompts)} prompts)"
         png = plot_storage(rows, args.out / f"study_storage_{name}.png", title)
         png2 = plot_tree_sizes(rows, args.out / f"study_tree_sizes_{name}.png", f"mean token tree size, {name}")
+        console.print(_tree_size_table(rows, name))
         table = Table(title=f"targets, {name}")
         for col in ("target", "measured", "met"):
             table.add_column(col)

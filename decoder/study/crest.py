@@ -182,7 +182,8 @@ def materialize(full: FullBuild, point: CrestPoint, name: str, *, url: str, toke
         copied = writer.copy_from(full.table, keys)
         if copied != len(keys):
             raise RuntimeError(f"{full.name} lacks {len(keys) - copied} of the point's n-grams: rebuild it")
-        stats = {str(n): {"kept": k, "nodes": int(round(m * k)) if k else 0} for n, (k, m) in per_n.items()}
+        stats = {str(n): {"kept": k, "nodes": int(round(m * k)) if k and m == m else 0}  # m != m: NaN, unknown
+                 for n, (k, m) in per_n.items()}
         size, _ = writer.finish(ngram_stats=stats, num_tokens=0, timings={})
     return Materialized(name, copied, size, per_n, time.perf_counter() - t0, sizes)
 

@@ -16,8 +16,7 @@ from .runner import StudyRow  # noqa: E402
 __all__ = ["plot_storage", "plot_tree_sizes"]
 
 _STYLE = {"rest": ("REST (corpus fraction)", "tab:red", "s", 2.0),
-          "crest-combined": ("CREST combined", "tab:blue", "o", 2.0),
-          "merged": ("merged (CREST combined + prompt trie)", "tab:green", "^", 2.0)}
+          "merged": ("merged (CREST combined n<={m} + prompt trie)", "tab:green", "^", 2.0)}
 
 
 def _bytes_label(x: float, _pos) -> str:
@@ -36,11 +35,18 @@ def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     Returns:
         ``path`` (PNG, parent folders created).
     """
-    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=120)
+    ms = sorted({r.n for r in rows if r.method == "crest-combined"})
     for method, (label, color, marker, width) in _STYLE.items():
         pts = sorted((r.bytes, r.accept_length) for r in rows if r.method == method)
         if pts:
-            ax.plot([b for b, _ in pts], [a for _, a in pts], marker=marker, color=color, lw=width, label=label)
+            ax.plot([b for b, _ in pts], [a for _, a in pts], marker=marker, color=color, lw=width,
+                    label=label.format(m=max(ms, default=0)))
+    blues = plt.get_cmap("Blues")
+    for i, m in enumerate(ms):
+        pts = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-combined" and r.n == m)
+        ax.plot([b for b, _ in pts], [a for _, a in pts], marker="o", color=blues(0.45 + 0.55 * (i + 1) / len(ms)),
+                lw=2.0 if m == ms[-1] else 1.4, label=f"CREST combined n<={m}")
     singles = sorted({r.n for r in rows if r.method == "crest-single"})
     cmap = plt.get_cmap("viridis", max(len(singles), 2))
     for i, n in enumerate(singles):
@@ -56,7 +62,7 @@ def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     ax.set_ylabel("accept length (tokens per verification step)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

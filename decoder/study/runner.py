@@ -29,6 +29,7 @@ from ..prompts import Prompt
 from ..simulate import replay
 from .corpus import StudyCorpus, rest_index
 from .crest import CrestPoint, effective_sizes, full_build, materialize
+from .overlap import prompt_overlaps
 
 __all__ = ["StudyGrid", "StudyRow", "run_corpus", "replay_accept_length"]
 
@@ -40,10 +41,11 @@ class StudyGrid:
     """The points of one study (defaults: the default grid, about 25 min per corpus here).
 
     Attributes:
-        combined_top_t: top-t values of the combined datastores (n <= ``max_n``), each >= 1.
+        combined_top_t: top-t values of the combined datastores (every n <= m), each >= 1.
         single_top_t: top-t values of the single-n datastores.
-        single_n: the n of the single-n lines (each in ``1..max_n``).
-        max_n: m of the combined datastores, 1..8.
+        single_n: the n of the single-n lines, each in 1..8.
+        combined_m: the m of the combined lines (CREST §5.4 varies it), each in 2..8; the
+            largest is the default datastore's configuration and the one merged with the trie.
         rest_fractions: corpus prefixes indexed for REST, each in (0, 1].
         budget: draft tree nodes verified per step, 1..1024 (REST and CREST trees hold <= 64).
         merged: also replay each combined datastore merged with the prompt trie.
@@ -55,7 +57,7 @@ class StudyGrid:
     combined_top_t: tuple[int, ...] = tuple(x * _K for x in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
     single_top_t: tuple[int, ...] = tuple(x * _K for x in (1, 4, 16, 64, 256))
     single_n: tuple[int, ...] = (1, 2, 3, 4, 5)
-    max_n: int = 5
+    combined_m: tuple[int, ...] = (2, 3, 5)
     rest_fractions: tuple[float, ...] = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0)
     budget: int = 64
     merged: bool = True
@@ -63,8 +65,9 @@ class StudyGrid:
     def __post_init__(self) -> None:
         checks = [
             (all(t >= 1 for t in self.combined_top_t + self.single_top_t), "every top-t must be >= 1"),
-            (1 <= self.max_n <= 8, f"max_n={self.max_n}: must be in 1..8"),
-            (all(1 <= n <= self.max_n for n in self.single_n), f"single n must be in 1..max_n={self.max_n}"),
+            (all(2 <= m <= 8 for m in self.combined_m), f"combined m={self.combined_m}: each must be in 2..8"),
+            (all(1 <= n <= 8 for n in self.single_n), f"single n={self.single_n}: each must be in 1..8"),
+            (bool(self.combined_m) or not self.combined_top_t, "combined top-t values need at least one m"),
             (all(0.0 < f <= 1.0 for f in self.rest_fractions), "REST fractions must be in (0, 1]"),
             (1 <= self.budget <= 1024, f"budget={self.budget}: must be in 1..1024"),
         ]
@@ -73,13 +76,24 @@ class StudyGrid:
                 raise ValueError(message)
 
     @property
+    def max_n(self) -> int:
+        """The largest n any point keeps (the full build's ``max_n``)."""
+        return max(self.combined_m + self.single_n, default=1)
+
+    @property
+    def merged_m(self) -> int:
+        """The m whose combined datastores are also merged with the prompt trie (the largest)."""
+        return max(self.combined_m, default=0)
+
+    @property
     def largest_top_t(self) -> int:
         """The top-t of the full build every CREST point is cut from."""
         return max(self.combined_top_t + self.single_top_t, default=1)
 
     def crest_points(self) -> list[CrestPoint]:
         """Combined points, then single-n points, smallest first."""
-        combined = [CrestPoint(tuple(range(1, self.max_n + 1)), t) for t in sorted(self.combined_top_t)]
+        combined = [CrestPoint(tuple(range(1, m + 1)), t) for m in sorted(self.combined_m)
+                    for t in sorted(self.combined_top_t)]
         single = [CrestPoint((n,), t) for n in self.single_n for t in sorted(self.single_top_t)]
         return combined + single
 
@@ -146,6 +160,22 @@ class _CountingRest(RestDrafter):
         return proposal
 
 
+def _log_overlap(index, prompts: Sequence[Prompt], log: Callable[[str], None]) -> None:
+    """Report how much of the evaluation prompts occurs verbatim in the corpus (a contamination check)."""
+    t0 = time.perf_counter()
+    found = sorted(prompt_overlaps(index, prompts), key=lambda o: o.run)
+    if not found:
+        return
+    worst = found[-1]
+    log(f"evaluation overlap with the corpus ({time.perf_counter() - t0:.0f} s): longest verbatim run of prompt "
+        f"content per prompt, median {found[len(found) // 2].run} tokens, max {worst.run} of {worst.length} "
+        f"({worst.prompt_id})")
+    suspect = [o for o in found if o.run >= 32 and o.run >= o.length / 2]
+    if suspect:
+        log(f"[red]possible contamination: {len(suspect)} prompts have half or more of their content in the corpus "
+            f"verbatim: {', '.join(o.prompt_id for o in suspect[:10])}[/red]")
+
+
 def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
                grid: StudyGrid, *, url: str, tokenizer, tokenizer_spec: str,
                report: Callable[[StudyRow], None], log: Callable[[str], None] = lambda text: None,
@@ -180,6 +210,8 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
                       bytes=index.nbytes, accept_length=acc, steps=steps,
                       mean_tree_nodes=drafter.nodes / max(drafter.trees, 1), build_s=build_s, replay_s=secs))
 
+    if grid.rest_fractions:
+        _log_overlap(rest_index(corpus, max(grid.rest_fractions))[0], prompts, log)
     points = grid.crest_points()
     if not points:
         return rows
@@ -198,7 +230,7 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
             made = materialize(full, point, name, url=url, tokenizer_spec=tokenizer_spec, fingerprint=fingerprint)
             nodes = sum(k * m for k, m in made.per_n.values()) / max(made.ngrams, 1)
             kinds = [(point.method, DatastoreDrafter)]
-            if grid.merged and point.method == "crest-combined":
+            if grid.merged and point.method == "crest-combined" and max(point.ns) == grid.merged_m:
                 kinds.append(("merged", MergedDrafter))
             for method, make in kinds:
                 source = DatastoreSource(lambda: Datastore.open(name, fingerprint=fingerprint, database_url=url))

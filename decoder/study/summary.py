@@ -52,7 +52,8 @@ def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
     """The issue's targets for one corpus's rows."""
     rest = sorted((r.bytes, r.accept_length) for r in rows if r.method == "rest")
     crest = _envelope(rows, ("crest-single", "crest-combined"))
-    combined = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-combined")
+    m = max((r.n for r in rows if r.method == "merged"), default=0)  # merged extends combined n <= m
+    combined = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-combined" and r.n == m)
     merged = sorted((r.bytes, r.accept_length) for r in rows if r.method == "merged")
     out: list[Verdict] = []
     if rest and crest:
@@ -86,7 +87,7 @@ def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
         above_rest = all(m >= r for m, r in vs_rest)
         margin = min((m - c for (_, m), (_, c) in zip(merged, combined)), default=float("nan"))
         out.append(Verdict("merged curve above CREST combined and REST",
-                           f"merged - combined >= {margin:+.3f} at every size; above REST at "
+                           f"merged - combined n<={m} >= {margin:+.3f} at every size; above REST at "
                            f"{sum(m >= r for m, r in vs_rest)}/{len(vs_rest)} shared sizes",
                            above_crest and above_rest))
     return out
