@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -98,3 +99,35 @@ def test_bad_paths_name_the_input(tmp_path):
 def test_limit_stops_early(sharegpt_sample, tokenizer):
     report, texts = _texts(iter_documents("sharegpt", sharegpt_sample, tokenizer=tokenizer, limit=7))
     assert len(texts) == report.documents == 7
+
+
+def test_code_reads_several_roots_and_each_site_packages_once(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "site-packages" / "pkg").mkdir(parents=True)
+    (lib / "os_like.py").write_text("import sys\n")
+    (lib / "site-packages" / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    other = tmp_path / "venv-site"
+    other.mkdir()
+    (other / "tool.py").write_text("def tool():\n    return 2\n")
+
+    def texts(paths):
+        return sorted(_texts(iter_documents("code", paths))[1])
+
+    # the stdlib-like root skips its own site-packages unless that folder is a root too
+    assert texts((lib, other)) == ["def tool():\n    return 2\n", "import sys\n"]
+    assert texts((lib, lib / "site-packages", other)) == ["VALUE = 1\n", "def tool():\n    return 2\n", "import sys\n"]
+    with pytest.raises(SourceError, match="reads one --path"):
+        iter_documents("jsonl", (lib, other))
+
+
+def test_code_defaults_to_this_interpreters_python_source():
+    import sysconfig
+
+    from ingest.sources import python_source_roots
+
+    roots = python_source_roots()
+    assert Path(sysconfig.get_paths()["stdlib"]).resolve() in roots
+    assert Path(sysconfig.get_paths()["purelib"]).resolve() in roots
+    report, batches = iter_documents("code", None, limit=3)
+    docs = [t for b in batches for t in b.column(0).to_pylist()]
+    assert len(docs) == 3 and report.documents == 3 and str(roots[0]) in report.path
