@@ -132,3 +132,22 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     assert int(full_rest["steps"]) == steps and float(full_rest["accept_length"]) == pytest.approx(acc, abs=1e-4)
     names = {r["name"] for r in list_datastores(database_url)}
     assert f"{prefix}-sharegpt-full" in names and f"{prefix}-sharegpt-point" not in names
+
+
+def test_verdicts_compare_at_equal_bytes():
+    from decoder.study.runner import StudyRow
+    from decoder.study.summary import assess, best_within, interpolate
+
+    def row(method, size, acc, n=0):
+        return StudyRow("c", "e", method, n, 0, 0.0, 0, 0, size, acc, 1, 1, 0.0, 0.0, 0.0)
+
+    rows = [row("rest", 100, 1.2), row("rest", 1000, 1.5), row("crest-single", 5, 1.4, 1),
+            row("crest-combined", 50, 1.6, 5), row("merged", 50, 2.0, 5)]
+    assert best_within([(5, 1.4), (50, 1.6)], 40) == 1.4 and best_within([(5, 1.4)], 4) is None
+    assert interpolate([(100, 1.2), (1000, 1.5)], 316) == pytest.approx(1.35, abs=1e-3)
+    assert interpolate([(100, 1.2), (1000, 1.5)], 50) is None
+    reach, equal, merged = assess(rows)
+    assert reach.met and "20.0x less" in reach.figure          # REST's best 1.5 at 1000 B; CREST 1.6 at 50 B
+    assert not equal.met and "min 1.07" in equal.figure        # at 1000 B: 1.6 / 1.5
+    assert merged.met
+    assert not assess(rows + [row("merged", 1000, 1.4, 5), row("crest-combined", 1000, 1.7, 5)])[2].met

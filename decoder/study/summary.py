@@ -1,7 +1,9 @@
 """The study's verdicts: CREST against REST at REST's best and at equal bytes; merged against both.
 
-Curves are compared at equal bytes by interpolating accept length linearly in
-log(bytes) between a method's measured points (never extrapolated).
+At equal bytes, CREST's figure for a REST size B is the best accept length of any
+measured CREST datastore (single n or combined) of at most B bytes: a step
+function, never interpolated upwards. A REST or merged curve is read between its
+measured points by interpolating linearly in log(bytes), never extrapolated.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Sequence
 
 from .runner import StudyRow
 
-__all__ = ["Verdict", "assess", "interpolate"]
+__all__ = ["Verdict", "assess", "best_within", "interpolate"]
 
 
 @dataclass(frozen=True)
@@ -38,30 +40,26 @@ def interpolate(points: Sequence[tuple[int, float]], x: int) -> float | None:
     return pts[-1][1]
 
 
-def _envelope(rows: Sequence[StudyRow], methods: tuple[str, ...]) -> list[tuple[int, float]]:
-    """The best accept length reachable with at most each measured size (upper-left frontier)."""
-    pts = sorted((r.bytes, r.accept_length) for r in rows if r.method in methods)
-    out: list[tuple[int, float]] = []
-    for b, a in pts:
-        if not out or a > out[-1][1]:
-            out.append((b, a))
-    return out
+def best_within(points: Sequence[tuple[int, float]], x: int) -> float | None:
+    """The best accept length among ``points`` ((bytes, accept) pairs) of at most ``x`` bytes, or ``None``."""
+    return max((a for b, a in points if b <= x), default=None)
 
 
 def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
     """The issue's targets for one corpus's rows."""
     rest = sorted((r.bytes, r.accept_length) for r in rows if r.method == "rest")
-    crest = _envelope(rows, ("crest-single", "crest-combined"))
+    crest = sorted((r.bytes, r.accept_length) for r in rows if r.method in ("crest-single", "crest-combined"))
     m = max((r.n for r in rows if r.method == "merged"), default=0)  # merged extends combined n <= m
     combined = sorted((r.bytes, r.accept_length) for r in rows if r.method == "crest-combined" and r.n == m)
     merged = sorted((r.bytes, r.accept_length) for r in rows if r.method == "merged")
     out: list[Verdict] = []
     if rest and crest:
         best_bytes, best = max(rest, key=lambda p: (p[1], -p[0]))
-        reach = next((b for b, a in crest if a >= best), None)
+        reach = min((b for b, a in crest if a >= best), default=None)
         if reach is None:
             out.append(Verdict("CREST reaches REST's best accept length with <= 1/10 of its bytes",
-                               f"REST best {best:.3f} at {best_bytes:,} B; CREST's best is {crest[-1][1]:.3f}", False))
+                               f"REST best {best:.3f} at {best_bytes:,} B; CREST's best is "
+                               f"{max(a for _, a in crest):.3f}", False))
         else:
             ratio = best_bytes / reach
             out.append(Verdict("CREST reaches REST's best accept length with <= 1/10 of its bytes",
@@ -69,17 +67,17 @@ def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
                                f"({ratio:.1f}x less)", ratio >= 10))
         ratios = []
         for b, a in rest:
-            c = interpolate(crest, b)
+            c = best_within(crest, b)
             if c is not None and a > 0:
                 ratios.append((b, c / a))
         if ratios:
             worst = min(r for _, r in ratios)
             out.append(Verdict("at equal bytes CREST >= 1.15x REST's accept length",
-                               f"{len(ratios)} REST sizes inside CREST's range: ratio min {worst:.2f}, "
-                               f"max {max(r for _, r in ratios):.2f}", worst >= 1.15))
+                               f"best CREST of <= the bytes of each of {len(ratios)} REST sizes: ratio min "
+                               f"{worst:.2f}, max {max(r for _, r in ratios):.2f}", worst >= 1.15))
         else:
             out.append(Verdict("at equal bytes CREST >= 1.15x REST's accept length",
-                               "no REST size falls inside CREST's measured range", False))
+                               "every REST size is smaller than the smallest CREST datastore", False))
     if merged:
         above_crest = all(m >= c for (_, m), (_, c) in zip(merged, combined))
         vs_rest = [(m, interpolate(rest, b)) for b, m in merged]
