@@ -169,31 +169,40 @@ def run_study_cli(args, console: Console) -> int:
     tokenizer = load_tokenizer(args.model)
     started = time.perf_counter()
     for name in args.corpus:
-        t0 = time.perf_counter()
-        eval_set = EVAL_SETS[name]
-        prompts = load_prompts(eval_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
-                               categories=MT_BENCH if eval_set == "spec_bench" else None)
-        refs = _references(args, spec, eval_set, prompts, console)
-        corpus = prepare_corpus(name, tokenizer, spec, root=args.workdir, limit=args.corpus_limit,
-                                progress=not args.quiet)
-        console.rule(f"{name}: {corpus.tokenized.num_tokens:,} tokens in {corpus.tokenized.num_documents:,} documents"
-                     f" (tokenized in {corpus.tokenize_s:.0f} s; 0 = cached), scored on {eval_set} "
-                     f"({len(prompts)} prompts), budget {grid.budget}")
-        rows = run_corpus(corpus, eval_set, prompts, refs, grid, url=url, tokenizer=tokenizer,
-                          tokenizer_spec=spec, report=lambda r: console.print(_row_line(r)),
-                          log=lambda text: console.print(text), prefix=args.name_prefix, progress=not args.quiet)
-        csv_path = _write_csv(args.out / f"study_storage_{name}.csv", rows)
-        sizes_path = _write_tree_sizes(args.out / f"study_tree_sizes_{name}.csv", rows)
-        title = f"{name} corpus, scored on {eval_set} ({len(prompts)} prompts)"
-        png = plot_storage(rows, args.out / f"study_storage_{name}.png", title)
-        png2 = plot_tree_sizes(rows, args.out / f"study_tree_sizes_{name}.png", f"mean token tree size, {name}")
-        console.print(_tree_size_table(rows, name))
-        table = Table(title=f"targets, {name}")
-        for col in ("target", "measured", "met"):
-            table.add_column(col)
-        for v in assess(rows):
-            table.add_row(v.target, v.figure, "yes" if v.met else "[red]no[/red]")
-        console.print(table)
-        console.print(f"wrote {csv_path}, {sizes_path}, {png}, {png2} ({time.perf_counter() - t0:.0f} s for {name})")
+        try:
+            _run_one(args, name, grid, url, spec, tokenizer, console)
+        except ValueError as exc:  # an unreadable or empty corpus, a grid the full build cannot serve
+            console.print(f"[red]error[/red] in the {name} study: {exc}")
+            return 2
     console.print(f"study done in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _run_one(args, name: str, grid: StudyGrid, url: str, spec: str, tokenizer, console: Console) -> None:
+    """The study of one corpus: measure, write the CSVs and plots, print the verdicts."""
+    t0 = time.perf_counter()
+    eval_set = EVAL_SETS[name]
+    prompts = load_prompts(eval_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
+                           categories=MT_BENCH if eval_set == "spec_bench" else None)
+    refs = _references(args, spec, eval_set, prompts, console)
+    corpus = prepare_corpus(name, tokenizer, spec, root=args.workdir, limit=args.corpus_limit,
+                            progress=not args.quiet)
+    console.rule(f"{name}: {corpus.tokenized.num_tokens:,} tokens in {corpus.tokenized.num_documents:,} documents"
+                 f" (tokenized in {corpus.tokenize_s:.0f} s; 0 = cached), scored on {eval_set} "
+                 f"({len(prompts)} prompts), budget {grid.budget}")
+    rows = run_corpus(corpus, eval_set, prompts, refs, grid, url=url, tokenizer=tokenizer,
+                      tokenizer_spec=spec, report=lambda r: console.print(_row_line(r)),
+                      log=lambda text: console.print(text), prefix=args.name_prefix, progress=not args.quiet)
+    csv_path = _write_csv(args.out / f"study_storage_{name}.csv", rows)
+    sizes_path = _write_tree_sizes(args.out / f"study_tree_sizes_{name}.csv", rows)
+    title = f"{name} corpus, scored on {eval_set} ({len(prompts)} prompts)"
+    png = plot_storage(rows, args.out / f"study_storage_{name}.png", title)
+    png2 = plot_tree_sizes(rows, args.out / f"study_tree_sizes_{name}.png", f"mean token tree size, {name}")
+    console.print(_tree_size_table(rows, name))
+    table = Table(title=f"targets, {name}")
+    for col in ("target", "measured", "met"):
+        table.add_column(col)
+    for v in assess(rows):
+        table.add_row(v.target, v.figure, "yes" if v.met else "[red]no[/red]")
+    console.print(table)
+    console.print(f"wrote {csv_path}, {sizes_path}, {png}, {png2} ({time.perf_counter() - t0:.0f} s for {name})")
