@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="libpq URL (default: $DATABASE_URL, else an embedded Postgres in a per-user data dir)")
     b.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: the system temp dir)")
     b.add_argument("--memory-limit", default=d.memory_limit, help="DuckDB memory limit while counting (default: %(default)s)")
+    b.add_argument("--ranking-dir", type=Path, default=None,
+                   help="keep each n's ranking (kept n-grams, counts, tree sizes) here; a later build of the same "
+                        "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off)")
     b.add_argument("--workers", type=int, default=d.workers, help="tree-building processes (default: %(default)s)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                              min_count=args.min_count, depth=args.depth, tree_budget=args.tree_budget,
                              tokenizer=args.tokenizer, compression=args.compression,
                              database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
-                             workers=args.workers)
+                             workers=args.workers, ranking_dir=args.ranking_dir)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
