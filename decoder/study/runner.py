@@ -38,7 +38,8 @@ _K = 1000
 
 @dataclass(frozen=True)
 class StudyGrid:
-    """The points of one study (defaults: the default grid, about 25 min per corpus here).
+    """The points of one study (the defaults are the default grid: 17 min for chat and 31 min for code
+    on a clean cache on a 2-core CPU, references included).
 
     Attributes:
         combined_top_t: top-t values of the combined datastores (every n <= m), each >= 1.
