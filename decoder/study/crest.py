@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,6 +81,14 @@ class FullBuild:
     max_n: int
     ranking: RankingCache
     seconds: float
+    _loaded: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def kept(self, n: int):
+        """The ranking's kept ``n``-grams (:class:`ingest.counting.KeptNgrams`) and ``[t]`` tree sizes,
+        read from disk once per build: ``(kept or None, sizes or None)``."""
+        if n not in self._loaded:
+            self._loaded[n] = (self.ranking.kept(n), self.ranking.nodes(n))
+        return self._loaded[n]
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ def effective_sizes(full: FullBuild, point: CrestPoint) -> tuple[int, ...]:
     """
     out = []
     for n in point.ns:
-        kept = full.ranking.kept(n)
+        kept, _ = full.kept(n)
         if kept is None or n > full.max_n:
             raise ValueError(f"the full build has no {n}-grams (max_n={full.max_n})")
         if point.top_t > full.top_t and len(kept) >= full.top_t:
@@ -171,9 +179,8 @@ def materialize(full: FullBuild, point: CrestPoint, name: str, *, url: str, toke
     keys: list[bytes] = []
     per_n: dict[int, tuple[int, float]] = {}
     for n, k in zip(point.ns, sizes):
-        kept = full.ranking.kept(n)
+        kept, nodes = full.kept(n)
         keys += encode_keys(kept.ngrams[:k], full.key_width)
-        nodes = full.ranking.nodes(n)
         per_n[n] = (k, float(np.mean(nodes[:k])) if nodes is not None and k else float("nan"))
     params = {"top_t": point.top_t, "ns": list(point.ns), "derived_from": full.name}
     writer = DatastoreWriter.begin(url, name, tokenizer=tokenizer_spec, tokenizer_fingerprint=fingerprint,
