@@ -147,7 +147,8 @@ def replay_accept_length(drafter, prompts: Sequence[Prompt], references: Sequenc
 
 
 class _CountingRest(RestDrafter):
-    """A REST drafter that also tallies the size of the trees it retrieves."""
+    """A REST drafter that also tallies the nodes of the draft trees it proposes (the whole retrieved
+    tree at the study's budget of 64, REST's own tree limit)."""
 
     def __init__(self, index) -> None:
         super().__init__(index)
