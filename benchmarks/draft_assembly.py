@@ -15,9 +15,11 @@ import time
 import numpy as np
 
 from datastore import Datastore, load_tokenizer
-from decoder import DatastoreSource, MergedDrafter, NGramTrie
+from decoder import DatastoreSource, MergedDrafter
+from decoder.ngram_trie import NGramTrie
 from decoder.prompts import load_prompts
-from decoder.simulate import replay_step
+from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
+from decoder.simulate import replay
 
 
 def main() -> None:
@@ -39,28 +41,19 @@ def main() -> None:
     print(f"trie build: {statistics.median(per_k):.2f} ms per 1,000 prompt tokens (median over {len(prompts)} "
           f"prompts of {min(lengths)}..{max(lengths)} tokens; max {max(per_k):.2f})")
 
-    from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
-
     store = reference_store("SmolLM2-135M-Instruct", "float32", args.prompt_set, 128)
     source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
+    drafter = MergedDrafter(source)
     lookup, trie, merge, total = [], [], [], []
     for p in prompts:
         ref = store.get(p.id, p.token_ids)
         if ref is None:
             continue
-        d = MergedDrafter(source)
-        d.begin(list(p.token_ids) + ref[:1])
-        pos = 1
-        while pos < len(ref):
-            prop = d.propose(args.budget)
-            lookup.append(prop.lookup_s)
-            trie.append(prop.trie_s)
-            merge.append(prop.merge_s)
-            total.append(prop.lookup_s + prop.trie_s + prop.merge_s)
-            path = replay_step(prop.draft.tree.token_ids, prop.draft.tree.parents, ref, pos)
-            kept = ref[pos:pos + len(path) + 1]
-            pos += len(kept)
-            d.extend(kept)
+        for step in replay(drafter, p.token_ids, ref, args.budget).steps:
+            lookup.append(step.lookup_s)
+            trie.append(step.trie_s)
+            merge.append(step.merge_s)
+            total.append(step.lookup_s + step.trie_s + step.merge_s)
     if not total:
         raise SystemExit("no saved references: run `python -m decoder replay --set ...` first")
     q = lambda xs, f: 1e3 * float(np.quantile(xs, f))  # noqa: E731

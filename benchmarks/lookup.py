@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore import Datastore, load_tokenizer, resolve_database_url
+from datastore import Datastore, load_tokenizer
 from datastore.catalog import datastore_stats
-from datastore.connection import connect
+from datastore.connection import connect, resolve_database_url
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
 

@@ -1,15 +1,16 @@
-"""The datastore: schema (SQLAlchemy + Alembic), the token tree codec, and the lookup client."""
+"""The datastore: retrieval backends for drafting (CREST in Postgres, REST's suffix array), their schema,
+codec and token trees.
 
-from .client import Datastore, DatastoreInfo, DatastoreNotFound, Match, TokenizerMismatch
-from .codec import CodecError, TreeBatch, decode_tree, encode_tree, encode_trees
-from .connection import DatabaseUnavailable, resolve_database_url
-from .tokenizer import DEFAULT_MODEL, load_tokenizer, resolve_model, tokenizer_fingerprint
-from .tree import TokenTree, TreeError
-from .writer import BuildConflict, DatastoreWriter
+Public API: :class:`Datastore` (the read-only Postgres lookup client), :class:`SuffixIndex` (REST),
+the :class:`Match` both return and its :class:`TokenTree`, :class:`DatastoreError` (every fault),
+and :func:`load_tokenizer`. Writers, the codec and administration live in their modules
+(``datastore.writer``, ``datastore.codec``, ``datastore.catalog``, ``datastore.grants``).
+"""
 
-__all__ = [
-    "Datastore", "DatastoreInfo", "DatastoreNotFound", "Match", "TokenizerMismatch", "CodecError", "TreeBatch",
-    "decode_tree", "encode_tree", "encode_trees", "DatabaseUnavailable", "resolve_database_url", "DEFAULT_MODEL",
-    "load_tokenizer", "resolve_model", "tokenizer_fingerprint", "TokenTree", "TreeError", "BuildConflict",
-    "DatastoreWriter",
-]
+from .client import Datastore
+from .errors import DatastoreError
+from .suffix_index import SuffixIndex
+from .tokenizer import load_tokenizer
+from .tree import Match, TokenTree
+
+__all__ = ["Datastore", "DatastoreError", "Match", "SuffixIndex", "TokenTree", "load_tokenizer"]

@@ -1,21 +1,26 @@
-"""Administration of stored builds: list, stats, drop."""
+"""Administration of stored builds: list and stats (read-only), drop (a writer's command)."""
 
 from __future__ import annotations
 
 from psycopg import sql
 
-from .client import DatastoreNotFound
 from .connection import connect
-from .migrate import ensure_schema
-from .writer import BuildConflict, name_lock_key
+from .errors import BuildConflict, DatastoreNotFound
+from .schema import require_schema
+from .writer import name_lock_key
 
 __all__ = ["list_datastores", "datastore_stats", "drop_datastore"]
 
 
 def list_datastores(url: str, include_all: bool = False) -> list[dict]:
-    """Builds with their state and size; only ready ones unless ``include_all``."""
-    ensure_schema(url)
+    """Builds with their state and size; only ready ones unless ``include_all``.
+
+    Raises:
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+        datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+    """
     with connect(url) as conn:
+        require_schema(conn)
         rows = conn.execute(
             "SELECT id, name, state, tokenizer, num_trees, num_tokens, bytes_on_disk, created_at, completed_at, error "
             "FROM datastores " + ("" if include_all else "WHERE state = 'ready' ") + "ORDER BY name, id").fetchall()
@@ -27,10 +32,12 @@ def datastore_stats(url: str, name: str) -> dict:
     """Per-n counts, rows, bytes on disk (table, index, total), bytes per n-gram, mean tree size.
 
     Raises:
-        DatastoreNotFound: when ``name`` has no ready build.
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+        psycopg.errors.InsufficientPrivilege: when the role may not read that build.
     """
-    ensure_schema(url)
     with connect(url) as conn:
+        require_schema(conn)
         row = conn.execute(
             "SELECT id, trees_table, key_width, params, ngram_stats, corpus, num_tokens, timings, tokenizer, "
             "tokenizer_fingerprint, completed_at FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
@@ -60,12 +67,15 @@ def datastore_stats(url: str, name: str) -> dict:
 def drop_datastore(url: str, name: str) -> int:
     """Drop every build of ``name`` (ready, failed, retired) and its tables; returns builds dropped.
 
+    Reader grants recorded for ``name`` stay, so a later build of the name is readable again.
+
     Raises:
-        DatastoreNotFound: when no build has that name.
-        BuildConflict: when a build of ``name`` is running.
+        datastore.errors.DatastoreNotFound: when no build has that name.
+        datastore.errors.BuildConflict: when a build of ``name`` is running.
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
     """
-    ensure_schema(url)
     with connect(url, autocommit=True) as conn:
+        require_schema(conn)
         if not conn.execute("SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)]).fetchone()[0]:
             raise BuildConflict(f"a build of {name!r} is running; drop it after the build ends")
         with conn.transaction():

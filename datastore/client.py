@@ -1,11 +1,16 @@
 """The lookup client: longest stored suffix n-gram of a context, in one round trip.
 
-CREST §3: the drafter takes the last ``max_n`` .. 1 tokens of the sequence and
-uses the tree of the longest of those suffixes that the datastore holds. All
-candidate keys go to Postgres in one prepared statement as separate parameters:
-a ``UNION ALL`` of single-key hash-index probes, longest n-gram first, under
-``LIMIT 1``, so the executor stops at the first (longest) hit and only that tree
-crosses the wire.
+CREST §3 (Ho et al., https://arxiv.org/abs/2408.04678): the drafter takes the
+last ``max_n`` .. 1 tokens of the sequence and uses the tree of the longest of
+those suffixes that the datastore holds. All candidate keys go to Postgres in one prepared statement as separate
+parameters: a ``UNION ALL`` of single-key hash-index probes, longest n-gram
+first, under ``LIMIT 1``, so the executor stops at the first (longest) hit and
+only that tree crosses the wire. Only the n-gram lengths the build holds
+(``params.ns`` in the registry) are probed.
+
+A client only reads (``SELECT``): it checks the registry's schema revision
+instead of migrating, so a least-privilege role (``python -m datastore
+grant-reader``) can use it. Every failure is a :class:`datastore.errors.DatastoreError`.
 """
 
 from __future__ import annotations
@@ -17,63 +22,79 @@ import psycopg
 from psycopg import sql
 
 from .codec import decode_tree
-from .connection import DatabaseUnavailable, connect, resolve_database_url
+from .connection import connect, resolve_database_url
+from .errors import CodecError, DatabaseUnavailable, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
-from .migrate import ensure_schema
+from .schema import require_schema
 from .tokenizer import tokenizer_fingerprint
-from .tree import TokenTree
+from .tree import Match
 
-__all__ = ["Datastore", "DatastoreInfo", "Match", "DatastoreNotFound", "TokenizerMismatch"]
-
-
-class DatastoreNotFound(LookupError):
-    """Raised when no ready datastore has the requested name."""
-
-
-class TokenizerMismatch(ValueError):
-    """Raised when the caller's tokenizer differs from the one the datastore was built with."""
+__all__ = ["Datastore", "DatastoreInfo"]
 
 
 @dataclass(frozen=True)
 class DatastoreInfo:
-    """What a client needs to know about a ready build."""
+    """What a client needs to know about a ready build.
+
+    Attributes:
+        id: the build's registry id (changes with every rebuild).
+        name: the datastore name. table: its tree table. key_width: bytes per token id in keys.
+        ns: the n-gram lengths it holds, ascending (``params.ns``).
+        tokenizer / tokenizer_fingerprint: what it was built with.
+        params: the build parameters as recorded.
+    """
 
     id: int
     name: str
     table: str
     key_width: int
-    max_n: int
+    ns: tuple[int, ...]
     tokenizer: str
     tokenizer_fingerprint: str
     params: dict
 
+    @property
+    def max_n(self) -> int:
+        """The longest n-gram stored (0 for an empty build)."""
+        return max(self.ns, default=0)
 
-@dataclass(frozen=True)
-class Match:
-    """A lookup hit: the matched context n-gram and its continuation tree."""
 
-    ngram: tuple[int, ...]
-    tree: TokenTree
+def _server_error(name: str, exc: psycopg.Error) -> Exception:
+    """The :class:`DatastoreError` for a server-side failure of a query on datastore ``name``."""
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(f"datastore {name!r} is unreachable: {exc}")
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return LookupFailed(f"this role may not read datastore {name!r} ({exc}); grant it with "
+                            f"`python -m datastore grant-reader ROLE --name {name}`")
+    return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {exc}")
 
 
 def _resolve(conn: psycopg.Connection, name: str) -> DatastoreInfo:
-    row = conn.execute(
-        "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint FROM datastores "
-        "WHERE name = %s AND state = 'ready'", [name]).fetchone()
+    try:
+        row = conn.execute(
+            "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint FROM datastores "
+            "WHERE name = %s AND state = 'ready'", [name]).fetchone()
+        if row is None:
+            names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
+    except psycopg.Error as exc:
+        raise _server_error(name, exc) from exc
     if row is None:
-        names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
         raise DatastoreNotFound(
             f"no ready datastore named {name!r} (ready: {', '.join(names) or 'none'}); "
             f"build it with `python -m ingest build --name {name}`")
     ds_id, table, width, params, tok, fp = row
-    return DatastoreInfo(ds_id, name, table, width, int(params.get("max_n", 5)), tok, fp, params)
+    if "ns" not in params:
+        raise LookupFailed(f"build {ds_id} of datastore {name!r} records no n-gram lengths (params.ns); "
+                           "run `python -m datastore migrate`, or rebuild it")
+    return DatastoreInfo(ds_id, name, table, width, tuple(sorted(int(n) for n in params["ns"])), tok, fp, params)
 
 
 class Datastore:
-    """A connection to one ready datastore.
+    """A read-only connection to one ready datastore.
 
-    Use :meth:`open`; the instance holds one psycopg connection (not thread-safe:
-    one client per thread).
+    Use :meth:`open`. The instance holds one psycopg connection and is not
+    thread-safe: use one client per thread. When the datastore is rebuilt under
+    it, the next lookup follows the new build (after checking its tokenizer).
     """
 
     def __init__(self, conn: psycopg.Connection, info: DatastoreInfo, fingerprint: str) -> None:
@@ -85,7 +106,7 @@ class Datastore:
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None,
              database_url: str | None = None) -> "Datastore":
-        """Connect to the ready datastore ``name``.
+        """Connect to the ready datastore ``name``; never writes.
 
         Args:
             name: the datastore name given at build time.
@@ -95,18 +116,19 @@ class Datastore:
 
         Raises:
             ValueError: when neither ``tokenizer`` nor ``fingerprint`` is given.
-            DatastoreNotFound: when ``name`` has no ready build.
-            TokenizerMismatch: when the fingerprints differ.
-            DatabaseUnavailable: when Postgres cannot be reached.
+            datastore.errors.DatabaseUnavailable: when Postgres cannot be reached.
+            datastore.errors.SchemaMismatch: when the registry is not at the revision this client reads.
+            datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
+            datastore.errors.TokenizerMismatch: when the fingerprints differ.
+            datastore.errors.LookupFailed: when the role may not read the registry or the build.
         """
         if fingerprint is None:
             if tokenizer is None:
                 raise ValueError("Datastore.open needs the caller's tokenizer (or its fingerprint) to check it")
             fingerprint = tokenizer_fingerprint(tokenizer)
-        url = resolve_database_url(database_url)
-        ensure_schema(url)
-        conn = connect(url, autocommit=True)
+        conn = connect(resolve_database_url(database_url), autocommit=True)
         try:
+            require_schema(conn)
             info = _resolve(conn, name)
             cls._check(info, fingerprint)
         except BaseException:
@@ -121,6 +143,29 @@ class Datastore:
                 f"datastore {info.name!r} was built with tokenizer {info.tokenizer!r} "
                 f"(fingerprint {info.tokenizer_fingerprint[:12]}), the caller's tokenizer has fingerprint "
                 f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")
+
+    @property
+    def max_context(self) -> int:
+        """The most trailing tokens of a sequence a lookup reads (the longest stored n)."""
+        return self.info.max_n
+
+    def identity(self) -> dict:
+        """What this client serves: the datastore's name and build id (a rebuild changes it)."""
+        return {"datastore": self.info.name, "build": self.info.id}
+
+    def refresh(self) -> bool:
+        """Re-read the registry and follow a rebuilt datastore; returns whether the build changed.
+
+        Raises:
+            datastore.errors.DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, LookupFailed:
+            as :meth:`open`.
+        """
+        info = _resolve(self._conn, self.info.name)
+        self._check(info, self._fingerprint)
+        changed = info.id != self.info.id
+        if changed:
+            self.info, self._queries = info, {}
+        return changed
 
     def _query(self, k: int) -> str:
         q = self._queries.get(k)
@@ -139,50 +184,61 @@ class Datastore:
             self._queries[0] = q
         return q
 
-    def _execute(self, query: str, params):
+    def _execute(self, query: str, params) -> list | None:
+        """Run a lookup query; ``None`` when the build was replaced under us (the caller retries once)."""
         try:
             return self._conn.execute(query, params, prepare=True, binary=True).fetchall()
         except psycopg.errors.UndefinedTable:
-            # the datastore was rebuilt under us: follow it to the new build, once
-            info = _resolve(self._conn, self.info.name)
-            self._check(info, self._fingerprint)
-            self.info, self._queries = info, {}
+            old = self.info.id
+            self.refresh()  # raises DatastoreNotFound when the datastore was dropped, not rebuilt
+            if self.info.id == old:
+                raise LookupFailed(f"the tree table of datastore {self.info.name!r} is missing although its "
+                                   f"build {old} is ready; rebuild it") from None
             return None
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {exc}") from exc
+        except psycopg.Error as exc:
+            raise _server_error(self.info.name, exc) from exc
+
+    def _keys(self, context: Sequence[int]) -> list[bytes]:
+        """Keys of the context's suffixes of the stored lengths, longest first."""
+        tail = [int(t) for t in context[-self.info.max_n:]] if self.info.max_n else []
+        return [encode_key(tail[len(tail) - n:], self.info.key_width) for n in reversed(self.info.ns)
+                if n <= len(tail)]
+
+    def _match(self, key: bytes, blob: bytes) -> Match:
+        ngram = decode_key(key, self.info.key_width)
+        try:
+            return Match(ngram, decode_tree(blob))
+        except CodecError as exc:
+            raise CodecError(f"datastore {self.info.name!r} (build {self.info.id}) holds a corrupt tree for "
+                             f"n-gram {ngram}: {exc}; rebuild it") from exc
 
     def lookup(self, context_tokens: Sequence[int]) -> Match | None:
-        """The tree of the longest suffix of ``context_tokens`` (n = max_n..1) that is stored.
+        """The tree of the longest suffix of ``context_tokens`` (n in ``info.ns``, longest first) that is stored.
 
         Args:
             context_tokens: the sequence so far (prompt + generated), token ids.
 
         Returns:
-            The :class:`Match`, or ``None`` when no suffix is stored.
+            The :class:`~datastore.tree.Match`, or ``None`` when no suffix is stored.
 
         Raises:
-            DatabaseUnavailable: when the server cannot be reached.
-            datastore.codec.CodecError: when a stored tree is corrupt.
+            datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+            datastore.errors.DatastoreNotFound: when the datastore was dropped under the client.
+            datastore.errors.TokenizerMismatch: when it was rebuilt with another tokenizer.
+            datastore.errors.CodecError: when the stored tree is corrupt.
+            datastore.errors.LookupFailed: for any other server-side refusal.
         """
-        tail = list(context_tokens[-self.info.max_n:])
-        keys = [encode_key(tail[len(tail) - n:], self.info.key_width) for n in range(len(tail), 0, -1)]
+        keys = self._keys(context_tokens)
         if not keys:
             return None
         rows = self._execute(self._query(len(keys)), keys)
         if rows is None:
             return self.lookup(context_tokens)
-        if not rows:
-            return None
-        key, blob = rows[0]
-        return Match(decode_key(key, self.info.key_width), decode_tree(blob))
+        return self._match(*rows[0]) if rows else None
 
     def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
-        """:meth:`lookup` for many sequences in one round trip (``key = ANY(...)``)."""
-        width, max_n = self.info.key_width, self.info.max_n
-        wanted: list[list[bytes]] = []
-        for ctx in contexts:
-            tail = list(ctx[-max_n:])
-            wanted.append([encode_key(tail[len(tail) - n:], width) for n in range(len(tail), 0, -1)])
+        """:meth:`lookup` for many sequences in one round trip (``key = ANY(...)``); raises as :meth:`lookup`."""
+        wanted = [self._keys(ctx) for ctx in contexts]
         distinct = sorted({k for ks in wanted for k in ks})
         if not distinct:
             return [None] * len(contexts)
@@ -193,7 +249,7 @@ class Datastore:
         out: list[Match | None] = []
         for ks in wanted:
             hit = next((k for k in ks if k in found), None)
-            out.append(None if hit is None else Match(decode_key(hit, width), decode_tree(found[hit])))
+            out.append(None if hit is None else self._match(hit, found[hit]))
         return out
 
     def close(self) -> None:

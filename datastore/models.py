@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models: the ``datastores`` registry and the per-build tree tables.
+"""SQLAlchemy 2 models: the ``datastores`` registry, reader grants, and the per-build tree tables.
 
 Every build gets a row in ``datastores`` and a table of its own,
 ``token_trees_<id>`` with two columns, ``key`` (the n-gram: ``n * key_width``
@@ -9,6 +9,11 @@ created by each build and dropped with it, and Alembic ignores them.
 A build is visible only in state ``ready``; at most one ready build per name is
 allowed (a partial unique index), so swapping a rebuilt datastore in is one
 transaction that retires the old row and readies the new one.
+
+``reader_grants`` remembers which roles may read which datastore (``python -m
+datastore grant-reader``): each build grants ``SELECT`` on its new table to them
+in the same transaction that makes it ready, so a reader keeps reading across
+rebuilds without ever holding more than ``SELECT``.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "DatastoreRecord", "STATES", "TREE_TABLE_PREFIX", "tree_table"]
+__all__ = ["Base", "DatastoreRecord", "ReaderGrant", "STATES", "TREE_TABLE_PREFIX", "tree_table"]
 
 STATES = ("building", "ready", "failed", "retired")
 TREE_TABLE_PREFIX = "token_trees_"
@@ -56,7 +62,9 @@ class DatastoreRecord(Base):
             :func:`datastore.fingerprint.tokenizer_fingerprint`); lookups refuse a mismatch.
         key_width: bytes per token id in keys (2 when every id < 65,536, else 4).
         corpus: source, path, records read, malformed counts by reason.
-        params: top_t, max_n, depth, tree_budget, min_count, compression.
+        params: top_t, depth, tree_budget, min_count, compression, and (written when the build
+            becomes ready) ``ns``, the n-gram lengths it holds, and ``max_n``, the largest; a
+            client probes exactly those lengths.
         ngram_stats: per n: kept, distinct, occurrences, nodes.
         num_trees: rows in ``trees_table``.
         num_tokens: tokens in the corpus stream.
@@ -89,6 +97,28 @@ class DatastoreRecord(Base):
         CheckConstraint("key_width IN (2, 4)", name="ck_datastores_key_width"),
         Index("uq_datastores_ready_name", "name", unique=True, postgresql_where=text("state = 'ready'")),
         Index("ix_datastores_name", "name"),
+    )
+
+
+class ReaderGrant(Base):
+    """A role allowed to read a datastore (``name``), or every datastore (``name`` NULL).
+
+    Attributes:
+        role: a Postgres role name.
+        name: the datastore name, or ``None`` for all of them.
+        created_at: when the grant was recorded.
+    """
+
+    __tablename__ = "reader_grants"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(63), nullable=False)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+    __table_args__ = (
+        UniqueConstraint("role", "name", name="uq_reader_grants_role_name"),
+        Index("uq_reader_grants_role_all", "role", unique=True, postgresql_where=text("name IS NULL")),
     )
 
 

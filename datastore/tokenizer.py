@@ -7,7 +7,9 @@ to convert, so the converted tokenizer is saved under the cache directory and
 loaded from there afterwards.
 
 A datastore records the fingerprint of the tokenizer it was built with; the
-lookup client refuses a caller whose tokenizer has another fingerprint.
+lookup client refuses a caller whose tokenizer has another fingerprint. Chat text
+is rendered by :func:`render_chat` both when a corpus is ingested and when a
+prompt is decoded, so the datastore holds exactly the token sequences it is asked about.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-__all__ = ["DEFAULT_MODEL", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer", "tokenizer_fingerprint"]
+__all__ = ["DEFAULT_MODEL", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer", "tokenizer_fingerprint",
+           "render_chat"]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,3 +120,26 @@ def tokenizer_fingerprint(tokenizer) -> str:
     spec.pop("truncation", None)
     spec.pop("padding", None)
     return hashlib.sha256(json.dumps(spec, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def render_chat(tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = False) -> str:
+    """Render a conversation as the text the model sees, with the tokenizer's chat template.
+
+    The one rendering used both for ingesting chat corpora and for decoding chat
+    prompts. SmolLM2's template adds its default system prompt when the
+    conversation has none. A tokenizer without a template gets ``<role>\\n<text>\\n``
+    turns (and ``assistant\\n`` as the generation prompt).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        messages: ``{"role": "system"|"user"|"assistant", "content": str}`` turns, in order.
+        add_generation_prompt: end with the assistant's turn header (a prompt to decode).
+
+    Returns:
+        The rendered text (tokenize it with ``add_special_tokens=False``).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    text = "".join(f"{m['role']}\n{m['content']}\n" for m in messages)
+    return text + ("assistant\n" if add_generation_prompt else "")

@@ -1,20 +1,21 @@
-"""The token tree: the one draft representation shared by ingest, datastore and decoder.
+"""The token tree: a context's continuations with their counts, as stored and as retrieved.
 
-A token tree hangs below an implicit root (the context n-gram, or the current
-sequence end for a draft tree). Node ``i`` carries a token id, the index of its
-parent (``-1`` for a child of the root) and a count: the number of corpus
-occurrences of the root's context that continue through that node (CREST §3,
-"prefix counts"). Parents always precede their children (``parents[i] < i``),
-so a single forward scan visits every node after its parent.
+A token tree hangs below an implicit root (the context n-gram). Node ``i``
+carries a token id, the index of its parent (``-1`` for a child of the root) and
+a count: the number of corpus occurrences of the root's context that continue
+through that node (CREST §3, "prefix counts"). Parents always precede their
+children (``parents[i] < i``), so a single forward scan visits every node after
+its parent. A retrieval (from the Postgres datastore, the REST suffix array or a
+prompt's n-gram trie) returns a :class:`Match`: the matched context and its tree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TokenTree", "TreeError"]
+__all__ = ["TokenTree", "TreeError", "Match"]
 
 
 class TreeError(ValueError):
@@ -43,7 +44,6 @@ class TokenTree:
     parents: np.ndarray
     counts: np.ndarray
     root_count: int = 0
-    _depths: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tok = np.ascontiguousarray(self.token_ids, dtype=np.uint32)
@@ -84,23 +84,12 @@ class TokenTree:
         object.__setattr__(tree, "parents", parents)
         object.__setattr__(tree, "counts", counts)
         object.__setattr__(tree, "root_count", int(root_count))
-        object.__setattr__(tree, "_depths", None)
         return tree
 
     @classmethod
     def empty(cls) -> "TokenTree":
         """A tree with no nodes (no draft)."""
         return cls(np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.uint32), 0)
-
-    @property
-    def depths(self) -> np.ndarray:
-        """``[num_nodes]`` int32 depth of each node; children of the root have depth 1."""
-        if self._depths is None:
-            d = np.zeros(len(self), dtype=np.int32)
-            for i, p in enumerate(self.parents.tolist()):
-                d[i] = 1 if p < 0 else d[p] + 1
-            object.__setattr__(self, "_depths", d)
-        return self._depths
 
     def paths(self) -> list[tuple[int, ...]]:
         """Every node's token path from the root, in node order (for tests and debugging)."""
@@ -125,3 +114,17 @@ class TokenTree:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Match:
+    """A retrieval hit: the matched context and its continuation tree.
+
+    Attributes:
+        ngram: the context tokens that matched (the longest stored suffix of the
+            sequence: a datastore n-gram, a REST suffix, or a trie context).
+        tree: the continuations of that context, with their counts.
+    """
+
+    ngram: tuple[int, ...]
+    tree: TokenTree

@@ -8,8 +8,9 @@ Lifecycle (``DatastoreWriter``):
    ``building`` row and create its empty ``token_trees_<id>`` table.
 2. ``write``: binary COPY of (key, tree) rows (psycopg 3).
 3. ``finish``: ANALYZE, then ``CREATE INDEX ... USING hash (key)``, measure bytes on
-   disk, and in one transaction retire the name's previous ready build (drop its
-   table) and mark this one ``ready``.
+   disk, and in one transaction grant ``SELECT`` on the new table to the name's
+   registered readers (:mod:`datastore.grants`), retire the name's previous ready
+   build (drop its table), and mark this one ``ready`` with the n-gram lengths it holds.
 
 Until step 3 commits, readers see the previous build (or nothing): a failed or
 interrupted build is never visible. On an exception inside the ``with`` block the
@@ -27,14 +28,12 @@ import psycopg
 from psycopg import sql
 
 from .connection import connect
-from .migrate import ensure_schema
+from .errors import BuildConflict
+from .grants import grant_to_readers
 from .models import TREE_TABLE_PREFIX
+from .schema import upgrade
 
-__all__ = ["DatastoreWriter", "BuildConflict", "name_lock_key"]
-
-
-class BuildConflict(RuntimeError):
-    """Raised when another build of the same datastore name is running."""
+__all__ = ["DatastoreWriter", "name_lock_key"]
 
 
 def name_lock_key(name: str) -> int:
@@ -71,17 +70,25 @@ class DatastoreWriter:
         corpus: dict,
         params: dict,
     ) -> "DatastoreWriter":
-        """Start a build of ``name``.
+        """Start a build of ``name``, bringing the registry schema up to date first.
+
+        Args:
+            url: libpq URL of a role that may create tables.
+            name: the datastore name (1..200 characters).
+            tokenizer / tokenizer_fingerprint: the tokenizer spec and its fingerprint.
+            key_width: bytes per token id in keys, 2 or 4.
+            corpus / params: recorded with the build (JSON objects).
 
         Raises:
-            BuildConflict: when another build of ``name`` holds the lock.
+            datastore.errors.BuildConflict: when another build of ``name`` holds the lock.
+            datastore.errors.DatabaseUnavailable: when the server cannot be reached.
             ValueError: for an empty name or a key width other than 2 or 4.
         """
         if not name or len(name) > 200:
             raise ValueError(f"datastore name must be 1..200 characters, got {name!r}")
         if key_width not in (2, 4):
             raise ValueError(f"key_width must be 2 or 4, got {key_width}")
-        ensure_schema(url)
+        upgrade(url)
         conn = connect(url, autocommit=True)
         try:
             got = conn.execute("SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)]).fetchone()[0]
@@ -157,12 +164,19 @@ class DatastoreWriter:
                corpus: dict | None = None) -> tuple[int, float]:
         """Index the table and make this build the ready one.
 
-        ``timings`` is recorded with an ``index`` entry added: seconds for ANALYZE, the hash
-        index and the swap.
+        Args:
+            ngram_stats: per n (string keys): at least ``kept``, the rows of that n. The lengths
+                with ``kept > 0`` are recorded as ``params.ns`` and their largest as
+                ``params.max_n``: what a client probes.
+            num_tokens: tokens in the corpus stream.
+            timings: seconds per stage; recorded with an ``index`` entry added (ANALYZE, the
+                hash index, the grants and the swap).
+            corpus: replaces the recorded corpus report when given.
 
         Returns:
             ``(bytes_on_disk, index_seconds)``.
         """
+        ns = sorted(int(n) for n, s in ngram_stats.items() if int(s.get("kept", 0)) > 0)
         t0 = time.perf_counter()
         ident = sql.Identifier(self.table)
         self._conn.execute(sql.SQL("ANALYZE {}").format(ident))
@@ -173,6 +187,7 @@ class DatastoreWriter:
             old = self._conn.execute(
                 "SELECT id, trees_table FROM datastores WHERE name = %s AND state = 'ready' FOR UPDATE",
                 [self.name]).fetchall()
+            grant_to_readers(self._conn, self.table, self.name)
             for old_id, old_table in old:
                 self._conn.execute("UPDATE datastores SET state = 'retired' WHERE id = %s", [old_id])
                 self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(old_table)))
@@ -180,10 +195,11 @@ class DatastoreWriter:
             recorded = dict(timings, index=round(index_seconds, 3))
             self._conn.execute(
                 "UPDATE datastores SET state = 'ready', completed_at = now(), num_trees = %s, num_tokens = %s, "
-                "bytes_on_disk = %s, ngram_stats = %s, timings = %s, corpus = COALESCE(%s::jsonb, corpus) "
-                "WHERE id = %s",
+                "bytes_on_disk = %s, ngram_stats = %s, timings = %s, corpus = COALESCE(%s::jsonb, corpus), "
+                "params = params || %s::jsonb WHERE id = %s",
                 [self.rows, num_tokens, size, json.dumps(ngram_stats), json.dumps(recorded),
-                 json.dumps(corpus) if corpus is not None else None, self.build_id])
+                 json.dumps(corpus) if corpus is not None else None,
+                 json.dumps({"ns": ns, "max_n": max(ns, default=0)}), self.build_id])
         self._done = True
         return int(size), index_seconds
 

@@ -1,19 +1,14 @@
-"""The decoder: per-prompt n-gram trie, merged draft trees, tree-attention verification, benchmarks."""
+"""The decoder: per-prompt n-gram trie, merged draft trees, tree-attention verification, replay and benchmarks.
 
-from .budget import FixedBudget, LatencyCurve, choose_budget, load_or_measure, measure_latency
-from .draft import Draft, merge_drafts, source_probabilities
-from .drafters import (DatastoreDrafter, DatastoreSource, Drafter, MergedDrafter, NoDrafter, PromptLookupDrafter,
-                       Proposal, RestDrafter, TrieDrafter)
-from .generate import GenerationResult, StepRecord, greedy_generate, speculative_generate
-from .model import TargetModel, load_target
-from .ngram_trie import NGramTrie, TrieMatch
-from .suffix_index import RestMatch, SuffixIndex
-from .verify import accept_greedy, accept_sampled, keep_accepted_kv, tree_attention_inputs
+Public API: :func:`load_target`, :func:`speculative_generate` (lossless; greedy or sampled) and
+:func:`greedy_generate` (the baseline), the :class:`Draft` every drafter proposes, and the merged
+drafter with its fault-tolerant :class:`DatastoreSource`. The other drafters are in
+``decoder.drafters``; the replay simulator in ``decoder.simulate``.
+"""
 
-__all__ = [
-    "choose_budget", "FixedBudget", "LatencyCurve", "load_or_measure", "measure_latency", "Draft", "merge_drafts",
-    "source_probabilities", "DatastoreDrafter", "DatastoreSource", "Drafter", "MergedDrafter", "NoDrafter",
-    "PromptLookupDrafter", "Proposal", "RestDrafter", "TrieDrafter", "RestMatch", "SuffixIndex", "GenerationResult", "StepRecord", "greedy_generate",
-    "speculative_generate", "TargetModel", "load_target", "NGramTrie", "TrieMatch", "accept_greedy",
-    "accept_sampled", "keep_accepted_kv", "tree_attention_inputs",
-]
+from .draft import Draft
+from .drafters import DatastoreSource, MergedDrafter
+from .generate import greedy_generate, speculative_generate
+from .model import load_target
+
+__all__ = ["Draft", "DatastoreSource", "MergedDrafter", "greedy_generate", "load_target", "speculative_generate"]

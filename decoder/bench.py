@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .budget import BudgetPolicy
 from .drafters.base import Drafter
 from .generate import GenerationResult, greedy_generate, speculative_generate
 from .model import TargetModel
@@ -86,11 +85,12 @@ def run_bench(
     prompts: Sequence[Prompt],
     drafters: Sequence[Drafter],
     *,
-    budgets: dict[str, BudgetPolicy],
+    budgets: dict[str, int],
     max_new_tokens: int,
     on_row: Callable[[RunRow], None] | None = None,
 ) -> tuple[list[RunRow], dict[tuple[str, str], list[float]]]:
-    """Decode every prompt with the greedy baseline, then with each drafter (``budgets`` by drafter name).
+    """Decode every prompt with the greedy baseline, then with each drafter (``budgets``: draft nodes per step
+    by drafter name).
 
     Returns:
         The rows (baseline rows have ``drafter == "greedy"``), and per

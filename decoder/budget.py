@@ -1,4 +1,4 @@
-"""Draft budget: the target's verification latency against draft size, and policies that use it.
+"""Draft budget: the target's verification latency against draft size, and the budget it favours.
 
 A verification pass over ``q`` query tokens (the last committed token plus
 ``q - 1`` draft nodes) costs ``latency(q)``. GPU papers verify 64 nodes because
@@ -19,7 +19,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -31,7 +30,7 @@ from .draft import Draft
 from .model import TargetModel
 from .verify import tree_attention_inputs
 
-__all__ = ["LatencyCurve", "BudgetPolicy", "FixedBudget", "choose_budget", "measure_latency", "load_or_measure"]
+__all__ = ["LatencyCurve", "choose_budget", "measure_latency", "load_or_measure", "curve_key"]
 
 
 @dataclass(frozen=True)
@@ -59,30 +58,6 @@ class LatencyCurve:
         return self.latency_s / self.latency_s[0]
 
 
-class BudgetPolicy(Protocol):
-    """How many draft nodes to ask for, and how many of the best to verify."""
-
-    max_nodes: int
-
-    def trim(self, draft: Draft) -> Draft:
-        """The first ``k`` (best) nodes of ``draft`` to verify."""
-
-
-@dataclass(frozen=True)
-class FixedBudget:
-    """Verify every proposed node, up to ``max_nodes`` (>= 0)."""
-
-    max_nodes: int = 16
-
-    def __post_init__(self) -> None:
-        if self.max_nodes < 0:
-            raise ValueError(f"max_nodes={self.max_nodes}: must be >= 0")
-
-    def trim(self, draft: Draft) -> Draft:
-        """``draft`` as it is (drafters already respect ``max_nodes``)."""
-        return draft
-
-
 def choose_budget(curve: LatencyCurve, accept_lengths: dict[int, float]) -> tuple[int, dict[int, float]]:
     """The draft budget that maximizes expected tokens per second.
 
@@ -102,7 +77,8 @@ def choose_budget(curve: LatencyCurve, accept_lengths: dict[int, float]) -> tupl
     return max(rate, key=rate.get), rate
 
 
-def _key(target: TargetModel) -> str:
+def curve_key(target: TargetModel) -> str:
+    """The latency curve's identity: model spec, device, dtype and CPU threads (file-name safe)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{target.spec}-{target.device}-{str(target.dtype).split('.')[-1]}"
                   f"-t{torch.get_num_threads()}")
 
@@ -129,7 +105,7 @@ def measure_latency(target: TargetModel, *, max_tokens: int = 64, context_len: i
     out = np.zeros(max_tokens, dtype=np.float64)
     for q in range(1, max_tokens + 1):
         ids = torch.randint(0, vocab, (1, q), generator=gen).to(dev)
-        mask, pos = tree_attention_inputs(np.arange(-1, q - 2), context_len, dtype=target.dtype, device=dev)
+        mask, pos = tree_attention_inputs(Draft.chain(range(q - 1)), context_len, dtype=target.dtype, device=dev)
         times = []
         for _ in range(repeats + 1):  # the first pass warms up
             t0 = time.perf_counter()
@@ -139,20 +115,26 @@ def measure_latency(target: TargetModel, *, max_tokens: int = 64, context_len: i
             times.append(time.perf_counter() - t0)
             cache.crop(-q)
         out[q - 1] = statistics.median(times[1:])
-    return LatencyCurve(out, context_len, _key(target))
+    return LatencyCurve(out, context_len, curve_key(target))
 
 
-def load_or_measure(target: TargetModel, *, remeasure: bool = False, **kwargs) -> LatencyCurve:
+def load_or_measure(target: TargetModel, *, remeasure: bool = False, max_tokens: int = 64,
+                    repeats: int = 5) -> LatencyCurve:
     """The cached curve for this model, device, dtype and thread count, measured on first use.
 
-    Stored as JSON under ``<cache>/latency/``. ``kwargs`` go to :func:`measure_latency`.
+    Stored as JSON under ``<cache>/latency/``; a cached curve shorter than ``max_tokens`` is
+    measured again. ``max_tokens`` and ``repeats`` go to :func:`measure_latency`.
+
+    Raises:
+        ValueError: as :func:`measure_latency`.
     """
-    key = _key(target)
+    key = curve_key(target)
     path = Path(cache_dir()) / "latency" / f"{key}.json"
     if path.exists() and not remeasure:
         data = json.loads(path.read_text())
-        return LatencyCurve(np.asarray(data["latency_s"]), int(data["context_len"]), key)
-    curve = measure_latency(target, **kwargs)
+        if len(data["latency_s"]) >= max_tokens:
+            return LatencyCurve(np.asarray(data["latency_s"]), int(data["context_len"]), key)
+    curve = measure_latency(target, max_tokens=max_tokens, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"latency_s": curve.latency_s.tolist(), "context_len": curve.context_len}))

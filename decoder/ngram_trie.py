@@ -1,4 +1,5 @@
-"""The per-prompt n-gram trie (N-gram trie paper, §3.1-3.2 and Algorithm 1).
+"""The per-prompt n-gram trie (N-Gram-Trie, "N-Gram Trie Speculative Decoding for Faster LLM In-Context
+Inference", https://openreview.net/forum?id=MVfpYw1pxX, §3.1-3.2 and Algorithm 1).
 
 The sequence is read through a sliding window of ``window`` tokens (default
 13). Every window start inserts the window into one trie, so each sub-prefix of
@@ -20,27 +21,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from datastore.tree import TokenTree
+from datastore.tree import Match, TokenTree
 
-__all__ = ["NGramTrie", "TrieMatch"]
-
-
-class TrieMatch:
-    """A matched context and the draft below it.
-
-    Attributes:
-        context_len: tokens of the sequence's suffix that matched (1..max_prefix).
-        tree: the kept continuation paths as a :class:`datastore.TokenTree`
-            (``counts``: window occurrences through each node; ``root_count``:
-            earlier occurrences of the context, i.e. not counting the one that
-            ends the sequence).
-    """
-
-    __slots__ = ("context_len", "tree")
-
-    def __init__(self, context_len: int, tree: TokenTree) -> None:
-        self.context_len = context_len
-        self.tree = tree
+__all__ = ["NGramTrie"]
 
 
 class NGramTrie:
@@ -111,14 +94,17 @@ class NGramTrie:
                 return None
         return node
 
-    def match(self, budget: int) -> TrieMatch | None:
+    def match(self, budget: int) -> Match | None:
         """Draft from the longest suffix of the sequence (``max_prefix`` .. 1 tokens) that has a continuation.
 
         Args:
             budget: most nodes to keep, >= 1.
 
         Returns:
-            The match, or ``None`` when no suffix has a continuation.
+            The matched context (1..``max_prefix`` tokens) and its best continuation paths as a
+            :class:`~datastore.tree.Match` (``counts``: window occurrences through each node;
+            ``root_count``: earlier occurrences of the context, not counting the one that ends
+            the sequence), or ``None`` when no suffix has a continuation.
 
         Raises:
             ValueError: when ``budget < 1``.
@@ -129,7 +115,7 @@ class NGramTrie:
         for n in range(len(tail), 0, -1):
             node = self.context_node(tail[-n:])
             if node is not None and self._kids[node]:
-                return TrieMatch(n, self._best_paths(node, budget))
+                return Match(tuple(tail[-n:]), self._best_paths(node, budget))
         return None
 
     def _best_paths(self, root: int, budget: int) -> TokenTree:

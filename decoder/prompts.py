@@ -1,7 +1,8 @@
 """Evaluation prompts: Spec-Bench (chat, by category) and HumanEval (code), from ``../shared/data``.
 
-Chat prompts get the target's chat template (first user turn, generation prompt
-added); HumanEval prompts are used raw, as code completion. These sets are for
+Chat prompts are rendered by :func:`datastore.tokenizer.render_chat` (the first
+user turn, generation prompt added), the function ingest renders chat corpora
+with; HumanEval prompts are used raw, as code completion. These sets are for
 scoring only: they must never be ingested into a datastore scored on them.
 """
 
@@ -11,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from datastore.tokenizer import render_chat
 
 __all__ = ["Prompt", "SETS", "UnknownCategory", "default_data_dir", "load_prompts"]
 
@@ -40,11 +43,15 @@ class Prompt:
 
 
 def default_data_dir() -> Path:
-    """``CREST_EVAL_DATA``, else ``../shared/data`` beside the repository."""
+    """Where the evaluation sets are: ``CREST_EVAL_DATA``; else ``shared/data`` beside a source checkout
+    (``../shared/data`` from the repository root); else ``shared/data`` or ``../shared/data`` from the
+    working directory (an installed wheel has no checkout). The first candidate is returned when none exists."""
     override = os.environ.get("CREST_EVAL_DATA")
     if override:
         return Path(override).expanduser()
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd() / "shared" / "data",
+                  Path.cwd().parent / "shared" / "data"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = None,
@@ -83,8 +90,7 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
         row = json.loads(line)
         if name == "spec_bench":
             category, pid = row["category"], f"{row['category']}-{row['question_id']}"
-            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}],
-                                                 tokenize=False, add_generation_prompt=True)
+            text = render_chat(tokenizer, [{"role": "user", "content": row["turns"][0]}], add_generation_prompt=True)
         else:
             category, pid, text = "humaneval", row["task_id"], row["prompt"]
         present.add(category)

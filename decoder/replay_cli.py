@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -14,9 +15,9 @@ from rich.table import Table
 from datastore.tokenizer import cache_dir
 
 from .bench import write_csv
-from .budget import FixedBudget, choose_budget, load_or_measure
+from .budget import choose_budget, load_or_measure
 from .generate import greedy_generate
-from .model import TargetModel, load_target
+from .model import TargetModel
 from .prompts import Prompt, load_prompts
 from .simulate import ReferenceStore, replay
 
@@ -60,30 +61,26 @@ def references_for(target: TargetModel, prompts: list[Prompt], store: ReferenceS
     return out
 
 
-def run_replay(args, console: Console, make_drafters, make_budgets) -> int:
-    """Replay every prompt with every drafter; print and write the per-category table."""
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
-    prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=args.limit,
-                           categories=tuple(args.category) if args.category else None)
+def run_replay(args, console: Console, target: TargetModel, prompts: list[Prompt], drafters: list,
+               budgets: dict[str, int]) -> int:
+    """Replay every prompt with every drafter at its budget (references generated once and saved); print and
+    write the per-category table (``results/replay_<set>.csv``). Returns the exit status."""
     store = reference_store(target.spec, _dtype_name(target), args.prompt_set, args.max_new_tokens)
     refs = references_for(target, prompts, store, args.max_new_tokens)
-    drafters = make_drafters(args, target.tokenizer)
-    budgets = make_budgets(args, target, drafters, console)
     rows = []
     for drafter in drafters:
-        policy = budgets[drafter.name]
         by_cat: dict[str, list] = {}
         for p, ref in zip(prompts, refs):
             t0 = time.perf_counter()
-            res = replay(drafter, p.token_ids, ref, policy)
+            res = replay(drafter, p.token_ids, ref, budgets[drafter.name])
             for cat in (p.category, "all"):
                 by_cat.setdefault(cat, []).append((res, time.perf_counter() - t0))
         for cat, items in by_cat.items():
-            steps = sum(len(r.accepted) for r, _ in items)
+            steps = sum(len(r.steps) for r, _ in items)
             rows.append(ReplayRow(
                 cat, drafter.name, len(items),
-                round(sum(sum(r.accepted) for r, _ in items) / max(steps, 1), 3),
-                round(sum(sum(r.drafted) for r, _ in items) / max(steps, 1), 2), steps,
+                round(sum(s.accepted for r, _ in items for s in r.steps) / max(steps, 1), 3),
+                round(sum(s.drafted for r, _ in items for s in r.steps) / max(steps, 1), 2), steps,
                 round(sum(s for _, s in items), 2)))
     table = Table(title=f"replayed accept length, {args.prompt_set}, {len(prompts)} prompts, budget {args.budget}")
     for col in ("category", "drafter", "prompts", "accept_length", "drafted_per_step", "steps", "seconds"):
@@ -101,29 +98,39 @@ def run_replay(args, console: Console, make_drafters, make_budgets) -> int:
 CANDIDATE_BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
 
 
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def auto_budgets(args, target: TargetModel, drafters, console: Console, *, refresh: bool = False) -> dict[str, int]:
     """Per drafter, the budget maximizing replayed accept length / verification latency.
 
-    Calibrated on the first prompt of each category of ``args.prompt_set``
-    (replayed, so only their greedy references cost model time) and cached per
-    model, device, dtype, thread count, set and drafter under ``<cache>/latency``.
+    Calibrated on the first prompt of each category of ``args.prompt_set`` (replayed, so only
+    their greedy references cost model time). The choice is cached under ``<cache>/latency``,
+    keyed on everything that changes it: the latency curve (model, device, dtype, threads and
+    its measured values), the calibration prompts' tokens, the reference length, the candidate
+    budgets, and the drafter's :meth:`config` (weights, prior, trie shape, the datastore's name
+    and build).
     """
-    curve = load_or_measure(target)
+    curve = load_or_measure(target, max_tokens=max(CANDIDATE_BUDGETS) + 1)
+    prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=1)
+    refs = None
     out: dict[str, int] = {}
-    prompts = refs = None
     for drafter in drafters:
-        path = Path(cache_dir()) / "latency" / f"{curve.key}-{args.prompt_set}-{drafter.name}-budget.json"
+        key = {"curve": curve.key, "latency_s": [round(x, 6) for x in curve.latency_s.tolist()],
+               "prompts": _digest([p.token_ids for p in prompts]), "max_new_tokens": args.max_new_tokens,
+               "candidates": CANDIDATE_BUDGETS, "drafter": drafter.config()}
+        path = Path(cache_dir()) / "latency" / f"budget-{drafter.name}-{_digest(key)}.json"
         if path.exists() and not refresh:
             out[drafter.name] = int(json.loads(path.read_text())["budget"])
             continue
-        if prompts is None:
-            prompts = load_prompts(args.prompt_set, target.tokenizer, data_dir=args.data_dir, limit=1)
+        if refs is None:
             store = reference_store(target.spec, _dtype_name(target), args.prompt_set, args.max_new_tokens)
             refs = references_for(target, prompts, store, args.max_new_tokens)
         lengths = {}
         for b in CANDIDATE_BUDGETS:
-            results = [replay(drafter, p.token_ids, r, FixedBudget(b)) for p, r in zip(prompts, refs)]
-            lengths[b] = sum(sum(x.accepted) for x in results) / max(sum(len(x.accepted) for x in results), 1)
+            steps = [s for p, r in zip(prompts, refs) for s in replay(drafter, p.token_ids, r, b).steps]
+            lengths[b] = sum(s.accepted for s in steps) / max(len(steps), 1)
         best, rate = choose_budget(curve, lengths)
         table = Table(title=f"budget for {drafter.name} on {args.prompt_set} ({len(prompts)} calibration prompts)")
         for col in ("budget", "verify ms", "accept length", "tokens/s", ""):
@@ -133,6 +140,7 @@ def auto_budgets(args, target: TargetModel, drafters, console: Console, *, refre
                           "best" if b == best else "")
         console.print(table)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"budget": best, "accept_lengths": lengths, "tokens_per_s": rate}))
+        path.write_text(json.dumps({"budget": best, "accept_lengths": lengths, "tokens_per_s": rate, "key": key},
+                                   indent=1))
         out[drafter.name] = best
     return out

@@ -2,105 +2,82 @@
 
 Lossless greedy decoding always produces the plain-greedy output, so once that
 output is saved (the *reference*), each verification step can be replayed: the
-accepted path is the longest draft-tree path that matches the reference from
-the current position, and the bonus token is the reference's next token. The
-steps, and so the accept length, are exactly those of a real fp32 run with the
-same drafter and budget (ArcticInference's suffix-decoding simulator does the
-same with reference outputs).
+target's choice after every draft node is the reference token at that depth, so
+the accept walk of verification (:func:`decoder.verify.accept_greedy`) run over
+those choices accepts the longest draft path that matches the reference, and the
+bonus token is the reference's next token. The steps, and so the accept length,
+are exactly those of a real fp32 run with the same drafter and budget
+(ArcticInference's suffix-decoding simulator does the same with reference outputs).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from .budget import BudgetPolicy, FixedBudget
+from .draft import Draft
 from .drafters.base import Drafter
+from .generate import GenerationResult, StepRecord
+from .verify import accept_greedy
 
-__all__ = ["ReplayResult", "replay_step", "replay", "ReferenceStore"]
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """A replayed request.
-
-    Attributes:
-        accepted: ``[num_steps]`` tokens committed per step (bonus included).
-        drafted: ``[num_steps]`` draft nodes verified per step.
-    """
-
-    accepted: list[int]
-    drafted: list[int]
-
-    @property
-    def accept_length(self) -> float:
-        """Mean tokens committed per verification step."""
-        return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+__all__ = ["reference_predictions", "replay", "ReferenceStore"]
 
 
-def replay_step(token_ids: np.ndarray, parents: np.ndarray, reference: Sequence[int], pos: int) -> list[int]:
-    """The accepted node path when ``reference[pos:]`` is what the target generates next.
+def reference_predictions(draft: Draft, reference: np.ndarray, pos: int) -> np.ndarray:
+    """``[1 + num_nodes]`` the target's choice after the last committed token and after each node, when
+    ``reference[pos:]`` is what it generates next: the reference token at that depth (``-1`` past its end).
 
     Args:
-        token_ids, parents: the draft tree (``[num_nodes]`` each).
-        reference: the full reference output.
+        draft: the draft tree.
+        reference: ``[output_len]`` int64, the full reference output.
         pos: index in ``reference`` of the first token not yet committed.
-
-    Returns:
-        Accepted node indices, root first (the bonus token is ``reference[pos + len(path)]``).
     """
-    kids: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(np.asarray(token_ids).tolist(), np.asarray(parents).tolist())):
-        kids.setdefault(p, {})[t] = i
-    path: list[int] = []
-    node = -1
-    while pos + len(path) < len(reference):
-        nxt = kids.get(node, {}).get(int(reference[pos + len(path)]))
-        if nxt is None:
-            break
-        path.append(nxt)
-        node = nxt
-    return path
+    at = pos + np.concatenate([[0], draft.depths])
+    out = np.full(len(at), -1, dtype=np.int64)
+    inside = at < len(reference)
+    out[inside] = reference[at[inside]]
+    return out
 
 
-def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int],
-           budget: BudgetPolicy | None = None) -> ReplayResult:
+def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int], budget: int = 16) -> GenerationResult:
     """Replay one request's verification steps against its reference output.
 
     Args:
         drafter: the drafter under test (its ``begin``/``propose``/``extend``/``end`` are called as in decoding).
         prompt_ids: ``[prompt_len]`` prompt token ids.
         reference: ``[output_len]`` the plain-greedy output (first token from the prefill).
-        budget: the same policy a real run would use; default ``FixedBudget(16)``.
+        budget: most draft nodes per step, as a real run would use, >= 0.
+
+    Returns:
+        The :class:`~decoder.generate.GenerationResult` a real greedy run would give (same output,
+        same steps), with ``verify_s``, ``prefill_s`` and ``wall_s`` 0.
 
     Raises:
-        ValueError: when ``reference`` is empty.
+        ValueError: when ``reference`` is empty or ``budget < 0``.
     """
     if len(reference) == 0:
         raise ValueError("reference is empty: save the plain-greedy output first (ReferenceStore)")
-    policy = budget or FixedBudget(16)
-    reference = [int(t) for t in reference]
-    accepted: list[int] = []
-    drafted: list[int] = []
+    if budget < 0:
+        raise ValueError(f"budget={budget}: must be >= 0")
+    ref = np.asarray(reference, dtype=np.int64)
+    result = GenerationResult([int(t) for t in ref])
     pos = 1  # the prefill committed reference[0]
-    drafter.begin(list(prompt_ids) + reference[:1])
+    drafter.begin(list(prompt_ids) + result.output_ids[:1])
     try:
-        while pos < len(reference):
-            draft = policy.trim(drafter.propose(policy.max_nodes).draft)
-            path = replay_step(draft.tree.token_ids, draft.tree.parents, reference, pos)
-            kept = reference[pos: min(pos + len(path) + 1, len(reference))]
-            accepted.append(len(kept))
-            drafted.append(len(draft))
+        while pos < len(ref):
+            draft = drafter.propose(budget)
+            path, _ = accept_greedy(draft, reference_predictions(draft, ref, pos))
+            kept = result.output_ids[pos: pos + len(path) + 1]
+            result.steps.append(StepRecord(len(draft), len(kept), draft.lookup_s, draft.trie_s, draft.merge_s, 0.0))
             pos += len(kept)
             drafter.extend(kept)
     finally:
         drafter.end()
-    return ReplayResult(accepted, drafted)
+    return result
 
 
 class ReferenceStore:

@@ -1,15 +1,17 @@
 """Tree verification: one forward pass over a whole draft tree (tree attention), then acceptance.
 
-SpecInfer §4.2 / Medusa §2.1.2 "tree attention": the draft tree is flattened in
-node order behind the last committed token; every node attends to the cached
+SpecInfer §4.2 (https://arxiv.org/abs/2305.09781) / Medusa §2.1.2
+(https://arxiv.org/abs/2401.10774) "tree attention": the draft tree is flattened
+in node order behind the last committed token; every node attends to the cached
 prefix, the last committed token, its ancestors and itself, and sits at position
 ``past_len + depth``. The logits at query ``0`` (the last committed token) score
 the root's children; the logits at query ``1 + i`` score node ``i``'s children.
 
-Greedy acceptance walks the tree along the target's argmax (REST §3.3); sampled
-acceptance is SpecInfer's multi-step speculative sampling for deterministic
-drafts (SpecInfer §4.3, S4C §3.2), which keeps the target's distribution exact.
-Only the accepted path's KV entries are kept.
+Greedy acceptance (:func:`accept_greedy`) walks the tree along the target's
+argmax (REST §3.3); the replay simulator walks the same function along a saved
+reference output. Sampled acceptance is SpecInfer's multi-step speculative
+sampling for deterministic drafts (SpecInfer §4.3; S4C §3.2), which keeps the
+target's distribution exact. Only the accepted path's KV entries are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .draft import Draft
+
 __all__ = ["ancestor_matrix", "tree_attention_inputs", "accept_greedy", "accept_sampled", "keep_accepted_kv"]
 
 
@@ -26,8 +30,7 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
     """``[num_nodes, num_nodes]`` bool: ``out[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors.
 
     Args:
-        parents: ``[num_nodes]`` int, ``-1`` for a child of the root and
-            ``parents[i] < i`` otherwise (the :class:`datastore.TokenTree` layout).
+        parents: ``[num_nodes]`` int, ``-1`` for a child of the root and ``parents[i] < i`` otherwise.
     """
     n = len(parents)
     anc = np.eye(n, dtype=bool)
@@ -38,16 +41,15 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
     return anc
 
 
-def tree_attention_inputs(
-    parents: np.ndarray, past_len: int, *, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention_inputs(draft: Draft, past_len: int, *, dtype: torch.dtype,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The additive 4D attention mask and position ids for verifying one draft tree.
 
-    The query is ``[last committed token] + the tree's nodes`` (``1 + num_nodes``
+    The query is ``[last committed token] + the draft's nodes`` (``1 + num_nodes``
     tokens); the keys are the ``past_len`` cached tokens followed by the query.
 
     Args:
-        parents: ``[num_nodes]`` int parent indices (``-1`` = root).
+        draft: the draft tree (its ``parents`` and derived ``depths`` are used).
         past_len: tokens already in the KV cache (all committed tokens but the last).
         dtype: the model's float dtype; masked entries are ``torch.finfo(dtype).min``
             and visible ones ``0`` (additive masks are read the same way by the
@@ -59,61 +61,43 @@ def tree_attention_inputs(
         ``position_ids``: ``[1, 1 + num_nodes]`` int64, ``past_len + depth``
         (depth 0 for the last committed token).
     """
-    parents = np.asarray(parents, dtype=np.int64)
-    n = len(parents)
-    depth = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        p = parents[i]
-        depth[i] = 1 if p < 0 else depth[p] + 1
+    n = len(draft)
     visible = np.zeros((1 + n, past_len + 1 + n), dtype=bool)
     visible[:, : past_len + 1] = True  # the cached prefix and the last committed token
-    visible[1:, past_len + 1 :] = ancestor_matrix(parents)
+    visible[1:, past_len + 1 :] = ancestor_matrix(draft.parents)
     mask = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype)
     mask.masked_fill_(torch.from_numpy(visible), 0.0)
-    positions = torch.from_numpy(np.concatenate([[0], depth]) + past_len)
+    positions = torch.from_numpy(np.concatenate([[0], draft.depths]) + past_len)
     return mask[None, None].to(device), positions[None].to(device)
 
 
-def _children(parents: np.ndarray) -> list[list[int]]:
-    """``out[p + 1]`` lists node ``p``'s children in node order (``out[0]``: the root's)."""
-    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents.tolist()):
-        kids[p + 1].append(i)
-    return kids
-
-
-def accept_greedy(token_ids: np.ndarray, parents: np.ndarray, predictions: Sequence[int]) -> tuple[list[int], int]:
-    """Walk the draft tree along the target's greedy choices.
+def accept_greedy(draft: Draft, predictions: Sequence[int]) -> tuple[list[int], int]:
+    """Walk the draft tree along the target's choices: the accept walk of verification and replay.
 
     Args:
-        token_ids: ``[num_nodes]`` the draft tokens.
-        parents: ``[num_nodes]`` their parents (``-1`` = root); siblings must differ.
-        predictions: ``[1 + num_nodes]`` argmax token after the last committed
-            token (index 0) and after each node (index ``1 + i``).
+        draft: the draft tree (siblings differ).
+        predictions: ``[1 + num_nodes]`` the token the target emits after the last committed
+            token (index 0) and after each node (index ``1 + i``): its argmax when verifying, the
+            reference output when replaying (``-1`` where the reference has ended).
 
     Returns:
-        ``(path, bonus)``: the accepted node indices from the root down, and the
-        target's own next token after the last accepted node.
+        ``(path, bonus)``: the accepted node indices from the root down, and the target's own
+        next token after the last accepted node.
     """
-    kids = _children(np.asarray(parents))
-    tokens = np.asarray(token_ids).tolist()
+    kids = draft.children
     path: list[int] = []
     query = 0
     while True:
         want = int(predictions[query])
-        nxt = next((c for c in kids[query] if tokens[c] == want), None)
+        nxt = kids[query].get(want)
         if nxt is None:
             return path, want
         path.append(nxt)
         query = nxt + 1
 
 
-def accept_sampled(
-    token_ids: np.ndarray,
-    parents: np.ndarray,
-    probs: torch.Tensor,
-    generator: torch.Generator | None = None,
-) -> tuple[list[int], int]:
+def accept_sampled(draft: Draft, probs: torch.Tensor,
+                   generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """Multi-draft speculative sampling over a tree of deterministic drafts (SpecInfer §4.3; S4C §3.2).
 
     At each reached node the children are tried in node order: child ``c`` is
@@ -124,33 +108,31 @@ def accept_sampled(
     the target's (temperature-scaled) distribution.
 
     Args:
-        token_ids: ``[num_nodes]`` draft tokens; siblings must differ.
-        parents: ``[num_nodes]`` parents (``-1`` = root).
+        draft: the draft tree (siblings differ).
         probs: ``[1 + num_nodes, vocab_size]`` float, the target's next-token
             distribution after the last committed token and after each node.
-        generator: optional ``torch.Generator`` for reproducible draws.
+        generator: optional ``torch.Generator`` on ``probs``' device, for reproducible draws.
 
     Returns:
         ``(path, bonus)`` as for :func:`accept_greedy`.
     """
-    kids = _children(np.asarray(parents))
-    tokens = np.asarray(token_ids).tolist()
+    kids = draft.children
     path: list[int] = []
     query = 0
     while True:
-        p = probs[query].to(torch.float64).clone()
+        p = probs[query].to(torch.float64).clone()  # [vocab_size]
         moved = False
-        for c in kids[query]:
+        for token, c in kids[query].items():
             total = float(p.sum())
             if total <= 0.0:
                 break
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u * total < float(p[tokens[c]]):
+            u = float(torch.rand((), generator=generator, dtype=torch.float64, device=p.device))
+            if u * total < float(p[token]):
                 path.append(c)
                 query = c + 1
                 moved = True
                 break
-            p[tokens[c]] = 0.0
+            p[token] = 0.0
         if not moved:
             return path, int(torch.multinomial(p / p.sum(), 1, generator=generator))
 

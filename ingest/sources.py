@@ -2,10 +2,9 @@
 
 Sources:
     sharegpt  A ShareGPT JSON file: a list of ``{id, conversations: [{from, value}]}``.
-              Each conversation is flattened with the target tokenizer's chat template
+              Each conversation is rendered by :func:`datastore.tokenizer.render_chat`
               (roles human/user -> user, gpt/chatgpt/bing/bard/assistant -> assistant,
-              system -> system), exactly as the decoder renders prompts; a tokenizer
-              without a template gets ``<role>\\n<text>\\n`` turns. A file cut off part-way
+              system -> system), the function the decoder renders prompts with. A file cut off part-way
               yields every complete record and reports what was lost.
     code      Directory trees of source files (``--glob``, default ``**/*.py``), one document each;
               with no path, the interpreter's own Python source: its standard library and its
@@ -31,6 +30,8 @@ from typing import Callable, Iterator
 import ijson
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from datastore.tokenizer import render_chat
 
 __all__ = ["SOURCES", "SourceReport", "SourceError", "iter_documents", "default_sharegpt_path", "flatten_conversation",
            "python_source_roots"]
@@ -106,9 +107,7 @@ def flatten_conversation(record, tokenizer) -> tuple[str | None, str | None]:
             messages.append({"role": role, "content": turn["value"]})
     if not messages:
         return None, "empty text"
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False), None
-    return "".join(f"{m['role']}\n{m['content']}\n" for m in messages), None
+    return render_chat(tokenizer, messages), None
 
 
 def _batched(texts: Iterator[str], limit: int | None, report: SourceReport) -> Iterator[pa.RecordBatch]:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SEPARATOR", "TokenStreamWriter", "open_stream"]
+from datastore.continuations import SEPARATOR
 
-SEPARATOR = np.uint32(0xFFFFFFFF)
-"""Document separator; a tokenizer whose vocabulary reaches 2**32 - 1 ids is refused."""
+__all__ = ["SEPARATOR", "TokenStreamWriter", "open_stream"]
 
 
 class TokenStreamWriter:

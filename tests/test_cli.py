@@ -45,9 +45,9 @@ def test_datastore_cli_stats_and_missing_name(database_url, sharegpt_sample, ds_
                "--max-n", "2", "--quiet", "--database-url", database_url)
     assert out.returncode == 0, out.stderr
     assert "bytes per n-gram" in out.stdout
-    stats = _run("datastore", "--database-url", database_url, "stats", "--name", ds_name, "--json")
+    stats = _run("datastore", "stats", "--name", ds_name, "--json", "--database-url", database_url)
     assert stats.returncode == 0 and '"bytes_per_ngram"' in stats.stdout
-    listed = _run("datastore", "--database-url", database_url, "list")
+    listed = _run("datastore", "list", "--database-url", database_url)
     assert ds_name in listed.stdout
-    missing = _run("datastore", "--database-url", database_url, "stats", "--name", "no-such-store")
+    missing = _run("datastore", "stats", "--name", "no-such-store", "--database-url", database_url)
     assert missing.returncode == 1 and "no ready datastore named 'no-such-store'" in missing.stderr

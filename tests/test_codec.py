@@ -97,3 +97,28 @@ def test_zigzag_keeps_small_magnitudes_small(values):
     coded = zigzag(np.array(values, dtype=np.int64)).tolist()
     assert [(c >> 1) ^ -(c & 1) for c in coded] == values
     assert all(c <= 2 * abs(v) for c, v in zip(coded, values))
+
+
+# Format v1, known answers. A 3-node tree, token 300 needs 2-byte ids:
+#   c7 01 02           magic, version 1, compression 0 (none) << 4 | token width 2
+#   ce de f7 04        CRC-32 (LE) of c7 01 02 followed by the payload
+#   0e                 payload length 14 (varint)
+#   03 06              num_nodes 3, root_count 6
+#   05 00 2c 01 07 00  token ids 5, 300, 7 (LE)
+#   00 02 01           zigzag deltas of parent + 1: (0, 1, 0) -> 0, +1, -1
+#   04 03 02           counts
+V1_NONE = bytes.fromhex("c70102cedef7040e030605002c010700000201040302")
+V1_TREE = TokenTree([5, 300, 7], [-1, 0, -1], [4, 3, 2], 6)
+# a 40-token chain of id 7, each node counting 3, stored with zstd (magicless frame) and with lz4 (raw block)
+V1_ZSTD = bytes.fromhex("c701112d6e66477a00007d0000302803070002030310004af1c1ca21")
+V1_LZ4 = bytes.fromhex("c701216d02f7677a3f2803070100142f00020100131f0301000f500303030303")
+V1_CHAIN = TokenTree(np.full(40, 7, np.uint32), np.arange(-1, 39, dtype=np.int32), np.full(40, 3, np.uint32), 3)
+
+
+def test_format_v1_known_answers():
+    """Blobs written by format v1 must stay readable, and the uncompressed layout must not drift: a format
+    change has to come with a new version number, and this test has to change with it."""
+    assert encode_tree(V1_TREE, "none") == V1_NONE
+    assert decode_tree(V1_NONE) == V1_TREE
+    assert decode_tree(V1_ZSTD) == V1_CHAIN and decode_tree(V1_LZ4) == V1_CHAIN
+    assert len(V1_ZSTD) < len(encode_tree(V1_CHAIN, "none")) and V1_ZSTD[2] >> 4 == 1 and V1_LZ4[2] >> 4 == 2

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from datastore.codec import decode_tree, encode_trees
 from ingest.counting import count_top_t
 from ingest.occurrences import partitions, tag_occurrences
-from ingest.tokens import SEPARATOR
-from ingest.trees import build_trees
+from datastore.continuations import SEPARATOR, build_trees
 from oracles import continuation_tree, count_ngrams, top_t
 
 
@@ -63,7 +62,7 @@ def test_large_token_ids_beyond_16_bits(tmp_path):
     _check(stream, 2, 10, 4, 8, tmp_path)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [1] + [pytest.param(n, marks=pytest.mark.slow) for n in (2, 3, 5)])
 def test_real_token_stream_matches_oracle(real_stream, tmp_path, n):
     # every kept n-gram is checked for n>1; for unigrams every 50th (the oracle is quadratic)
     _check(real_stream, n, 300, 10, 64, tmp_path, max_occurrences=20_000, sample=50 if n == 1 else None)

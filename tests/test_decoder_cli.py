@@ -1,42 +1,145 @@
-"""The decoder CLI end to end, and loading the model from a local GGUF with a fresh cache."""
+"""The decoder CLI end to end (bench, replay, --budget auto), and loading the model from a local GGUF."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
+from rich.console import Console
 
 from conftest import SHARED_DATA
+from datastore.tokenizer import cache_dir
+
+HEAVY = ("duckdb", "pyarrow", "matplotlib", "ingest", "study")
+_MAIN = ("import sys; from decoder.cli import main; rc = main(sys.argv[1:]); "
+         f"print('HEAVY_MODULES', sorted(m for m in {HEAVY!r} if m in sys.modules)); sys.exit(rc)")
 
 
-def _run(args, database_url, tmp_path):
+def _run(args, database_url, cwd, cache=None):
+    """``python -m decoder ARGS`` (through ``decoder.cli.main``, reporting which heavy modules it imported)."""
     env = {**os.environ, "DATABASE_URL": database_url}
-    return subprocess.run([sys.executable, "-m", "decoder", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
+    if cache is not None:
+        env["CREST_CACHE"] = str(cache)
+    return subprocess.run([sys.executable, "-c", _MAIN, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
 
 
-def test_bench_cli_writes_table_and_csv(database_url, chat_datastore, tmp_path):
+def _csv(path) -> list[dict]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def calibration_cache(tmp_path_factory):
+    """A cache folder with the real converted model (linked) but its own latency curve, budgets and references."""
+    cache = tmp_path_factory.mktemp("cache")
+    (cache / "models").symlink_to(cache_dir() / "models", target_is_directory=True)
+    return cache
+
+
+def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat_datastore, tmp_path):
     out = tmp_path / "bench.csv"
     proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "none",
                  "trie", "merged", "--datastore", chat_datastore, "--budget", "3", "--csv", str(out),
                  "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
-    rows = list(csv.DictReader(out.open()))
+    assert "HEAVY_MODULES []" in proc.stdout  # no DuckDB, pyarrow, matplotlib, ingest or study on this path
+    rows = _csv(out)
     assert {(r["category"], r["drafter"]) for r in rows} == {
         (c, d) for c in ("humaneval", "all") for d in ("greedy", "none", "trie", "merged")}
+    runs = {r["drafter"]: r for r in _csv(tmp_path / "bench_runs.csv")}
+    assert len(runs) == 4 and all(int(r["new_tokens"]) == 12 for r in runs.values())
     for r in rows:
+        run = runs[r["drafter"]]
         assert r["lossless"] == "1/1"
-        assert float(r["accept_length"]) >= 1.0 and float(r["tokens_per_s"]) > 0
-    runs = list(csv.DictReader((tmp_path / "bench_runs.csv").open()))
-    assert len(runs) == 4 and all(int(r["new_tokens"]) == 12 for r in runs)
+        assert float(r["accept_length"]) == pytest.approx(11 / int(run["steps"]), abs=1e-3)  # 11 tokens after prefill
+        assert float(r["tokens_per_s"]) == pytest.approx(12 / float(run["wall_s"]), rel=1e-2)
+    assert int(runs["greedy"]["steps"]) == int(runs["none"]["steps"]) == 11
+    assert int(runs["merged"]["steps"]) < 11  # HumanEval's prompt is copied: drafts are accepted
     assert "accept_length" in proc.stdout
 
 
+@pytest.mark.slow
+def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, tokenizer, tmp_path, calibration_cache,
+                                                monkeypatch):
+    from datastore import Datastore
+    from decoder.drafters import DatastoreSource, MergedDrafter, TrieDrafter
+    from decoder.prompts import load_prompts
+    from decoder.replay_cli import reference_store
+    from decoder.simulate import replay
+
+    proc = _run(["replay", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "16", "--drafter", "trie",
+                 "merged", "--datastore", chat_datastore, "--budget", "4", "--data-dir", str(SHARED_DATA)],
+                database_url, tmp_path, calibration_cache)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    rows = {(r["category"], r["drafter"]): r for r in _csv(tmp_path / "results" / "replay_humaneval.csv")}
+    prompt = load_prompts("humaneval", tokenizer, data_dir=SHARED_DATA, limit=1)[0]
+    monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
+    ref = reference_store("SmolLM2-135M-Instruct", "float32", "humaneval", 16).get(prompt.id, prompt.token_ids)
+    assert ref is not None and len(ref) == 16  # the CLI saved the plain-greedy reference
+    source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    for drafter in (TrieDrafter(), MergedDrafter(source)):
+        res = replay(drafter, prompt.token_ids, ref, 4)
+        row = rows[("all", drafter.name)]
+        assert int(row["steps"]) == len(res.steps)
+        assert float(row["accept_length"]) == pytest.approx(res.accept_length, abs=1e-3)
+    source.close()
+
+
+@pytest.mark.slow
+def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
+                                                           calibration_cache, monkeypatch):
+    from datastore import Datastore
+    from decoder.drafters import DatastoreSource, MergedDrafter
+    from decoder.replay_cli import CANDIDATE_BUDGETS, auto_budgets
+
+    monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
+    args = argparse.Namespace(prompt_set="humaneval", data_dir=str(SHARED_DATA), max_new_tokens=12)
+    console = Console(file=open(os.devnull, "w"))
+    source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    files = lambda: sorted((calibration_cache / "latency").glob("budget-merged-*.json"))  # noqa: E731
+    first = auto_budgets(args, target, [MergedDrafter(source)], console)
+    assert len(files()) == 1 and first["merged"] in CANDIDATE_BUDGETS
+    saved = json.loads(files()[0].read_text())
+    assert saved["budget"] == first["merged"]
+    assert saved["key"]["drafter"]["retrieval"]["source"] == {"datastore": chat_datastore,
+                                                              "build": source.client.info.id}
+    assert auto_budgets(args, target, [MergedDrafter(source)], console) == first and len(files()) == 1  # cached
+    auto_budgets(args, target, [MergedDrafter(source, datastore_weight=0.6)], console)
+    assert len(files()) == 2  # other weights: chosen again, not read from the first drafter's cache
+    auto_budgets(argparse.Namespace(**{**vars(args), "max_new_tokens": 10}), target, [MergedDrafter(source)], console)
+    assert len(files()) == 3  # other references
+    console.file.close()
+    source.close()
+
+
+@pytest.mark.slow
+def test_bench_cli_budget_auto_end_to_end(database_url, chat_datastore, tmp_path, calibration_cache):
+    args = ["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "trie", "merged",
+            "--datastore", chat_datastore, "--budget", "auto", "--csv", str(tmp_path / "b.csv"),
+            "--data-dir", str(SHARED_DATA)]
+    first = _run(args, database_url, tmp_path, calibration_cache)
+    assert first.returncode == 0, first.stderr[-2000:] + first.stdout[-2000:]
+    chosen = next(line for line in first.stdout.splitlines() if line.startswith("budgets: "))
+    budgets = dict(item.split("=") for item in chosen[len("budgets: "):].split(", "))
+    assert set(budgets) == {"trie", "merged"} and all(int(b) >= 1 for b in budgets.values())
+    for r in _csv(tmp_path / "b_runs.csv"):
+        if r["drafter"] != "greedy":
+            assert float(r["drafted_per_step"]) <= int(budgets[r["drafter"]]) and r["lossless"] == "True"
+    again = _run(args, database_url, tmp_path, calibration_cache)
+    assert again.returncode == 0 and chosen in again.stdout.splitlines()
+    assert "budget for" not in again.stdout  # read from the cache, not calibrated again
+
+
+@pytest.mark.slow
 def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer, tmp_path):
-    from decoder.suffix_index import SuffixIndex
+    from datastore import SuffixIndex
 
     SuffixIndex.build(real_stream, len(tokenizer)).save(tmp_path / "rest")
     out = tmp_path / "bench.csv"
@@ -44,11 +147,11 @@ def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer
                  "--drafter", "rest", "--rest-index", str(tmp_path / "rest"), "--budget", "8", "--csv", str(out),
                  "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
-    rows = [r for r in csv.DictReader(out.open()) if r["drafter"] == "rest"]
+    rows = [r for r in _csv(out) if r["drafter"] == "rest"]
     assert rows and all(r["lossless"] == "1/1" for r in rows)
     missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
                     str(tmp_path / "nowhere"), "--budget", "3", "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
-    assert missing.returncode == 2 and "no suffix index" in missing.stdout
+    assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stdout
 
 
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
@@ -66,6 +169,7 @@ def test_bench_cli_names_an_unknown_category(database_url, tmp_path):
     assert "'poetry'" in proc.stdout and "rag" in proc.stdout
 
 
+@pytest.mark.slow
 def test_local_gguf_loads_and_caches_safetensors(target, tokenizer, tmp_path, monkeypatch):
     from datastore.tokenizer import resolve_model
     from decoder.model import load_target

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.embedded
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
 
 def test_build_and_lookup_on_embedded_server(sharegpt_sample):
@@ -20,7 +20,8 @@ def test_build_and_lookup_on_embedded_server(sharegpt_sample):
 import os, sys
 os.environ.pop("DATABASE_URL", None)
 os.environ["CREST_PGDATA"] = {str(pgdata)!r}
-from datastore import Datastore, load_tokenizer, resolve_database_url
+from datastore import Datastore, load_tokenizer
+from datastore.connection import resolve_database_url
 from ingest import BuildConfig, build_datastore
 url = resolve_database_url()
 assert "host=" in url, url  # unix socket only

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.drafters import RestDrafter
+from datastore.continuations import SEPARATOR
+from datastore.suffix_index import RestParams, SuffixIndex
+from decoder.drafters import DatastoreSource, RetrievalDrafter
 from decoder.simulate import replay
-from decoder.study.corpus import prefix_end
-from decoder.suffix_index import SuffixIndex
-from ingest.tokens import SEPARATOR
+from study.corpus import prefix_end
 
 from oracles import rest_retrieve, tree_paths
 
@@ -28,13 +28,16 @@ def _stream(docs: list[list[int]]) -> np.ndarray:
 def test_retrieve_matches_brute_force(docs, context, max_matches, depth, budget, min_len):
     stream = _stream(docs)
     index = SuffixIndex.build(stream, vocab_size=4)
-    got = index.retrieve(context, min_len=min_len, max_len=5, max_matches=max_matches, depth=depth, budget=budget)
+    got = index.retrieve(context, RestParams(min_len=min_len, max_len=5, max_matches=max_matches, depth=depth,
+                                             budget=budget))
     want = rest_retrieve(stream, 4, context, min_len, 5, max_matches, depth, budget)
     if want is None or not want[3]:
         assert got is None
         return
     k, occurrences, used, paths = want
-    assert (got.context_len, got.occurrences, got.tree.root_count) == (k, occurrences, used)
+    found_len, lo, hi = index.longest_match(context, min_len, 5)
+    assert (found_len, hi - lo, got.tree.root_count) == (k, occurrences, used)
+    assert got.ngram == tuple(context[len(context) - k:])
     assert tree_paths(got.tree) == paths
 
 
@@ -63,7 +66,7 @@ def test_size_is_counted_as_rest_counts_it(tmp_path):
     assert data == small.nbytes
     with pytest.raises(ValueError, match="vocab_size"):
         SuffixIndex.build(stream, vocab_size=8)
-    with pytest.raises(FileNotFoundError, match="no suffix index"):
+    with pytest.raises(FileNotFoundError, match="python -m ingest rest-index"):
         SuffixIndex.load(tmp_path / "missing")
 
 
@@ -83,10 +86,10 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
     index = SuffixIndex.build(real_stream, vocab_size=len(tokenizer))
     seps = np.flatnonzero(real_stream == SEPARATOR)
     doc = real_stream[seps[3] + 1:seps[4]].tolist()
-    match = index.retrieve(doc[:40])
-    assert match is not None and match.context_len >= 2
+    match = index.lookup(doc[:40])
+    assert match is not None and len(match.ngram) >= 2 and match.ngram == tuple(doc[40 - len(match.ngram):40])
     assert doc[40] in match.tree.token_ids.tolist()[:64]
-    res = replay(RestDrafter(index), doc[:40], doc[40:120])
+    res = replay(RetrievalDrafter(DatastoreSource(lambda: index), name="rest"), doc[:40], doc[40:120])
     assert res.accept_length > 1.5  # the document itself is in the index
 
 
@@ -94,7 +97,7 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
 @given(docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=5),
        query=st.lists(st.integers(0, 4), min_size=0, max_size=12))
 def test_longest_run_matches_brute_force(docs, query):
-    from decoder.study.overlap import longest_run
+    from study.overlap import longest_run
 
     index = SuffixIndex.build(_stream(docs), vocab_size=5)
     brute = max((j - i for i in range(len(query)) for j in range(i + 1, len(query) + 1)

@@ -10,8 +10,9 @@ import torch
 from scipy import stats
 
 from datastore.tree import TokenTree
-from decoder import FixedBudget, Proposal, TargetModel, speculative_generate
-from decoder.draft import merge_drafts
+from decoder import speculative_generate
+from decoder.draft import Draft, merge_drafts
+from decoder.model import TargetModel
 from decoder.verify import accept_sampled
 
 VOCAB = 6
@@ -20,14 +21,14 @@ VOCAB = 6
 def test_accept_sampled_matches_target_distribution():
     """First two tokens after a 2-level tree: chi-square against the exact target distribution."""
     gen = torch.Generator().manual_seed(0)
-    tokens = np.array([2, 0, 4, 1], dtype=np.uint32)       # root -> 2 -> {4, 1}; root -> 0
-    parents = np.array([-1, -1, 0, 0], dtype=np.int32)
+    draft = Draft(np.array([2, 0, 4, 1]), np.array([-1, -1, 0, 0], dtype=np.int32), np.ones(4))  # 2 -> {4, 1}; 0
+    tokens = draft.token_ids
     probs = torch.softmax(torch.randn(5, VOCAB, generator=gen, dtype=torch.float64) * 1.5, -1)
     # exact joint of (first, second) when the second only matters after token 2 (node 0)
     draws = 30_000
     counts = np.zeros((VOCAB, VOCAB + 1))
     for _ in range(draws):
-        path, bonus = accept_sampled(tokens, parents, probs, gen)
+        path, bonus = accept_sampled(draft, probs, gen)
         seq = [int(tokens[i]) for i in path] + [bonus]
         first = seq[0]
         second = seq[1] if first == 2 and len(seq) > 1 else VOCAB  # VOCAB: "not observed"
@@ -49,13 +50,13 @@ class _FixedTree:
     name = "fixed"
 
     def __init__(self, tree):
-        self.draft = merge_drafts([(tree, 1.0)], 16)
+        self.draft = merge_drafts([(Draft.from_tree(tree), 1.0)], 16)
 
     def begin(self, prompt_ids):
         pass
 
     def propose(self, budget):
-        return Proposal(self.draft)
+        return self.draft
 
     def extend(self, tokens):
         pass
@@ -64,9 +65,13 @@ class _FixedTree:
         pass
 
 
-@pytest.fixture(scope="module")
-def tiny_target():
-    """A real (randomly initialized) Llama with a 6-token vocabulary."""
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: the CUDA run of this test needs a GPU"))]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny_target(request):
+    """A real (randomly initialized) Llama with a 6-token vocabulary, on each device."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -77,9 +82,11 @@ def tiny_target():
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # a peaked, far-from-uniform distribution
     model.generation_config.eos_token_id = None
-    return TargetModel(model, None, "tiny-llama", torch.device("cpu"), torch.float32)
+    device = torch.device(request.param)
+    return TargetModel(model.to(device), None, "tiny-llama", device, torch.float32)
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_sampled_generation_has_the_target_distribution(tiny_target):
     prompt = [1, 3]
@@ -89,8 +96,9 @@ def test_sampled_generation_has_the_target_distribution(tiny_target):
     def target_probs(seq):
         key = tuple(seq)
         if key not in logits_cache:
-            out = tiny_target.model(input_ids=torch.tensor([list(seq)])).logits[0, -1].double()
-            logits_cache[key] = torch.softmax(out / 0.8, -1).numpy()
+            ids = torch.tensor([list(seq)], device=tiny_target.device)
+            out = tiny_target.model(input_ids=ids).logits[0, -1].double()
+            logits_cache[key] = torch.softmax(out / 0.8, -1).cpu().numpy()
         return logits_cache[key]
 
     exact = {}
@@ -105,7 +113,7 @@ def test_sampled_generation_has_the_target_distribution(tiny_target):
     seen = {}
     for i in range(draws):
         res = speculative_generate(tiny_target, prompt, _FixedTree(tree), max_new_tokens=steps, temperature=0.8,
-                                   seed=i, budget=FixedBudget(16))
+                                   seed=i, budget=16)
         key = tuple(res.output_ids)
         seen[key] = seen.get(key, 0) + 1
     keys = [k for k, p in exact.items() if p * draws >= 5]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore.tree import TokenTree
-from decoder.draft import merge_drafts, source_probabilities
+from decoder.draft import Draft, merge_drafts
 from decoder.ngram_trie import NGramTrie
 
 
@@ -21,7 +21,7 @@ def brute_counts(seq: list[int], window: int) -> dict[tuple[int, ...], int]:
     return out
 
 
-def tree_paths(tree: TokenTree) -> list[tuple[int, ...]]:
+def tree_paths(tree: TokenTree | Draft) -> list[tuple[int, ...]]:
     paths: list[tuple[int, ...]] = []
     for tok, par in zip(tree.token_ids.tolist(), tree.parents.tolist()):
         paths.append((paths[par] if par >= 0 else ()) + (tok,))
@@ -47,8 +47,8 @@ def test_trie_matches_brute_force(seq, window, max_prefix, budget, split):
     if expected_len is None:
         assert match is None
         return
-    assert match.context_len == expected_len
-    ctx = tuple(seq[-expected_len:])
+    assert match.ngram == tuple(seq[-expected_len:])
+    ctx = match.ngram
     assert match.tree.root_count == oracle[ctx] - 1  # the sequence's own, final occurrence is not evidence
     paths = tree_paths(match.tree)
     below = {p[len(ctx):]: c for p, c in oracle.items() if len(p) > len(ctx) and p[:len(ctx)] == ctx}
@@ -89,22 +89,21 @@ def trees(draw):
 @settings(max_examples=200, deadline=None)
 @given(trees(), trees(), st.integers(0, 40), st.floats(0.05, 1.0), st.floats(0.05, 1.0))
 def test_merge_invariants(a, b, budget, wa, wb):
-    draft = merge_drafts([(a, wa), (b, wb)], budget)
-    tree = draft.tree
-    paths = tree_paths(tree)
+    draft = merge_drafts([(Draft.from_tree(a), wa), (Draft.from_tree(b), wb)], budget)
+    paths = tree_paths(draft)
     union = set(tree_paths(a)) | set(tree_paths(b))
-    assert len(tree) == min(budget, len(union))                        # within budget, as full as possible
+    assert len(draft) == min(budget, len(union))                       # within budget, as full as possible
     assert len(set(paths)) == len(paths)                               # no duplicate siblings
     assert set(paths) <= union                                         # nothing invented
-    assert all(p < i for i, p in enumerate(tree.parents.tolist()))     # prefix-closed, parents first
+    assert all(p < i for i, p in enumerate(draft.parents.tolist()))    # prefix-closed, parents first
     assert np.all(np.diff(draft.scores) <= 1e-12)                      # best-first
-    pa = dict(zip(tree_paths(a), source_probabilities(a) * wa)) if len(a) else {}
-    pb = dict(zip(tree_paths(b), source_probabilities(b) * wb)) if len(b) else {}
+    pa = dict(zip(tree_paths(a), Draft.from_tree(a).scores * wa)) if len(a) else {}
+    pb = dict(zip(tree_paths(b), Draft.from_tree(b).scores * wb)) if len(b) else {}
     for path, score in zip(paths, draft.scores.tolist()):
         expected = 1 - (1 - min(pa.get(path, 0.0), 1)) * (1 - min(pb.get(path, 0.0), 1))
         assert abs(score - expected) < 1e-9
     left_out = union - set(paths)
-    if left_out and len(tree):
+    if left_out and len(draft):
         best_left = max(1 - (1 - min(pa.get(p, 0.0), 1)) * (1 - min(pb.get(p, 0.0), 1)) for p in left_out)
         assert best_left <= draft.scores.min() + 1e-12
 

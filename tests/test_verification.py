@@ -6,11 +6,13 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoder.draft import Draft
 from decoder.verify import accept_greedy, keep_accepted_kv, tree_attention_inputs
 
 # a tree with two branches of different depths and a shared first token: root -> a -> {b -> c, d}; root -> e
-TOKENS = np.array([504, 3365, 28, 1524, 253], dtype=np.uint32)
+TOKENS = np.array([504, 3365, 28, 1524, 253], dtype=np.int64)
 PARENTS = np.array([-1, 0, 1, 0, -1], dtype=np.int32)
+DRAFT = Draft(TOKENS, PARENTS, np.array([0.9, 0.8, 0.7, 0.6, 0.5]))
 
 
 def _path(i: int) -> list[int]:
@@ -28,10 +30,10 @@ def test_tree_logits_equal_per_path_causal_forwards(target, tokenizer):
     cache = DynamicCache(config=model.config)
     model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache)
     past = len(ids) - 1
-    mask, pos = tree_attention_inputs(PARENTS, past, dtype=torch.float32, device=target.device)
+    mask, pos = tree_attention_inputs(DRAFT, past, dtype=torch.float32, device=target.device)
     assert mask.shape == (1, 1, 1 + len(TOKENS), past + 1 + len(TOKENS))
     assert pos.tolist() == [[past, past + 1, past + 2, past + 3, past + 2, past + 1]]
-    query = torch.tensor([[ids[-1]] + TOKENS.astype(np.int64).tolist()])
+    query = torch.tensor([[ids[-1]] + TOKENS.tolist()])
     tree_logits = model(input_ids=query, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[0]
     ref_root = model(input_ids=torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(tree_logits[0], ref_root, atol=2e-4, rtol=1e-4)
@@ -49,8 +51,8 @@ def test_kv_keeps_only_the_accepted_path(target, tokenizer):
     cache = DynamicCache(config=model.config)
     model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache)
     past = len(ids) - 1
-    mask, pos = tree_attention_inputs(PARENTS, past, dtype=torch.float32, device=target.device)
-    query = torch.tensor([[ids[-1]] + TOKENS.astype(np.int64).tolist()])
+    mask, pos = tree_attention_inputs(DRAFT, past, dtype=torch.float32, device=target.device)
+    query = torch.tensor([[ids[-1]] + TOKENS.tolist()])
     model(input_ids=query, attention_mask=mask, position_ids=pos, past_key_values=cache)
     path = [0, 3]  # root -> a -> d: not contiguous in node order
     keep_accepted_kv(cache, past, path)
@@ -65,6 +67,8 @@ def test_kv_keeps_only_the_accepted_path(target, tokenizer):
 def test_accept_greedy_walks_the_matching_branch():
     # predictions: after last token -> 504 (node 0), after node 0 -> 1524 (node 3), after node 3 -> 7 (bonus)
     preds = [504, 1524, 0, 0, 7, 0]
-    assert accept_greedy(TOKENS, PARENTS, preds) == ([0, 3], 7)
-    assert accept_greedy(TOKENS, PARENTS, [99, 0, 0, 0, 0, 0]) == ([], 99)
-    assert accept_greedy(TOKENS[:0], PARENTS[:0], [5]) == ([], 5)
+    assert accept_greedy(DRAFT, preds) == ([0, 3], 7)
+    assert accept_greedy(DRAFT, [99, 0, 0, 0, 0, 0]) == ([], 99)
+    assert accept_greedy(Draft.empty(), [5]) == ([], 5)
+    assert DRAFT.depths.tolist() == [1, 2, 3, 2, 1]
+    assert DRAFT.children[0] == {504: 0, 253: 4} and DRAFT.children[1] == {3365: 1, 1524: 3}

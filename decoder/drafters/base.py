@@ -2,34 +2,17 @@
 
 A drafter sees one request: ``begin`` with the prompt, then per verification
 step ``propose`` a draft tree and ``extend`` with the tokens the target
-accepted (bonus token included), then ``end``.
+committed (bonus token included), then ``end``. ``config`` names everything that
+changes its drafts (the budget cache keys on it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from ..draft import EMPTY_DRAFT, Draft
+from ..draft import Draft
 
-__all__ = ["Drafter", "Proposal", "NoDrafter"]
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """One step's draft and what assembling it cost.
-
-    Attributes:
-        draft: the draft tree (possibly empty).
-        lookup_s: seconds spent on datastore lookups.
-        trie_s: seconds spent matching the prompt trie or scanning the sequence.
-        merge_s: seconds spent merging and pruning to the budget.
-    """
-
-    draft: Draft
-    lookup_s: float = 0.0
-    trie_s: float = 0.0
-    merge_s: float = 0.0
+__all__ = ["Drafter", "NoDrafter"]
 
 
 class Drafter(Protocol):
@@ -40,14 +23,17 @@ class Drafter(Protocol):
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a request with its prompt token ids."""
 
-    def propose(self, budget: int) -> Proposal:
-        """A draft tree of at most ``budget`` nodes continuing the current sequence."""
+    def propose(self, budget: int) -> Draft:
+        """A draft tree of at most ``budget`` nodes continuing the current sequence, best first."""
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append the tokens the target committed this step."""
 
     def end(self) -> None:
         """Finish the request and release its state."""
+
+    def config(self) -> dict:
+        """JSON-ready description of everything that changes this drafter's drafts."""
 
 
 class NoDrafter:
@@ -58,12 +44,16 @@ class NoDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """No state."""
 
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int) -> Draft:
         """Always the empty draft."""
-        return Proposal(EMPTY_DRAFT)
+        return Draft.empty()
 
     def extend(self, tokens: Sequence[int]) -> None:
         """No state."""
 
     def end(self) -> None:
         """No state."""
+
+    def config(self) -> dict:
+        """Nothing to configure."""
+        return {"name": self.name}

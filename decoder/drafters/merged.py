@@ -1,13 +1,13 @@
-"""Datastore drafts merged with the per-prompt n-gram trie's drafts into one draft tree."""
+"""Retrieved drafts merged with the per-prompt n-gram trie's drafts into one draft tree."""
 
 from __future__ import annotations
 
 import time
 from typing import Sequence
 
-from ..draft import merge_drafts
-from .base import Proposal
-from .datastore import DatastoreDrafter, DatastoreSource
+from ..draft import Draft, merge_drafts
+from .retrieval import RetrievalDrafter
+from .source import DatastoreSource
 from .trie import TrieDrafter
 
 __all__ = ["MergedDrafter"]
@@ -40,11 +40,10 @@ class MergedDrafter:
         for label, w in (("datastore_weight", datastore_weight), ("trie_weight", trie_weight)):
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")
-        self.source = source
         self.weights = (datastore_weight, trie_weight)
         self.prior = prior
         self.trie = TrieDrafter(window, max_prefix, prior)
-        self.stored = DatastoreDrafter(source, prior)
+        self.retrieval = RetrievalDrafter(source, prior)
 
     @property
     def build_s(self) -> float:
@@ -54,29 +53,31 @@ class MergedDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Build the trie over the prompt; remember the lookup tail."""
         self.trie.begin(prompt_ids)
-        self.stored.begin(prompt_ids)
+        self.retrieval.begin(prompt_ids)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Insert committed tokens into the trie and the lookup tail."""
         self.trie.extend(tokens)
-        self.stored.extend(tokens)
+        self.retrieval.extend(tokens)
 
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int) -> Draft:
         """Lookup, trie match, merge."""
         t0 = time.perf_counter()
-        stored = self.stored.stored_tree()
+        stored = self.retrieval.lookup()
         t1 = time.perf_counter()
-        match = self.trie.match(budget)
+        matched = self.trie.lookup(budget)
         t2 = time.perf_counter()
-        sources = []
-        if stored is not None:
-            sources.append((stored, self.weights[0]))
-        if match is not None:
-            sources.append((match.tree, self.weights[1]))
-        draft = merge_drafts(sources, budget, self.prior)
-        return Proposal(draft, lookup_s=t1 - t0, trie_s=t2 - t1, merge_s=time.perf_counter() - t2)
+        sources = [(Draft.from_tree(tree, self.prior), w) for tree, w in zip((stored, matched), self.weights)
+                   if tree is not None]
+        return merge_drafts(sources, budget).with_timing(lookup_s=t1 - t0, trie_s=t2 - t1,
+                                                          merge_s=time.perf_counter() - t2)
 
     def end(self) -> None:
         """Drop the trie."""
         self.trie.end()
-        self.stored.end()
+        self.retrieval.end()
+
+    def config(self) -> dict:
+        """Weights, the trie's and the retrieval's configuration."""
+        return {"name": self.name, "weights": list(self.weights), "prior": self.prior, "trie": self.trie.config(),
+                "retrieval": self.retrieval.config()}

@@ -1,4 +1,5 @@
-"""Prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``): a one-path baseline.
+"""Prompt lookup decoding (Saxena 2023, https://github.com/apoorvumang/prompt-lookup-decoding; transformers'
+``prompt_lookup_num_tokens``; vLLM's ``ngram`` method): a one-path baseline.
 
 The last ``max_ngram`` .. 1 tokens are searched for earlier in the sequence (the
 most recent earlier occurrence wins), and the tokens that followed become a
@@ -12,10 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from datastore.tree import TokenTree
-
-from ..draft import EMPTY_DRAFT, merge_drafts
-from .base import Proposal
+from ..draft import Draft
 
 __all__ = ["PromptLookupDrafter"]
 
@@ -57,7 +55,7 @@ class PromptLookupDrafter:
         self._seq[self._len:need] = tokens
         self._len = need
 
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int) -> Draft:
         """The continuation of the most recent earlier occurrence of the longest matching suffix."""
         start = time.perf_counter()
         seq = self._seq[: self._len]
@@ -65,21 +63,18 @@ class PromptLookupDrafter:
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             if limit < 1:
                 break
-            suffix = seq[-n:]
             windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
             if len(hits):
                 begin = int(hits[-1]) + n
-                cont = seq[begin : begin + limit]
-                k = len(cont)
-                chain = TokenTree.trusted(
-                    cont.astype(np.uint32), np.arange(-1, k - 1, dtype=np.int32), np.ones(k, np.uint32), 1
-                )
-                draft = merge_drafts([(chain, 1.0)], limit)
-                return Proposal(draft, trie_s=time.perf_counter() - start)
-        return Proposal(EMPTY_DRAFT, trie_s=time.perf_counter() - start)
+                return Draft.chain(seq[begin: begin + limit]).with_timing(trie_s=time.perf_counter() - start)
+        return Draft.empty().with_timing(trie_s=time.perf_counter() - start)
 
     def end(self) -> None:
         """Drop the sequence."""
         self._seq = np.zeros(0, dtype=np.int64)
         self._len = 0
+
+    def config(self) -> dict:
+        """Longest suffix searched and longest draft."""
+        return {"name": self.name, "max_ngram": self.max_ngram, "max_tokens": self.max_tokens}

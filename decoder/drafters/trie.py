@@ -1,13 +1,15 @@
-"""The per-prompt n-gram trie as a drafter (N-gram trie paper, §3.1-3.2, Algorithm 1)."""
+"""The per-prompt n-gram trie as a drafter (N-Gram-Trie, https://openreview.net/forum?id=MVfpYw1pxX,
+§3.1-3.2, Algorithm 1)."""
 
 from __future__ import annotations
 
 import time
 from typing import Sequence
 
-from ..draft import EMPTY_DRAFT, merge_drafts
-from ..ngram_trie import NGramTrie, TrieMatch
-from .base import Proposal
+from datastore.tree import TokenTree
+
+from ..draft import Draft, merge_drafts
+from ..ngram_trie import NGramTrie
 
 __all__ = ["TrieDrafter"]
 
@@ -17,25 +19,26 @@ class TrieDrafter:
 
     Args:
         window: the trie's sliding window ``n`` (default 13), 2..64.
-        max_prefix: longest suffix matched, ``Lp`` (default 3).
+        max_prefix: longest suffix matched, ``Lp`` (default 3), 1..window-1.
         prior: additive smoothing of count ratios when ranking nodes (default 1.0, >= 0).
 
     Raises:
-        ValueError: when an argument is out of range (see :class:`NGramTrie`).
+        ValueError: when an argument is out of range.
     """
 
     name = "trie"
 
     def __init__(self, window: int = 13, max_prefix: int = 3, prior: float = 1.0) -> None:
-        NGramTrie(window, max_prefix)  # validate now, not at the first request
+        if prior < 0:
+            raise ValueError(f"prior={prior}: must be >= 0")
         self.window = window
         self.max_prefix = max_prefix
         self.prior = prior
-        self.trie = NGramTrie(window, max_prefix)
+        self.trie = NGramTrie(window, max_prefix)  # validates window and max_prefix now
         self.build_s = 0.0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Build the trie over the prompt (its cost is kept in ``build_s``)."""
+        """Build the trie over the prompt (its cost is kept in ``build_s``, seconds)."""
         start = time.perf_counter()
         self.trie = NGramTrie(self.window, self.max_prefix)
         self.trie.extend(prompt_ids)
@@ -45,20 +48,25 @@ class TrieDrafter:
         """Insert the committed tokens."""
         self.trie.extend(tokens)
 
-    def match(self, budget: int) -> TrieMatch | None:
+    def lookup(self, budget: int) -> TokenTree | None:
         """The trie's best ``max(budget, 1)`` paths below the longest matching suffix, or ``None``."""
-        return self.trie.match(max(budget, 1))
+        match = self.trie.match(max(budget, 1))
+        return None if match is None else match.tree
 
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int) -> Draft:
         """The trie's best paths below the longest matching suffix."""
         start = time.perf_counter()
-        match = self.match(budget)
+        tree = self.lookup(budget)
         mid = time.perf_counter()
-        if match is None or budget < 1:
-            return Proposal(EMPTY_DRAFT, trie_s=mid - start)
-        draft = merge_drafts([(match.tree, 1.0)], budget, self.prior)
-        return Proposal(draft, trie_s=mid - start, merge_s=time.perf_counter() - mid)
+        if tree is None or budget < 1:
+            return Draft.empty().with_timing(trie_s=mid - start)
+        draft = merge_drafts([(Draft.from_tree(tree, self.prior), 1.0)], budget)
+        return draft.with_timing(trie_s=mid - start, merge_s=time.perf_counter() - mid)
 
     def end(self) -> None:
         """Drop the trie."""
         self.trie = NGramTrie(self.window, self.max_prefix)
+
+    def config(self) -> dict:
+        """Window, longest matched suffix and prior."""
+        return {"name": self.name, "window": self.window, "max_prefix": self.max_prefix, "prior": self.prior}

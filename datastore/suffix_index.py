@@ -1,5 +1,9 @@
 """REST's datastore: a corpus token stream and its suffix array, with REST's retrieval.
 
+The second retrieval backend beside the Postgres datastore (:mod:`datastore.client`):
+both answer ``lookup(context)`` with a :class:`datastore.tree.Match`, so a drafter
+uses either the same way. The study compares them at equal bytes.
+
 REST (He et al., "REST: Retrieval-Based Speculative Decoding", NAACL 2024, §3.1-3.2)
 finds the longest suffix of the current sequence (16 down to 2 tokens) that occurs
 in the corpus, takes at most 5000 of its occurrences, and drafts the trie of their
@@ -19,38 +23,48 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from pydivsufsort import divsufsort
 
-from datastore.tree import TokenTree
-from ingest.tokens import SEPARATOR
-from ingest.trees import build_trees
+from .continuations import SEPARATOR, build_trees
+from .tokenizer import cache_dir, tokenizer_fingerprint
+from .tree import Match
 
-__all__ = ["SuffixIndex", "RestMatch", "REST_DEFAULTS"]
 
-REST_DEFAULTS = {"min_len": 2, "max_len": 16, "max_matches": 5000, "depth": 10, "budget": 64}
-"""REST's retrieval parameters (§4.1): contexts of 16 down to 2 tokens, <= 5000 matches,
-10-token continuations, trees of <= 64 nodes."""
+def default_index_dir(tokenizer, source: str = "sharegpt") -> Path:
+    """Where ``python -m ingest rest-index --source SOURCE`` saves its index by default, and where
+    ``python -m decoder ... --drafter rest`` looks for it: ``<cache>/rest/<source>-<fingerprint[:12]>``."""
+    return Path(cache_dir()) / "rest" / f"{source}-{tokenizer_fingerprint(tokenizer)[:12]}"
+
+__all__ = ["SuffixIndex", "RestParams", "default_index_dir"]
 
 
 @dataclass(frozen=True)
-class RestMatch:
-    """One retrieval.
+class RestParams:
+    """REST's retrieval parameters (REST §4.1; the defaults are the paper's).
 
     Attributes:
-        context_len: tokens of the longest matched suffix (``min_len..max_len``).
-        occurrences: how many times that suffix occurs in the corpus.
-        tree: the continuation tree of the first ``max_matches`` occurrences
-            (``root_count`` = occurrences used).
+        min_len / max_len: shortest and longest suffix of the sequence matched, tokens (2 and 16).
+        max_matches: occurrences used per retrieval, from the start of the suffix-array range (5000).
+        depth: continuation tokens (10).
+        budget: nodes of the retrieved tree (64).
+
+    Raises:
+        ValueError: when a value is below 1 or ``max_len < min_len``.
     """
 
-    context_len: int
-    occurrences: int
-    tree: TokenTree
+    min_len: int = 2
+    max_len: int = 16
+    max_matches: int = 5000
+    depth: int = 10
+    budget: int = 64
+
+    def __post_init__(self) -> None:
+        if min(self.min_len, self.max_matches, self.depth, self.budget) < 1 or self.max_len < self.min_len:
+            raise ValueError(f"REST parameters out of range: {self}; each must be >= 1 and max_len >= min_len")
 
 
 class _Column:
@@ -69,7 +83,7 @@ class _Column:
 
 
 class SuffixIndex:
-    """A token array and its suffix array.
+    """A token array and its suffix array, answering REST lookups.
 
     Attributes:
         tokens: ``[N]`` uint16 (or uint32 for vocabularies past 65,535 ids) token ids,
@@ -77,22 +91,25 @@ class SuffixIndex:
         suffix_array: ``[N]`` int32 (int64 from 2**31 tokens): suffix start positions in
             lexicographic order.
         separator: the document separator id (the vocabulary size).
+        params: the retrieval parameters :meth:`lookup` uses.
     """
 
-    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, separator: int) -> None:
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, separator: int,
+                 params: RestParams = RestParams()) -> None:
         if len(tokens) != len(suffix_array):
             raise ValueError(f"tokens ({len(tokens)}) and suffix array ({len(suffix_array)}) differ in length")
         self.tokens = tokens
         self.suffix_array = suffix_array
         self.separator = int(separator)
+        self.params = params
 
     @classmethod
     def build(cls, stream: np.ndarray, vocab_size: int) -> "SuffixIndex":
         """Index a token stream.
 
         Args:
-            stream: ``[N]`` uint32 token stream as written by :mod:`ingest.tokens` (documents
-                separated by :data:`ingest.tokens.SEPARATOR`).
+            stream: ``[N]`` uint32 token stream (documents separated by
+                :data:`datastore.continuations.SEPARATOR`).
             vocab_size: the tokenizer's vocabulary size (the separator becomes this id).
 
         Raises:
@@ -105,6 +122,8 @@ class SuffixIndex:
         top = int(stream[~is_sep].max(initial=0))
         if top >= vocab_size:
             raise ValueError(f"token id {top} >= vocab_size {vocab_size}: index with the tokenizer that made the stream")
+        from pydivsufsort import divsufsort
+
         dtype = np.uint16 if vocab_size < (1 << 16) else np.uint32
         tokens = stream.astype(dtype)
         tokens[is_sep] = vocab_size
@@ -131,19 +150,41 @@ class SuffixIndex:
         (d / "meta.json").write_text(json.dumps({"separator": self.separator, "num_tokens": self.num_tokens}))
 
     @classmethod
-    def load(cls, directory: Path) -> "SuffixIndex":
-        """Memory-map an index written by :meth:`save`.
+    def load(cls, directory: Path, params: RestParams = RestParams()) -> "SuffixIndex":
+        """Memory-map an index written by :meth:`save` (``meta.json`` is written last, so a half-written
+        index is never loaded).
 
         Raises:
             FileNotFoundError: when ``directory`` holds no saved index.
         """
         d = Path(directory)
         if not (d / "meta.json").exists():
-            raise FileNotFoundError(f"{d} holds no suffix index (meta.json missing); build one with "
-                                    f"python -m decoder study storage or SuffixIndex.build(...).save({str(d)!r})")
+            raise FileNotFoundError(f"{d} holds no REST suffix index (meta.json missing); build one with "
+                                    f"`python -m ingest rest-index --out {d}`")
         meta = json.loads((d / "meta.json").read_text())
         return cls(np.load(d / "tokens.npy", mmap_mode="r"), np.load(d / "suffix_array.npy", mmap_mode="r"),
-                   meta["separator"])
+                   meta["separator"], params)
+
+    @property
+    def max_context(self) -> int:
+        """The most trailing tokens of a sequence :meth:`lookup` reads (``params.max_len``)."""
+        return self.params.max_len
+
+    def identity(self) -> dict:
+        """What this index serves: its size and retrieval parameters."""
+        return {"suffix_index_tokens": self.num_tokens, **asdict(self.params)}
+
+    def close(self) -> None:
+        """Nothing to release (the memory maps close with the index); here so both backends close alike."""
+
+    def lookup(self, context: Sequence[int]) -> Match | None:
+        """REST's draft for ``context`` under :attr:`params` (see :meth:`retrieve`).
+
+        Returns:
+            The matched suffix and its continuation tree (``root_count`` = occurrences used),
+            or ``None``.
+        """
+        return self.retrieve(context, self.params)
 
     def find(self, pattern: Sequence[int]) -> tuple[int, int]:
         """The suffix-array range ``[lo, hi)`` of the suffixes that start with ``pattern``."""
@@ -180,25 +221,25 @@ class SuffixIndex:
                 high = k - 1
         return best
 
-    def retrieve(self, context: Sequence[int], min_len: int = 2, max_len: int = 16, max_matches: int = 5000,
-                 depth: int = 10, budget: int = 64) -> RestMatch | None:
+    def retrieve(self, context: Sequence[int], params: RestParams) -> Match | None:
         """REST's draft for ``context``: the pruned continuation tree of its longest match.
 
         Args:
-            context: the sequence so far (token ids; only the last ``max_len`` are used).
-            min_len / max_len: shortest and longest suffix tried (REST: 2 and 16).
-            max_matches: occurrences used, from the start of the range (REST: 5000).
-            depth: continuation tokens (REST: 10). budget: tree nodes kept (REST: 64).
+            context: the sequence so far (token ids; only the last ``params.max_len`` are used).
+            params: suffix lengths tried, occurrences used (from the start of the range),
+                continuation depth and tree budget.
 
         Returns:
-            The :class:`RestMatch`, or ``None`` when no suffix of ``min_len`` tokens occurs or none
-            of its occurrences has a continuation.
+            The :class:`~datastore.tree.Match` (``tree.root_count`` = occurrences used), or ``None``
+            when no suffix of ``params.min_len`` tokens occurs or none of its occurrences has a
+            continuation.
         """
-        found = self.longest_match(context, min_len, max_len)
+        found = self.longest_match(context, params.min_len, params.max_len)
         if found is None:
             return None
         k, lo, hi = found
-        starts = np.asarray(self.suffix_array[lo:min(hi, lo + max_matches)], dtype=np.int64)
+        depth = params.depth
+        starts = np.asarray(self.suffix_array[lo:min(hi, lo + params.max_matches)], dtype=np.int64)
         idx = starts[:, None] + k + np.arange(depth)  # [m, depth]
         inside = idx < len(self.tokens)
         windows = np.full((len(starts), depth + 1), SEPARATOR, dtype=np.uint32)  # [m, depth + 1], last col separates
@@ -207,8 +248,8 @@ class SuffixIndex:
         body[body == self.separator] = SEPARATOR
         batch = build_trees(windows.ravel(), np.arange(len(starts), dtype=np.int64) * (depth + 1),
                             np.zeros(len(starts), dtype=np.int64), np.array([len(starts)], dtype=np.uint64),
-                            0, depth, budget)
+                            0, depth, params.budget)
         tree = batch.tree(0)
         if len(tree) == 0:
             return None
-        return RestMatch(k, hi - lo, tree)
+        return Match(tuple(int(t) for t in context[len(context) - k:]), tree)

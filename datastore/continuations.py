@@ -1,4 +1,9 @@
-"""Build the continuation token tree of every kept n-gram (CREST §3.2), vectorized.
+"""Continuation token trees built from occurrences in a token stream (CREST §3.2), vectorized.
+
+Both retrieval datastores build their trees here: the CREST build for every kept
+n-gram (``ingest``), and the REST suffix array for the occurrences it retrieves
+(:mod:`datastore.suffix_index`). A token stream is uint32 token ids with
+documents separated by :data:`SEPARATOR`; no continuation crosses it.
 
 For a kept n-gram, every occurrence in the token stream contributes the path of
 the (up to ``depth``) tokens that follow it; a node's count is the number of
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.codec import TreeBatch
+from .codec import TreeBatch
 
-from .tokens import SEPARATOR
+__all__ = ["SEPARATOR", "build_trees"]
 
-__all__ = ["build_trees"]
+SEPARATOR = np.uint32(0xFFFFFFFF)
+"""Document separator in a token stream; a tokenizer whose vocabulary reaches 2**32 - 1 ids is refused."""
 
 
 class _TopCounts:
@@ -71,7 +77,7 @@ def build_trees(
 
     Args:
         tokens: ``[num_tokens]`` uint32 token stream, documents separated by
-            :data:`ingest.tokens.SEPARATOR` (continuations stop there and at the end).
+            :data:`SEPARATOR` (continuations stop there and at the end).
         positions: ``[num_occurrences]`` int64, start of each n-gram occurrence.
         tree_ids: ``[num_occurrences]`` int64 in ``0..num_trees-1``, which tree
             (kept n-gram) each occurrence belongs to.

@@ -1,4 +1,4 @@
-"""``python -m decoder study storage``: accept length against datastore bytes, for chat and code.
+"""``python -m study storage``: accept length against datastore bytes, for chat and code.
 
 Per corpus: tokenize it once (cached), replay the evaluation set's plain-greedy
 references (generated once, cached) through REST over corpus fractions, CREST
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -19,22 +21,19 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore.connection import resolve_database_url
+from datastore.errors import DatastoreError
+from datastore.options import database_options
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
+from ingest.cli import parse_count
 
-from ..prompts import MT_BENCH, load_prompts
-from ..replay_cli import reference_store
+from decoder.prompts import MT_BENCH, load_prompts
+from decoder.replay_cli import reference_store
 from .corpus import CORPORA, EVAL_SETS, prepare_corpus
 from .plots import plot_storage, plot_tree_sizes
 from .runner import StudyGrid, StudyRow, run_corpus
 from .summary import assess
 
-__all__ = ["add_study_parser", "run_study_cli"]
-
-
-def _count(text: str) -> int:
-    from ingest.cli import parse_count
-
-    return parse_count(text)
+__all__ = ["main", "build_parser"]
 
 
 def _positive(text: str) -> int:
@@ -51,19 +50,20 @@ def _fraction(text: str) -> float:
     return value
 
 
-def add_study_parser(sub) -> None:
-    """Register ``study storage`` on the ``python -m decoder`` subparsers."""
-    study = sub.add_parser("study", help="studies over datastore configurations")
-    kinds = study.add_subparsers(dest="study", required=True)
-    s = kinds.add_parser("storage", help="accept length against bytes on disk: REST, CREST single-n/combined, merged",
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m study`` parser (subcommand ``storage``)."""
+    parser = argparse.ArgumentParser(prog="python -m study", description="Studies over datastore configurations.")
+    kinds = parser.add_subparsers(dest="study", required=True)
+    s = kinds.add_parser("storage", parents=[database_options()],
+                         help="accept length against bytes on disk: REST, CREST single-n/combined, merged",
                          description=__doc__)
     d = StudyGrid()
     s.add_argument("--corpus", nargs="+", choices=CORPORA, default=list(CORPORA),
                    help="corpora: sharegpt (scored on Spec-Bench's MT-Bench categories) and code (the interpreter's "
                         "stdlib + site-packages, scored on HumanEval) (default: both)")
-    s.add_argument("--top-t", nargs="+", type=_count, default=list(d.combined_top_t),
+    s.add_argument("--top-t", nargs="+", type=parse_count, default=list(d.combined_top_t),
                    help="top-t grid of the combined datastores, n <= --max-n (CREST §5.4; default: 1K 2K ... 512K)")
-    s.add_argument("--single-top-t", nargs="*", type=_count, default=list(d.single_top_t),
+    s.add_argument("--single-top-t", nargs="*", type=parse_count, default=list(d.single_top_t),
                    help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K)")
     s.add_argument("--single-n", nargs="*", type=int, default=list(d.single_n),
                    help="n of the single-n datastores (default: 1 2 3 4 5)")
@@ -76,7 +76,7 @@ def add_study_parser(sub) -> None:
                    help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size)")
     s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line")
     s.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
-    s.add_argument("--corpus-limit", type=_count, default=None,
+    s.add_argument("--corpus-limit", type=parse_count, default=None,
                    help="index only the corpus's first N documents, e.g. 2K (default: all; for quick looks)")
     s.add_argument("--workdir", type=Path, default=None,
                    help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study)")
@@ -87,8 +87,8 @@ def add_study_parser(sub) -> None:
     s.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
     s.add_argument("--dtype", default="float32", help="dtype of the reference runs (default: float32)")
     s.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
-    s.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL, else embedded Postgres)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
 
 
 def _references(args, spec: str, eval_set: str, prompts, console: Console) -> list[list[int]]:
@@ -96,8 +96,8 @@ def _references(args, spec: str, eval_set: str, prompts, console: Console) -> li
     store = reference_store(spec, args.dtype, eval_set, args.max_new_tokens)
     missing = [p for p in prompts if store.get(p.id, p.token_ids) is None]
     if missing:
-        from ..model import load_target
-        from ..replay_cli import references_for
+        from decoder.model import load_target
+        from decoder.replay_cli import references_for
 
         console.print(f"generating {len(missing)} plain-greedy references for {eval_set} (cached for later runs)")
         target = load_target(args.model, dtype=args.dtype)
@@ -155,8 +155,20 @@ def _tree_size_table(rows: list[StudyRow], name: str) -> Table:
     return table
 
 
-def run_study_cli(args, console: Console) -> int:
-    """Run the storage study for each requested corpus; returns the exit status."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the storage study for each requested corpus; returns the exit status (0 ok, 2 bad input or
+    an unusable corpus or database)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
+    try:
+        return _run(args, console)
+    except (DatastoreError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+def _run(args, console: Console) -> int:
     try:
         grid = StudyGrid(combined_top_t=tuple(args.top_t), single_top_t=tuple(args.single_top_t),
                          single_n=tuple(args.single_n), combined_m=tuple(args.combined_m),

@@ -19,7 +19,7 @@ from datastore.tokenizer import cache_dir, tokenizer_fingerprint
 from ingest.build import BuildConfig, TokenizedCorpus, tokenize_corpus
 from ingest.tokens import SEPARATOR, open_stream
 
-from ..suffix_index import SuffixIndex
+from datastore.suffix_index import SuffixIndex
 
 __all__ = ["CORPORA", "EVAL_SETS", "StudyCorpus", "prepare_corpus", "prefix_end", "rest_index"]
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from datastore.catalog import DatastoreNotFound, datastore_stats
+from datastore.catalog import datastore_stats
+from datastore.errors import DatastoreNotFound
 from datastore.connection import connect
 from datastore.keys import encode_keys
 from datastore.tokenizer import tokenizer_fingerprint

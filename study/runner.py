@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from datastore import Datastore
-from datastore.catalog import DatastoreNotFound, drop_datastore
+from datastore.catalog import drop_datastore
+from datastore.errors import DatastoreNotFound
 from datastore.tokenizer import tokenizer_fingerprint
 
-from ..budget import FixedBudget
-from ..drafters import DatastoreDrafter, DatastoreSource, MergedDrafter, RestDrafter, TrieDrafter
-from ..prompts import Prompt
-from ..simulate import replay
+from decoder.drafters import DatastoreSource, MergedDrafter, RetrievalDrafter, TrieDrafter
+from decoder.prompts import Prompt
+from decoder.simulate import replay
 from .corpus import StudyCorpus, rest_index
 from .crest import CrestPoint, effective_sizes, full_build, materialize
 from .overlap import prompt_overlaps
 
-__all__ = ["StudyGrid", "StudyRow", "run_corpus", "replay_accept_length"]
+__all__ = ["StudyGrid", "StudyRow", "Replayed", "run_corpus", "replay_accept_length"]
 
 _K = 1000
 
@@ -134,32 +134,35 @@ class StudyRow:
     per_n_nodes: dict = field(default_factory=dict, repr=False)
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """A drafter replayed over a prompt set, pooled.
+
+    Attributes:
+        accept_length: tokens committed per verification step (bonus included).
+        steps: verification steps. seconds: replay wall time.
+        mean_drafted: mean draft nodes over the steps that drafted anything (for REST at the
+            study's budget of 64, REST's own tree limit: the mean retrieved tree size).
+    """
+
+    accept_length: float
+    steps: int
+    seconds: float
+    mean_drafted: float
+
+
 def replay_accept_length(drafter, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
-                         budget: int) -> tuple[float, int, float]:
-    """Pooled accept length over the prompts: ``(accept_length, steps, seconds)``."""
+                         budget: int) -> Replayed:
+    """Replay every prompt against its reference and pool the steps."""
     t0 = time.perf_counter()
-    accepted = steps = 0
+    accepted = steps = drafted = drafting = 0
     for p, ref in zip(prompts, references):
-        res = replay(drafter, p.token_ids, ref, FixedBudget(budget))
-        accepted += sum(res.accepted)
-        steps += len(res.accepted)
-    return accepted / max(steps, 1), steps, time.perf_counter() - t0
-
-
-class _CountingRest(RestDrafter):
-    """A REST drafter that also tallies the nodes of the draft trees it proposes (the whole retrieved
-    tree at the study's budget of 64, REST's own tree limit)."""
-
-    def __init__(self, index) -> None:
-        super().__init__(index)
-        self.nodes = self.trees = 0
-
-    def propose(self, budget: int):
-        proposal = super().propose(budget)
-        if len(proposal.draft):
-            self.nodes += len(proposal.draft)
-            self.trees += 1
-        return proposal
+        for s in replay(drafter, p.token_ids, ref, budget).steps:
+            accepted += s.accepted
+            steps += 1
+            drafted += s.drafted
+            drafting += s.drafted > 0
+    return Replayed(accepted / max(steps, 1), steps, time.perf_counter() - t0, drafted / max(drafting, 1))
 
 
 def _log_overlap(index, prompts: Sequence[Prompt], log: Callable[[str], None]) -> None:
@@ -200,17 +203,17 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
     def base(method: str) -> dict:
         return {"corpus": corpus.name, "eval_set": eval_set, "method": method, "prompts": len(prompts)}
 
-    acc, steps, secs = replay_accept_length(TrieDrafter(), prompts, references, budget)
+    r = replay_accept_length(TrieDrafter(), prompts, references, budget)
     emit(StudyRow(**base("trie"), n=0, top_t=0, fraction=0.0, corpus_tokens=0, ngrams=0, bytes=0,
-                  accept_length=acc, steps=steps, mean_tree_nodes=0.0, build_s=0.0, replay_s=secs))
+                  accept_length=r.accept_length, steps=r.steps, mean_tree_nodes=0.0, build_s=0.0, replay_s=r.seconds))
 
     for fraction in sorted(grid.rest_fractions):
         index, build_s = rest_index(corpus, fraction)
-        drafter = _CountingRest(index)
-        acc, steps, secs = replay_accept_length(drafter, prompts, references, budget)
+        drafter = RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
+        r = replay_accept_length(drafter, prompts, references, budget)
         emit(StudyRow(**base("rest"), n=0, top_t=0, fraction=fraction, corpus_tokens=index.num_tokens, ngrams=0,
-                      bytes=index.nbytes, accept_length=acc, steps=steps,
-                      mean_tree_nodes=drafter.nodes / max(drafter.trees, 1), build_s=build_s, replay_s=secs))
+                      bytes=index.nbytes, accept_length=r.accept_length, steps=r.steps,
+                      mean_tree_nodes=r.mean_drafted, build_s=build_s, replay_s=r.seconds))
 
     if grid.rest_fractions:
         _log_overlap(rest_index(corpus, max(grid.rest_fractions))[0], prompts, log)
@@ -231,19 +234,19 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
             seen.add((point.ns, sizes))
             made = materialize(full, point, name, url=url, tokenizer_spec=tokenizer_spec, fingerprint=fingerprint)
             nodes = sum(k * m for k, m in made.per_n.values()) / max(made.ngrams, 1)
-            kinds = [(point.method, DatastoreDrafter)]
+            kinds = [(point.method, RetrievalDrafter)]
             if grid.merged and point.method == "crest-combined" and max(point.ns) == grid.merged_m:
                 kinds.append(("merged", MergedDrafter))
             for method, make in kinds:
                 source = DatastoreSource(lambda: Datastore.open(name, fingerprint=fingerprint, database_url=url))
                 try:
-                    acc, steps, secs = replay_accept_length(make(source), prompts, references, budget)
+                    r = replay_accept_length(make(source), prompts, references, budget)
                 finally:
                     source.close()
                 emit(StudyRow(**base(method), n=max(point.ns), top_t=point.top_t, fraction=0.0, corpus_tokens=0,
-                              ngrams=made.ngrams, bytes=made.bytes, accept_length=acc, steps=steps,
-                              mean_tree_nodes=nodes, build_s=made.seconds if method != "merged" else 0.0, replay_s=secs,
-                              per_n_nodes={n: m for n, (_, m) in made.per_n.items()}))
+                              ngrams=made.ngrams, bytes=made.bytes, accept_length=r.accept_length, steps=r.steps,
+                              mean_tree_nodes=nodes, build_s=made.seconds if method != "merged" else 0.0,
+                              replay_s=r.seconds, per_n_nodes={n: m for n, (_, m) in made.per_n.items()}))
     finally:
         with contextlib.suppress(DatastoreNotFound):  # nothing was materialized
             drop_datastore(url, name)

@@ -1,6 +1,6 @@
 """Alembic environment for the datastore registry.
 
-The URL is, in order: a connection handed over by ``datastore.migrate``
+The URL is, in order: a connection handed over by :mod:`datastore.schema`
 (``config.attributes["connection"]``), the ``sqlalchemy.url`` option, or
 :func:`datastore.connection.resolve_database_url` (``DATABASE_URL`` or the
 embedded server). Per-build tree tables (``token_trees_<id>``) are data, not
@@ -8,9 +8,9 @@ schema: autogenerate and ``alembic check`` ignore them.
 """
 
 from alembic import context
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
-from datastore.connection import resolve_database_url, sqlalchemy_url
+from datastore.connection import engine_for, resolve_database_url
 from datastore.models import TREE_TABLE_PREFIX, Base
 
 config = context.config
@@ -41,7 +41,7 @@ def run_migrations_online() -> None:
         _run(connection)
         return
     url = config.get_main_option("sqlalchemy.url") or resolve_database_url()
-    engine = create_engine(sqlalchemy_url(url))
+    engine = engine_for(url)
     with engine.connect() as conn:
         _run(conn)
         conn.commit()

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..prompts import Prompt
-from ..suffix_index import SuffixIndex
+from decoder.prompts import Prompt
+from datastore.suffix_index import SuffixIndex
 
 __all__ = ["Overlap", "longest_run", "prompt_overlaps"]
 

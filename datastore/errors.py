@@ -1,0 +1,44 @@
+"""The datastore's errors: one base class, so a decoder can survive every datastore fault with one ``except``.
+
+Drafting is optional for a speculative decoder: verification decides every
+token, so a decoder that catches :class:`DatastoreError` and drafts without the
+datastore produces the same output. Each subclass also derives from the
+built-in exception it refines (``LookupError``, ``ValueError``, ``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DatastoreError", "DatabaseUnavailable", "DatastoreNotFound", "TokenizerMismatch", "SchemaMismatch",
+           "CodecError", "LookupFailed", "BuildConflict"]
+
+
+class DatastoreError(Exception):
+    """Base of every error raised by the datastore package for a datastore that cannot serve."""
+
+
+class DatabaseUnavailable(DatastoreError, RuntimeError):
+    """No Postgres server can be reached or started (the message names the URL, password masked, and the fix)."""
+
+
+class DatastoreNotFound(DatastoreError, LookupError):
+    """No ready datastore has the requested name (it was never built, or it was dropped)."""
+
+
+class TokenizerMismatch(DatastoreError, ValueError):
+    """The caller's tokenizer differs from the one the datastore was built with."""
+
+
+class SchemaMismatch(DatastoreError, RuntimeError):
+    """The database's registry schema is not the revision this client reads (run ``python -m datastore migrate``)."""
+
+
+class CodecError(DatastoreError, ValueError):
+    """A blob is not a valid, intact token tree of a known format version."""
+
+
+class LookupFailed(DatastoreError, RuntimeError):
+    """The server refused a lookup for another reason (e.g. the role lost its ``SELECT`` grant)."""
+
+
+class BuildConflict(DatastoreError, RuntimeError):
+    """Another build of the same datastore name is running."""

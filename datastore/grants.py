@@ -1,0 +1,87 @@
+"""Least-privilege readers: grant a role exactly what lookups need, and keep it granted across rebuilds.
+
+A lookup client reads three things: the schema revision (``alembic_version``),
+the registry (``datastores``), and the ready build's tree table. A reader role
+gets ``SELECT`` on those (plus ``CONNECT`` on the database and ``USAGE`` on the
+schema where it lacks them), nothing else: it can neither write rows nor create
+tables. Every build makes a new tree table, so the grant is recorded in
+``reader_grants`` and each later build of the name grants ``SELECT`` on its new
+table in the same transaction that makes it ready (:func:`grant_to_readers`).
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from .connection import connect
+from .schema import require_schema
+
+__all__ = ["RoleNotFound", "grant_reader", "grant_to_readers"]
+
+
+class RoleNotFound(LookupError):
+    """Raised when the role to grant does not exist."""
+
+
+def grant_reader(url: str, role: str, name: str | None = None, *, create: bool = False) -> list[str]:
+    """Let ``role`` read the datastore ``name`` (every datastore when ``None``), now and after rebuilds.
+
+    Args:
+        url: libpq URL of a role that owns the datastore tables (the one that builds them).
+        role: the Postgres role to grant.
+        name: a datastore name, or ``None`` for all datastores, present and future.
+        create: create ``role`` (``LOGIN``, no password) when it does not exist.
+
+    Returns:
+        The tree tables granted now (the ready builds of ``name``; empty when none is built
+        yet: the first build grants its own table).
+
+    Raises:
+        RoleNotFound: when ``role`` does not exist and ``create`` is false.
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+        datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+        psycopg.errors.InsufficientPrivilege: when the caller may not grant (not the tables' owner).
+    """
+    ident = sql.Identifier(role)
+    with connect(url, autocommit=True) as conn:
+        require_schema(conn)
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
+            if not create:
+                raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) "
+                                   "or pass --create")
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        with conn.transaction():
+            conn.execute("INSERT INTO reader_grants (role, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", [role, name])
+            db, schema, can_connect, can_use = conn.execute(
+                "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
+                "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
+            if not can_connect:
+                conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
+            if not can_use:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
+            conn.execute(sql.SQL("GRANT SELECT ON alembic_version, datastores TO {}").format(ident))
+            tables = [t for (t,) in conn.execute(
+                "SELECT trees_table FROM datastores WHERE state = 'ready' AND (%s::text IS NULL OR name = %s) "
+                "ORDER BY id", [name, name])]
+            for table in tables:
+                conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), ident))
+    return tables
+
+
+def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[str]:
+    """Grant ``SELECT`` on a new build's ``table`` to every role recorded for ``name`` (or for all).
+
+    Called by :class:`datastore.writer.DatastoreWriter` inside the transaction that makes
+    the build ready, so readers never see a ready build they may not read. Roles dropped
+    since their grant was recorded are skipped.
+
+    Returns:
+        The roles granted.
+    """
+    roles = [r for (r,) in conn.execute(
+        "SELECT DISTINCT g.role FROM reader_grants g JOIN pg_roles r ON r.rolname = g.role "
+        "WHERE g.name IS NULL OR g.name = %s ORDER BY g.role", [name])]
+    for role in roles:
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), sql.Identifier(role)))
+    return roles

@@ -1,0 +1,10 @@
+"""Studies over datastore configurations, an application of ingest, datastore and decoder: the storage study
+(REST vs CREST vs merged, accept length against bytes on disk). ``python -m study storage``.
+
+Public API: :class:`StudyGrid` (the points measured) and :func:`run_corpus` (measure one corpus);
+the stages live in their modules (``study.corpus``, ``study.crest``, ``study.summary``, ``study.plots``).
+"""
+
+from .runner import StudyGrid, run_corpus
+
+__all__ = ["StudyGrid", "run_corpus"]
