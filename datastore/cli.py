@@ -106,7 +106,8 @@ def _migrate(url: str, args) -> None:
     with connect(url) as conn:
         before = schema_revision(conn)
     upgrade(url)
-    print(f"registry schema: {before or 'none'} -> {SCHEMA_REVISION}")
+    print(f"registry schema is already at revision {SCHEMA_REVISION}" if before == SCHEMA_REVISION
+          else f"registry schema: {before or 'none'} -> {SCHEMA_REVISION}")
 
 
 def _grant(url: str, args) -> None:

@@ -144,11 +144,6 @@ class Datastore:
                 f"(fingerprint {info.tokenizer_fingerprint[:12]}), the caller's tokenizer has fingerprint "
                 f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")
 
-    @property
-    def max_context(self) -> int:
-        """The most trailing tokens of a sequence a lookup reads (the longest stored n)."""
-        return self.info.max_n
-
     def identity(self) -> dict:
         """What this client serves: the datastore's name and build id (a rebuild changes it)."""
         return {"datastore": self.info.name, "build": self.info.id}

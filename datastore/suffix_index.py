@@ -165,11 +165,6 @@ class SuffixIndex:
         return cls(np.load(d / "tokens.npy", mmap_mode="r"), np.load(d / "suffix_array.npy", mmap_mode="r"),
                    meta["separator"], params)
 
-    @property
-    def max_context(self) -> int:
-        """The most trailing tokens of a sequence :meth:`lookup` reads (``params.max_len``)."""
-        return self.params.max_len
-
     def identity(self) -> dict:
         """What this index serves: its size and retrieval parameters."""
         return {"suffix_index_tokens": self.num_tokens, **asdict(self.params)}

@@ -86,11 +86,6 @@ class TokenTree:
         object.__setattr__(tree, "root_count", int(root_count))
         return tree
 
-    @classmethod
-    def empty(cls) -> "TokenTree":
-        """A tree with no nodes (no draft)."""
-        return cls(np.zeros(0, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.uint32), 0)
-
     def paths(self) -> list[tuple[int, ...]]:
         """Every node's token path from the root, in node order (for tests and debugging)."""
         out: list[tuple[int, ...]] = []
@@ -98,10 +93,6 @@ class TokenTree:
         for i, p in enumerate(self.parents.tolist()):
             out.append((out[p] if p >= 0 else ()) + (toks[i],))
         return out
-
-    def to_dict(self) -> dict[tuple[int, ...], int]:
-        """Map each node's token path to its count; equal dicts mean equal trees up to node order."""
-        return dict(zip(self.paths(), self.counts.tolist()))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TokenTree):

@@ -28,9 +28,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from datastore.connection import resolve_database_url
+from datastore.connection import connect, resolve_database_url
 from datastore.keys import encode_keys, key_width_for
-from datastore.schema import upgrade
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
 
@@ -186,7 +185,7 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
     timings: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
     url = resolve_database_url(config.database_url)
-    upgrade(url)  # fails before the expensive stages if the database is unreachable
+    connect(url).close()  # fail before the expensive stages if the database is unreachable
     tokenizer = load_tokenizer(config.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
     width = key_width_for(len(tokenizer))

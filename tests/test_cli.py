@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -51,3 +52,21 @@ def test_datastore_cli_stats_and_missing_name(database_url, sharegpt_sample, ds_
     assert ds_name in listed.stdout
     missing = _run("datastore", "stats", "--name", "no-such-store", "--database-url", database_url)
     assert missing.returncode == 1 and "no ready datastore named 'no-such-store'" in missing.stderr
+
+
+def test_rest_index_cli_indexes_the_same_token_stream(tmp_path, sharegpt_sample, real_stream, tokenizer):
+    from datastore import SuffixIndex
+    from datastore.continuations import SEPARATOR
+
+    out = tmp_path / "rest"
+    proc = _run("ingest", "rest-index", "--path", str(sharegpt_sample), "--limit", "40", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    index = SuffixIndex.load(out)
+    expected = real_stream.astype(np.int64)  # the same 40 conversations, tokenized as a build tokenizes them
+    expected[real_stream == SEPARATOR] = len(tokenizer)  # REST's separator is the vocabulary size
+    assert np.array_equal(np.asarray(index.tokens, dtype=np.int64), expected)
+    assert f"{index.nbytes:,} bytes" in proc.stdout and index.nbytes == 6 * len(real_stream)
+    assert not list(tmp_path.glob(".rest-*"))  # staged beside the output, renamed into place, nothing left over
+    missing = _run("ingest", "rest-index", "--path", str(tmp_path / "nowhere.json"), "--out", str(out))
+    assert missing.returncode == 2 and "nowhere.json does not exist" in missing.stderr
+    assert SuffixIndex.load(out).num_tokens == len(real_stream)  # a failed run leaves the previous index

@@ -12,6 +12,7 @@ from psycopg import sql
 from conftest import build_small
 from datastore import Datastore
 from datastore.catalog import datastore_stats, drop_datastore
+from datastore.grants import grant_reader
 from datastore.writer import DatastoreWriter
 from decoder import MergedDrafter, greedy_generate, speculative_generate
 from decoder.drafters import DatastoreSource
@@ -167,4 +168,27 @@ def test_corrupt_tree_blobs(target, prompt, reference, database_url, tokenizer, 
     assert len(_warnings(caplog)) == 1 and "corrupt tree" in _warnings(caplog)[0]
     assert source.lookup(list(prompt.token_ids)) is None  # still corrupt: no draft, no exception
     _recovers(source, prompt, build_small(database_url, ds_name, sharegpt_sample))  # a rebuild replaces them
+    source.close()
+
+
+def test_grant_revoked_under_a_reader(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name,
+                                     reader, caplog):
+    """The reader still opens the datastore but every lookup is refused: with retries on every step it warns
+    once, not once per retry, and drafts from the datastore again once the grant is back."""
+    role, reader_url = reader
+    build = build_small(database_url, ds_name, sharegpt_sample)
+    table = grant_reader(database_url, role, ds_name, create=True)[0]
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url),
+                             retry_s=0.0)
+
+    def revoke():
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(table), sql.Identifier(role)))
+
+    with caplog.at_level(logging.WARNING):
+        assert _decode(target, prompt, source, revoke) == reference
+    assert source.faults["LookupFailed"] >= 2  # reopened and refused again at every later step
+    assert len(_warnings(caplog)) == 1 and "grant-reader" in _warnings(caplog)[0]
+    grant_reader(database_url, role, ds_name)
+    _recovers(source, prompt, build)
     source.close()

@@ -12,9 +12,8 @@ import uuid
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import REPO, build_small
+from conftest import REPO, build_small, with_params
 from datastore import Datastore
 from datastore.catalog import datastore_stats, drop_datastore
 from datastore.connection import connect
@@ -25,27 +24,9 @@ from decoder import MergedDrafter, greedy_generate, speculative_generate
 from decoder.drafters import DatastoreSource
 
 
-def _as(url: str, **changes) -> str:
-    params = conninfo_to_dict(url)
-    params.pop("password", None)
-    return make_conninfo(**(params | changes))
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "datastore", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
-
-
-@pytest.fixture
-def reader(database_url):
-    """A role name that does not exist yet, and the URL that logs in as it; the role is dropped afterwards."""
-    role = f"crest_reader_{uuid.uuid4().hex[:8]}"
-    yield role, _as(database_url, user=role)
-    with connect(database_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM reader_grants WHERE role = %s", [role])
-        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_read_only_role_decodes_losslessly_and_cannot_write(database_url, reader, ds_name, sharegpt_sample, tokenizer,
@@ -115,7 +96,7 @@ def fresh_database(database_url):
     name = f"crest_schema_{uuid.uuid4().hex[:8]}"
     with connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield _as(database_url, dbname=name)
+    yield with_params(database_url, dbname=name)
     with connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 

@@ -21,7 +21,7 @@ from .source import DatastoreSource
 __all__ = ["RetrievalDrafter", "TAIL_TOKENS"]
 
 TAIL_TOKENS = 64
-"""Trailing tokens a retrieval drafter keeps (CREST reads <= 8, REST <= 16)."""
+"""Trailing tokens a retrieval drafter keeps and looks up (CREST reads <= 8, REST's default <= 16)."""
 
 
 class RetrievalDrafter:

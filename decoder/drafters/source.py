@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 class Retriever(Protocol):
     """A retrieval backend: :class:`datastore.Datastore` or :class:`datastore.SuffixIndex`."""
 
-    max_context: int
-
     def lookup(self, context: Sequence[int]) -> Match | None:
         """The longest stored suffix of ``context`` and its continuation tree, or ``None``."""
 
@@ -85,17 +83,18 @@ class DatastoreSource:
         except DatastoreError as exc:
             self._fault(exc)
             return False
-        if self._degraded:
-            log.info("the datastore is back (%s); drafting with it again", self.client.identity())
-            self._degraded = False
         return True
 
     def lookup(self, context: Sequence[int]) -> Match | None:
-        """The longest stored suffix of ``context`` and its tree; ``None`` for no match or any fault."""
+        """The longest stored suffix of ``context`` and its tree; ``None`` for no match or any fault.
+
+        The datastore counts as back only once a lookup succeeds, so a fault that lets the
+        backend open but fails every lookup (a revoked grant) still warns once.
+        """
         if self.client is None and (time.monotonic() - self._down_at < self.retry_s or not self._reopen()):
             return None
         try:
-            return self.client.lookup(context)
+            match = self.client.lookup(context)
         except CodecError as exc:
             self.faults[type(exc).__name__] += 1
             if not self._warned_corrupt:
@@ -105,6 +104,10 @@ class DatastoreSource:
         except DatastoreError as exc:
             self._fault(exc)
             return None
+        if self._degraded:
+            log.info("the datastore is back (%s); drafting with it again", self.client.identity())
+            self._degraded = False
+        return match
 
     def identity(self) -> dict:
         """What is being served now (``{"down": True}`` while the backend is down)."""
