@@ -3,7 +3,9 @@
 Replays real contexts (every position of tokenized chat prompts from ../shared/data/spec_bench,
 only read here, never ingested) through ``Datastore.lookup`` and prints p50/p90/p99 per lookup in
 milliseconds, beside a bare ``SELECT 1`` round trip on the same kind of connection measured in the
-same run, plus bytes per stored n-gram (table + index).
+same run, plus bytes per stored n-gram (table + index). Then the shared client
+(:class:`datastore.shared.SharedDatastore`, pooled): a cache-miss lookup (its cache disabled: every
+lookup is a round trip) and a cache-hit lookup (the same contexts again, cache on).
 
     python benchmarks/lookup.py --name sharegpt [--database-url URL] [--lookups 5000]
 
@@ -77,6 +79,24 @@ def main() -> None:
         for i in range(0, len(contexts), 64):
             ds.lookup_batch(contexts[i:i + 64])
         batch_ms = (time.perf_counter() - t) / len(contexts) * 1e3
+    from datastore.shared import SharedDatastore
+
+    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, cache_bytes=0, listen=False) as shared:
+        for c in contexts[:200]:
+            shared.lookup(c)
+        miss = []
+        for c in contexts:
+            t = time.perf_counter()
+            shared.lookup(c)
+            miss.append(time.perf_counter() - t)
+    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, listen=False) as shared:
+        for c in contexts:
+            shared.lookup(c)
+        hit = []
+        for c in contexts:
+            t = time.perf_counter()
+            shared.lookup(c)
+            hit.append(time.perf_counter() - t)
     s = datastore_stats(url, args.name)
     print(f"datastore {args.name}: {s['rows']:,} n-grams, {s['bytes_total']:,} bytes "
           f"(table {s['bytes_table']:,} + index {s['bytes_index']:,})")
@@ -84,6 +104,8 @@ def main() -> None:
     print(f"SELECT 1 round trip     ({len(base)}): {_pct(base)}")
     print(f"longest-match lookup    ({len(times)}): {_pct(times)}")
     print(f"batched lookup (64/query): {batch_ms:.3f} ms per context")
+    print(f"shared client, cache miss ({len(miss)}): {_pct(miss)}")
+    print(f"shared client, cache hit  ({len(hit)}): {_pct(hit)}")
     print(f"hit rate {hits / len(times):.3f}, mean matched n {np.mean(depth):.2f}")
 
 

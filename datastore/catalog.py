@@ -6,6 +6,7 @@ from psycopg import sql
 
 from .connection import connect
 from .errors import BuildConflict, DatastoreNotFound
+from .models import SWAP_CHANNEL
 from .schema import require_schema
 from .writer import name_lock_key
 
@@ -80,6 +81,7 @@ def drop_datastore(url: str, name: str) -> int:
             raise BuildConflict(f"a build of {name!r} is running; drop it after the build ends")
         with conn.transaction():
             tables = conn.execute("DELETE FROM datastores WHERE name = %s RETURNING trees_table", [name]).fetchall()
+            conn.execute("SELECT pg_notify(%s, %s)", [SWAP_CHANNEL, name])  # live clients stop at once
             for (table,) in tables:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
     if not tables:

@@ -29,7 +29,8 @@ from .schema import require_schema
 from .tokenizer import tokenizer_fingerprint
 from .tree import Match
 
-__all__ = ["Datastore", "DatastoreInfo"]
+__all__ = ["Datastore", "DatastoreInfo", "resolve_build", "check_tokenizer", "suffix_keys", "decode_match",
+           "server_error"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class DatastoreInfo:
         return max(self.ns, default=0)
 
 
-def _server_error(name: str, exc: psycopg.Error) -> Exception:
-    """The :class:`DatastoreError` for a server-side failure of a query on datastore ``name``."""
+def server_error(name: str, exc: psycopg.Error) -> Exception:
+    """The :class:`~datastore.errors.DatastoreError` for a server-side failure of a query on datastore ``name``."""
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(f"datastore {name!r} is unreachable: {exc}")
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
@@ -69,7 +70,14 @@ def _server_error(name: str, exc: psycopg.Error) -> Exception:
     return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {exc}")
 
 
-def _resolve(conn: psycopg.Connection, name: str) -> DatastoreInfo:
+def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
+    """The ready build of datastore ``name`` (one registry query).
+
+    Raises:
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build (the message lists the ready ones).
+        datastore.errors.LookupFailed: when the registry row records no n-gram lengths, or the role may not read it.
+        datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+    """
     try:
         row = conn.execute(
             "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint FROM datastores "
@@ -77,7 +85,7 @@ def _resolve(conn: psycopg.Connection, name: str) -> DatastoreInfo:
         if row is None:
             names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
     except psycopg.Error as exc:
-        raise _server_error(name, exc) from exc
+        raise server_error(name, exc) from exc
     if row is None:
         raise DatastoreNotFound(
             f"no ready datastore named {name!r} (ready: {', '.join(names) or 'none'}); "
@@ -87,6 +95,39 @@ def _resolve(conn: psycopg.Connection, name: str) -> DatastoreInfo:
         raise LookupFailed(f"build {ds_id} of datastore {name!r} records no n-gram lengths (params.ns); "
                            "run `python -m datastore migrate`, or rebuild it")
     return DatastoreInfo(ds_id, name, table, width, tuple(sorted(int(n) for n in params["ns"])), tok, fp, params)
+
+
+def check_tokenizer(info: DatastoreInfo, fingerprint: str) -> None:
+    """Refuse a caller whose tokenizer differs from the build's.
+
+    Raises:
+        datastore.errors.TokenizerMismatch: naming both tokenizers and the fix.
+    """
+    if info.tokenizer_fingerprint != fingerprint:
+        raise TokenizerMismatch(
+            f"datastore {info.name!r} was built with tokenizer {info.tokenizer!r} "
+            f"(fingerprint {info.tokenizer_fingerprint[:12]}), the caller's tokenizer has fingerprint "
+            f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")
+
+
+def suffix_keys(context: Sequence[int], info: DatastoreInfo) -> list[bytes]:
+    """Keys of the context's suffixes of the lengths the build holds, longest first."""
+    tail = [int(t) for t in context[-info.max_n:]] if info.max_n else []
+    return [encode_key(tail[len(tail) - n:], info.key_width) for n in reversed(info.ns) if n <= len(tail)]
+
+
+def decode_match(info: DatastoreInfo, key: bytes, blob: bytes) -> Match:
+    """The :class:`~datastore.tree.Match` of one stored row.
+
+    Raises:
+        datastore.errors.CodecError: naming the datastore, its build and the n-gram whose tree is corrupt.
+    """
+    ngram = decode_key(key, info.key_width)
+    try:
+        return Match(ngram, decode_tree(blob))
+    except CodecError as exc:
+        raise CodecError(f"datastore {info.name!r} (build {info.id}) holds a corrupt tree for n-gram {ngram}: "
+                         f"{exc}; rebuild it") from exc
 
 
 class Datastore:
@@ -129,20 +170,12 @@ class Datastore:
         conn = connect(resolve_database_url(database_url), autocommit=True)
         try:
             require_schema(conn)
-            info = _resolve(conn, name)
-            cls._check(info, fingerprint)
+            info = resolve_build(conn, name)
+            check_tokenizer(info, fingerprint)
         except BaseException:
             conn.close()
             raise
         return cls(conn, info, fingerprint)
-
-    @staticmethod
-    def _check(info: DatastoreInfo, fingerprint: str) -> None:
-        if info.tokenizer_fingerprint != fingerprint:
-            raise TokenizerMismatch(
-                f"datastore {info.name!r} was built with tokenizer {info.tokenizer!r} "
-                f"(fingerprint {info.tokenizer_fingerprint[:12]}), the caller's tokenizer has fingerprint "
-                f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")
 
     def identity(self) -> dict:
         """What this client serves: the datastore's name and build id (a rebuild changes it)."""
@@ -155,8 +188,8 @@ class Datastore:
             datastore.errors.DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, LookupFailed:
             as :meth:`open`.
         """
-        info = _resolve(self._conn, self.info.name)
-        self._check(info, self._fingerprint)
+        info = resolve_build(self._conn, self.info.name)
+        check_tokenizer(info, self._fingerprint)
         changed = info.id != self.info.id
         if changed:
             self.info, self._queries = info, {}
@@ -191,21 +224,7 @@ class Datastore:
                                    f"build {old} is ready; rebuild it") from None
             return None
         except psycopg.Error as exc:
-            raise _server_error(self.info.name, exc) from exc
-
-    def _keys(self, context: Sequence[int]) -> list[bytes]:
-        """Keys of the context's suffixes of the stored lengths, longest first."""
-        tail = [int(t) for t in context[-self.info.max_n:]] if self.info.max_n else []
-        return [encode_key(tail[len(tail) - n:], self.info.key_width) for n in reversed(self.info.ns)
-                if n <= len(tail)]
-
-    def _match(self, key: bytes, blob: bytes) -> Match:
-        ngram = decode_key(key, self.info.key_width)
-        try:
-            return Match(ngram, decode_tree(blob))
-        except CodecError as exc:
-            raise CodecError(f"datastore {self.info.name!r} (build {self.info.id}) holds a corrupt tree for "
-                             f"n-gram {ngram}: {exc}; rebuild it") from exc
+            raise server_error(self.info.name, exc) from exc
 
     def lookup(self, context_tokens: Sequence[int]) -> Match | None:
         """The tree of the longest suffix of ``context_tokens`` (n in ``info.ns``, longest first) that is stored.
@@ -223,17 +242,17 @@ class Datastore:
             datastore.errors.CodecError: when the stored tree is corrupt.
             datastore.errors.LookupFailed: for any other server-side refusal.
         """
-        keys = self._keys(context_tokens)
+        keys = suffix_keys(context_tokens, self.info)
         if not keys:
             return None
         rows = self._execute(self._query(len(keys)), keys)
         if rows is None:
             return self.lookup(context_tokens)
-        return self._match(*rows[0]) if rows else None
+        return decode_match(self.info, *rows[0]) if rows else None
 
     def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
         """:meth:`lookup` for many sequences in one round trip (``key = ANY(...)``); raises as :meth:`lookup`."""
-        wanted = [self._keys(ctx) for ctx in contexts]
+        wanted = [suffix_keys(ctx, self.info) for ctx in contexts]
         distinct = sorted({k for ks in wanted for k in ks})
         if not distinct:
             return [None] * len(contexts)
@@ -244,7 +263,7 @@ class Datastore:
         out: list[Match | None] = []
         for ks in wanted:
             hit = next((k for k in ks if k in found), None)
-            out.append(None if hit is None else self._match(hit, found[hit]))
+            out.append(None if hit is None else decode_match(self.info, hit, found[hit]))
         return out
 
     def close(self) -> None:

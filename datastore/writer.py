@@ -10,7 +10,8 @@ Lifecycle (``DatastoreWriter``):
 3. ``finish``: ANALYZE, then ``CREATE INDEX ... USING hash (key)``, measure bytes on
    disk, and in one transaction grant ``SELECT`` on the new table to the name's
    registered readers (:mod:`datastore.grants`), retire the name's previous ready
-   build (drop its table), and mark this one ``ready`` with the n-gram lengths it holds.
+   build (drop its table), mark this one ``ready`` with the n-gram lengths it holds, and
+   ``NOTIFY`` the swap (:data:`datastore.models.SWAP_CHANNEL`) so live clients follow it at once.
 
 Until step 3 commits, readers see the previous build (or nothing): a failed or
 interrupted build is never visible. On an exception inside the ``with`` block the
@@ -30,7 +31,7 @@ from psycopg import sql
 from .connection import connect
 from .errors import BuildConflict
 from .grants import grant_to_readers
-from .models import TREE_TABLE_PREFIX
+from .models import SWAP_CHANNEL, TREE_TABLE_PREFIX
 from .schema import upgrade
 
 __all__ = ["DatastoreWriter", "name_lock_key"]
@@ -183,6 +184,7 @@ class DatastoreWriter:
         self._conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (key) WITH (fillfactor = 100)").format(
             sql.Identifier(f"{self.table}_key_hash"), ident))
         size = self._conn.execute("SELECT pg_total_relation_size(%s::regclass)", [self.table]).fetchone()[0]
+        self._prewarm()
         with self._conn.transaction():
             old = self._conn.execute(
                 "SELECT id, trees_table FROM datastores WHERE name = %s AND state = 'ready' FOR UPDATE",
@@ -200,8 +202,17 @@ class DatastoreWriter:
                 [self.rows, num_tokens, size, json.dumps(ngram_stats), json.dumps(recorded),
                  json.dumps(corpus) if corpus is not None else None,
                  json.dumps({"ns": ns, "max_n": max(ns, default=0)}), self.build_id])
+            self._conn.execute("SELECT pg_notify(%s, %s)", [SWAP_CHANNEL, self.name])  # delivered at commit
         self._done = True
         return int(size), index_seconds
+
+    def _prewarm(self) -> None:
+        """Load the new table and its index into shared buffers before the swap, where the server has the
+        ``pg_prewarm`` extension (the embedded server does): the first lookups after the swap then read no
+        page from disk. Skipped otherwise (``CREATE EXTENSION pg_prewarm`` enables it)."""
+        if self._conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_prewarm'").fetchone():
+            for rel in (self.table, f"{self.table}_key_hash"):
+                self._conn.execute("SELECT pg_prewarm(%s::regclass)", [rel])
 
     def abort(self, reason: str) -> None:
         """Mark the build failed and drop its table (the previous ready build keeps serving)."""

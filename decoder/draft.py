@@ -26,7 +26,7 @@ import numpy as np
 
 from datastore.tree import TokenTree
 
-__all__ = ["Draft", "merge_drafts"]
+__all__ = ["Draft", "merge_drafts", "best_chain"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,9 +69,34 @@ class Draft:
             kids[p + 1][t] = i
         return kids
 
+    def miss_factors(self, weight: float) -> np.ndarray:
+        """``[num_nodes]`` float64 ``1 - min(weight * score, 1)``: each node's factor in a noisy-OR merge
+        (kept for the last weight asked: a datastore draft reused across steps is merged with one weight)."""
+        cached = self.__dict__.get("_miss")
+        if cached is None or cached[0] != weight:
+            cached = self.__dict__["_miss"] = (weight, 1.0 - np.minimum(weight * self.scores, 1.0))
+        return cached[1]
+
     def with_timing(self, *, lookup_s: float = 0.0, trie_s: float = 0.0, merge_s: float = 0.0) -> "Draft":
         """The same nodes with these assembly costs (seconds)."""
         return Draft(self.token_ids, self.parents, self.scores, lookup_s, trie_s, merge_s)
+
+    def best_path(self, max_len: int, min_score: float = 0.0) -> "Draft":
+        """The most probable path as a chain (what a chain verifier, such as vLLM's, takes from a draft tree).
+
+        A chain's expected accepted length is the sum of its nodes' acceptance probabilities, so
+        this is the root path of at most ``max_len`` nodes, each scoring at least ``min_score``,
+        with the largest sum of scores (ties: the earlier node in node order).
+
+        Raises:
+            ValueError: when ``max_len < 0``.
+        """
+        if max_len < 0:
+            raise ValueError(f"max_len={max_len}: must be >= 0")
+        nodes = np.flatnonzero((self.scores >= min_score) & (self.depths <= max_len))  # what a chain can use
+        path = _best_path(nodes.tolist(), self.parents[nodes].tolist(), self.scores[nodes].tolist())
+        return Draft.chain(self.token_ids[path], self.scores[path]).with_timing(
+            lookup_s=self.lookup_s, trie_s=self.trie_s, merge_s=self.merge_s)
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -110,8 +135,88 @@ class Draft:
         return cls(tree.token_ids.astype(np.int64), tree.parents.astype(np.int32), scores)
 
 
+def _best_path(nodes: list[int], parents: list[int], scores: list[float]) -> list[int]:
+    """The root path with the largest sum of scores, over ``nodes`` (indices, ascending, parents before
+    children) and their ``parents`` and ``scores``: a node whose parent is not among them (and not the
+    root, -1) is unreachable. Ties go to the earlier node. Returns the path's indices, root first."""
+    total: dict[int, float] = {-1: 0.0}  # reachable nodes: sum of scores from the root
+    parent_of: dict[int, int] = {}
+    best, best_sum = -1, 0.0
+    for i, p, sc in zip(nodes, parents, scores):
+        if p in total:
+            t = total[i] = sc + total[p]
+            parent_of[i] = p
+            if t > best_sum:
+                best, best_sum = i, t
+    path: list[int] = []
+    while best >= 0:
+        path.append(best)
+        best = parent_of[best]
+    return path[::-1]
+
+
+@dataclass
+class _Union:
+    """The union of several drafts' nodes with their noisy-OR scores (parents before children)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    scores: np.ndarray
+
+
+def _union(sources: Sequence[tuple[Draft, float]]) -> _Union | None:
+    """The first non-empty draft taken whole, each later one walked through the first's cached ``children``;
+    ``None`` when every draft is empty."""
+    for _, weight in sources:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"source weight {weight}: must be in (0, 1]")
+    sources = [(d, w) for d, w in sources if len(d)]
+    if not sources:
+        return None
+    base, w0 = sources[0]
+    n0 = len(base)
+    base_kids = base.children
+    miss = base.miss_factors(w0).copy()  # prod_s (1 - w_s p_s) per merged node
+    added: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node, for nodes not in the base
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    extra_miss: list[float] = []
+    for draft, weight in sources[1:]:
+        where = [0] * len(draft)
+        for i, (tok, par, depth, score) in enumerate(zip(draft.token_ids.tolist(), draft.parents.tolist(),
+                                                         draft.depths.tolist(), draft.scores.tolist())):
+            mpar = -1 if par < 0 else where[par]
+            node = base_kids[mpar + 1].get(tok) if mpar < n0 else None
+            if node is None:
+                node = added.get((mpar, tok))
+            if node is None:
+                node = added[(mpar, tok)] = n0 + len(tokens)
+                tokens.append(tok)
+                parents.append(mpar)
+                depths.append(depth)
+                extra_miss.append(1.0)
+            factor = 1.0 - min(weight * score, 1.0)
+            if node < n0:
+                miss[node] *= factor
+            else:
+                extra_miss[node - n0] *= factor
+            where[i] = node
+    if not tokens:
+        return _Union(base.token_ids, base.parents.astype(np.int64), base.depths, 1.0 - miss)
+    return _Union(np.concatenate([base.token_ids, np.asarray(tokens, dtype=np.int64)]),
+                  np.concatenate([base.parents.astype(np.int64), np.asarray(parents, dtype=np.int64)]),
+                  np.concatenate([base.depths, np.asarray(depths, dtype=np.int64)]),
+                  1.0 - np.concatenate([miss, np.asarray(extra_miss)]))
+
+
 def merge_drafts(sources: Sequence[tuple[Draft, float]], budget: int) -> Draft:
     """Merge drafts into one draft tree of at most ``budget`` nodes, best first.
+
+    The first non-empty draft is taken whole (its nodes keep their order); every later one is
+    walked node by node through the first's cached ``children``, so merging a small draft into
+    a large, often-reused one (a datastore tree) costs time in the small one's size.
 
     Args:
         sources: ``(draft, weight)`` pairs; a weight in ``(0, 1]`` scales that source's
@@ -127,32 +232,34 @@ def merge_drafts(sources: Sequence[tuple[Draft, float]], budget: int) -> Draft:
     """
     if budget < 0:
         raise ValueError(f"budget={budget}: must be >= 0")
-    keys: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    miss: list[float] = []  # prod_s (1 - w_s p_s) per merged node
-    for draft, weight in sources:
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"source weight {weight}: must be in (0, 1]")
-        where = [0] * len(draft)
-        for i, (tok, par, depth, score) in enumerate(zip(draft.token_ids.tolist(), draft.parents.tolist(),
-                                                         draft.depths.tolist(), draft.scores.tolist())):
-            mpar = -1 if par < 0 else where[par]
-            node = keys.get((mpar, tok))
-            if node is None:
-                node = keys[(mpar, tok)] = len(tokens)
-                tokens.append(tok)
-                parents.append(mpar)
-                depths.append(depth)
-                miss.append(1.0)
-            miss[node] *= 1.0 - min(weight * score, 1.0)
-            where[i] = node
-    if not tokens or budget == 0:
+    u = _union(sources)
+    if u is None or budget == 0:
         return Draft.empty()
-    score = 1.0 - np.asarray(miss)
-    order = np.lexsort((np.arange(len(tokens)), np.asarray(depths), -score))[:budget]
-    new_index = np.full(len(tokens) + 1, -1, dtype=np.int64)  # slot -1 maps the root to -1
+    order = np.lexsort((np.arange(len(u.scores)), u.depths, -u.scores))[:budget]
+    new_index = np.full(len(u.scores) + 1, -1, dtype=np.int64)  # slot -1 maps the root to -1
     new_index[order] = np.arange(len(order))
-    return Draft(np.asarray(tokens, dtype=np.int64)[order], new_index[np.asarray(parents)[order]].astype(np.int32),
-                 score[order])
+    return Draft(u.tokens[order], new_index[u.parents[order]].astype(np.int32), u.scores[order])
+
+
+def best_chain(sources: Sequence[tuple[Draft, float]], max_len: int, min_score: float = 0.0) -> Draft:
+    """The merged tree's most probable path: :meth:`Draft.best_path` of the unbounded merge of ``sources``
+    (the same union and noisy-OR scores as :func:`merge_drafts`), without building that tree.
+
+    Args:
+        sources: ``(draft, weight)`` pairs, as for :func:`merge_drafts`.
+        max_len: most chain tokens, >= 0.
+        min_score: the chain stops before the first node scoring below this.
+
+    Raises:
+        ValueError: when ``max_len < 0`` or a weight is outside ``(0, 1]``.
+    """
+    u = _union(sources)
+    if u is None:
+        if max_len < 0:
+            raise ValueError(f"max_len={max_len}: must be >= 0")
+        return Draft.empty()
+    if max_len < 0:
+        raise ValueError(f"max_len={max_len}: must be >= 0")
+    nodes = np.flatnonzero((u.scores >= min_score) & (u.depths <= max_len))  # the only nodes a chain can use
+    path = _best_path(nodes.tolist(), u.parents[nodes].tolist(), u.scores[nodes].tolist())
+    return Draft.chain(u.tokens[path], u.scores[path])

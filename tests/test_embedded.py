@@ -30,11 +30,19 @@ tok = load_tokenizer()
 with Datastore.open("emb", tokenizer=tok) as ds:
     m = ds.lookup(tok.encode("<|im_start|>user", add_special_tokens=False))
     print("MATCH", m.ngram, len(m.tree))
+import psycopg
+from datastore.connection import embedded_settings
+with psycopg.connect(url) as conn:  # tuned once for lookups, with pg_prewarm
+    for key, value in embedded_settings().items():
+        got = conn.execute("SELECT current_setting(%s)", [key]).fetchone()[0]
+        assert got == value, (key, got, value)
+    assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_prewarm'").fetchone()
+    print("TUNED")
 """
     try:
         out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-        assert "MATCH" in out.stdout
+        assert "MATCH" in out.stdout and "TUNED" in out.stdout
         assert (pgdata / "PG_VERSION").exists()
         # a second process reuses the same data directory and finds the build
         again = subprocess.run([sys.executable, "-m", "datastore", "list"], cwd=REPO, capture_output=True, text=True,

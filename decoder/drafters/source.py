@@ -2,9 +2,9 @@
 
 Verification decides every token, so a lookup that answers nothing changes
 speed, never output. :class:`DatastoreSource` wraps a retrieval backend (the
-Postgres :class:`datastore.Datastore`, or REST's :class:`datastore.SuffixIndex`)
-and turns each :class:`datastore.DatastoreError` into "no draft from the
-datastore this step":
+Postgres :class:`datastore.Datastore` or :class:`datastore.shared.SharedDatastore`,
+or REST's :class:`datastore.SuffixIndex`) and turns each
+:class:`datastore.DatastoreError` into "no draft from the datastore this step":
 
 - the server unreachable (at start or mid-run), the datastore dropped, rebuilt
   with another tokenizer, the schema changed, the role's grant revoked: one
@@ -17,6 +17,7 @@ datastore this step":
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Callable, Protocol, Sequence
@@ -30,10 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class Retriever(Protocol):
-    """A retrieval backend: :class:`datastore.Datastore` or :class:`datastore.SuffixIndex`."""
+    """A retrieval backend: :class:`datastore.Datastore`, :class:`datastore.shared.SharedDatastore` or
+    :class:`datastore.SuffixIndex`."""
 
     def lookup(self, context: Sequence[int]) -> Match | None:
         """The longest stored suffix of ``context`` and its continuation tree, or ``None``."""
+
+    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+        """:meth:`lookup` for many contexts (one round trip for a server)."""
 
     def identity(self) -> dict:
         """What the backend serves (name and build, or index size and parameters)."""
@@ -45,9 +50,15 @@ class Retriever(Protocol):
 class DatastoreSource:
     """Longest-match lookups that survive every datastore fault.
 
+    Thread-safe: decoders on several threads may share one source (with a thread-safe
+    backend, :class:`datastore.shared.SharedDatastore`).
+
     Args:
         connect: opens the backend (called now, and again to recover after a fault).
         retry_s: seconds between attempts to reopen a failed backend, >= 0.
+        reopen_in_background: reopen on a background thread, so that no lookup ever waits for a
+            connection attempt (an engine's step must not stall while the server is down); the
+            lookups answer ``None`` until the backend is open again. Default: reopen in the lookup.
 
     Attributes:
         client: the open backend, or ``None`` while it is down.
@@ -57,17 +68,22 @@ class DatastoreSource:
         ValueError: when ``retry_s < 0``.
     """
 
-    def __init__(self, connect: Callable[[], Retriever], retry_s: float = 5.0) -> None:
+    def __init__(self, connect: Callable[[], Retriever], retry_s: float = 5.0, *,
+                 reopen_in_background: bool = False) -> None:
         if retry_s < 0:
             raise ValueError(f"retry_s={retry_s}: must be >= 0")
         self._connect = connect
         self.retry_s = retry_s
+        self._background = reopen_in_background
+        self._reopening: threading.Thread | None = None
         self.client: Retriever | None = None
         self.faults: Counter = Counter()
         self._down_at = float("-inf")
         self._degraded = False
         self._warned_corrupt = False
-        self._reopen()
+        self._lock = threading.RLock()
+        with self._lock:
+            self._reopen()
 
     def _fault(self, exc: DatastoreError) -> None:
         self.faults[type(exc).__name__] += 1
@@ -85,36 +101,75 @@ class DatastoreSource:
             return False
         return True
 
+    def _reopen_later(self) -> None:
+        try:
+            client = self._connect()
+        except DatastoreError as exc:
+            with self._lock:
+                self._fault(exc)
+            return
+        with self._lock:
+            self.client = client
+
+    def _client(self) -> Retriever | None:
+        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down."""
+        with self._lock:
+            if self.client is not None or time.monotonic() - self._down_at < self.retry_s:
+                return self.client
+            if not self._background:
+                return self.client if self._reopen() else None
+            if self._reopening is None or not self._reopening.is_alive():
+                self._down_at = time.monotonic()  # one attempt at a time, the next after retry_s
+                self._reopening = threading.Thread(target=self._reopen_later, name="crest-reopen", daemon=True)
+                self._reopening.start()
+            return None
+
+    def _failed(self, client: Retriever, exc: DatastoreError) -> None:
+        with self._lock:
+            if isinstance(exc, CodecError):
+                self.faults[type(exc).__name__] += 1
+                if not self._warned_corrupt:
+                    log.warning("%s; drafting without that tree (output is unaffected)", exc)
+                    self._warned_corrupt = True
+            elif self.client is client:  # not already handled by another thread
+                self._fault(exc)
+
+    def _recovered(self, client: Retriever) -> None:
+        with self._lock:
+            if self._degraded:
+                log.info("the datastore is back (%s); drafting with it again", client.identity())
+                self._degraded = False
+
     def lookup(self, context: Sequence[int]) -> Match | None:
         """The longest stored suffix of ``context`` and its tree; ``None`` for no match or any fault.
 
         The datastore counts as back only once a lookup succeeds, so a fault that lets the
         backend open but fails every lookup (a revoked grant) still warns once.
         """
-        if self.client is None and (time.monotonic() - self._down_at < self.retry_s or not self._reopen()):
-            return None
+        return self.lookup_batch([context])[0]
+
+    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+        """:meth:`lookup` for many contexts: one round trip for a server backend; all ``None`` on a fault."""
+        client = self._client()
+        if client is None:
+            return [None] * len(contexts)
         try:
-            match = self.client.lookup(context)
-        except CodecError as exc:
-            self.faults[type(exc).__name__] += 1
-            if not self._warned_corrupt:
-                log.warning("%s; drafting without that tree (output is unaffected)", exc)
-                self._warned_corrupt = True
-            return None
+            matches = client.lookup_batch(contexts) if len(contexts) != 1 else [client.lookup(contexts[0])]
         except DatastoreError as exc:
-            self._fault(exc)
-            return None
+            self._failed(client, exc)
+            return [None] * len(contexts)
         if self._degraded:
-            log.info("the datastore is back (%s); drafting with it again", self.client.identity())
-            self._degraded = False
-        return match
+            self._recovered(client)
+        return matches
 
     def identity(self) -> dict:
         """What is being served now (``{"down": True}`` while the backend is down)."""
-        return {"down": True} if self.client is None else self.client.identity()
+        client = self.client
+        return {"down": True} if client is None else client.identity()
 
     def close(self) -> None:
         """Close the backend (a later lookup reopens it)."""
-        client, self.client = self.client, None
+        with self._lock:
+            client, self.client = self.client, None
         if client is not None:
             client.close()

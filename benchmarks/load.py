@@ -1,0 +1,255 @@
+"""Load and faults on one shared datastore: many drafting clients at once, a rebuild swapped in mid-run, and
+(``--restart``) Postgres restarted mid-run. Loopback only; stops by itself.
+
+Each client is a decoding stream: per step one longest-match lookup of a real context (windows of the
+Spec-Bench prompts, only read here, never ingested), then a bare ``SELECT 1`` on its own connection for
+comparison, then ``--step-ms`` of "forward pass" before the next step. Clients run as threads spread over
+``--procs`` processes, each process with one :class:`datastore.shared.SharedDatastore` (its pool and tree
+cache shared by its threads, as in a serving process; ``--cache-mb 0``, the default, sends every lookup
+to the server, the hardest case).
+
+Phase ``rebuild`` (default): ``--seconds`` of load; at a third of it the same datastore name is rebuilt
+from the same corpus slice and swapped in. Printed: lookups/s, lookup and ``SELECT 1`` p50/p99/max (ms),
+errors (lookups that raised), and how long after the swap's notification each process served the new build.
+
+Phase ``restart`` (``--restart``): the clients draft through :class:`decoder.drafters.DatastoreSource`
+(fall back, then reopen every 0.5 s); at a third of the run Postgres restarts (``--restart-cmd``, default
+``pg_ctlcluster 15 main restart``; the embedded server is restarted with its own ``pg_ctl``). Printed: steps
+that fell back, seconds from the restart until each process drafts from the datastore again, errors.
+
+    python benchmarks/load.py --database-url postgresql://postgres@127.0.0.1:5432/test --clients 16 64
+    python benchmarks/load.py --embedded --clients 16 64
+    python benchmarks/load.py --database-url ... --clients 16 --restart
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+NAME = "crest-load"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _build(url: str, limit: int) -> int:
+    from ingest import BuildConfig, build_datastore
+
+    return build_datastore(BuildConfig(name=NAME, limit=limit, top_t=500_000, database_url=url),
+                           progress=False).build_id
+
+
+def _contexts(n: int) -> list[list[int]]:
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from lookup import _contexts as spec_bench_contexts
+
+    from datastore import load_tokenizer
+
+    return spec_bench_contexts(load_tokenizer(), n)
+
+
+def _client_proc(url: str, threads: int, seconds: float, step_s: float, cache_mb: float, fallback: bool,
+                 contexts: list, seed: int, out) -> None:
+    """One serving process: ``threads`` clients sharing one SharedDatastore; sends its samples to ``out``."""
+    import psycopg
+    from psycopg_pool import ConnectionPool, PoolTimeout
+
+    from datastore import load_tokenizer
+    from datastore.shared import SharedDatastore
+    from decoder.drafters import DatastoreSource
+
+    tok = load_tokenizer()
+    conns = min(threads, 4)  # per process, for lookups and for SELECT 1 alike (max_connections is 100)
+    opener = lambda: SharedDatastore.open(NAME, tokenizer=tok, database_url=url, pool_size=conns,  # noqa: E731
+                                          cache_bytes=int(cache_mb * 2**20))
+    bare = ConnectionPool(url, min_size=conns, max_size=conns, kwargs={"autocommit": True}, open=True)
+    client = source = None
+    if fallback:
+        source = DatastoreSource(opener, retry_s=0.5)
+    else:
+        client = opener()
+        client.wait_listening()
+    lock = threading.Lock()
+    res = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "fallback_steps": 0,
+           "builds": {}, "answered_at": []}
+    stop_at = time.time() + seconds
+
+    def work(i: int) -> None:
+        rng = np.random.default_rng(seed * 1000 + i)
+        while time.time() < stop_at:
+            ctx = contexts[int(rng.integers(len(contexts)))]
+            t0 = time.perf_counter()
+            try:
+                found = (source.lookup_batch([ctx]) if fallback else client.lookup_batch([ctx]))
+            except Exception as exc:  # noqa: BLE001 - counted: the figure this benchmark exists for
+                with lock:
+                    res["errors"] += 1
+                    res["error_kinds"][type(exc).__name__] = res["error_kinds"].get(type(exc).__name__, 0) + 1
+                time.sleep(step_s)
+                continue
+            lat = time.perf_counter() - t0
+            now = time.time()
+            live = source.client if fallback else client
+            with lock:
+                res["lookup_s"].append(lat)
+                if fallback and live is None:
+                    res["fallback_steps"] += 1
+                else:
+                    res["answered_at"].append(now)
+                    build = live.info.id
+                    res["builds"].setdefault(str(build), now)
+            try:
+                t1 = time.perf_counter()
+                with bare.connection(timeout=2.0) as conn:
+                    conn.execute("SELECT 1", prepare=True).fetchall()
+                with lock:
+                    res["select1_s"].append(time.perf_counter() - t1)
+            except (psycopg.Error, PoolTimeout):
+                pass  # the server restarts: measured again once it is back
+            time.sleep(step_s)
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    bare.close()
+    if fallback:
+        res["faults"] = dict(source.faults)
+        source.close()
+    else:
+        res["stats"] = client.stats()
+        client.close()
+    res["answered_at"] = res["answered_at"][-200_000:]
+    out.put(res)
+
+
+def _swap_listener(url: str, seen: list, stop: threading.Event) -> None:
+    """Records when each swap of the load datastore is notified (the swap's commit)."""
+    import psycopg
+
+    from datastore.models import SWAP_CHANNEL
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'LISTEN "{SWAP_CHANNEL}"')
+        while not stop.is_set():
+            for note in conn.notifies(timeout=0.2):
+                if note.payload == NAME:
+                    seen.append(time.time())
+
+
+def _restart(url: str, cmd: str | None) -> float:
+    """Restart the server; returns the seconds it took."""
+    t = time.time()
+    if cmd:
+        subprocess.run(cmd, shell=True, check=True, capture_output=True)
+    else:
+        from datastore.connection import restart_embedded
+
+        restart_embedded()
+    return time.time() - t
+
+
+def _pct(a, q) -> float:
+    return float(np.percentile(np.asarray(a) * 1e3, q)) if len(a) else float("nan")
+
+
+def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedded: bool) -> dict:
+    procs = min(clients, args.procs)
+    per = [clients // procs + (i < clients % procs) for i in range(procs)]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    workers = [ctx.Process(target=_client_proc, args=(url, n, args.seconds, args.step_ms / 1e3, args.cache_mb,
+                                                      args.restart, contexts, i, out)) for i, n in enumerate(per)]
+    swaps: list[float] = []
+    stop = threading.Event()
+    listener = threading.Thread(target=_swap_listener, args=(url, swaps, stop), daemon=True)
+    listener.start()
+    t0 = time.time()
+    for w in workers:
+        w.start()
+    time.sleep(args.seconds / 3)
+    event = {}
+    if args.restart:
+        event["restart_at"] = time.time()
+        event["restart_s"] = _restart(url, None if embedded else restart_cmd)
+    else:
+        t = time.time()
+        event["build_id"] = _build(url, args.limit)
+        event["rebuild_s"] = time.time() - t
+    results = [out.get() for _ in workers]
+    for w in workers:
+        w.join()
+    stop.set()
+    wall = time.time() - t0
+    lookups = [x for r in results for x in r["lookup_s"]]
+    row = {"clients": clients, "procs": procs, "seconds": args.seconds, "lookups": len(lookups),
+           "lookups_per_s": len(lookups) / args.seconds, "wall_s": wall,
+           "lookup_ms": {q: _pct(lookups, q) for q in (50, 99, 100)},
+           "select1_ms": {q: _pct([x for r in results for x in r["select1_s"]], q) for q in (50, 99, 100)},
+           "errors": sum(r["errors"] for r in results),
+           "error_kinds": [r["error_kinds"] for r in results if r["error_kinds"]]} | event
+    if args.restart:
+        back = [min((t for t in r["answered_at"] if t > event["restart_at"]), default=None) for r in results]
+        row["fallback_steps"] = sum(r["fallback_steps"] for r in results)
+        row["recovered_after_s"] = [None if b is None else round(b - event["restart_at"], 3) for b in back]
+        row["faults"] = [r["faults"] for r in results]
+    else:
+        swap_at = swaps[-1] if swaps else None
+        new = str(event["build_id"])
+        row["saw_new_build_after_ms"] = [None if swap_at is None or new not in r["builds"]
+                                         else round(1e3 * (r["builds"][new] - swap_at), 1) for r in results]
+        row["cache_hit_rate"] = float(np.mean([r["stats"]["cache_hit_rate"] for r in results]))
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--database-url", help="a Postgres server (libpq URL)")
+    where.add_argument("--embedded", action="store_true", help="the embedded server (the default for new users)")
+    ap.add_argument("--clients", nargs="+", type=int, default=[16, 64], help="concurrent drafting clients")
+    ap.add_argument("--seconds", type=float, default=60.0, help="seconds of load per run")
+    ap.add_argument("--procs", type=int, default=4, help="client processes (clients are spread over them)")
+    ap.add_argument("--step-ms", type=float, default=10.0, help="ms each client waits between lookups")
+    ap.add_argument("--cache-mb", type=float, default=0.0, help="each process's tree cache, MiB (0: none)")
+    ap.add_argument("--limit", type=int, default=3000, help="ShareGPT conversations in the load datastore")
+    ap.add_argument("--restart", action="store_true", help="restart Postgres mid-run instead of rebuilding")
+    ap.add_argument("--restart-cmd", default="pg_ctlcluster 15 main restart", help="restarts the server")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args()
+    from datastore.connection import resolve_database_url
+
+    url = resolve_database_url(None if args.embedded else args.database_url)
+    t = time.time()
+    _build(url, args.limit)
+    print(f"load datastore {NAME!r} ({args.limit} conversations) built in {time.time() - t:.0f} s", flush=True)
+    contexts = _contexts(5000)
+    rows = []
+    for c in args.clients:
+        row = run(url, c, args, contexts, args.restart_cmd, args.embedded)
+        rows.append(row)
+        lk, s1 = row["lookup_ms"], row["select1_ms"]
+        print(f"{c:>3} clients: {row['lookups_per_s']:,.0f} lookups/s  lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
+              f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
+              f"errors {row['errors']}", flush=True)
+        if args.restart:
+            print(f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
+                  f"processes drafting again after {row['recovered_after_s']} s; faults {row['faults']}")
+        else:
+            print(f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
+                  f"{row['saw_new_build_after_ms']} ms after its swap was notified")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

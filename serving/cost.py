@@ -1,0 +1,72 @@
+"""When a draft token pays for itself: an online model of the engine's step time.
+
+A verification step over ``N`` tokens (every row's sampled token plus its draft tokens) takes about
+``T(N) = a + b * N`` seconds: ``a`` is the fixed cost of a step (weights streamed once, scheduling,
+sampling), ``b`` the cost of one more token. Without drafts a batch of ``B`` rows emits ``B`` tokens
+per step, ``B / T(B)`` tokens per second. One more draft token, accepted with probability ``p``
+(its chain score: a path probability), adds ``p`` expected tokens for ``b`` more seconds, so it raises
+throughput only when
+
+    p > b * B / (a + b * B)        (the break-even score)
+
+On a GPU ``b`` is tiny next to ``a`` and almost every draft pays; on a 2-core CPU at batch 32, ``b * B``
+dominates and only near-certain tokens do (the goodput argument of SmartSpec, "Optimizing Speculative
+Decoding for Serving Large Language Models Using Goodput", https://arxiv.org/abs/2406.14066).
+
+:class:`StepCostModel` fits ``a`` and ``b`` by least squares over the engine's recent steps, timed
+between two ``propose`` calls, so it follows the engine and the hardware it runs on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+__all__ = ["StepCostModel"]
+
+
+class StepCostModel:
+    """Least-squares fit of ``step seconds = a + b * tokens`` over the last ``window`` steps.
+
+    Args:
+        window: steps kept (>= 8).
+        min_steps: steps needed before :meth:`break_even` answers anything but 0.
+
+    Raises:
+        ValueError: when ``window < 8`` or ``min_steps < 2``.
+    """
+
+    def __init__(self, window: int = 512, min_steps: int = 16) -> None:
+        if window < 8 or min_steps < 2:
+            raise ValueError(f"window={window} must be >= 8 and min_steps={min_steps} >= 2")
+        self.min_steps = min_steps
+        self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._fit: tuple[float, float] | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Record one engine step that verified ``tokens`` tokens in ``seconds``."""
+        if tokens > 0 and seconds > 0:
+            self._steps.append((tokens, seconds))
+            self._fit = None
+
+    @property
+    def coefficients(self) -> tuple[float, float] | None:
+        """``(a, b)`` in seconds and seconds per token, or ``None`` before ``min_steps`` steps or while
+        every step had the same number of tokens (``b`` cannot be told from ``a`` then)."""
+        if self._fit is None and len(self._steps) >= self.min_steps:
+            n, t = np.asarray(self._steps, dtype=np.float64).T
+            if np.ptp(n) > 0:
+                b, a = np.polyfit(n, t, 1)
+                b = max(float(b), 0.0)
+                self._fit = (max(float(np.mean(t - b * n)), 0.0), b) if a < 0 else (float(a), b)
+        return self._fit
+
+    def break_even(self, rows: int) -> float:
+        """The score a draft token needs to raise throughput with ``rows`` rows decoding, in [0, 1)
+        (0 until the model is fitted)."""
+        fit = self.coefficients
+        if fit is None or rows < 1:
+            return 0.0
+        a, b = fit
+        return b * rows / (a + b * rows) if a + b * rows > 0 else 0.0
