@@ -8,14 +8,16 @@ comparison, then ``--step-ms`` of "forward pass" before the next step. Clients r
 cache shared by its threads, as in a serving process; ``--cache-mb 0``, the default, sends every lookup
 to the server, the hardest case).
 
-Phase ``rebuild`` (default): ``--seconds`` of load; at a third of it the same datastore name is rebuilt
-from the same corpus slice and swapped in. Printed: lookups/s, lookup and ``SELECT 1`` p50/p99/max (ms),
-errors (lookups that raised), and how long after the swap's notification each process served the new build.
+Phase ``rebuild`` (default): at least ``--seconds`` of load; at a sixth of it the same datastore name is
+rebuilt from the same corpus slice (in a process at ``nice`` 10, as on a serving host) and swapped in; the
+load goes on at least 5 s past the swap. Printed: lookups/s, lookup and ``SELECT 1`` p50/p99/max (ms),
+errors (lookups that raised), and how long after the swap's notification reached a listener each process
+served the new build (negative: before; a client whose lookup finds the old table gone follows at once).
 
 Phase ``restart`` (``--restart``): the clients draft through :class:`decoder.drafters.DatastoreSource`
 (fall back, then reopen every 0.5 s); at a third of the run Postgres restarts (``--restart-cmd``, default
 ``pg_ctlcluster 15 main restart``; the embedded server is restarted with its own ``pg_ctl``). Printed: steps
-that fell back, seconds from the restart until each process drafts from the datastore again, errors.
+that fell back, seconds from the server being back until each process drafts from the datastore again, errors.
 
     python benchmarks/load.py --database-url postgresql://postgres@127.0.0.1:5432/test --clients 16 64
     python benchmarks/load.py --embedded --clients 16 64
@@ -26,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import multiprocessing as mp
+import os
 import subprocess
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +50,16 @@ def _build(url: str, limit: int) -> int:
                            progress=False).build_id
 
 
+def _build_niced(url: str, limit: int) -> int:
+    os.nice(10)  # as a rebuild on a serving host would run: the lookups keep their cores
+    return _build(url, limit)
+
+
+def _build_in_child(url: str, limit: int) -> int:
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(_build_niced, url, limit).result()
+
+
 def _contexts(n: int) -> list[list[int]]:
     import sys
 
@@ -56,9 +71,10 @@ def _contexts(n: int) -> list[list[int]]:
     return spec_bench_contexts(load_tokenizer(), n)
 
 
-def _client_proc(url: str, threads: int, seconds: float, step_s: float, cache_mb: float, fallback: bool,
+def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, fallback: bool,
                  contexts: list, seed: int, out) -> None:
-    """One serving process: ``threads`` clients sharing one SharedDatastore; sends its samples to ``out``."""
+    """One serving process: ``threads`` clients sharing one SharedDatastore, until ``stop`` (an event) is set;
+    sends its samples to ``out``."""
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -66,6 +82,7 @@ def _client_proc(url: str, threads: int, seconds: float, step_s: float, cache_mb
     from datastore.shared import SharedDatastore
     from decoder.drafters import DatastoreSource
 
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # a restart's reconnect attempts: counted below
     tok = load_tokenizer()
     conns = min(threads, 4)  # per process, for lookups and for SELECT 1 alike (max_connections is 100)
     opener = lambda: SharedDatastore.open(NAME, tokenizer=tok, database_url=url, pool_size=conns,  # noqa: E731
@@ -79,12 +96,11 @@ def _client_proc(url: str, threads: int, seconds: float, step_s: float, cache_mb
         client.wait_listening()
     lock = threading.Lock()
     res = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "fallback_steps": 0,
-           "builds": {}, "answered_at": []}
-    stop_at = time.time() + seconds
+           "builds": {}, "answered_at": [], "fell_back_at": []}
 
     def work(i: int) -> None:
         rng = np.random.default_rng(seed * 1000 + i)
-        while time.time() < stop_at:
+        while not stop.is_set():
             ctx = contexts[int(rng.integers(len(contexts)))]
             t0 = time.perf_counter()
             try:
@@ -102,6 +118,7 @@ def _client_proc(url: str, threads: int, seconds: float, step_s: float, cache_mb
                 res["lookup_s"].append(lat)
                 if fallback and live is None:
                     res["fallback_steps"] += 1
+                    res["fell_back_at"].append(now)
                 else:
                     res["answered_at"].append(now)
                     build = live.info.id
@@ -166,41 +183,48 @@ def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedde
     procs = min(clients, args.procs)
     per = [clients // procs + (i < clients % procs) for i in range(procs)]
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    workers = [ctx.Process(target=_client_proc, args=(url, n, args.seconds, args.step_ms / 1e3, args.cache_mb,
+    out, done = ctx.Queue(), ctx.Event()
+    workers = [ctx.Process(target=_client_proc, args=(url, n, done, args.step_ms / 1e3, args.cache_mb,
                                                       args.restart, contexts, i, out)) for i, n in enumerate(per)]
     swaps: list[float] = []
     stop = threading.Event()
-    listener = threading.Thread(target=_swap_listener, args=(url, swaps, stop), daemon=True)
-    listener.start()
+    if not args.restart:
+        threading.Thread(target=_swap_listener, args=(url, swaps, stop), daemon=True).start()
     t0 = time.time()
     for w in workers:
         w.start()
-    time.sleep(args.seconds / 3)
     event = {}
     if args.restart:
+        time.sleep(args.seconds / 3)
         event["restart_at"] = time.time()
         event["restart_s"] = _restart(url, None if embedded else restart_cmd)
-    else:
+        time.sleep(max(0.0, t0 + args.seconds - time.time()))
+    else:  # the rebuild starts early, as it competes with the clients for the cores
+        time.sleep(args.seconds / 6)
         t = time.time()
-        event["build_id"] = _build(url, args.limit)
+        event["build_id"] = _build_in_child(url, args.limit)  # the GIL stays free for the swap listener
         event["rebuild_s"] = time.time() - t
+        time.sleep(max(0.0, t0 + args.seconds - time.time(), 5.0))  # the load goes on >= 5 s after the swap
+    done.set()
+    load_s = time.time() - t0
     results = [out.get() for _ in workers]
     for w in workers:
         w.join()
     stop.set()
     wall = time.time() - t0
     lookups = [x for r in results for x in r["lookup_s"]]
-    row = {"clients": clients, "procs": procs, "seconds": args.seconds, "lookups": len(lookups),
-           "lookups_per_s": len(lookups) / args.seconds, "wall_s": wall,
+    row = {"clients": clients, "procs": procs, "seconds": load_s, "lookups": len(lookups),
+           "lookups_per_s": len(lookups) / load_s, "wall_s": wall,
            "lookup_ms": {q: _pct(lookups, q) for q in (50, 99, 100)},
            "select1_ms": {q: _pct([x for r in results for x in r["select1_s"]], q) for q in (50, 99, 100)},
            "errors": sum(r["errors"] for r in results),
            "error_kinds": [r["error_kinds"] for r in results if r["error_kinds"]]} | event
     if args.restart:
-        back = [min((t for t in r["answered_at"] if t > event["restart_at"]), default=None) for r in results]
+        up = event["restart_at"] + event["restart_s"]  # the server accepts connections again
+        last = [max(r["fell_back_at"], default=event["restart_at"]) for r in results]
+        back = [min((t for t in r["answered_at"] if t > t_last), default=None) for r, t_last in zip(results, last)]
         row["fallback_steps"] = sum(r["fallback_steps"] for r in results)
-        row["recovered_after_s"] = [None if b is None else round(b - event["restart_at"], 3) for b in back]
+        row["recovered_after_s"] = [None if b is None else round(b - up, 3) for b in back]
         row["faults"] = [r["faults"] for r in results]
     else:
         swap_at = swaps[-1] if swaps else None
@@ -238,12 +262,12 @@ def main() -> None:
         row = run(url, c, args, contexts, args.restart_cmd, args.embedded)
         rows.append(row)
         lk, s1 = row["lookup_ms"], row["select1_ms"]
-        print(f"{c:>3} clients: {row['lookups_per_s']:,.0f} lookups/s  lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
+        print(f"{c:>3} clients, {row['seconds']:.0f} s: {row['lookups_per_s']:,.0f} lookups/s  lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
               f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
               f"errors {row['errors']}", flush=True)
         if args.restart:
             print(f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
-                  f"processes drafting again after {row['recovered_after_s']} s; faults {row['faults']}")
+                  f"processes drafting again {row['recovered_after_s']} s after the server was back; faults {row['faults']}")
         else:
             print(f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
                   f"{row['saw_new_build_after_ms']} ms after its swap was notified")

@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--references", type=Path, default=REPO / "results" / "vllm_serving.json")
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16])
     ap.add_argument("--datastore", default="sharegpt")
-    ap.add_argument("--min-score", type=float, default=0.1, help="our chains' cut (the proposer's default)")
+    ap.add_argument("--min-score", type=float, default=0.2, help="our chains' cut (the proposer's default)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
     args = ap.parse_args()
     from datastore import load_tokenizer

@@ -105,12 +105,24 @@ def embedded_settings(ram_bytes: int | None = None) -> dict[str, str]:
             "shared_preload_libraries": "pg_prewarm", "pg_prewarm.autoprewarm": "on"}
 
 
+def untuned_settings(conn: psycopg.Connection, want: dict[str, str]) -> dict[str, str]:
+    """The settings of ``want`` the server does not have yet (sizes compared in bytes: ``2048MB`` is ``2GB``)."""
+    pending = {}
+    for key, value in want.items():
+        have = conn.execute("SELECT current_setting(%s, true)", [key]).fetchone()[0]
+        if have is not None and value[-2:] in ("kB", "MB", "GB") and have[-2:] in ("kB", "MB", "GB"):
+            same = conn.execute("SELECT pg_size_bytes(%s) = pg_size_bytes(%s)", [have, value]).fetchone()[0]
+        else:
+            same = have == value
+        if not same:
+            pending[key] = value
+    return pending
+
+
 def _tune(server) -> None:
     """Apply :func:`embedded_settings` once (``ALTER SYSTEM``, then a restart), and create ``pg_prewarm``."""
-    want = embedded_settings()
     with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        have = {k: conn.execute("SELECT current_setting(%s, true)", [k]).fetchone()[0] for k in want}
-        pending = {k: v for k, v in want.items() if have[k] != v}
+        pending = untuned_settings(conn, embedded_settings())
         for key, value in pending.items():
             conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
                 psycopg.sql.Identifier(key), psycopg.sql.Literal(value)))

@@ -16,7 +16,7 @@ def main() -> None:
         spec = {"method": "custom_class", "model": "serving.vllm_proposer.CrestProposer",
                 "num_speculative_tokens": job["k"]}
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=2048, seed=0,
-              max_num_seqs=len(job["prompts"]), speculative_config=spec)
+              max_num_seqs=len(job["prompts"]), speculative_config=spec, disable_log_stats=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]],
                         SamplingParams(temperature=0.0, max_tokens=job["max_tokens"]), use_tqdm=False)
     result = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}

@@ -1,0 +1,94 @@
+"""One drafting step for a whole batch, outside any engine: :class:`decoder.service.DraftingService` with
+``--batch`` requests in flight (default 32), datastore included.
+
+The requests replay the greedy references the serving benchmark saved (``benchmarks/vllm_serving.py``'s
+no-speculation outputs): every step drafts for every unfinished request of the batch in one ``propose``
+(one batched datastore lookup), each request accepts the longest prefix of its draft that matches its
+reference plus the bonus token, as a verifier would, and moves on. Timed: each ``propose`` (wall, ms).
+Printed per set and form (``chain``, as vLLM verifies; ``tree``): step p50/p99, the datastore lookup's
+share, the tree cache's hit rate and the accept length, with a cold cache per run (``--cache-mb``; 0
+sends every lookup to the server). Time it alone: the two cores are shared with the server.
+
+    .venv/bin/python benchmarks/service_step.py [--batch 32] [--budget 4] [--cache-mb 64 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget: int, chain: bool) -> dict:
+    """Replays ``refs[:batch]`` together, as :func:`decoder.simulate.replay` replays one; returns the step
+    times (s) and the accept length (tokens per request step, bonus included)."""
+    from decoder.simulate import reference_predictions
+    from decoder.verify import accept_greedy
+
+    live = {}
+    for rid, (prompt, out) in enumerate(refs[:batch]):
+        service.start_request(rid, prompt + out[:1])  # the prefill committed out[0]
+        live[rid] = [np.asarray(out, dtype=np.int64), 1]  # reference, position
+    times, steps, tokens = [], 0, 0
+    while live:
+        t = time.perf_counter()
+        drafts = service.propose([(rid, min(budget, len(ref) - pos - 1)) for rid, (ref, pos) in live.items()],
+                                 chain=chain)
+        times.append(time.perf_counter() - t)
+        for (rid, state), draft in zip(list(live.items()), drafts):
+            ref, pos = state
+            path, _ = accept_greedy(draft, reference_predictions(draft, ref, pos))
+            n = min(len(path) + 1, len(ref) - pos)
+            service.add_tokens(rid, ref[pos:pos + n].tolist())
+            state[1] = pos + n
+            steps, tokens = steps + 1, tokens + n
+            if state[1] >= len(ref):
+                service.stop_request(rid)
+                del live[rid]
+    return {"times": times, "accept": tokens / max(steps, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--references", type=Path, default=REPO / "results" / "vllm_serving.json")
+    ap.add_argument("--batch", type=int, default=32, help="requests in flight")
+    ap.add_argument("--budget", type=int, default=4, help="draft tokens per request (the proposer's k)")
+    ap.add_argument("--min-score", type=float, default=0.2, help="the cut (the proposer's CREST_MIN_SCORE)")
+    ap.add_argument("--cache-mb", nargs="+", type=float, default=[64.0, 0.0], help="tree cache bounds to run")
+    ap.add_argument("--datastore", default="sharegpt")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from peers import _references
+
+    from datastore import load_tokenizer
+    from datastore.shared import SharedDatastore
+    from decoder.drafters import DatastoreSource
+    from decoder.service import DraftingService
+
+    refs = _references(args.references)
+    tok = load_tokenizer()
+    print(f"batch {args.batch}, budget {args.budget}, min score {args.min_score}")
+    print(f"{'set':<11} {'form':<6} {'cache MiB':>9} {'steps':>6} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'lookup':>7} {'hits':>6} {'accept':>7}")
+    for name, rs in refs.items():
+        for chain in (True, False):
+            for mb in args.cache_mb:
+                client = SharedDatastore.open(args.datastore, tokenizer=tok, cache_bytes=int(mb * 2**20))
+                service = DraftingService(DatastoreSource(lambda c=client: c), min_score=args.min_score)
+                client.lookup_batch([rs[0][0][-5:]])  # opens the pool's connections
+                res = run_set(service, rs, args.batch, args.budget, chain)
+                st, ms = service.stats, np.asarray(res["times"]) * 1e3
+                hits = client.stats().get("cache_hit_rate", 0.0)
+                print(f"{name:<11} {'chain' if chain else 'tree':<6} {mb:>9.0f} {len(ms):>6} "
+                      f"{np.median(ms):>7.2f} {np.percentile(ms, 99):>7.2f} "
+                      f"{st.lookup_s / max(st.step_s, 1e-12):>7.0%} {hits:>6.0%} {res['accept']:>7.2f}", flush=True)
+                client.close()
+
+
+if __name__ == "__main__":
+    main()
