@@ -105,6 +105,22 @@ def _references(path: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
     return out
 
 
+def _table(rows: list[dict]) -> None:
+    """Prints accept length per set, budget and form, and ours / the best peer; a tree's best peer is the
+    best peer draft of either form (a chain is a tree)."""
+    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m:>6}" for m in ("ours", "ngram", "suffix"))
+          + "  ours/best peer")
+    for name in dict.fromkeys(r["set"] for r in rows):
+        for budget in sorted({r["budget"] for r in rows if r["set"] == name}):
+            at = [r for r in rows if r["set"] == name and r["budget"] == budget]
+            for form in ("chain", "tree"):
+                got = {r["method"]: r["accept_length"] for r in at if r["form"] == form}
+                peers = [r["accept_length"] for r in at if r["method"] != "ours" and (form == "tree" or r["form"] == form)]
+                cells = "  ".join("     -" if got.get(m) is None else f"{got[m]:>6.2f}" for m in ("ours", "ngram", "suffix"))
+                ratio = f"{got['ours'] / max(peers):.2f}" if peers and "ours" in got else "-"
+                print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--references", type=Path, default=REPO / "results" / "vllm_serving.json")
@@ -112,7 +128,10 @@ def main() -> None:
     ap.add_argument("--datastore", default="sharegpt")
     ap.add_argument("--min-score", type=float, default=0.2, help="our chains' cut (the proposer's default)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
+    ap.add_argument("--table", action="store_true", help="only print the table of an earlier run's --out")
     args = ap.parse_args()
+    if args.table:
+        return _table(json.loads(args.out.read_text()))
     from datastore import load_tokenizer
     from datastore.shared import SharedDatastore
     from decoder.drafters import DatastoreSource
@@ -147,19 +166,7 @@ def main() -> None:
                              "prompts": len(pairs), "accept_length": tokens / max(steps, 1)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))
-    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m:>6}" for m in ("ours", "ngram", "suffix"))
-          + "  ours/best peer")
-    for name in refs:
-        for budget in args.budgets:
-            for form in ("chain", "tree"):
-                got = {r["method"]: r["accept_length"] for r in rows
-                       if r["set"] == name and r["budget"] == budget and r["form"] == form}
-                if form == "tree":
-                    got.setdefault("ngram", None)
-                peers = [v for m, v in got.items() if m != "ours" and v is not None]
-                cells = "  ".join("     -" if got.get(m) is None else f"{got[m]:>6.2f}" for m in ("ours", "ngram", "suffix"))
-                ratio = f"{got['ours'] / max(peers):.2f}" if peers else "-"
-                print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
+    _table(rows)
     print(f"wrote {args.out}")
 
 
