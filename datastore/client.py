@@ -199,7 +199,7 @@ class Datastore:
         q = self._queries.get(k)
         if q is None:
             probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = {})").format(
-                sql.Identifier(self.info.table), sql.Placeholder())
+                sql.Identifier(self.info.table), sql.Placeholder(format="b"))  # keys sent binary, as results are
             q = sql.SQL("{} LIMIT 1").format(sql.SQL(" UNION ALL ").join([probe] * k)).as_string(self._conn)
             self._queries[k] = q
         return q
@@ -207,7 +207,7 @@ class Datastore:
     def _batch_query(self) -> str:
         q = self._queries.get(0)
         if q is None:
-            q = sql.SQL("SELECT key, tree FROM {} WHERE key = ANY(%s)").format(
+            q = sql.SQL("SELECT key, tree FROM {} WHERE key = ANY(%b)").format(
                 sql.Identifier(self.info.table)).as_string(self._conn)
             self._queries[0] = q
         return q

@@ -171,14 +171,14 @@ class SharedDatastore:
         if q is None:
             q = self._queries[table] = sql.SQL(
                 "SELECT DISTINCT ON (w.ctx) w.ctx, t.key, t.tree "
-                "FROM unnest(%s::bytea[], %s::int4[]) AS w(key, ctx) JOIN {} t ON t.key = w.key "
+                "FROM unnest(%b::bytea[], %b::int4[]) AS w(key, ctx) JOIN {} t ON t.key = w.key "
                 "ORDER BY w.ctx, length(t.key) DESC").format(sql.Identifier(table)).as_string()
         return q
 
     def _single_sql(self, table: str, k: int) -> str:
         q = self._queries.get((table, k))
         if q is None:
-            probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = %s)").format(sql.Identifier(table))
+            probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = %b)").format(sql.Identifier(table))
             q = self._queries[(table, k)] = sql.SQL("{} LIMIT 1").format(
                 sql.SQL(" UNION ALL ").join([probe] * k)).as_string()
         return q
