@@ -47,6 +47,16 @@ def _pct(samples: list[float]) -> str:
     return f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  p99 {np.percentile(a, 99):.3f} ms"
 
 
+def _timed(call, items) -> list[float]:
+    """Seconds of each ``call(item)``, one after another."""
+    out = []
+    for item in items:
+        t = time.perf_counter()
+        call(item)
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", default="sharegpt", help="datastore name")
@@ -59,11 +69,7 @@ def main() -> None:
     with connect(url, autocommit=True) as conn:
         for _ in range(200):
             conn.execute("SELECT 1", prepare=True).fetchall()
-        base = []
-        for _ in range(len(contexts)):
-            t = time.perf_counter()
-            conn.execute("SELECT 1", prepare=True).fetchall()
-            base.append(time.perf_counter() - t)
+        base = _timed(lambda _: conn.execute("SELECT 1", prepare=True).fetchall(), contexts)
     with Datastore.open(args.name, tokenizer=tok, database_url=url) as ds:
         for c in contexts[:200]:
             ds.lookup(c)
@@ -84,19 +90,11 @@ def main() -> None:
     with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, cache_bytes=0, listen=False) as shared:
         for c in contexts[:200]:
             shared.lookup(c)
-        miss = []
-        for c in contexts:
-            t = time.perf_counter()
-            shared.lookup(c)
-            miss.append(time.perf_counter() - t)
+        miss = _timed(shared.lookup, contexts)
     with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, listen=False) as shared:
         for c in contexts:
-            shared.lookup(c)
-        hit = []
-        for c in contexts:
-            t = time.perf_counter()
-            shared.lookup(c)
-            hit.append(time.perf_counter() - t)
+            shared.lookup(c)  # fills the cache
+        hit = _timed(shared.lookup, contexts)
     s = datastore_stats(url, args.name)
     print(f"datastore {args.name}: {s['rows']:,} n-grams, {s['bytes_total']:,} bytes "
           f"(table {s['bytes_table']:,} + index {s['bytes_index']:,})")

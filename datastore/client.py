@@ -16,6 +16,7 @@ grant-reader``) can use it. Every failure is a :class:`datastore.errors.Datastor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import psycopg
@@ -30,7 +31,24 @@ from .tokenizer import tokenizer_fingerprint
 from .tree import Match
 
 __all__ = ["Datastore", "DatastoreInfo", "resolve_build", "check_tokenizer", "suffix_keys", "decode_match",
-           "server_error"]
+           "longest_match_sql", "server_error"]
+
+
+@lru_cache(maxsize=1024)
+def longest_match_sql(table: str, k: int) -> str:
+    """The one-context longest-match query: ``k`` key probes of ``table``, longest key first, joined by
+    ``UNION ALL`` under ``LIMIT 1``, so the server stops at the first stored key. Parameters: the ``k`` keys
+    (``bytea``), sent in binary (``%b``: psycopg escapes text-format ``bytea`` with a regular expression).
+
+    Args:
+        table: the build's tree table. k: how many keys the query probes, >= 1.
+
+    Returns:
+        The SQL; it returns at most one row ``(key, tree)``.
+    """
+    probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = {})").format(sql.Identifier(table),
+                                                                        sql.Placeholder(format="b"))
+    return sql.SQL("{} LIMIT 1").format(sql.SQL(" UNION ALL ").join([probe] * k)).as_string(None)
 
 
 @dataclass(frozen=True)
@@ -142,7 +160,7 @@ class Datastore:
         self._conn = conn
         self.info = info
         self._fingerprint = fingerprint
-        self._queries: dict[int, str] = {}  # by number of keys (0: batch); composing SQL costs ~0.1 ms a call
+        self._queries: dict[int, str] = {}  # the batch query (key 0); composing SQL costs ~0.1 ms a call
 
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None,
@@ -195,15 +213,6 @@ class Datastore:
             self.info, self._queries = info, {}
         return changed
 
-    def _query(self, k: int) -> str:
-        q = self._queries.get(k)
-        if q is None:
-            probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = {})").format(
-                sql.Identifier(self.info.table), sql.Placeholder(format="b"))  # keys sent binary, as results are
-            q = sql.SQL("{} LIMIT 1").format(sql.SQL(" UNION ALL ").join([probe] * k)).as_string(self._conn)
-            self._queries[k] = q
-        return q
-
     def _batch_query(self) -> str:
         q = self._queries.get(0)
         if q is None:
@@ -245,7 +254,7 @@ class Datastore:
         keys = suffix_keys(context_tokens, self.info)
         if not keys:
             return None
-        rows = self._execute(self._query(len(keys)), keys)
+        rows = self._execute(longest_match_sql(self.info.table, len(keys)), keys)
         if rows is None:
             return self.lookup(context_tokens)
         return decode_match(self.info, *rows[0]) if rows else None

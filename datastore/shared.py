@@ -32,7 +32,8 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .cache import TreeCache
-from .client import DatastoreInfo, check_tokenizer, decode_match, resolve_build, server_error, suffix_keys
+from .client import (DatastoreInfo, check_tokenizer, decode_match, longest_match_sql, resolve_build, server_error,
+                     suffix_keys)
 from .connection import connect, resolve_database_url
 from .errors import CodecError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from .keys import decode_key
@@ -68,7 +69,7 @@ class SharedDatastore:
         self._refresh_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._timeout = connect_timeout_s
-        self._queries: dict = {}  # table (batch) or (table, keys) (one context) -> SQL
+        self._queries: dict = {}  # table -> the batch query
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
                                     name=f"crest-{info.name}", open=True)
         self._closing = threading.Event()
@@ -175,14 +176,6 @@ class SharedDatastore:
                 "ORDER BY w.ctx, length(t.key) DESC").format(sql.Identifier(table)).as_string()
         return q
 
-    def _single_sql(self, table: str, k: int) -> str:
-        q = self._queries.get((table, k))
-        if q is None:
-            probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = %b)").format(sql.Identifier(table))
-            q = self._queries[(table, k)] = sql.SQL("{} LIMIT 1").format(
-                sql.SQL(" UNION ALL ").join([probe] * k)).as_string()
-        return q
-
     def _fetch(self, info: DatastoreInfo, keys: list[bytes], owners: list[int]) -> list | None:
         """One round trip: for each context in ``owners``, its longest key among ``keys`` that the build
         holds, as ``(context, key, blob)`` rows; ``None`` when the build was replaced under us.
@@ -194,7 +187,7 @@ class SharedDatastore:
             with self._pool.connection(timeout=self._timeout) as conn:
                 if single:
                     rows = [(owners[0], key, blob) for key, blob in conn.execute(
-                        self._single_sql(info.table, len(keys)), keys, prepare=True, binary=True).fetchall()]
+                        longest_match_sql(info.table, len(keys)), keys, prepare=True, binary=True).fetchall()]
                 else:
                     rows = conn.execute(self._batch_sql(info.table), [keys, owners], prepare=True,
                                         binary=True).fetchall()
