@@ -36,6 +36,9 @@ from .ngram_trie import NGramTrie
 __all__ = ["DraftingService", "ServiceStats"]
 
 
+STEP_TIMES_KEPT = 10_000
+
+
 @dataclass
 class ServiceStats:
     """Cumulative figures of a service (seconds are wall-clock, summed over calls).
@@ -43,7 +46,8 @@ class ServiceStats:
     Attributes:
         steps: :meth:`DraftingService.propose` calls. drafts: drafts returned. nodes: draft nodes returned.
         lookup_s: datastore lookups (one batched call a step). trie_s: trie matches. merge_s: merges.
-        step_s: whole ``propose`` calls.
+        step_s: whole ``propose`` calls. step_times: the last ``STEP_TIMES_KEPT`` calls' seconds, one each
+        (bounded: a service lives as long as its server).
     """
 
     steps: int = 0
@@ -53,7 +57,7 @@ class ServiceStats:
     trie_s: float = 0.0
     merge_s: float = 0.0
     step_s: float = 0.0
-    step_times: list[float] = field(default_factory=list, repr=False)
+    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT), repr=False)
 
 
 @dataclass

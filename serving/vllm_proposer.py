@@ -35,6 +35,7 @@ import atexit
 import json
 import os
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ import numpy as np
 
 from datastore.shared import SharedDatastore
 from decoder.drafters import DatastoreSource
-from decoder.service import DraftingService
+from decoder.service import STEP_TIMES_KEPT, DraftingService
 
 from .cost import StepCostModel
 from .rows import RowTracker
@@ -125,7 +126,7 @@ class CrestProposer:
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...
         self._last_tokens = 0                # ... and how many tokens the engine then verified
-        self.cuts: list[float] = []          # each step's cut (the larger of min_score and break-even)
+        self.cuts: deque = deque(maxlen=STEP_TIMES_KEPT)  # recent cuts (max of min_score, break-even)
         self.steps = 0
         self.step_s = 0.0
         self.tokens_proposed = 0
@@ -182,11 +183,11 @@ class CrestProposer:
         cache's hit rate and the rows followed."""
         st = self.service.stats
         client = self.source.client
-        times = np.asarray(st.step_times[-10_000:]) * 1e3
+        times = np.asarray(st.step_times) * 1e3
         return {"steps": self.steps, "step_ms_mean": 1e3 * self.step_s / max(self.steps, 1),
                 "service_step_ms_p50": float(np.median(times)) if len(times) else 0.0,
                 "lookup_share": st.lookup_s / max(st.step_s, 1e-12), "tokens_proposed": self.tokens_proposed,
-                "cut_mean": float(np.mean(self.cuts[-10_000:])) if self.cuts else 0.0,
+                "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "step_cost": self.cost.coefficients, "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
                 "faults": dict(self.source.faults), "datastore": client.stats() if client is not None else None,
                 "config": asdict(self.config)}
