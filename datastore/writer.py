@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Sequence
 
 import psycopg
@@ -51,8 +53,9 @@ class DatastoreWriter:
         rows: rows written so far.
     """
 
-    def __init__(self, conn: psycopg.Connection, name: str, build_id: int, table: str) -> None:
+    def __init__(self, conn: psycopg.Connection, name: str, build_id: int, table: str, url: str | None = None) -> None:
         self._conn = conn
+        self._url = url
         self.name = name
         self.build_id = build_id
         self.table = table
@@ -113,7 +116,7 @@ class DatastoreWriter:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, name, build_id, table)
+        return cls(conn, name, build_id, table, url)
 
     def write(self, keys: Sequence[bytes], trees: Sequence[bytes]) -> None:
         """Append rows by binary COPY.
@@ -133,6 +136,51 @@ class DatastoreWriter:
             for row in zip(keys, trees):
                 copy.write_row(row)
         self.rows += len(keys)
+
+    def load_parquet(self, files: Sequence[Path], connections: int = 2, batch_rows: int = 65_536) -> int:
+        """Append the ``key`` and ``tree`` columns of Parquet files by binary COPY, over parallel connections.
+
+        Each file is COPYed whole on one connection (its own transaction); ``connections`` files
+        load at once. This is how a distributed build (``--engine spark``) hands its partitions over.
+
+        Args:
+            files: Parquet files with binary ``key`` and ``tree`` columns (other columns are ignored).
+            connections: parallel connections (>= 1).
+            batch_rows: rows read from a file at a time.
+
+        Returns:
+            Rows loaded.
+
+        Raises:
+            ValueError: when ``connections`` < 1, the writer was made without a URL, or a file lacks
+                a ``key`` or ``tree`` column.
+        """
+        import pyarrow.parquet as pq
+
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, got {connections}")
+        if self._url is None:
+            raise ValueError("load_parquet needs a writer made by DatastoreWriter.begin")
+        for f in files:
+            names = pq.read_schema(f).names
+            if "key" not in names or "tree" not in names:
+                raise ValueError(f"{f} has no key/tree columns (columns: {names})")
+        stmt = sql.SQL("COPY {} (key, tree) FROM STDIN (FORMAT BINARY)").format(sql.Identifier(self.table))
+
+        def load(path: Path) -> int:
+            rows = 0
+            with connect(self._url, autocommit=True) as conn, conn.cursor() as cur, cur.copy(stmt) as copy:
+                copy.set_types(["bytea", "bytea"])
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["key", "tree"]):
+                    for row in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                        copy.write_row(row)
+                    rows += batch.num_rows
+            return rows
+
+        with ThreadPoolExecutor(max_workers=connections, thread_name_prefix="copy") as pool:
+            loaded = sum(pool.map(load, list(files)))
+        self.rows += loaded
+        return loaded
 
     def copy_from(self, source_table: str, keys: Sequence[bytes]) -> int:
         """Append the rows of another build whose key is in ``keys``, server-side.

@@ -61,6 +61,10 @@ class BuildConfig:
         workers: tree-building worker processes (>= 1).
         ranking_dir: keep each n's ranking (and tree sizes) here and reuse it on a later build of
             the same token stream when only top-t changes (see :mod:`ingest.ranking`); ``None``: off.
+        engine: ``duckdb`` (this machine: DuckDB counting, worker processes) or ``spark`` (one Spark
+            job, :mod:`ingest.spark`); both store identical rows.
+        spark_master: the Spark master URL (``local[*]``: every core here). spark_conf: extra Spark
+            settings, ``(key, value)`` pairs (``spark-submit --conf``).
     """
 
     name: str = "sharegpt"
@@ -82,6 +86,9 @@ class BuildConfig:
     memory_limit: str = "4GB"
     workers: int = 2
     ranking_dir: Path | None = None
+    engine: str = "duckdb"
+    spark_master: str = "local[*]"
+    spark_conf: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),
@@ -90,7 +97,9 @@ class BuildConfig:
                   (self.min_count >= 1, "--min-count must be >= 1"),
                   (self.limit is None or self.limit >= 1, "--limit must be >= 1"),
                   (self.compression in ("zstd", "lz4", "none"), "--compression must be zstd, lz4 or none"),
-                  (self.workers >= 1, "--workers must be >= 1")]
+                  (self.workers >= 1, "--workers must be >= 1"),
+                  (self.engine in ("duckdb", "spark"), "--engine must be duckdb or spark"),
+                  (self.engine == "duckdb" or self.ranking_dir is None, "--ranking-dir works with --engine duckdb only")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -180,8 +189,15 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
         ingest.sources.SourceError: when the corpus cannot be read.
         datastore.errors.BuildConflict: when a build of the same name is running.
         datastore.errors.DatabaseUnavailable: when Postgres is unreachable.
+        ingest.spark.SparkUnavailable: with ``engine="spark"`` where pyspark or Java 17+ is missing.
         ValueError: when the corpus yields no tokens.
     """
+    if config.engine == "spark":
+        if corpus is not None:
+            raise ValueError("--engine spark reads its source itself; a pre-tokenized corpus needs --engine duckdb")
+        from .spark import build_with_spark
+
+        return build_with_spark(config, progress)
     timings: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
     url = resolve_database_url(config.database_url)

@@ -33,6 +33,13 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def _spark_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().startswith("spark."):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Spark setting; write e.g. spark.driver.memory=8g")
+    return key.strip(), value.strip()
+
+
 def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
     """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
     p = argparse.ArgumentParser(add_help=False)
@@ -77,7 +84,18 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--ranking-dir", type=Path, default=None,
                    help="keep each n's ranking (kept n-grams, counts, tree sizes) here; a later build of the same "
                         "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off)")
-    b.add_argument("--workers", type=int, default=d.workers, help="tree-building processes (default: %(default)s)")
+    b.add_argument("--workers", type=int, default=d.workers,
+                   help="tree-building processes, --engine duckdb (default: %(default)s)")
+    b.add_argument("--engine", choices=("duckdb", "spark"), default=d.engine,
+                   help="duckdb: this machine (DuckDB counting, worker processes); spark: one Apache Spark job "
+                        "(needs the spark extra and Java 17+), for corpora beyond one host; both store identical "
+                        "rows (default: %(default)s)")
+    b.add_argument("--spark-master", default=d.spark_master,
+                   help="Spark master URL for --engine spark, e.g. local[2], spark://host:7077, yarn "
+                        "(default: %(default)s, every core here)")
+    b.add_argument("--spark-conf", type=_spark_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for --engine spark, as spark-submit --conf (repeatable), e.g. "
+                        "spark.driver.memory=8g (local masters default to 6g)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus",
                        description="Tokenize a corpus as `build` does and save its suffix array (REST's "
@@ -96,7 +114,8 @@ def _config(args) -> BuildConfig:
     return BuildConfig(name=args.name, top_t=args.top_t, max_n=args.max_n, min_count=args.min_count,
                        depth=args.depth, tree_budget=args.tree_budget, compression=args.compression,
                        database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
-                       workers=args.workers, ranking_dir=args.ranking_dir, **corpus)
+                       workers=args.workers, ranking_dir=args.ranking_dir, engine=args.engine,
+                       spark_master=args.spark_master, spark_conf=tuple(args.spark_conf), **corpus)
 
 
 def _build(config: BuildConfig, args) -> None:
@@ -145,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     from datastore.errors import BuildConflict, DatabaseUnavailable
 
     from .sources import SourceError
+    from .spark.session import SparkUnavailable
 
     try:
         (_build if args.command == "build" else _rest_index)(config, args)
     except (SourceError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (DatabaseUnavailable, BuildConflict) as exc:
+    except (DatabaseUnavailable, BuildConflict, SparkUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .counting import KeptNgrams, ngram_windows
 
-__all__ = ["ngram_hash", "tag_occurrences", "partition_plan", "partition", "partitions"]
+__all__ = ["ngram_hash", "kept_index", "tag_occurrences", "tag_into", "partition_plan", "partition", "partitions"]
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _MAX_SEEDS = 16
@@ -34,7 +34,7 @@ def ngram_hash(windows: np.ndarray, seed: int = 0) -> np.ndarray:
     return h
 
 
-def _kept_index(kept: KeptNgrams) -> tuple[int, np.ndarray, np.ndarray]:
+def kept_index(kept: KeptNgrams) -> tuple[int, np.ndarray, np.ndarray]:
     """A seed under which all kept n-grams hash apart, their sorted hashes, and the sort order."""
     for seed in range(_MAX_SEEDS):
         h = ngram_hash(kept.ngrams.T, seed)
@@ -58,10 +58,21 @@ def tag_occurrences(stream: np.ndarray, kept: KeptNgrams, path: Path) -> np.ndar
         starting at each position, -1 where none does.
     """
     tags = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(max(len(stream), 1),))
+    tag_into(stream, kept, tags)
+    tags.flush()
+    return tags
+
+
+def tag_into(stream: np.ndarray, kept: KeptNgrams, tags: np.ndarray,
+             index: tuple[int, np.ndarray, np.ndarray] | None = None) -> None:
+    """Fill ``tags`` (``[>= len(stream)]`` int32, any writable array) as :func:`tag_occurrences` does.
+
+    ``index``: a :func:`kept_index` of ``kept`` computed earlier (it is rebuilt when ``None``).
+    """
     tags[:] = -1
     if len(kept) == 0:
-        return tags
-    seed, sorted_hashes, order = _kept_index(kept)
+        return
+    seed, sorted_hashes, order = kept_index(kept) if index is None else index
     for start, valid, win in ngram_windows(stream, kept.n):
         h = ngram_hash(win, seed)
         idx = np.minimum(np.searchsorted(sorted_hashes, h), len(sorted_hashes) - 1)
@@ -70,8 +81,6 @@ def tag_occurrences(stream: np.ndarray, kept: KeptNgrams, path: Path) -> np.ndar
         cand = order[idx[where]]
         exact = np.all(kept.ngrams[cand].T == win[:, where], axis=0)
         tags[start + where[exact]] = cand[exact].astype(np.int32)
-    tags.flush()
-    return tags
 
 
 def partition_plan(kept: KeptNgrams, max_occurrences: int) -> int:

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from datastore.tokenizer import render_chat
 
 __all__ = ["SOURCES", "SourceReport", "SourceError", "iter_documents", "default_sharegpt_path", "flatten_conversation",
-           "python_source_roots"]
+           "check_text", "document_digest", "list_files", "truncation_note", "resolve_paths", "python_source_roots"]
 
 SOURCES = ("sharegpt", "code", "jsonl", "parquet")
 BATCH_SIZE = 512
@@ -146,7 +146,13 @@ def _truncation_note(path: Path, size: int, exc: Exception) -> str:
     tail_len = min(size, 1 << 20)
     with open(path, "rb") as fh:
         fh.seek(size - tail_len)
-        tail = fh.read()
+        return truncation_note(fh.read(), size, exc)
+
+
+def truncation_note(tail: bytes, size: int, exc: Exception) -> str:
+    """Describe the partial record at the end of a cut-off ShareGPT file from its last bytes
+    (``tail``, up to 1 MiB) and its ``size`` in bytes."""
+    tail_len = len(tail)
     start = tail.rfind(b'{\n    "id"')
     if start < 0:
         start = tail.rfind(b'{"id"')
@@ -190,10 +196,13 @@ def _under_other_site_dir(file: Path, root: Path, roots: set[Path]) -> bool:
     return False
 
 
-def _files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
+def list_files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
     """Every regular file matching ``patterns`` under ``paths``, each once, in a stable order.
 
     A root's site-packages subfolder is skipped unless it is itself one of ``paths``.
+
+    Raises:
+        SourceError: when a path does not exist or nothing matches.
     """
     roots = {p.resolve() for p in paths}
     found: dict[Path, None] = {}
@@ -212,10 +221,15 @@ def _files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
     return list(found)
 
 
+def document_digest(text: str) -> bytes:
+    """The 16-byte BLAKE2b digest that deduplicates documents (code, JSONL and Parquet sources)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def _dedupe(texts: Iterator[str], report: SourceReport) -> Iterator[str]:
     seen: set[bytes] = set()
     for text in texts:
-        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        digest = document_digest(text)
         if digest in seen:
             report.duplicates += 1
             continue
@@ -223,20 +237,26 @@ def _dedupe(texts: Iterator[str], report: SourceReport) -> Iterator[str]:
         yield text
 
 
-def _check_text(value, report: SourceReport, field_name: str) -> str | None:
+def check_text(value, field_name: str) -> tuple[str | None, str | None]:
+    """Validate one text field; returns ``(text, None)`` or ``(None, reason)`` (the reasons a report counts)."""
     if value is None:
-        report.malformed[f"missing field: {field_name}"] += 1
-    elif not isinstance(value, str):
-        report.malformed[f"wrong type: {field_name}"] += 1
-    elif not value.strip():
-        report.malformed["empty text"] += 1
-    else:
-        return value
-    return None
+        return None, f"missing field: {field_name}"
+    if not isinstance(value, str):
+        return None, f"wrong type: {field_name}"
+    if not value.strip():
+        return None, "empty text"
+    return value, None
+
+
+def _check_text(value, report: SourceReport, field_name: str) -> str | None:
+    text, reason = check_text(value, field_name)
+    if reason:
+        report.malformed[reason] += 1
+    return text
 
 
 def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[str]:
-    for file in _files(paths, (glob,)):
+    for file in list_files(paths, (glob,)):
         try:
             data = file.read_bytes()
         except OSError:
@@ -252,7 +272,7 @@ def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[
 
 
 def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
-    for file in _files((path,), ("**/*.jsonl", "**/*.json")):
+    for file in list_files((path,), ("**/*.jsonl", "**/*.json")):
         with open(file, "rb") as fh:
             for line in fh:
                 if not line.strip():
@@ -273,7 +293,7 @@ def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
 
 
 def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
-    for file in _files((path,), ("**/*.parquet",)):
+    for file in list_files((path,), ("**/*.parquet",)):
         pf = pq.ParquetFile(file)
         if field_name not in pf.schema_arrow.names:
             raise SourceError(f"{file} has no column {field_name!r} (columns: {pf.schema_arrow.names}); set --text-field")
@@ -312,6 +332,26 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
     Raises:
         SourceError: for an unknown source, a missing path, or several paths for a one-file source.
     """
+    paths = resolve_paths(source, path)
+    path = paths[0]
+    report = SourceReport(source, os.pathsep.join(map(str, paths)))
+    makers: dict[str, Callable[[], Iterator[str]]] = {
+        "sharegpt": lambda: _sharegpt(path, tokenizer, report),
+        "code": lambda: _dedupe(_code(paths, glob, report), report),
+        "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),
+        "parquet": lambda: _dedupe(_parquet(path, text_field, report), report),
+    }
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return report, _batched(makers[source](), limit, report)
+
+
+def resolve_paths(source: str, path: Path | tuple[Path, ...] | None) -> tuple[Path, ...]:
+    """The existing paths a source reads (``None``: the default corpus of ``source``).
+
+    Raises:
+        SourceError: for an unknown source, a missing path, several paths for a one-file source,
+            or a directory given to ``sharegpt``.
+    """
     if source not in SOURCES:
         raise SourceError(f"unknown --source {source!r}; use one of {', '.join(SOURCES)}")
     if path is None and source == "code":
@@ -327,15 +367,6 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
             raise SourceError(f"--path {p} does not exist")
     if len(paths) > 1 and source != "code":
         raise SourceError(f"--source {source} reads one --path; got {len(paths)}")
-    path = paths[0]
-    report = SourceReport(source, os.pathsep.join(map(str, paths)))
-    makers: dict[str, Callable[[], Iterator[str]]] = {
-        "sharegpt": lambda: _sharegpt(path, tokenizer, report),
-        "code": lambda: _dedupe(_code(paths, glob, report), report),
-        "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),
-        "parquet": lambda: _dedupe(_parquet(path, text_field, report), report),
-    }
-    if source == "sharegpt" and path.is_dir():
-        raise SourceError(f"--source sharegpt takes a JSON file, {path} is a directory")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    return report, _batched(makers[source](), limit, report)
+    if source == "sharegpt" and paths[0].is_dir():
+        raise SourceError(f"--source sharegpt takes a JSON file, {paths[0]} is a directory")
+    return paths

@@ -1,0 +1,210 @@
+"""``python -m ingest build --engine spark``: the CREST build as one Spark job, loaded by the same writer.
+
+Stages (seconds of each are recorded with the build, as the single-node build records its own):
+
+    tokenize  read the source as a DataFrame, validate and tokenize each record in Arrow UDFs
+              (:mod:`ingest.spark.records`), dedupe by digest (a shuffle by digest), apply
+              ``--limit``; malformed records are counted by reason
+    count     partial counts per partition (:func:`ingest.spark.kernels.partial_counts`), summed
+              by ``(n, key)`` (a shuffle by key hash); the count histogram gives each n's top-t
+              threshold; the rows above it are collected and sorted on the driver
+              (:mod:`ingest.spark.selection`)
+    trees     the selection is broadcast; each partition tags the occurrences of kept n-grams and
+              emits their continuations grouped by ``(n, bucket)`` (a shuffle by bucket); each
+              bucket's trees are built and encoded by the single-node tree builder and codec
+              (:func:`ingest.spark.kernels.bucket_trees`) and written as Parquet (key, tree)
+    load      the Parquet files, binary COPY over parallel connections
+              (:meth:`datastore.writer.DatastoreWriter.load_parquet`)
+    index     ANALYZE, the hash index and the atomic swap (:meth:`datastore.writer.DatastoreWriter.finish`)
+
+Nothing is visible to readers before ``index`` commits: a failed job marks its build failed
+and drops its table, and a killed one leaves a ``building`` row that the next build of the
+name retires; either way the previous build keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from datastore.connection import connect, resolve_database_url
+from datastore.keys import key_width_for
+from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
+from datastore.writer import DatastoreWriter
+
+from ..occurrences import partition_plan
+from ..sources import resolve_paths
+from .kernels import COUNT_DDL, OCCURRENCE_DDL, TREE_DDL, KeptSet, bucket_trees, gather_occurrences, partial_counts
+from .records import RECORD_DDL, parse_records
+from .selection import select, thresholds
+from .session import spark_session
+from .sources import read_records
+
+__all__ = ["build_with_spark"]
+
+_TARGET_PARTITION_BYTES = 32 << 20  # source bytes per partition of a one-split source
+
+
+def _order_le(cut: tuple[int, int, int]):
+    """Column: the row's (o1, o2, o3) is at or before ``cut``."""
+    from pyspark.sql import functions as F
+
+    a, b, c = (F.lit(int(v)) for v in cut)
+    o1, o2, o3 = F.col("o1"), F.col("o2"), F.col("o3")
+    return (o1 < a) | ((o1 == a) & (o2 < b)) | ((o1 == a) & (o2 == b) & (o3 <= c))
+
+
+def _documents(spark, config, tokenizer_spec: str, partitions: int):
+    """Tokenized documents (one ``ids`` column, persisted), their totals and the source report."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    paths = resolve_paths(config.source, config.path)
+    records = read_records(spark, config.source, paths, glob=config.glob, text_field=config.text_field,
+                           partitions=partitions)
+    parse = functools.partial(parse_records, source=config.source, tokenizer_spec=tokenizer_spec,
+                              text_field=config.text_field)
+    parsed = records.mapInArrow(parse, RECORD_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    valid = parsed.where(F.col("ids").isNotNull())
+    docs = valid
+    if config.source != "sharegpt":  # the single-node reader dedupes these sources, keeping the first
+        first = Window.partitionBy("digest").orderBy("o1", "o2", "o3")
+        docs = valid.withColumn("_rank", F.row_number().over(first)).where(F.col("_rank") == 1).drop("_rank")
+    seen = F.lit(True)
+    if config.limit is not None:
+        docs = docs.orderBy("o1", "o2", "o3").limit(config.limit)
+        last = docs.agg(F.max(F.struct("o1", "o2", "o3")).alias("m")).collect()[0]["m"]
+        if last is not None:  # the single-node reader stops at the limit: count only what it read
+            seen = _order_le((last["o1"], last["o2"], last["o3"]))
+    docs = docs.select("ids").persist(StorageLevel.MEMORY_AND_DISK)
+    row = docs.agg(F.count("*").alias("docs"), F.sum(F.size("ids")).alias("tokens"),
+                   F.max(F.array_max("ids")).alias("top")).collect()[0]
+    malformed = Counter({r["reason"]: int(r["count"]) for r in
+                         parsed.where(F.col("reason").isNotNull() & seen).groupBy("reason").count().collect()})
+    read = parsed.where(F.col("ids").isNotNull() & seen).count()
+    notes = [r["note"] for r in parsed.where(F.col("note").isNotNull() & seen).orderBy("o1", "o3").collect()]
+    parsed.unpersist()
+    num_docs = int(row["docs"])
+    report = {"source": config.source, "path": ":".join(map(str, paths)), "documents": num_docs,
+              "malformed": dict(malformed), "duplicates": int(read - num_docs) if config.source != "sharegpt" else 0,
+              "notes": notes}
+    return docs, num_docs, int(row["tokens"] or 0), int(row["top"] if row["top"] is not None else -1), report
+
+
+def _select(spark, docs, config, width: int) -> tuple[dict, dict]:
+    """Count every n and keep the top-t: ``({n: KeptNgrams}, ngram_stats)``."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    partial = functools.partial(partial_counts, max_n=config.max_n, key_width=width)
+    counts = (docs.mapInArrow(partial, COUNT_DDL).groupBy("n", "key").agg(F.sum("c").alias("c"))
+              .persist(StorageLevel.MEMORY_AND_DISK))
+    histogram = [(r["n"], r["c"], r["count"]) for r in counts.groupBy("n", "c").count().collect()]
+    stats = thresholds(histogram, config.top_t, config.min_count)
+    wanted = [(n, s.threshold) for n, s in stats.items() if s.threshold is not None]
+    kept_by_n, ngram_stats = {}, {}
+    if wanted:
+        cond = functools.reduce(lambda a, b: a | b, [(F.col("n") == n) & (F.col("c") >= t) for n, t in wanted])
+        candidates = counts.where(cond).toArrow()
+        n_col = candidates.column("n").to_numpy()
+        for n, _ in wanted:
+            rows = np.flatnonzero(n_col == n)
+            kept_by_n[n] = select(n, candidates.column("key").take(rows).combine_chunks(),
+                                  candidates.column("c").to_numpy()[rows], stats[n], config.top_t, width)
+    counts.unpersist()
+    for n in range(1, config.max_n + 1):
+        s, kept = stats.get(n), kept_by_n.get(n)
+        ngram_stats[str(n)] = {"kept": 0 if kept is None else len(kept), "distinct": 0 if s is None else s.distinct,
+                               "occurrences": 0 if s is None else s.occurrences,
+                               "min_kept_count": int(kept.counts[-1]) if kept is not None and len(kept) else 0}
+    return kept_by_n, ngram_stats
+
+
+def _trees(spark, docs, kept_set: KeptSet, out: Path) -> None:
+    """Build every kept n-gram's tree and write ``(key, tree, n, nodes)`` Parquet files under ``out``."""
+    shared = spark.sparkContext.broadcast(kept_set)
+    token = time.monotonic_ns()  # names this selection in the workers' index cache
+
+    def gather(batches):
+        return gather_occurrences(batches, shared.value, token)
+
+    def build(table):
+        return bucket_trees(table, shared.value)
+
+    occurrences = docs.mapInArrow(gather, OCCURRENCE_DDL)
+    occurrences.groupBy("n", "bucket").applyInArrow(build, TREE_DDL).write.mode("overwrite").parquet(str(out))
+    shared.unpersist()
+
+
+def build_with_spark(config, progress: bool = True):
+    """Run the build of ``config`` (an :class:`ingest.build.BuildConfig`) on Spark.
+
+    Same contract as :func:`ingest.build.build_datastore`, whose rows it reproduces exactly.
+
+    Raises:
+        ingest.spark.session.SparkUnavailable: when pyspark or Java 17+ is missing.
+        ingest.sources.SourceError: when the corpus cannot be read.
+        datastore.errors.BuildConflict / DatabaseUnavailable: as the single-node build.
+        ValueError: when the corpus yields no tokens or the vocabulary exceeds 2**31 - 1 ids.
+    """
+    from ..build import BuildResult
+
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    url = resolve_database_url(config.database_url)
+    connect(url).close()  # fail before the expensive stages if the database is unreachable
+    tokenizer = load_tokenizer(config.tokenizer)
+    if len(tokenizer) >= 2**31:
+        raise ValueError(f"--engine spark carries token ids as int32; {config.tokenizer} has {len(tokenizer):,} ids")
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    width = key_width_for(len(tokenizer))
+    with tempfile.TemporaryDirectory(prefix="crest-spark-", dir=config.workdir) as tmp, \
+            spark_session(config.spark_master, dict(config.spark_conf), Path(tmp)) as spark:
+        cores = spark.sparkContext.defaultParallelism
+        paths = resolve_paths(config.source, config.path)
+        size = sum(p.stat().st_size for p in paths if p.is_file())
+        partitions = max(4 * cores, -(-size // _TARGET_PARTITION_BYTES))
+        t0 = time.perf_counter()
+        docs, num_docs, num_tokens, max_token, report = _documents(spark, config, config.tokenizer, partitions)
+        timings["tokenize"] = time.perf_counter() - t0
+        if num_tokens == 0:
+            raise ValueError(f"the corpus at {report['path']} produced no tokens (malformed: {report['malformed']})")
+        if max_token >= 1 << (8 * width):
+            width = 4
+        recorded = report | {"tokens": num_tokens}
+        writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
+                                       key_width=width, corpus=recorded, params=config.params())
+        with writer:
+            t0 = time.perf_counter()
+            kept_by_n, ngram_stats = _select(spark, docs, config, width)
+            timings["count"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            kept_set = KeptSet({n: k for n, k in kept_by_n.items() if len(k)},
+                               {n: partition_plan(k, config.max_occurrences) for n, k in kept_by_n.items()},
+                               config.depth, config.tree_budget, config.compression, width, max_token < 0xFFFF)
+            out = Path(tmp) / "trees"
+            _trees(spark, docs, kept_set, out)
+            timings["trees"] = time.perf_counter() - t0
+            docs.unpersist()
+            t0 = time.perf_counter()
+            files = sorted(out.glob("*.parquet"))
+            writer.load_parquet(files, connections=max(1, min(cores, 8)))
+            nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
+            per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
+            timings["load"] = time.perf_counter() - t0
+            for n, total in zip(per_n["n"], per_n["nodes_sum"]):
+                ngram_stats[str(n)]["nodes"] = int(total)
+            for s in ngram_stats.values():
+                s.setdefault("nodes", 0)
+            rounded = {k: round(v, 3) for k, v in timings.items()}
+            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=num_tokens, timings=rounded,
+                                                   corpus=recorded)
+    return BuildResult(config.name, writer.build_id, num_docs, num_tokens, writer.rows, size, ngram_stats,
+                       {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3), recorded)

@@ -1,0 +1,85 @@
+"""CREST's top-t selection from distributed counts, in two small steps on the driver.
+
+The corpus counts live in Spark, one row per distinct ``(n, key)``. Sorting them all to take
+the first t would move every row; instead:
+
+1. :func:`thresholds` reads the count histogram (rows ``(n, c, how many n-grams have count c)``,
+   a few thousand rows) and finds, per n, the smallest count ``c_t`` still inside the top-t,
+   along with the statistics the single-node build records (distinct, occurrences, eligible).
+2. The job collects only the rows with ``c >= c_t``: the top-t plus the ties at ``c_t``.
+   :func:`select` sorts them by count descending, then token ids ascending, the tie-break of
+   :func:`ingest.counting.count_top_t`, and keeps t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..counting import KeptNgrams
+from .kernels import keys_to_ngrams
+
+__all__ = ["NgramHistogram", "thresholds", "select"]
+
+
+@dataclass(frozen=True)
+class NgramHistogram:
+    """One n's counts summarized.
+
+    Attributes:
+        n: n-gram length. distinct: distinct n-grams. occurrences: windows counted.
+        eligible: distinct n-grams with count >= min_count. threshold: the smallest count
+            inside the top-t (``None`` when no n-gram is eligible).
+    """
+
+    n: int
+    distinct: int
+    occurrences: int
+    eligible: int
+    threshold: int | None
+
+
+def thresholds(histogram: list[tuple[int, int, int]], top_t: int, min_count: int) -> dict[int, NgramHistogram]:
+    """Per n, the statistics and the top-t count threshold.
+
+    Args:
+        histogram: ``(n, count, number of n-grams with that count)`` rows, any order.
+        top_t / min_count: the selection's parameters (>= 1).
+
+    Returns:
+        ``{n: NgramHistogram}`` for every n present.
+    """
+    by_n: dict[int, list[tuple[int, int]]] = {}
+    for n, c, k in histogram:
+        by_n.setdefault(int(n), []).append((int(c), int(k)))
+    out = {}
+    for n, rows in sorted(by_n.items()):
+        rows.sort(reverse=True)  # count descending
+        threshold, taken = None, 0
+        for c, k in rows:
+            if c < min_count or taken >= top_t:
+                break
+            threshold, taken = c, taken + k
+        out[n] = NgramHistogram(n, sum(k for _, k in rows), sum(c * k for c, k in rows),
+                                sum(k for c, k in rows if c >= min_count), threshold)
+    return out
+
+
+def select(n: int, keys: pa.Array, counts: np.ndarray, stats: NgramHistogram, top_t: int, key_width: int) -> KeptNgrams:
+    """The top-t n-grams of one n from the candidate rows (every n-gram with ``c >= threshold``).
+
+    Args:
+        keys: binary keys of the candidates (``n * key_width`` bytes each).
+        counts: ``[k]`` their corpus counts.
+
+    Returns:
+        The :class:`ingest.counting.KeptNgrams`, the same as :func:`ingest.counting.count_top_t` returns.
+    """
+    ngrams = keys_to_ngrams(keys, n, key_width)
+    counts = np.asarray(counts, dtype=np.uint64)
+    order = np.lexsort(tuple(ngrams[:, i] for i in range(n - 1, -1, -1)) + (np.iinfo(np.int64).max - counts.astype(np.int64),))
+    order = order[:top_t]
+    return KeptNgrams(n, np.ascontiguousarray(ngrams[order]), counts[order], stats.distinct, stats.occurrences,
+                      stats.eligible)
