@@ -40,7 +40,8 @@ from datastore.writer import DatastoreWriter
 
 from ..occurrences import partition_plan
 from ..sources import resolve_paths
-from .kernels import COUNT_DDL, OCCURRENCE_DDL, TREE_DDL, KeptSet, bucket_trees, gather_occurrences, partial_counts
+from .kernels import (COUNT_DDL, HISTOGRAM_DDL, OCCURRENCE_DDL, TREE_DDL, KeptSet, bucket_trees, count_candidates,
+                      count_histogram, gather_occurrences, merge_counts, partial_counts)
 from .records import RECORD_DDL, parse_records
 from .selection import select, thresholds
 from .session import spark_session
@@ -49,6 +50,7 @@ from .sources import read_records
 __all__ = ["build_with_spark"]
 
 _TARGET_PARTITION_BYTES = 32 << 20  # source bytes per partition of a one-split source
+_TOKENS_PER_REDUCER = 4_000_000  # corpus tokens per count reducer (bounds a reducer's distinct n-grams)
 
 
 def _order_le(cut: tuple[int, int, int]):
@@ -98,27 +100,26 @@ def _documents(spark, config, tokenizer_spec: str, partitions: int):
     return docs, num_docs, int(row["tokens"] or 0), int(row["top"] if row["top"] is not None else -1), report
 
 
-def _select(spark, docs, config, width: int) -> tuple[dict, dict]:
+def _select(spark, docs, config, reducers: int) -> tuple[dict, dict]:
     """Count every n and keep the top-t: ``({n: KeptNgrams}, ngram_stats)``."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    partial = functools.partial(partial_counts, max_n=config.max_n, key_width=width)
-    counts = (docs.mapInArrow(partial, COUNT_DDL).groupBy("n", "key").agg(F.sum("c").alias("c"))
+    partial = functools.partial(partial_counts, max_n=config.max_n, reducers=reducers)
+    counts = (docs.mapInArrow(partial, COUNT_DDL).groupBy("n", "reducer").applyInArrow(merge_counts, COUNT_DDL)
               .persist(StorageLevel.MEMORY_AND_DISK))
-    histogram = [(r["n"], r["c"], r["count"]) for r in counts.groupBy("n", "c").count().collect()]
+    histogram = [(r["n"], r["c"], r["k"]) for r in
+                 counts.mapInArrow(count_histogram, HISTOGRAM_DDL).groupBy("n", "c").sum("k")
+                 .withColumnRenamed("sum(k)", "k").collect()]
     stats = thresholds(histogram, config.top_t, config.min_count)
-    wanted = [(n, s.threshold) for n, s in stats.items() if s.threshold is not None]
-    kept_by_n, ngram_stats = {}, {}
-    if wanted:
-        cond = functools.reduce(lambda a, b: a | b, [(F.col("n") == n) & (F.col("c") >= t) for n, t in wanted])
-        candidates = counts.where(cond).toArrow()
-        n_col = candidates.column("n").to_numpy()
-        for n, _ in wanted:
-            rows = np.flatnonzero(n_col == n)
-            kept_by_n[n] = select(n, candidates.column("key").take(rows).combine_chunks(),
-                                  candidates.column("c").to_numpy()[rows], stats[n], config.top_t, width)
+    minimum = {n: s.threshold for n, s in stats.items() if s.threshold is not None}
+    candidates = counts.mapInArrow(functools.partial(count_candidates, minimum=minimum), COUNT_DDL).toArrow()
     counts.unpersist()
+    kept_by_n, ngram_stats = {}, {}
+    for n in minimum:
+        rows = [i for i, v in enumerate(candidates.column("n").to_pylist()) if v == n]
+        ngrams = np.concatenate([np.frombuffer(candidates.column("ngrams")[i].as_py(), dtype=np.uint32) for i in rows])
+        cs = np.concatenate([np.frombuffer(candidates.column("counts")[i].as_py(), dtype=np.int64) for i in rows])
+        kept_by_n[n] = select(n, ngrams, cs, stats[n], config.top_t)
     for n in range(1, config.max_n + 1):
         s, kept = stats.get(n), kept_by_n.get(n)
         ngram_stats[str(n)] = {"kept": 0 if kept is None else len(kept), "distinct": 0 if s is None else s.distinct,
@@ -183,7 +184,8 @@ def build_with_spark(config, progress: bool = True):
                                        key_width=width, corpus=recorded, params=config.params())
         with writer:
             t0 = time.perf_counter()
-            kept_by_n, ngram_stats = _select(spark, docs, config, width)
+            reducers = max(2 * cores, -(-num_tokens // _TOKENS_PER_REDUCER))
+            kept_by_n, ngram_stats = _select(spark, docs, config, reducers)
             timings["count"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             kept_set = KeptSet({n: k for n, k in kept_by_n.items() if len(k)},

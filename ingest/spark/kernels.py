@@ -28,14 +28,16 @@ from datastore.continuations import build_trees
 from datastore.keys import encode_keys
 
 from ..counting import KeptNgrams, ngram_windows
-from ..occurrences import kept_index, tag_into
+from ..occurrences import kept_index, ngram_hash, tag_into
 from ..tokens import SEPARATOR
 
-__all__ = ["COUNT_SCHEMA", "COUNT_DDL", "OCCURRENCE_SCHEMA", "OCCURRENCE_DDL", "TREE_SCHEMA", "TREE_DDL",
-           "KeptSet", "partition_stream", "partial_counts", "keys_to_ngrams", "gather_occurrences", "bucket_trees"]
+__all__ = ["COUNT_SCHEMA", "COUNT_DDL", "HISTOGRAM_DDL", "OCCURRENCE_SCHEMA", "OCCURRENCE_DDL", "TREE_SCHEMA",
+           "TREE_DDL", "KeptSet", "partition_stream", "partial_counts", "merge_counts", "count_histogram",
+           "count_candidates", "gather_occurrences", "bucket_trees"]
 
-COUNT_SCHEMA = pa.schema([("n", pa.int32()), ("key", pa.binary()), ("c", pa.int64())])
-COUNT_DDL = "n int, key binary, c long"
+COUNT_SCHEMA = pa.schema([("n", pa.int32()), ("reducer", pa.int32()), ("ngrams", pa.binary()), ("counts", pa.binary())])
+COUNT_DDL = "n int, reducer int, ngrams binary, counts binary"
+HISTOGRAM_DDL = "n int, c long, k long"
 OCCURRENCE_SCHEMA = pa.schema([("n", pa.int32()), ("bucket", pa.int32()), ("local", pa.binary()),
                                ("conts", pa.binary())])
 OCCURRENCE_DDL = "n int, bucket int, local binary, conts binary"
@@ -84,34 +86,38 @@ def partition_stream(batches: Iterator[pa.RecordBatch], column: str = "ids") -> 
     return np.insert(flat, ends, SEPARATOR).astype(np.uint32)
 
 
-def _key_array(ngrams: np.ndarray, width: int) -> pa.Array:
-    """``[k, n]`` uint32 n-grams -> binary keys (:func:`datastore.keys.encode_key` layout)."""
-    k, n = ngrams.shape
-    buf = np.ascontiguousarray(ngrams.astype(">u2" if width == 2 else ">u4")).tobytes()
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(n * width), k, [None, pa.py_buffer(buf)])
-    return fixed.cast(pa.binary())
+def _ngram_blob(ngrams: np.ndarray) -> bytes:
+    return np.ascontiguousarray(ngrams, dtype=np.uint32).tobytes()
 
 
-def keys_to_ngrams(keys: pa.Array, n: int, width: int) -> np.ndarray:
-    """Binary keys of one n (``n * width`` bytes each) -> ``[k, n]`` uint32 n-grams.
-
-    Raises:
-        ValueError: when a key has another length.
-    """
-    keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=len(keys) + 1, offset=keys.offset * 4)
-    if len(keys) and np.any(np.diff(offsets) != n * width):
-        raise ValueError(f"keys of n={n} must be {n * width} bytes each")
-    data = np.frombuffer(keys.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
-    return data.view(">u2" if width == 2 else ">u4").reshape(len(keys), n).astype(np.uint32)
+def _unique_counts(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum ``counts`` ``[m]`` over equal rows of ``ngrams`` ``[m, n]``; rows come back sorted by token ids."""
+    order = np.lexsort(ngrams.T[::-1])  # the first token is the primary key
+    ordered = ngrams[order]
+    change = np.any(ordered[1:] != ordered[:-1], axis=1)
+    starts = np.flatnonzero(np.r_[True, change])
+    return ordered[starts], np.add.reduceat(counts[order], starts) if len(starts) else counts[:0]
 
 
-def partial_counts(batches: Iterator[pa.RecordBatch], max_n: int, key_width: int) -> Iterator[pa.RecordBatch]:
+def _counts_batch(n: int, reducer: int, ngrams: np.ndarray, counts: np.ndarray) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([n], pa.int32()), pa.array([reducer], pa.int32()), pa.array([_ngram_blob(ngrams)], pa.binary()),
+         pa.array([np.ascontiguousarray(counts, dtype=np.int64).tobytes()], pa.binary())], schema=COUNT_SCHEMA)
+
+
+def _unpack(table, n: int) -> tuple[np.ndarray, np.ndarray]:
+    ngrams = np.concatenate([np.frombuffer(x, dtype=np.uint32) for x in table.column("ngrams").to_pylist()])
+    counts = np.concatenate([np.frombuffer(x, dtype=np.int64) for x in table.column("counts").to_pylist()])
+    return ngrams.reshape(len(counts), n), counts
+
+
+def partial_counts(batches: Iterator[pa.RecordBatch], max_n: int, reducers: int) -> Iterator[pa.RecordBatch]:
     """Exact counts of every n-gram (n = 1..max_n) within one partition of documents.
 
-    Yields :data:`COUNT_SCHEMA` batches, one per n: distinct keys with their counts here. Summing
-    them by ``(n, key)`` over all partitions gives the corpus counts of
-    :func:`ingest.counting.count_top_t`.
+    Yields :data:`COUNT_SCHEMA` rows, one per ``(n, reducer)``: the distinct n-grams seen here
+    whose hash falls to that reducer (of ``reducers``), ``[k, n]`` uint32, with their ``[k]``
+    int64 counts. Merging them by ``(n, reducer)`` (:func:`merge_counts`) gives the corpus counts
+    of :func:`ingest.counting.count_top_t`.
     """
     stream = partition_stream(batches)
     for n in range(1, max_n + 1):
@@ -119,14 +125,43 @@ def partial_counts(batches: Iterator[pa.RecordBatch], max_n: int, key_width: int
         windows = np.concatenate(chunks, axis=1) if chunks else np.zeros((n, 0), dtype=np.uint32)
         if windows.shape[1] == 0:
             continue
-        order = np.lexsort(windows[::-1])  # first token is the primary key
-        ordered = windows[:, order]
-        change = np.any(ordered[:, 1:] != ordered[:, :-1], axis=0)
-        starts = np.flatnonzero(np.r_[True, change])
-        counts = np.diff(np.r_[starts, ordered.shape[1]])
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(np.full(len(starts), n, dtype=np.int32)), _key_array(ordered[:, starts].T, key_width),
-             pa.array(counts.astype(np.int64))], schema=COUNT_SCHEMA)
+        ngrams, counts = _unique_counts(windows.T, np.ones(windows.shape[1], dtype=np.int64))
+        reducer = (ngram_hash(ngrams.T) % np.uint64(reducers)).astype(np.int64)
+        order = np.argsort(reducer, kind="stable")
+        bounds = np.searchsorted(reducer[order], np.arange(reducers + 1))
+        for r in range(reducers):
+            sel = order[bounds[r]:bounds[r + 1]]
+            if len(sel):
+                yield _counts_batch(n, r, ngrams[sel], counts[sel])
+
+
+def merge_counts(table: pa.Table) -> pa.Table:
+    """One ``(n, reducer)`` group of :func:`partial_counts` rows -> one row of corpus counts (same schema)."""
+    if table.num_rows == 0:
+        return COUNT_SCHEMA.empty_table()
+    n, r = int(table.column("n")[0].as_py()), int(table.column("reducer")[0].as_py())
+    ngrams, counts = _unique_counts(*_unpack(table, n))
+    return pa.Table.from_batches([_counts_batch(n, r, ngrams, counts)])
+
+
+def count_histogram(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Merged count rows -> ``(n, c, k)`` rows: ``k`` n-grams of length ``n`` have count ``c`` (:data:`HISTOGRAM_DDL`)."""
+    for batch in batches:
+        for n, blob in zip(batch.column("n").to_pylist(), batch.column("counts").to_pylist()):
+            c, k = np.unique(np.frombuffer(blob, dtype=np.int64), return_counts=True)
+            yield pa.RecordBatch.from_arrays([pa.array(np.full(len(c), n, dtype=np.int32)), pa.array(c),
+                                              pa.array(k.astype(np.int64))], names=["n", "c", "k"])
+
+
+def count_candidates(batches: Iterator[pa.RecordBatch], minimum: dict[int, int]) -> Iterator[pa.RecordBatch]:
+    """Merged count rows -> the same rows cut to the n-grams with count ``>= minimum[n]`` (other n dropped)."""
+    for batch in batches:
+        for i, n in enumerate(batch.column("n").to_pylist()):
+            if n not in minimum:
+                continue
+            ngrams, counts = _unpack(batch.slice(i, 1), n)
+            keep = counts >= minimum[n]
+            yield _counts_batch(n, batch.column("reducer")[i].as_py(), ngrams[keep], counts[keep])
 
 
 _INDEX_CACHE: dict[tuple[int, int], tuple] = {}

@@ -16,10 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from ..counting import KeptNgrams
-from .kernels import keys_to_ngrams
 
 __all__ = ["NgramHistogram", "thresholds", "select"]
 
@@ -67,17 +65,16 @@ def thresholds(histogram: list[tuple[int, int, int]], top_t: int, min_count: int
     return out
 
 
-def select(n: int, keys: pa.Array, counts: np.ndarray, stats: NgramHistogram, top_t: int, key_width: int) -> KeptNgrams:
+def select(n: int, ngrams: np.ndarray, counts: np.ndarray, stats: NgramHistogram, top_t: int) -> KeptNgrams:
     """The top-t n-grams of one n from the candidate rows (every n-gram with ``c >= threshold``).
 
     Args:
-        keys: binary keys of the candidates (``n * key_width`` bytes each).
-        counts: ``[k]`` their corpus counts.
+        ngrams: ``[k, n]`` uint32 candidates. counts: ``[k]`` their corpus counts.
 
     Returns:
         The :class:`ingest.counting.KeptNgrams`, the same as :func:`ingest.counting.count_top_t` returns.
     """
-    ngrams = keys_to_ngrams(keys, n, key_width)
+    ngrams = np.asarray(ngrams, dtype=np.uint32).reshape(-1, n)
     counts = np.asarray(counts, dtype=np.uint64)
     order = np.lexsort(tuple(ngrams[:, i] for i in range(n - 1, -1, -1)) + (np.iinfo(np.int64).max - counts.astype(np.int64),))
     order = order[:top_t]
