@@ -17,9 +17,11 @@ therefore yields the same :class:`datastore.codec.TreeBatch`, and the same blobs
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -91,12 +93,21 @@ def _ngram_blob(ngrams: np.ndarray) -> bytes:
 
 
 def _unique_counts(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum ``counts`` ``[m]`` over equal rows of ``ngrams`` ``[m, n]``; rows come back sorted by token ids."""
-    order = np.lexsort(ngrams.T[::-1])  # the first token is the primary key
-    ordered = ngrams[order]
-    change = np.any(ordered[1:] != ordered[:-1], axis=1)
-    starts = np.flatnonzero(np.r_[True, change])
-    return ordered[starts], np.add.reduceat(counts[order], starts) if len(starts) else counts[:0]
+    """Sum ``counts`` ``[m]`` over equal rows of ``ngrams`` ``[m, n]`` (a DuckDB GROUP BY on one thread:
+    Spark runs one task per core); returns ``([k, n]`` uint32 distinct rows in no particular order, ``[k]`` int64)."""
+    n = ngrams.shape[1]
+    names = [f"t{i}" for i in range(n)]
+    table = pa.table([pa.array(ngrams[:, i]) for i in range(n)] + [pa.array(counts.astype(np.int64))],
+                     names=names + ["c"])
+    con = duckdb.connect(config={"threads": 1, "temp_directory": tempfile.gettempdir()})
+    try:
+        con.register("grams", table)
+        out = con.sql(f"SELECT {', '.join(names)}, sum(c)::BIGINT AS c FROM grams GROUP BY ALL").to_arrow_table()
+    finally:
+        con.close()
+    grouped = np.stack([out.column(c).to_numpy() for c in names], axis=1).astype(np.uint32) if out.num_rows \
+        else np.zeros((0, n), dtype=np.uint32)
+    return grouped, out.column("c").to_numpy().astype(np.int64)
 
 
 def _counts_batch(n: int, reducer: int, ngrams: np.ndarray, counts: np.ndarray) -> pa.RecordBatch:

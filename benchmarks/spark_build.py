@@ -1,0 +1,87 @@
+"""The same build on both engines, in one run: seconds per stage, tokens/s, the Spark/DuckDB wall ratio, and
+whether the two datastores hold identical rows (same keys, same blobs) and per-n statistics.
+
+Each build runs alone, one after the other, as ``python -m ingest build --json --quiet`` in a child process
+(so each Spark build starts its own JVM, as a user's would). Builds go to datastores named
+``bench-<engine>`` (dropped at the end unless ``--keep``).
+
+    python benchmarks/spark_build.py [--masters local[2] local[1]] [--limit N] [--top-t 2M] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from datastore.catalog import drop_datastore
+from datastore.connection import resolve_database_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _build(name: str, flags: list[str]) -> tuple[dict, float]:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags],
+                         cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        sys.exit(f"build {name} failed:\n{out.stderr[-4000:]}")
+    if out.stderr.strip():
+        print(f"  (stderr of {name}: {out.stderr.strip()[-500:]})")
+    return json.loads(out.stdout), wall
+
+
+def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:
+    """(only in a, only in b, blobs that differ, rows) between two builds' tables."""
+    with psycopg.connect(url) as conn:
+        tables = {i: conn.execute("SELECT trees_table FROM datastores WHERE id = %s", [i]).fetchone()[0] for i in (a, b)}
+        return conn.execute(
+            f'SELECT count(*) FILTER (WHERE y.key IS NULL), count(*) FILTER (WHERE x.key IS NULL), '
+            f'count(*) FILTER (WHERE x.tree <> y.tree), count(*) FROM "{tables[a]}" x FULL JOIN "{tables[b]}" y USING (key)'
+        ).fetchone()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--masters", nargs="+", default=["local[2]"], help="Spark masters to time (default: local[2])")
+    p.add_argument("--limit", default=None, help="documents to read (default: all)")
+    p.add_argument("--top-t", default="2M", help="n-grams kept per n (default: 2M)")
+    p.add_argument("--keep", action="store_true", help="keep the bench-* datastores")
+    args = p.parse_args()
+    url = resolve_database_url(None)
+    os.environ["DATABASE_URL"] = url
+    flags = ["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])
+    runs = [("duckdb", ["--engine", "duckdb"])] + [(f"spark {m}", ["--engine", "spark", "--spark-master", m])
+                                                   for m in args.masters]
+    results = {}
+    try:
+        for label, extra in runs:
+            name = "bench-" + label.replace(" ", "-").replace("[", "").replace("]", "").replace("*", "all")
+            r, wall = _build(name, flags + extra)
+            results[label] = (name, r, wall)
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
+            print(f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  stages (s): {stages}")
+        base_name, base, base_wall = results["duckdb"]
+        print(f"\ncorpus: {base['documents']:,} documents, {base['tokens']:,} tokens; {base['ngrams']:,} n-grams stored")
+        for label, (name, r, wall) in results.items():
+            if label == "duckdb":
+                continue
+            only_duck, only_spark, differ, rows = _compare(url, base["build_id"], r["build_id"])
+            same_stats = r["ngram_stats"] == base["ngram_stats"] and r["corpus"] == base["corpus"]
+            print(f"{label}: {wall / base_wall:.2f}x the DuckDB wall time; rows {rows:,}: only DuckDB {only_duck}, "
+                  f"only Spark {only_spark}, blobs differing {differ}; per-n stats and report identical: {same_stats}")
+    finally:
+        if not args.keep:
+            for name, _, _ in results.values():
+                drop_datastore(url, name)
+
+
+if __name__ == "__main__":
+    main()
