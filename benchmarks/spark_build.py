@@ -1,11 +1,11 @@
-"""The same build on both engines, in one run: seconds per stage, tokens/s, the Spark/DuckDB wall ratio, and
+"""The same build on both engines, in one run: seconds per stage, tokens/s, peak RSS, the Spark/DuckDB wall ratio, and
 whether the two datastores hold identical rows (same keys, same blobs) and per-n statistics.
 
 Each build runs alone, one after the other, as ``python -m ingest build --json --quiet`` in a child process
 (so each Spark build starts its own JVM, as a user's would). Builds go to datastores named
 ``bench-<engine>`` (dropped at the end unless ``--keep``).
 
-    python benchmarks/spark_build.py [--masters local[2] local[1]] [--limit N] [--top-t 2M] [--keep]
+    python benchmarks/spark_build.py [--masters local[2] local[1]] [--path FILE] [--limit N] [--top-t 2M] [--keep]
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 
 from datastore.catalog import drop_datastore
@@ -26,16 +28,36 @@ from datastore.connection import resolve_database_url
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _build(name: str, flags: list[str]) -> tuple[dict, float]:
+def _build(name: str, flags: list[str]) -> tuple[dict, float, int, int]:
+    """Run one build; returns its JSON summary, wall seconds, and the peak RSS (bytes) of the largest
+    process and of the whole process tree (the JVM and Python workers included), sampled every 0.2 s."""
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags],
-                         cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0, 0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not stop.is_set():
+            try:
+                rss = [p.memory_info().rss for p in [root, *root.children(recursive=True)]]
+                peak[0], peak[1] = max(peak[0], max(rss)), max(peak[1], sum(rss))
+            except psutil.Error:
+                pass
+            stop.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    stop.set()
     wall = time.perf_counter() - t
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if out.returncode != 0:
         sys.exit(f"build {name} failed:\n{out.stderr[-4000:]}")
     if out.stderr.strip():
         print(f"  (stderr of {name}: {out.stderr.strip()[-500:]})")
-    return json.loads(out.stdout), wall
+    return json.loads(out.stdout), wall, peak[0], peak[1]
 
 
 def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:
@@ -51,23 +73,26 @@ def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--masters", nargs="+", default=["local[2]"], help="Spark masters to time (default: local[2])")
+    p.add_argument("--path", default=None, help="ShareGPT JSON to build from (default: the packaged corpus)")
     p.add_argument("--limit", default=None, help="documents to read (default: all)")
     p.add_argument("--top-t", default="2M", help="n-grams kept per n (default: 2M)")
     p.add_argument("--keep", action="store_true", help="keep the bench-* datastores")
     args = p.parse_args()
     url = resolve_database_url(None)
     os.environ["DATABASE_URL"] = url
-    flags = ["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])
+    flags = ["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else []) + \
+        (["--path", args.path] if args.path else [])
     runs = [("duckdb", ["--engine", "duckdb"])] + [(f"spark {m}", ["--engine", "spark", "--spark-master", m])
                                                    for m in args.masters]
     results = {}
     try:
         for label, extra in runs:
             name = "bench-" + label.replace(" ", "-").replace("[", "").replace("]", "").replace("*", "all")
-            r, wall = _build(name, flags + extra)
+            r, wall, largest, tree = _build(name, flags + extra)
             results[label] = (name, r, wall)
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
-            print(f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  stages (s): {stages}")
+            print(f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  peak RSS largest process "
+                  f"{largest / 2**30:.2f} GiB, process tree {tree / 2**30:.2f} GiB  stages (s): {stages}")
         base_name, base, base_wall = results["duckdb"]
         print(f"\ncorpus: {base['documents']:,} documents, {base['tokens']:,} tokens; {base['ngrams']:,} n-grams stored")
         for label, (name, r, wall) in results.items():

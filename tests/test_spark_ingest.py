@@ -83,16 +83,15 @@ def test_sharegpt_build_is_identical(database_url, sharegpt_with_faults):
     r = _both(database_url, path=sharegpt_with_faults, top_t=2000, max_n=4, max_occurrences=30_000)
     _assert_identical(r)
     report = r["spark"].report
-    assert report["malformed"] == {"unknown role": 1, "missing field: conversations": 1, "record is not an object": 1,
-                                   "wrong type: from/value": 1, **({"empty text": report["malformed"]["empty text"]}
-                                                                   if "empty text" in report["malformed"] else {})}
+    for reason in ("unknown role", "missing field: conversations", "record is not an object", "wrong type: from/value"):
+        assert report["malformed"][reason] == 1, report["malformed"]
     assert any("cut off" in note for note in report["notes"])  # the partial last record is reported, not fatal
 
 
 def test_code_build_is_identical(database_url, code_sample):
     r = _both(database_url, source="code", path=(code_sample,), top_t=500, max_n=5, depth=8, tree_budget=32)
     _assert_identical(r)
-    assert r["spark"].report["duplicates"] == 1
+    assert r["spark"].report["duplicates"] == 1  # the sample's copy of decoder.py
     assert r["spark"].report["malformed"] == {"undecodable bytes": 1, "empty text": 1}
 
 
@@ -110,7 +109,7 @@ def test_jsonl_limit_keeps_the_same_documents(database_url, code_sample, tmp_pat
     _assert_identical(r)
     assert r["spark"].num_documents == 5
     assert r["spark"].report["malformed"] == {"invalid JSON": 1, "missing field: content": 1}
-    assert r["spark"].report["duplicates"] == 1
+    assert r["spark"].report["duplicates"] == 2  # the repeated first line, and the sample's copy of decoder.py
 
 
 def test_count_kernels_and_selection_match_duckdb(tokenizer, sharegpt_sample, tmp_path):

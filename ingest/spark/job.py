@@ -25,6 +25,7 @@ name retires; either way the previous build keeps serving.
 from __future__ import annotations
 
 import functools
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -62,6 +63,11 @@ def _order_le(cut: tuple[int, int, int]):
     return (o1 < a) | ((o1 == a) & (o2 < b)) | ((o1 == a) & (o2 == b) & (o3 <= c))
 
 
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(f"spark: {message}", file=sys.stderr, flush=True)
+
+
 def _documents(spark, config, tokenizer_spec: str, partitions: int):
     """Tokenized documents (one ``ids`` column, persisted), their totals and the source report."""
     from pyspark import StorageLevel
@@ -85,6 +91,7 @@ def _documents(spark, config, tokenizer_spec: str, partitions: int):
         last = docs.agg(F.max(F.struct("o1", "o2", "o3")).alias("m")).collect()[0]["m"]
         if last is not None:  # the single-node reader stops at the limit: count only what it read
             seen = _order_le((last["o1"], last["o2"], last["o3"]))
+        docs = docs.repartition(partitions)  # a global limit leaves one partition
     docs = docs.select("ids").persist(StorageLevel.MEMORY_AND_DISK)
     row = docs.agg(F.count("*").alias("docs"), F.sum(F.size("ids")).alias("tokens"),
                    F.max(F.array_max("ids")).alias("top")).collect()[0]
@@ -175,6 +182,8 @@ def build_with_spark(config, progress: bool = True):
         t0 = time.perf_counter()
         docs, num_docs, num_tokens, max_token, report = _documents(spark, config, config.tokenizer, partitions)
         timings["tokenize"] = time.perf_counter() - t0
+        _say(progress, f"tokenize {timings['tokenize']:.1f} s: {num_docs:,} documents, {num_tokens:,} tokens "
+                       f"({partitions} partitions on {cores} cores)")
         if num_tokens == 0:
             raise ValueError(f"the corpus at {report['path']} produced no tokens (malformed: {report['malformed']})")
         if max_token >= 1 << (8 * width):
@@ -187,6 +196,8 @@ def build_with_spark(config, progress: bool = True):
             reducers = max(2 * cores, -(-num_tokens // _TOKENS_PER_REDUCER))
             kept_by_n, ngram_stats = _select(spark, docs, config, reducers)
             timings["count"] = time.perf_counter() - t0
+            _say(progress, f"count {timings['count']:.1f} s: kept " +
+                 ", ".join(f"n={n} {s['kept']:,}" for n, s in ngram_stats.items()))
             t0 = time.perf_counter()
             kept_set = KeptSet({n: k for n, k in kept_by_n.items() if len(k)},
                                {n: partition_plan(k, config.max_occurrences) for n, k in kept_by_n.items()},
@@ -194,6 +205,7 @@ def build_with_spark(config, progress: bool = True):
             out = Path(tmp) / "trees"
             _trees(spark, docs, kept_set, out)
             timings["trees"] = time.perf_counter() - t0
+            _say(progress, f"trees {timings['trees']:.1f} s: {sum(kept_set.parts.values())} buckets")
             docs.unpersist()
             t0 = time.perf_counter()
             files = sorted(out.glob("*.parquet"))
@@ -201,6 +213,7 @@ def build_with_spark(config, progress: bool = True):
             nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
             per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
             timings["load"] = time.perf_counter() - t0
+            _say(progress, f"load {timings['load']:.1f} s: {writer.rows:,} rows from {len(files)} Parquet files")
             for n, total in zip(per_n["n"], per_n["nodes_sum"]):
                 ngram_stats[str(n)]["nodes"] = int(total)
             for s in ngram_stats.values():

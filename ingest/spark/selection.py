@@ -1,21 +1,23 @@
 """CREST's top-t selection from distributed counts, in two small steps on the driver.
 
-The corpus counts live in Spark, one row per distinct ``(n, key)``. Sorting them all to take
-the first t would move every row; instead:
+The corpus counts live in Spark, spread over the count reducers by n-gram hash. Sorting them
+all to take the first t would move every n-gram; instead:
 
 1. :func:`thresholds` reads the count histogram (rows ``(n, c, how many n-grams have count c)``,
    a few thousand rows) and finds, per n, the smallest count ``c_t`` still inside the top-t,
    along with the statistics the single-node build records (distinct, occurrences, eligible).
 2. The job collects only the rows with ``c >= c_t``: the top-t plus the ties at ``c_t``.
-   :func:`select` sorts them by count descending, then token ids ascending, the tie-break of
-   :func:`ingest.counting.count_top_t`, and keeps t.
+   :func:`select` sorts them by count descending, then token ids ascending (DuckDB, the ORDER BY of
+   :func:`ingest.counting.count_top_t`), and keeps t.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import duckdb
 import numpy as np
+import pyarrow as pa
 
 from ..counting import KeptNgrams
 
@@ -75,8 +77,17 @@ def select(n: int, ngrams: np.ndarray, counts: np.ndarray, stats: NgramHistogram
         The :class:`ingest.counting.KeptNgrams`, the same as :func:`ingest.counting.count_top_t` returns.
     """
     ngrams = np.asarray(ngrams, dtype=np.uint32).reshape(-1, n)
-    counts = np.asarray(counts, dtype=np.uint64)
-    order = np.lexsort(tuple(ngrams[:, i] for i in range(n - 1, -1, -1)) + (np.iinfo(np.int64).max - counts.astype(np.int64),))
-    order = order[:top_t]
-    return KeptNgrams(n, np.ascontiguousarray(ngrams[order]), counts[order], stats.distinct, stats.occurrences,
+    names = [f"t{i}" for i in range(n)]
+    table = pa.table([pa.array(ngrams[:, i]) for i in range(n)] + [pa.array(np.asarray(counts, dtype=np.uint64))],
+                     names=names + ["c"])
+    con = duckdb.connect()
+    try:
+        con.register("candidates", table)
+        cols = ", ".join(names)
+        top = con.sql(f"SELECT {cols}, c FROM candidates ORDER BY c DESC, {cols} LIMIT {int(top_t)}").to_arrow_table()
+    finally:
+        con.close()
+    kept = np.stack([top.column(c).to_numpy() for c in names], axis=1).astype(np.uint32) if top.num_rows \
+        else np.zeros((0, n), dtype=np.uint32)
+    return KeptNgrams(n, kept, top.column("c").to_numpy().astype(np.uint64), stats.distinct, stats.occurrences,
                       stats.eligible)

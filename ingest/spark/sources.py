@@ -30,11 +30,17 @@ def _with_order(df, spark, files: list[Path]):
     from pyspark.sql import functions as F
 
     index = {str(p.resolve()): i for i, p in enumerate(files)}
-    uris = [(uri, index.get(str(Path(unquote(urlparse(uri).path)).resolve()), len(files))) for uri in df.inputFiles()]
-    lookup = spark.createDataFrame(uris, "file_uri string, o1 long")
+    names: dict[str, int] = {}
+    for uri in df.inputFiles():  # Hadoop spells a local file file:///x here and file:/x in _metadata
+        i = index.get(str(Path(unquote(urlparse(uri).path)).resolve()), len(files))
+        path_part = uri.split(":", 1)[1].lstrip("/")
+        for spelling in (uri, f"file:/{path_part}", f"file:///{path_part}"):
+            names[spelling] = i
+    lookup = spark.createDataFrame(list(names.items()), "file_uri string, o1 long")
     df = df.select("*", F.col("_metadata.file_path").alias("file_uri"), F.col("_metadata.file_block_start").alias("o2"),
                    F.monotonically_increasing_id().alias("o3"))
-    return df.join(F.broadcast(lookup), "file_uri", "left").drop("file_uri")
+    df = df.join(F.broadcast(lookup), "file_uri", "left").drop("file_uri")
+    return df.withColumn("o1", F.coalesce(F.col("o1"), F.lit(len(files)).cast("long")))
 
 
 def read_records(spark, source: str, paths: tuple[Path, ...], *, glob: str, text_field: str, partitions: int):
