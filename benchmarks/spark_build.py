@@ -57,7 +57,10 @@ def _build(name: str, flags: list[str]) -> tuple[dict, float, int, int]:
         sys.exit(f"build {name} failed:\n{out.stderr[-4000:]}")
     if out.stderr.strip():
         print(f"  (stderr of {name}: {out.stderr.strip()[-500:]})")
-    return json.loads(out.stdout), wall, peak[0], peak[1]
+    try:
+        return json.loads(out.stdout), wall, peak[0], peak[1]
+    except json.JSONDecodeError:
+        sys.exit(f"build {name} printed more than its JSON summary:\n{out.stdout[:2000]}")
 
 
 def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:

@@ -3,7 +3,8 @@
 Each runs inside Spark's Python workers on Arrow batches and needs no Spark. They call the
 single-node build's own code (:func:`ingest.counting.ngram_windows`, :func:`ingest.occurrences.tag_into`,
 :func:`datastore.continuations.build_trees`, :func:`datastore.codec.encode_trees`), so the two
-engines cannot drift apart: there is one tree builder and one codec.
+engines cannot drift apart: there is one tree builder and one codec. Counting groups with DuckDB
+(one thread per task, as Spark runs one task per core), the single-node build's counting engine.
 
 A partition of documents is laid out as the single-node token stream is (each document
 followed by :data:`ingest.tokens.SEPARATOR`), so no n-gram and no continuation crosses a
@@ -101,6 +102,7 @@ def _unique_counts(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, 
                      names=names + ["c"])
     con = duckdb.connect(config={"threads": 1, "temp_directory": tempfile.gettempdir()})
     try:
+        con.execute("SET enable_progress_bar = false")
         con.register("grams", table)
         out = con.sql(f"SELECT {', '.join(names)}, sum(c)::BIGINT AS c FROM grams GROUP BY ALL").to_arrow_table()
     finally:
@@ -182,7 +184,8 @@ def _index(kept_set: KeptSet, n: int, token: int) -> tuple:
     """:func:`ingest.occurrences.kept_index` of one n, cached per worker process and selection."""
     key = (token, n)
     if key not in _INDEX_CACHE:
-        _INDEX_CACHE.clear() if len(_INDEX_CACHE) > 16 else None
+        if len(_INDEX_CACHE) > 16:  # selections of earlier builds in a reused worker
+            _INDEX_CACHE.clear()
         _INDEX_CACHE[key] = kept_index(kept_set.kept[n])
     return _INDEX_CACHE[key]
 

@@ -82,6 +82,7 @@ def select(n: int, ngrams: np.ndarray, counts: np.ndarray, stats: NgramHistogram
                      names=names + ["c"])
     con = duckdb.connect()
     try:
+        con.execute("SET enable_progress_bar = false")  # stdout carries --json
         con.register("candidates", table)
         cols = ", ".join(names)
         top = con.sql(f"SELECT {cols}, c FROM candidates ORDER BY c DESC, {cols} LIMIT {int(top_t)}").to_arrow_table()

@@ -76,18 +76,21 @@ def spark_problem() -> str | None:
 
 
 def _start(builder, log: Path):
-    """Start the session with the JVM's stderr sent to ``log``: the JVM prints notices there that no
-    log level reaches (Spark 4's ``Using incubator modules``); its errors still reach Python as
-    exceptions."""
+    """Start the session with the JVM's stdout and stderr sent to ``log``: the JVM prints notices there
+    that no log level reaches (Spark 4's ``Using incubator modules``, the JVM's own warnings), and they
+    must not mix with the build's output (``--json``). Errors still reach Python as exceptions."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = [os.dup(1), os.dup(2)]
     with open(log, "ab") as fh:
+        os.dup2(fh.fileno(), 1)
         os.dup2(fh.fileno(), 2)
         try:
             return builder.getOrCreate()
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 @contextlib.contextmanager
