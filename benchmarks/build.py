@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import resource
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import psutil
+from _child import run_sampled
 
 
 def main() -> None:
@@ -27,29 +24,8 @@ def main() -> None:
         args += ["--name", "sharegpt"]
     if "--top-t" not in args:
         args += ["--top-t", "2M"]
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ingest", "build", "--json", "--quiet", *args],
-                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    peak_tree = [0]
-    stop = threading.Event()
-
-    def sample() -> None:  # RSS summed over the build and its worker processes, every 0.2 s
-        root = psutil.Process(proc.pid)
-        while not stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-                peak_tree[0] = max(peak_tree[0], sum(p.memory_info().rss for p in procs))
-            except psutil.Error:
-                pass
-            stop.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = proc.communicate()
-    stop.set()
-    wall = time.perf_counter() - t
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    out, wall, _, peak_tree = run_sampled([sys.executable, "-m", "ingest", "build", "--json", "--quiet", *args],
+                                          cwd=Path(__file__).resolve().parents[1])
     if out.returncode != 0:
         sys.exit(f"build failed:\n{out.stderr[-4000:]}")
     r = json.loads(out.stdout)
@@ -58,7 +34,7 @@ def main() -> None:
     for stage, sec in r["timings"].items():
         print(f"  {stage:<9} {sec:8.1f} s")
     print(f"end to end {wall:.1f} s (build wall {r['wall_seconds']:.1f} s); {r['tokens'] / wall:,.0f} tokens/s")
-    print(f"peak RSS: largest single process {rss:.2f} GiB; whole process tree (sampled) {peak_tree[0] / 2**30:.2f} GiB")
+    print(f"peak RSS: largest single process {rss:.2f} GiB; whole process tree (sampled) {peak_tree / 2**30:.2f} GiB")
     print(f"bytes on disk {r['bytes_on_disk']:,}; bytes per n-gram {r['bytes_per_ngram']:.1f}")
     for n, s in r["ngram_stats"].items():
         print(f"  n={n}: kept {s['kept']:,} of {s['distinct']:,} (min count {s['min_kept_count']}), "

@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import psutil
 import psycopg
+from _child import run_sampled
 
 from datastore.catalog import drop_datastore
 from datastore.connection import resolve_database_url
@@ -31,34 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 def _build(name: str, flags: list[str]) -> tuple[dict, float, int, int]:
     """Run one build; returns its JSON summary, wall seconds, and the peak RSS (bytes) of the largest
     process and of the whole process tree (the JVM and Python workers included), sampled every 0.2 s."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0, 0]
-    stop = threading.Event()
-
-    def sample() -> None:
-        root = psutil.Process(proc.pid)
-        while not stop.is_set():
-            try:
-                rss = [p.memory_info().rss for p in [root, *root.children(recursive=True)]]
-                peak[0], peak[1] = max(peak[0], max(rss)), max(peak[1], sum(rss))
-            except psutil.Error:
-                pass
-            stop.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = proc.communicate()
-    stop.set()
-    wall = time.perf_counter() - t
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    out, wall, largest, tree = run_sampled(
+        [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags], cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"build {name} failed:\n{out.stderr[-4000:]}")
     if out.stderr.strip():
         print(f"  (stderr of {name}: {out.stderr.strip()[-500:]})")
     try:
-        return json.loads(out.stdout), wall, peak[0], peak[1]
+        return json.loads(out.stdout), wall, largest, tree
     except json.JSONDecodeError:
         sys.exit(f"build {name} printed more than its JSON summary:\n{out.stdout[:2000]}")
 

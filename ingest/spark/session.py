@@ -137,7 +137,15 @@ def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator[
     builder = SparkSession.builder.master(master).appName("crest-ingest")
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = _start(builder, Path(workdir) / "spark-jvm.log")
+    log = Path(workdir) / "spark-jvm.log"
+    try:
+        spark = _start(builder, log)
+    except Exception as exc:  # py4j / pyspark errors: a bad master URL or setting, a JVM that cannot start
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        jvm = [line for line in log.read_text(errors="replace").splitlines() if "Exception" in line or "Error" in line]
+        detail = f"{detail} ({jvm[0].strip()})" if jvm else detail
+        raise SparkUnavailable(f"cannot start Spark with --spark-master {master!r}: {detail}; check the master URL "
+                               f"and the --spark-conf settings") from exc
     spark.sparkContext.setLogLevel("ERROR")
     try:
         yield spark
