@@ -42,7 +42,7 @@ from datastore.writer import DatastoreWriter
 from ..occurrences import partition_plan
 from ..sources import resolve_paths
 from .kernels import (COUNT_DDL, HISTOGRAM_DDL, OCCURRENCE_DDL, TREE_DDL, KeptSet, bucket_trees, count_candidates,
-                      count_histogram, gather_occurrences, merge_counts, partial_counts)
+                      count_histogram, gather_occurrences, merge_counts, partial_counts, unpack_counts)
 from .records import RECORD_DDL, parse_records
 from .selection import select, thresholds
 from .session import spark_session
@@ -122,10 +122,9 @@ def _select(spark, docs, config, reducers: int) -> tuple[dict, dict]:
     candidates = counts.mapInArrow(functools.partial(count_candidates, minimum=minimum), COUNT_DDL).toArrow()
     counts.unpersist()
     kept_by_n, ngram_stats = {}, {}
+    n_col = candidates.column("n").to_numpy()
     for n in minimum:
-        rows = [i for i, v in enumerate(candidates.column("n").to_pylist()) if v == n]
-        ngrams = np.concatenate([np.frombuffer(candidates.column("ngrams")[i].as_py(), dtype=np.uint32) for i in rows])
-        cs = np.concatenate([np.frombuffer(candidates.column("counts")[i].as_py(), dtype=np.int64) for i in rows])
+        ngrams, cs = unpack_counts(candidates.take(np.flatnonzero(n_col == n)), n)
         kept_by_n[n] = select(n, ngrams, cs, stats[n], config.top_t)
     for n in range(1, config.max_n + 1):
         s, kept = stats.get(n), kept_by_n.get(n)

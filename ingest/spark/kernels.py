@@ -36,7 +36,7 @@ from ..tokens import SEPARATOR
 
 __all__ = ["COUNT_SCHEMA", "COUNT_DDL", "HISTOGRAM_DDL", "OCCURRENCE_SCHEMA", "OCCURRENCE_DDL", "TREE_SCHEMA",
            "TREE_DDL", "KeptSet", "partition_stream", "partial_counts", "merge_counts", "count_histogram",
-           "count_candidates", "gather_occurrences", "bucket_trees"]
+           "count_candidates", "unpack_counts", "gather_occurrences", "bucket_trees"]
 
 COUNT_SCHEMA = pa.schema([("n", pa.int32()), ("reducer", pa.int32()), ("ngrams", pa.binary()), ("counts", pa.binary())])
 COUNT_DDL = "n int, reducer int, ngrams binary, counts binary"
@@ -118,7 +118,8 @@ def _counts_batch(n: int, reducer: int, ngrams: np.ndarray, counts: np.ndarray) 
          pa.array([np.ascontiguousarray(counts, dtype=np.int64).tobytes()], pa.binary())], schema=COUNT_SCHEMA)
 
 
-def _unpack(table, n: int) -> tuple[np.ndarray, np.ndarray]:
+def unpack_counts(table, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:data:`COUNT_SCHEMA` rows of one n (a table or batch) -> ``([k, n]`` uint32 n-grams, ``[k]`` int64 counts)."""
     ngrams = np.concatenate([np.frombuffer(x, dtype=np.uint32) for x in table.column("ngrams").to_pylist()])
     counts = np.concatenate([np.frombuffer(x, dtype=np.int64) for x in table.column("counts").to_pylist()])
     return ngrams.reshape(len(counts), n), counts
@@ -153,7 +154,7 @@ def merge_counts(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return COUNT_SCHEMA.empty_table()
     n, r = int(table.column("n")[0].as_py()), int(table.column("reducer")[0].as_py())
-    ngrams, counts = _unique_counts(*_unpack(table, n))
+    ngrams, counts = _unique_counts(*unpack_counts(table, n))
     return pa.Table.from_batches([_counts_batch(n, r, ngrams, counts)])
 
 
@@ -172,7 +173,7 @@ def count_candidates(batches: Iterator[pa.RecordBatch], minimum: dict[int, int])
         for i, n in enumerate(batch.column("n").to_pylist()):
             if n not in minimum:
                 continue
-            ngrams, counts = _unpack(batch.slice(i, 1), n)
+            ngrams, counts = unpack_counts(batch.slice(i, 1), n)
             keep = counts >= minimum[n]
             yield _counts_batch(n, batch.column("reducer")[i].as_py(), ngrams[keep], counts[keep])
 
