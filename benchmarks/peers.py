@@ -1,37 +1,57 @@
-"""The serving benchmark's drafters by replay, at equal budgets, tree and chain: drafter quality apart from
-engine noise.
+"""The peer benchmark: accept length of every drafter by replay, at equal budgets, tree and chain, per
+category of Spec-Bench and on HumanEval, and ours / the best peer.
 
-References are the greedy outputs vLLM produced without speculation in ``benchmarks/vllm_serving.py``
-(``--references``, default its ``results/vllm_serving.json``); fp32 greedy decoding in vLLM equals ours
-(``tests/test_vllm.py``), so every step replays exactly (:func:`decoder.simulate.replay`). Prompts run in
-the benchmark's order, one after another, so SuffixDecoding's global tree learns from earlier responses
-as it does in vLLM. Drafters:
+Replay (:func:`decoder.simulate.replay`) against the target's saved greedy outputs
+(``benchmarks/references.py``) gives exactly the steps of a lossless greedy run, free of engine noise.
+Reported on the held-out half of each set (odd positions within each category; the calibration was fitted
+on the even half), prompts one after another in file order, every drafter on the same prompts. Accept
+length: output tokens per verification step, bonus included (the prefill token excluded).
 
-- ``ngram``: prompt lookup (:class:`decoder.drafters.pld.PromptLookupDrafter`: the longest suffix of 4..1
-  tokens found earlier in the sequence, the next ``budget`` tokens; chain only), as vLLM's ``ngram``
-  method (which the engine run configures with suffixes of 4..2 tokens);
-- ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24,
-  spec factor 1.0, min token prob 0.1; its prompt tree per request and the global tree of responses);
-- ``ours``: :class:`decoder.service.DraftingService` on the datastore (merged with the prompt trie), as
-  vLLM runs it: chains cut at ``--min-score``; trees as :class:`decoder.MergedDrafter` builds them.
+Drafters (``--methods``):
 
-Prints accept length (tokens per step, bonus included) per set, budget and form, and ours / best peer.
+- ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
+  lookup (the ``sharegpt`` datastore merged with the prompt n-gram trie); ``merged-noisy-or``: the same
+  before this change (the weighted noisy-OR of the longest match); ``trie`` / ``datastore``: each source
+  alone (calibrated);
+- ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
+  factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
+  the run; ``suffix-warm``: the same with the global tree first fed the datastore's whole corpus
+  (ShareGPT, every document as one response; its RAM is printed);
+- ``ngram``: prompt lookup as vLLM's ``ngram`` method (longest suffix of 4..1 tokens found earlier, the
+  next ``budget`` tokens; a chain);
+- ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index``; contexts 16..2,
+  <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path.
 
-    .venv/bin/python benchmarks/peers.py [--budgets 1 2 3 4 8 16] [--datastore sharegpt]
+A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference is optional
+(``bash scripts/setup-vllm.sh --arctic``): without it the ``suffix`` rows are left out.
+
+    .venv/bin/python benchmarks/peers.py                   # every drafter, budgets 1 2 3 4 8 16 32 64
+    .venv/bin/python benchmarks/peers.py --table           # reprint the last run's tables
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
-from decoder import Draft
-from decoder.simulate import replay
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _refs import REPO, half, load_references  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from decoder import Draft  # noqa: E402
+from decoder.simulate import replay  # noqa: E402
+
+CODE_PATH_HINT = " --path <the standard library>"
+PEERS = ("suffix", "suffix-warm", "ngram", "rest")
+OURS = ("merged", "merged-noisy-or", "trie", "datastore")
+CHAIN_ONLY = ("ngram",)
 
 
 class ServiceDrafter:
@@ -54,6 +74,29 @@ class ServiceDrafter:
         self.service.stop_request(self.n)
 
 
+class DatastoreOnly(ServiceDrafter):
+    """The calibrated back-off lookup without the trie."""
+
+    def propose(self, budget: int) -> Draft:
+        from decoder.calibration import draft_from_candidates
+
+        tail = list(self.service._requests[self.n].tail)
+        cands = self.service.source.candidates_batch([tail])[0]
+        return draft_from_candidates(self.service.calibration, cands, None, budget, chain=self.chain,
+                                     columns=self.service._columns)[0]
+
+
+class BestPath:
+    """A tree drafter's best path (what a chain verifier takes from it)."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.begin, self.extend, self.end = drafter.begin, drafter.extend, drafter.end
+
+    def propose(self, budget: int) -> Draft:
+        return self.drafter.propose(budget).best_path(budget)
+
+
 class SuffixDrafter:
     """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run)."""
 
@@ -63,15 +106,15 @@ class SuffixDrafter:
     def begin(self, prompt_ids) -> None:
         self.n += 1
         self.seq = list(prompt_ids)
-        self.cache.start_request(self.n, np.asarray(self.seq[:-1], dtype=np.int32))
-        self.cache.add_active_response(self.n, np.asarray(self.seq[-1:], dtype=np.int32))
+        self.cache.start_request(("bench", self.n), np.asarray(self.seq[:-1], dtype=np.int32))
+        self.cache.add_active_response(("bench", self.n), np.asarray(self.seq[-1:], dtype=np.int32))
 
     def propose(self, budget: int) -> Draft:
         if budget == 0:
             return Draft.empty()
         ctx = np.asarray(self.seq[-self.cache.max_tree_depth:], dtype=np.int32)
-        d = self.cache.speculate(self.n, ctx, max_spec_tokens=budget, max_spec_factor=1.0, min_token_prob=0.1,
-                                 use_tree_spec=self.tree)
+        d = self.cache.speculate(("bench", self.n), ctx, max_spec_tokens=budget, max_spec_factor=1.0,
+                                 min_token_prob=0.1, use_tree_spec=self.tree)
         if not d.token_ids:
             return Draft.empty()
         return Draft(np.asarray(d.token_ids, np.int64), np.asarray(d.parents, np.int32),
@@ -79,94 +122,203 @@ class SuffixDrafter:
 
     def extend(self, tokens) -> None:
         self.seq += list(tokens)
-        self.cache.add_active_response(self.n, np.asarray(list(tokens), dtype=np.int32))
+        self.cache.add_active_response(("bench", self.n), np.asarray(list(tokens), dtype=np.int32))
 
     def end(self) -> None:
-        self.cache.stop_request(self.n)
+        self.cache.stop_request(("bench", self.n))
 
 
-def _references(path: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Per set, ``(prompt ids, greedy output)`` from the serving benchmark's no-speculation runs (the run
-    with the most prompts)."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from vllm_serving import _prompts
-
-    runs = [r for r in json.loads(path.read_text())["runs"] if r["method"] == "none"]
-    if not runs:
-        raise SystemExit(f"{path} holds no no-speculation run: run benchmarks/vllm_serving.py first")
-    out = {}
-    for name in runs[0]["sets"]:
-        best = max(runs, key=lambda r: len(r["sets"][name]["prompts"]))
-        run = best["sets"][name]
-        by_id = {p.id: p for p in _prompts(name, "all", 10_000)}
-        out[name] = [(list(map(int, by_id[i].token_ids)), o) for i, o in zip(run["prompts"], run["outputs"])]
-    return out
+def warm_suffix(cache, tokens: np.ndarray, separator: int) -> int:
+    """Feed every document of a token stream to the global tree as one finished response; returns documents."""
+    cuts = np.flatnonzero(tokens == separator)
+    start, docs = 0, 0
+    for end in [*cuts.tolist(), len(tokens)]:
+        if end > start:
+            cache_id = ("corpus", docs)
+            cache.start_request(cache_id, np.zeros(0, dtype=np.int32))
+            cache.add_active_response(cache_id, tokens[start:end].astype(np.int32))
+            cache.stop_request(cache_id)
+            docs += 1
+        start = end + 1
+    return docs
 
 
-def _table(rows: list[dict]) -> None:
-    """Prints accept length per set, budget and form, and ours / the best peer; a tree's best peer is the
-    best peer draft of either form (a chain is a tree)."""
-    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m:>6}" for m in ("ours", "ngram", "suffix"))
-          + "  ours/best peer")
-    for name in dict.fromkeys(r["set"] for r in rows):
-        for budget in sorted({r["budget"] for r in rows if r["set"] == name}):
-            at = [r for r in rows if r["set"] == name and r["budget"] == budget]
-            for form in ("chain", "tree"):
+_STATE: dict = {}  # set in the parent before forking: references, warmed cache, arguments
+
+
+def corpus_of(name: str, args) -> tuple[str, str]:
+    """``(datastore, REST index source)`` a set is drafted from: chat sets from ShareGPT, code from Python code."""
+    return (args.code_datastore, "code") if name == "humaneval" else (args.datastore, "sharegpt")
+
+
+def _make(method: str, form: str, name: str):
+    args = _STATE["args"]
+    chain = form == "chain"
+    datastore, corpus = corpus_of(name, args)
+    if method in OURS:
+        from datastore import load_tokenizer
+        from datastore.shared import SharedDatastore
+        from decoder.calibration import Calibration
+        from decoder.drafters import DatastoreSource
+        from decoder.service import DraftingService
+
+        tok = load_tokenizer()
+        source = None if method == "trie" else DatastoreSource(
+            lambda: SharedDatastore.open(datastore, tokenizer=tok))
+        cal = None if method == "merged-noisy-or" else Calibration.load(args.calibration)
+        service = DraftingService(source, calibration=cal)
+        return (DatastoreOnly if method == "datastore" else ServiceDrafter)(service, chain)
+    if method == "ngram":
+        from decoder.drafters.pld import PromptLookupDrafter
+
+        return PromptLookupDrafter(max_ngram=4, max_tokens=10_000)
+    if method == "rest":
+        from datastore import SuffixIndex
+        from decoder.drafters import DatastoreSource, RetrievalDrafter
+
+        index = _STATE["rest"][corpus]
+        drafter = RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
+        return BestPath(drafter) if chain else drafter
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = _STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24)
+    return SuffixDrafter(cache, tree=not chain)
+
+
+def run_task(task: tuple[str, str, str, int]) -> list[dict]:
+    """One (set, method, form, budget): a fresh drafter (in a forked child: a warmed tree's additions stay
+    there) replayed over the set's held-out half; accept length per category."""
+    name, method, form, budget = task
+    drafter = _make(method, form, name)
+    per: dict[str, list[int]] = {}
+    t0 = time.perf_counter()
+    for r in _STATE["refs"][name]:
+        res = replay(drafter, r.prompt, r.output, budget=budget)
+        c = per.setdefault(r.category, [0, 0, 0, 0])
+        c[0] += len(res.output_ids) - 1  # the prefill token is not a verification step's
+        c[1] += len(res.steps)
+        c[2] += sum(s.drafted for s in res.steps)
+        c[3] += 1
+    wall = time.perf_counter() - t0
+    source = getattr(getattr(drafter, "service", None), "source", None)
+    if source is not None:
+        source.close()  # its connection pool
+    tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())
+    rows = [{"set": name, "category": "all", "method": method, "form": form, "budget": budget,
+             "prompts": sum(c[3] for c in per.values()), "accept_length": tokens / max(steps, 1),
+             "nodes_per_step": sum(c[2] for c in per.values()) / max(steps, 1), "ms_per_step": 1e3 * wall / max(steps, 1)}]
+    rows += [{"set": name, "category": cat, "method": method, "form": form, "budget": budget, "prompts": c[3],
+              "accept_length": c[0] / max(c[1], 1)} for cat, c in per.items()]
+    return rows
+
+
+def _cell(got: dict, m: str) -> str:
+    return "     -" if got.get(m) is None else f"{got[m]:>6.2f}"
+
+
+def print_tables(rows: list[dict], methods: list[str]) -> None:
+    """Accept length per set, budget and form for every method, and merged / the best peer; then per
+    category (tree form) merged vs the best peer."""
+    top = [r for r in rows if r["category"] == "all"]
+    peers = [m for m in methods if m in PEERS]
+    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods) + "  merged/best peer")
+    for name in dict.fromkeys(r["set"] for r in top):
+        for budget in sorted({r["budget"] for r in top if r["set"] == name}):
+            for form in ("tree", "chain"):
+                at = [r for r in top if r["set"] == name and r["budget"] == budget]
                 got = {r["method"]: r["accept_length"] for r in at if r["form"] == form}
-                peers = [r["accept_length"] for r in at if r["method"] != "ours" and (form == "tree" or r["form"] == form)]
-                cells = "  ".join("     -" if got.get(m) is None else f"{got[m]:>6.2f}" for m in ("ours", "ngram", "suffix"))
-                ratio = f"{got['ours'] / max(peers):.2f}" if peers and "ours" in got else "-"
+                best = max([r["accept_length"] for r in at if r["method"] in peers and (form == "tree" or r["form"] == form)],
+                           default=None)
+                cells = "  ".join(f"{_cell(got, m):>15}" for m in methods)
+                ratio = f"{got['merged'] / best:.2f}" if best and "merged" in got else "-"
                 print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
+    cats = [r for r in rows if r["category"] != "all" and r["form"] == "tree"]
+    if not cats:
+        return
+    budgets = sorted({r["budget"] for r in cats})
+    print(f"\nper category (tree form): merged / best peer accept length at budgets {budgets}")
+    for name in dict.fromkeys(r["set"] for r in cats):
+        for cat in dict.fromkeys(r["category"] for r in cats if r["set"] == name):
+            cells = []
+            for b in budgets:
+                at = [r for r in rows if r["set"] == name and r["category"] == cat and r["budget"] == b]
+                ours = next((r["accept_length"] for r in at if r["method"] == "merged" and r["form"] == "tree"), None)
+                best = max((r["accept_length"] for r in at if r["method"] in peers), default=None)
+                cells.append("-" if ours is None or best is None else f"{ours:.2f}/{best:.2f}")
+            print(f"{name:<11} {cat:<15} " + "  ".join(f"{c:>11}" for c in cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--references", type=Path, default=REPO / "results" / "vllm_serving.json")
-    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16])
-    ap.add_argument("--datastore", default="sharegpt")
-    ap.add_argument("--min-score", type=float, default=0.2, help="our chains' cut (the proposer's default)")
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
+    ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
+    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
+    ap.add_argument("--methods", nargs="+", default=["merged", "merged-noisy-or", "trie", "datastore", *PEERS],
+                    choices=[*OURS, *PEERS])
+    ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
+    ap.add_argument("--code-datastore", default="code",
+                    help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
+    ap.add_argument("--calibration", type=Path, default=None, help="default: the shipped decoder/data/calibration.json")
+    ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
-    ap.add_argument("--table", action="store_true", help="only print the table of an earlier run's --out")
+    ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
     args = ap.parse_args()
     if args.table:
-        return _table(json.loads(args.out.read_text()))
-    from datastore import load_tokenizer
-    from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
-    from decoder.drafters.pld import PromptLookupDrafter
-    from decoder.service import DraftingService
+        saved = json.loads(args.out.read_text())
+        return print_tables(saved["rows"], saved["methods"])
+    if args.calibration is None:
+        from decoder.calibration import DEFAULT_PATH
 
-    refs = _references(args.references)
-    tok = load_tokenizer()
-    source = DatastoreSource(lambda: SharedDatastore.open(args.datastore, tokenizer=tok))
+        args.calibration = DEFAULT_PATH
+    methods = list(args.methods)
     try:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        import arctic_inference.suffix_decoding  # noqa: F401
     except ImportError:
-        SuffixDecodingCache = None
+        methods = [m for m in methods if not m.startswith("suffix")]
         print("arctic-inference is not installed (bash scripts/setup-vllm.sh --arctic): no `suffix` rows")
-    drafters = {("ours", "chain"): lambda: ServiceDrafter(DraftingService(source, min_score=args.min_score), True),
-                ("ours", "tree"): lambda: ServiceDrafter(DraftingService(source), False),
-                ("ngram", "chain"): lambda: PromptLookupDrafter(max_ngram=4, max_tokens=10_000)}
-    if SuffixDecodingCache is not None:
-        drafters[("suffix", "chain")] = lambda: SuffixDrafter(SuffixDecodingCache(max_tree_depth=24), False)
-        drafters[("suffix", "tree")] = lambda: SuffixDrafter(SuffixDecodingCache(max_tree_depth=24), True)
-    rows = []
-    for name, pairs in refs.items():
-        for budget in args.budgets:
-            for (method, form), make in drafters.items():
-                drafter = make()  # fresh state (and, for suffix, a fresh global tree) per budget
-                tokens = steps = 0
-                for prompt, output in pairs:
-                    res = replay(drafter, prompt, output, budget=budget)
-                    tokens += len(res.output_ids) - 1  # the prefill token is not a verification step's
-                    steps += len(res.steps)
-                rows.append({"set": name, "budget": budget, "method": method, "form": form,
-                             "prompts": len(pairs), "accept_length": tokens / max(steps, 1)})
+    _STATE["args"] = args
+    _STATE["refs"] = {name: half(load_references(name), args.half) for name in args.sets}
+    info = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
+    if "rest" in methods or "suffix-warm" in methods:
+        from datastore import SuffixIndex, load_tokenizer
+        from datastore.suffix_index import default_index_dir
+
+        _STATE["rest"] = {}
+        for name in args.sets:
+            corpus = corpus_of(name, args)[1]
+            index_dir = default_index_dir(load_tokenizer(), corpus)
+            if not index_dir.exists():
+                raise SystemExit(f"{index_dir} not found: build REST's index first "
+                                 f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
+            _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
+    if "suffix-warm" in methods:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        _STATE["warm"], info["suffix_warm"] = {}, {}
+        for corpus, index in _STATE["rest"].items():
+            rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
+            cache = _STATE["warm"][corpus] = SuffixDecodingCache(max_tree_depth=24)
+            docs = warm_suffix(cache, np.asarray(index.tokens), index.separator)
+            info["suffix_warm"][corpus] = w = {"documents": docs, "tokens": int(index.num_tokens),
+                                               "seconds": time.perf_counter() - t0,
+                                               "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30}
+            print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
+                  f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
+    tasks = [(name, m, form, b) for name in args.sets for b in args.budgets for m in methods
+             for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))]
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    with mp.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:
+        for i, got in enumerate(pool.imap_unordered(run_task, tasks), 1):
+            rows += got
+            r = got[0]
+            print(f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
+                  f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)", flush=True)
+    order = {m: i for i, m in enumerate(methods)}
+    rows.sort(key=lambda r: (args.sets.index(r["set"]), r["budget"], order[r["method"]], r["form"], r["category"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
-    _table(rows)
+    args.out.write_text(json.dumps({"methods": methods, "info": info, "rows": rows}, indent=1))
+    print_tables(rows, methods)
     print(f"wrote {args.out}")
 
 

@@ -275,6 +275,19 @@ class Datastore:
             out.append(None if hit is None else decode_match(self.info, hit, found[hit]))
         return out
 
+    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+        """For each context, the trees of all its stored suffixes, longest first (the back-off lookup's
+        candidates), in one round trip; raises as :meth:`lookup`."""
+        wanted = [suffix_keys(ctx, self.info) for ctx in contexts]
+        distinct = sorted({k for ks in wanted for k in ks})
+        if not distinct:
+            return [[] for _ in contexts]
+        rows = self._execute(self._batch_query(), [distinct])
+        if rows is None:
+            return self.candidates_batch(contexts)
+        found = {bytes(k): decode_match(self.info, bytes(k), blob) for k, blob in rows}
+        return [[found[k] for k in ks if k in found] for ks in wanted]
+
     def close(self) -> None:
         """Close the connection."""
         self._conn.close()

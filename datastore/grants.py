@@ -17,7 +17,7 @@ from psycopg import sql
 from .connection import connect
 from .schema import require_schema
 
-__all__ = ["RoleNotFound", "grant_reader", "grant_to_readers"]
+__all__ = ["RoleNotFound", "grant_appender", "grant_reader", "grant_to_readers"]
 
 
 class RoleNotFound(LookupError):
@@ -85,3 +85,37 @@ def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[st
     for role in roles:
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), sql.Identifier(role)))
     return roles
+
+
+def grant_appender(url: str, role: str, *, create: bool = False) -> None:
+    """Let ``role`` append finished outputs to the live layer (``live_outputs``) and nothing else: ``INSERT``
+    on that table and ``USAGE`` on its id sequence (plus ``CONNECT`` / schema ``USAGE`` where it lacks them).
+    No ``SELECT``, ``UPDATE`` or ``DELETE``: a decoder can add outputs, never read or change any.
+
+    Args:
+        url: libpq URL of the role that owns the tables (the one that migrates and builds).
+        role: the Postgres role to grant. create: create it (``LOGIN``, no password) when missing.
+
+    Raises:
+        RoleNotFound: when ``role`` does not exist and ``create`` is false.
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+        psycopg.errors.InsufficientPrivilege: when the caller may not grant.
+    """
+    ident = sql.Identifier(role)
+    with connect(url, autocommit=True) as conn:
+        require_schema(conn)
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
+            if not create:
+                raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) "
+                                   "or pass --create")
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        with conn.transaction():
+            db, schema, can_connect, can_use = conn.execute(
+                "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
+                "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
+            if not can_connect:
+                conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
+            if not can_use:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
+            conn.execute(sql.SQL("GRANT INSERT ON live_outputs TO {}").format(ident))
+            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE live_outputs_id_seq TO {}").format(ident))

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Index,
+    Integer,
     LargeBinary,
     MetaData,
     SmallInteger,
@@ -39,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "DatastoreRecord", "ReaderGrant", "STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL", "tree_table"]
+__all__ = ["Base", "DatastoreRecord", "LiveOutput", "ReaderGrant", "STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL", "tree_table"]
 
 STATES = ("building", "ready", "failed", "retired")
 TREE_TABLE_PREFIX = "token_trees_"
@@ -121,6 +122,35 @@ class ReaderGrant(Base):
     __table_args__ = (
         UniqueConstraint("role", "name", name="uq_reader_grants_role_name"),
         Index("uq_reader_grants_role_all", "role", unique=True, postgresql_where=text("name IS NULL")),
+    )
+
+
+class LiveOutput(Base):
+    """One finished request's output, appended by a decoder for the live layer (``datastore.live``).
+
+    Decoders hold only ``INSERT`` here (``python -m datastore grant-appender``); ``python -m ingest
+    compact-live`` folds the rows into the trees of the datastore ``<name>.live`` and evicts the oldest.
+
+    Attributes:
+        name: the datastore whose live layer this output feeds.
+        tokens: the output's token ids, uint32 little-endian (``datastore.live.encode_output``).
+        num_tokens: ``len(tokens) // 4``.
+        origin: who appended it (host:pid, or what the decoder was given), for provenance.
+        created_at: when it was appended.
+    """
+
+    __tablename__ = "live_outputs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    tokens: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    num_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    origin: Mapped[str] = mapped_column(String(200), nullable=False, server_default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint("num_tokens > 0 AND octet_length(tokens) = 4 * num_tokens", name="ck_live_outputs_length"),
+        Index("ix_live_outputs_name_id", "name", "id"),
     )
 
 

@@ -22,9 +22,9 @@ from .errors import LookupFailed, SchemaMismatch
 
 __all__ = ["SCHEMA_REVISION", "alembic_config", "upgrade", "check_models", "schema_revision", "require_schema"]
 
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 """The Alembic revision this package reads and writes (the head of ``datastore/migrations``)."""
-_OLDER = ("0001",)  # revisions `migrate` brings up to SCHEMA_REVISION
+_OLDER = ("0001", "0002")  # revisions `migrate` brings up to SCHEMA_REVISION
 
 _MIGRATE = "python -m datastore migrate"
 

@@ -40,7 +40,7 @@ from .keys import decode_key
 from .models import SWAP_CHANNEL
 from .schema import require_schema
 from .tokenizer import tokenizer_fingerprint
-from .tree import Match
+from .tree import Match, TokenTree
 
 __all__ = ["SharedDatastore"]
 
@@ -264,6 +264,64 @@ class SharedDatastore:
                 self.lookups += len(contexts)
                 self.answered_from_cache += len(contexts) - len(set(ask_ctx))
             return out
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _all_sql(self, table: str) -> str:
+        q = self._queries.get(("all", table))
+        if q is None:
+            q = self._queries[("all", table)] = sql.SQL("SELECT t.key, t.tree FROM {} t WHERE t.key = ANY(%b)").format(
+                sql.Identifier(table)).as_string()
+        return q
+
+    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+        """For each context, the trees of ALL its stored suffixes (n in ``info.ns``), longest first: the
+        back-off lookup's candidates (:class:`decoder.drafters.DatastoreSource`). One round trip for every
+        key of the batch the cache cannot answer (none when it answers all).
+
+        Raises:
+            the errors of :meth:`lookup_batch`.
+        """
+        for attempt in (0, 1):
+            if self._fault is not None:
+                raise self._fault
+            info = self.info
+            wanted = [suffix_keys(context, info) for context in contexts]
+            known: dict[bytes, TokenTree | None] = {}
+            ask: list[bytes] = []
+            for keys in wanted:
+                for k in keys:
+                    if k in known:
+                        continue
+                    found, tree = self.cache.get(info.id, k)
+                    if found:
+                        known[k] = tree
+                    elif k not in ask:
+                        ask.append(k)
+            if ask:
+                try:
+                    with self._pool.connection(timeout=self._timeout) as conn:
+                        rows = conn.execute(self._all_sql(info.table), [ask], prepare=True, binary=True).fetchall()
+                except psycopg.errors.UndefinedTable:
+                    if attempt:
+                        raise DatastoreNotFound(f"datastore {info.name!r} keeps being replaced; try again") from None
+                    self.refresh()
+                    continue
+                except PoolTimeout as exc:
+                    raise DatabaseUnavailable(f"datastore {info.name!r} is unreachable: {exc}") from exc
+                except psycopg.Error as exc:
+                    raise server_error(info.name, exc) from exc
+                with self._stats_lock:
+                    self.round_trips += 1
+                blobs = {bytes(k): blob for k, blob in rows}
+                for k in ask:
+                    match = self._decode(info, k, blobs[k]) if k in blobs else None
+                    known[k] = None if match is None else match.tree
+                    self.cache.put(info.id, k, known[k])
+            with self._stats_lock:
+                self.lookups += len(contexts)
+                self.answered_from_cache += sum(not any(k in ask for k in keys) for keys in wanted)
+            return [[Match(decode_key(k, info.key_width), known[k]) for k in keys if known[k] is not None]
+                    for keys in wanted]
         raise AssertionError("unreachable")  # pragma: no cover
 
     def lookup(self, context: Sequence[int]) -> Match | None:

@@ -185,6 +185,10 @@ class SuffixIndex:
         """:meth:`lookup` for each context (in memory: no round trip to save)."""
         return [self.lookup(c) for c in contexts]
 
+    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+        """REST's one draft per context as the only candidate (REST chooses by its own longest-suffix rule)."""
+        return [[] if m is None else [m] for m in self.lookup_batch(contexts)]
+
     def find(self, pattern: Sequence[int]) -> tuple[int, int]:
         """The suffix-array range ``[lo, hi)`` of the suffixes that start with ``pattern``."""
         lo, hi = 0, len(self.suffix_array)

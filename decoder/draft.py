@@ -26,7 +26,7 @@ import numpy as np
 
 from datastore.tree import TokenTree
 
-__all__ = ["Draft", "merge_drafts", "best_chain"]
+__all__ = ["Draft", "merge_drafts", "best_chain", "select_best", "chain_from"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,10 +235,34 @@ def merge_drafts(sources: Sequence[tuple[Draft, float]], budget: int) -> Draft:
     u = _union(sources)
     if u is None or budget == 0:
         return Draft.empty()
-    order = np.lexsort((np.arange(len(u.scores)), u.depths, -u.scores))[:budget]
-    new_index = np.full(len(u.scores) + 1, -1, dtype=np.int64)  # slot -1 maps the root to -1
+    return select_best(u.tokens, u.parents, u.depths, u.scores, budget)
+
+
+def select_best(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray, budget: int,
+                min_score: float = 0.0) -> Draft:
+    """The best ``budget`` nodes of a scored tree (score desc, depth asc, node order), as a best-first draft.
+
+    Args:
+        tokens / parents / depths / scores: ``[N]`` arrays of a tree whose parents precede their
+            children and whose scores never rise along a path (so the result is prefix-closed).
+        budget: most nodes kept, >= 0.
+        min_score: nodes scoring below this are dropped.
+    """
+    order = np.lexsort((np.arange(len(scores)), depths, -scores))[:budget]
+    if min_score > 0:
+        order = order[scores[order] >= min_score]
+    new_index = np.full(len(scores) + 1, -1, dtype=np.int64)  # slot -1 maps the root to -1
     new_index[order] = np.arange(len(order))
-    return Draft(u.tokens[order], new_index[u.parents[order]].astype(np.int32), u.scores[order])
+    return Draft(np.asarray(tokens)[order], new_index[parents[order]].astype(np.int32), scores[order])
+
+
+def chain_from(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray, max_len: int,
+               min_score: float = 0.0) -> Draft:
+    """The scored tree's root path of at most ``max_len`` nodes, each scoring at least ``min_score``, with
+    the largest sum of scores (a chain's expected accepted length); arrays as for :func:`select_best`."""
+    nodes = np.flatnonzero((scores >= min_score) & (depths <= max_len))  # the only nodes a chain can use
+    path = _best_path(nodes.tolist(), parents[nodes].tolist(), scores[nodes].tolist())
+    return Draft.chain(np.asarray(tokens)[path], scores[path])
 
 
 def best_chain(sources: Sequence[tuple[Draft, float]], max_len: int, min_score: float = 0.0) -> Draft:
@@ -260,6 +284,4 @@ def best_chain(sources: Sequence[tuple[Draft, float]], max_len: int, min_score: 
         return Draft.empty()
     if max_len < 0:
         raise ValueError(f"max_len={max_len}: must be >= 0")
-    nodes = np.flatnonzero((u.scores >= min_score) & (u.depths <= max_len))  # the only nodes a chain can use
-    path = _best_path(nodes.tolist(), u.parents[nodes].tolist(), u.scores[nodes].tolist())
-    return Draft.chain(u.tokens[path], u.scores[path])
+    return chain_from(u.tokens, u.parents, u.depths, u.scores, max_len, min_score)

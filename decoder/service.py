@@ -28,6 +28,7 @@ from typing import Hashable, Sequence
 
 from datastore.tree import TokenTree
 
+from .calibration import Calibration, draft_from_candidates
 from .draft import Draft, best_chain, merge_drafts
 from .drafters.retrieval import TAIL_TOKENS
 from .drafters.source import DatastoreSource
@@ -37,6 +38,7 @@ __all__ = ["DraftingService", "ServiceStats"]
 
 
 STEP_TIMES_KEPT = 10_000
+TRIE_NODES = 64  # the trie's match under calibrated scoring: the calibration was fitted on matches this size
 
 
 @dataclass
@@ -48,6 +50,7 @@ class ServiceStats:
         lookup_s: datastore lookups (one batched call a step). trie_s: trie matches. merge_s: merges.
         step_s: whole ``propose`` calls. step_times: the last ``STEP_TIMES_KEPT`` calls' seconds, one each
         (bounded: a service lives as long as its server).
+        backed_off: calibrated drafts whose chosen datastore n-gram was shorter than the longest stored one.
     """
 
     steps: int = 0
@@ -57,6 +60,7 @@ class ServiceStats:
     trie_s: float = 0.0
     merge_s: float = 0.0
     step_s: float = 0.0
+    backed_off: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT), repr=False)
 
 
@@ -64,6 +68,7 @@ class ServiceStats:
 class _Request:
     trie: NGramTrie
     tail: deque
+    output: list = field(default_factory=list)  # committed tokens since start_request (for the live layer)
 
 
 class DraftingService:
@@ -71,36 +76,68 @@ class DraftingService:
 
     Args:
         source: the shared datastore lookups (``None``: trie-only drafts).
-        window / max_prefix: the prompt tries' sliding window ``n`` and longest matched context ``Lp``.
+        window / max_prefix: the prompt tries' sliding window ``n`` and longest matched context ``Lp``
+            (default: the settings ``calibration`` was fitted with, else 13 and 3, the paper's).
         datastore_weight / trie_weight: each source's weight in the noisy-OR, in (0, 1].
         prior: additive smoothing of count ratios, >= 0.
         min_score: chains stop before the first node scoring below this (0: never); trees keep
             only nodes scoring at least this. Not drafting when unsure is what keeps batched
-            verification from costing more than it saves.
+            verification from costing more than it saves. With ``calibration`` the scores are
+            acceptance probabilities, so this is one node's verification cost in accepted tokens:
+            the draft stops where the next node's expected gain falls below it.
+        calibration: score nodes by this fitted model (:class:`decoder.calibration.Calibration`, e.g.
+            ``Calibration.load()``) instead of the weighted noisy-OR, and choose among ALL stored
+            suffixes of the context the n-gram whose draft has the largest expected accepted length
+            (back-off lookup, still one round trip); ``None``: the noisy-OR of the longest match.
+        live: the live layer's lookups (``DatastoreSource`` over the datastore ``<name>.live``, see
+            :mod:`datastore.live`): the longest match among the model's earlier outputs, merged into every
+            calibrated draft with its own features (one more round trip a step; needs ``calibration``).
+        live_writer: a :class:`datastore.live.LiveWriter`: each request's committed tokens are handed to it
+            at :meth:`stop_request` (enqueued only; written on its own thread).
 
     Raises:
         ValueError: when an argument is out of range.
     """
 
-    def __init__(self, source: DatastoreSource | None, *, window: int = 13, max_prefix: int = 3,
+    def __init__(self, source: DatastoreSource | None, *, window: int | None = None, max_prefix: int | None = None,
                  datastore_weight: float = 0.3, trie_weight: float = 1.0, prior: float = 1.0,
-                 min_score: float = 0.0) -> None:
+                 min_score: float = 0.0, calibration: Calibration | None = None,
+                 live: DatastoreSource | None = None, live_writer=None) -> None:
         for label, w in (("datastore_weight", datastore_weight), ("trie_weight", trie_weight)):
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")
+        if live is not None and calibration is None:
+            raise ValueError("live layer lookups need calibrated scores: pass calibration=Calibration.load()")
         if prior < 0 or not 0.0 <= min_score <= 1.0:
             raise ValueError(f"prior={prior} must be >= 0 and min_score={min_score} in [0, 1]")
+        fitted = (calibration.meta.get("trie") or {}) if calibration is not None else {}
+        window = window if window is not None else int(fitted.get("window", 13))
+        max_prefix = max_prefix if max_prefix is not None else int(fitted.get("max_prefix", 3))
         NGramTrie(window, max_prefix)  # validates them now
         self.source = source
         self.window, self.max_prefix = window, max_prefix
         self.weights = (datastore_weight, trie_weight)
         self.prior, self.min_score = prior, min_score
+        self.calibration = calibration
+        self.live, self.live_writer = live, live_writer
         self.stats = ServiceStats()
         self._requests: dict[Hashable, _Request] = {}
         self._scored: OrderedDict[int, tuple[TokenTree, Draft]] = OrderedDict()  # id(tree) -> scored draft
         self._lock = threading.Lock()
 
     _SCORED_ENTRIES = 8192  # hot datastore trees whose scored draft (and its children maps) is kept
+
+    def _columns(self, tree: TokenTree):
+        """A datastore tree's calibration columns, computed once while the tree stays hot."""
+        entry = self._scored.get(id(tree))
+        if entry is not None and entry[0] is tree:
+            self._scored.move_to_end(id(tree))
+            return entry[1]
+        cols = self.calibration.columns(tree)
+        self._scored[id(tree)] = (tree, cols)
+        if len(self._scored) > self._SCORED_ENTRIES:
+            self._scored.popitem(last=False)
+        return cols
 
     def _score_stored(self, tree: TokenTree) -> Draft:
         """The scored draft of a datastore tree, computed once while the tree stays hot: the shared
@@ -141,11 +178,15 @@ class DraftingService:
             req = self._get(req_id)
             req.trie.extend(tokens)
             req.tail.extend(int(t) for t in tokens)
+            if self.live_writer is not None:
+                req.output.extend(int(t) for t in tokens)
 
     def stop_request(self, req_id: Hashable) -> None:
-        """Forget ``req_id`` (a request not active is ignored)."""
+        """Forget ``req_id`` (a request not active is ignored); hand its output to the live writer, if any."""
         with self._lock:
-            self._requests.pop(req_id, None)
+            req = self._requests.pop(req_id, None)
+        if req is not None and self.live_writer is not None and req.output:
+            self.live_writer.append(req.output)
 
     @property
     def active_requests(self) -> frozenset:
@@ -190,7 +231,12 @@ class DraftingService:
         if not 0.0 <= cut <= 1.0:
             raise ValueError(f"min_score={min_score}: must be in [0, 1]")
         t0 = time.perf_counter()
-        found = iter(self.source.lookup_batch(contexts) if self.source is not None and contexts else
+        calibrated = self.calibration is not None
+        if self.source is None or not contexts:
+            found = iter([[] if calibrated else None for _ in contexts])
+        else:
+            found = iter(self.source.candidates_batch(contexts) if calibrated else self.source.lookup_batch(contexts))
+        lives = iter(self.live.lookup_batch(contexts) if self.live is not None and contexts else
                      [None] * len(contexts))
         lookup_s = time.perf_counter() - t0
         drafts: list[Draft] = []
@@ -200,8 +246,19 @@ class DraftingService:
                 if budget < 1:
                     drafts.append(Draft.empty())
                     continue
-                stored = next(found)
+                stored, live = next(found), next(lives)
                 t1 = time.perf_counter()
+                if calibrated:
+                    matched = req.trie.match(max(budget, TRIE_NODES))
+                    t2 = time.perf_counter()
+                    draft, chosen = draft_from_candidates(self.calibration, stored, matched, budget, chain=chain,
+                                                          min_score=cut, columns=self._columns, live=live)
+                    t3 = time.perf_counter()
+                    self.stats.backed_off += chosen > 0
+                    trie_s += t2 - t1
+                    merge_s += t3 - t2
+                    drafts.append(draft.with_timing(lookup_s=lookup_s, trie_s=t2 - t1, merge_s=t3 - t2))
+                    continue
                 matched = req.trie.match(budget)
                 t2 = time.perf_counter()
                 sources = []

@@ -103,10 +103,26 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=None,
                    help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
                         "fingerprint>, where the decoder looks)")
+    lv = sub.add_parser("compact-live", parents=[database_options()],
+                        help="fold decoders' finished outputs into the live layer NAME.live (top-t rule)",
+                        description="Keep the newest outputs appended for NAME within half of --max-bytes (evict "
+                                    "older ones), count their n-grams, keep the top-t per n and build their trees "
+                                    "into the datastore NAME.live (swapped in atomically), whose trees fit in the "
+                                    "other half. Run it periodically; decoders never wait for it.")
+    lv.add_argument("--name", default=d.name, help="the datastore whose outputs to compact (default: %(default)s)")
+    lv.add_argument("--top-t", type=parse_count, default=200_000,
+                    help="n-grams kept per n, e.g. 200K (default: 200K)")
+    lv.add_argument("--max-bytes", type=parse_count, default=256 << 20,
+                    help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
+                         "trees (default: 256M)")
+    lv.add_argument("--json", action="store_true", help="print the result as JSON")
+    lv.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
 def _config(args) -> BuildConfig:
+    if args.command == "compact-live":
+        return BuildConfig(name=args.name, database_url=args.database_url)
     corpus = dict(source=args.source, path=None if args.path is None else tuple(args.path), limit=args.limit,
                   glob=args.glob, text_field=args.text_field, tokenizer=args.tokenizer)
     if args.command == "rest-index":
@@ -152,6 +168,23 @@ def _rest_index(config: BuildConfig, args) -> None:
           f"suffix sort {report['index_s']:.1f} s; malformed: {malformed}")
 
 
+def _compact_live(config: BuildConfig, args) -> None:
+    from .live import compact_live
+
+    result = compact_live(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
+                          progress=not args.quiet)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return
+    d = result.as_dict()
+    if result.build is None:
+        print(f"no outputs appended for {config.name!r} (evicted {d['evicted']}): {d['layer']} unchanged")
+        return
+    print(f"{d['layer']}: {d['outputs']:,} outputs, {d['tokens']:,} tokens -> {d['ngrams']:,} n-grams, "
+          f"{d['bytes_on_disk']:,} bytes (top-t {d['top_t']:,}); evicted {d['evicted']:,} older outputs; "
+          f"{d['seconds']:.1f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
     args = _parser().parse_args(argv)
@@ -167,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from .spark.session import SparkUnavailable
 
     try:
-        (_build if args.command == "build" else _rest_index)(config, args)
+        {"build": _build, "rest-index": _rest_index, "compact-live": _compact_live}[args.command](config, args)
     except (SourceError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,13 @@ Configuration (environment variables, read when vLLM builds the proposer):
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
 ``CREST_CACHE_MB``       the tree cache's bound, MiB (default 64);
+``CREST_CALIBRATED``     ``1`` (default): calibrated node scores (acceptance probabilities, so the cuts above
+                         weigh each token's expected gain against its verification cost) and the back-off
+                         lookup (:mod:`decoder.calibration`); ``0``: the weighted noisy-OR of the longest match;
+``CREST_LIVE``           ``1``: also draft from the live layer ``<CREST_DATASTORE>.live`` and append every
+                         finished request's output to it (:mod:`datastore.live`; needs calibrated scores);
+                         default ``0``;
+``CREST_LIVE_URL``       the role that appends outputs (INSERT on ``live_outputs`` only; default ``DATABASE_URL``);
 ``CREST_PROPOSER_STATS`` a JSON file the proposer rewrites every 50 steps and at exit with its
                          figures (steps, per-step time and the datastore's share, cache hit rate).
 """
@@ -41,7 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
+from datastore.live import LiveWriter, live_name
 from datastore.shared import SharedDatastore
+from decoder.calibration import Calibration
 from decoder.drafters import DatastoreSource
 from decoder.service import STEP_TIMES_KEPT, DraftingService
 
@@ -65,12 +74,17 @@ class ProposerConfig:
     adaptive: bool = True
     cache_mb: float = 64.0
     stats_path: str | None = None
+    calibrated: bool = True
+    live: bool = False
+    live_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_score <= 1.0:
             raise ValueError(f"CREST_MIN_SCORE={self.min_score}: must be in [0, 1]")
         if self.cache_mb < 0:
             raise ValueError(f"CREST_CACHE_MB={self.cache_mb}: must be >= 0")
+        if self.live and not self.calibrated:
+            raise ValueError("CREST_LIVE=1 needs CREST_CALIBRATED=1 (the live layer has its own calibrated features)")
 
     @classmethod
     def from_env(cls) -> "ProposerConfig":
@@ -83,13 +97,17 @@ class ProposerConfig:
             except ValueError:
                 raise ValueError(f"{name}={env[name]!r} is not a number") from None
 
-        adaptive = env.get("CREST_ADAPTIVE", "1")
-        if adaptive not in ("0", "1"):
-            raise ValueError(f"CREST_ADAPTIVE={adaptive!r}: must be 0 or 1")
+        def flag(name: str, default: str) -> bool:
+            value = env.get(name, default)
+            if value not in ("0", "1"):
+                raise ValueError(f"{name}={value!r}: must be 0 or 1")
+            return value == "1"
+
         return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
-                   min_score=number("CREST_MIN_SCORE", 0.2), adaptive=adaptive == "1",
+                   min_score=number("CREST_MIN_SCORE", 0.2), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0),
-                   stats_path=env.get("CREST_PROPOSER_STATS") or None)
+                   stats_path=env.get("CREST_PROPOSER_STATS") or None, calibrated=flag("CREST_CALIBRATED", "1"),
+                   live=flag("CREST_LIVE", "0"), live_url=env.get("CREST_LIVE_URL") or None)
 
 
 class CrestProposer:
@@ -121,7 +139,14 @@ class CrestProposer:
         self.source = DatastoreSource(lambda: SharedDatastore.open(
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, cache_bytes=int(cfg.cache_mb * 2**20)),
             reopen_in_background=True)  # vLLM waits for every propose: never on a connection attempt
-        self.service = DraftingService(self.source, min_score=cfg.min_score)
+        calibration = Calibration.load() if cfg.calibrated else None
+        live = writer = None
+        if cfg.live:
+            live = DatastoreSource(lambda: SharedDatastore.open(
+                live_name(cfg.datastore), tokenizer=tokenizer, database_url=cfg.database_url), reopen_in_background=True)
+            writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
+        self.service = DraftingService(self.source, min_score=cfg.min_score, calibration=calibration, live=live,
+                                       live_writer=writer)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...

@@ -25,6 +25,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
     for shipped in ("datastore/migrations/env.py", "datastore/migrations/script.py.mako",
                     "datastore/migrations/versions/0001_registry.py",
                     "datastore/migrations/versions/0002_reader_grants.py",
+                    "datastore/migrations/versions/0003_live_outputs.py", "decoder/data/calibration.json",
                     "study/__main__.py", "ingest/__main__.py", "decoder/__main__.py", "datastore/__main__.py"):
         assert shipped in names, shipped
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)

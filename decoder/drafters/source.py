@@ -40,6 +40,9 @@ class Retriever(Protocol):
     def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
         """:meth:`lookup` for many contexts (one round trip for a server)."""
 
+    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+        """Per context, the trees of all its stored suffixes, longest first (one round trip for a server)."""
+
     def identity(self) -> dict:
         """What the backend serves (name and build, or index size and parameters)."""
 
@@ -150,17 +153,26 @@ class DatastoreSource:
 
     def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
         """:meth:`lookup` for many contexts: one round trip for a server backend; all ``None`` on a fault."""
+        return self._call(lambda c: c.lookup_batch(contexts) if len(contexts) != 1 else [c.lookup(contexts[0])],
+                          [None] * len(contexts))
+
+    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+        """For each context, every stored suffix's tree, longest first (the back-off lookup's candidates,
+        :meth:`datastore.shared.SharedDatastore.candidates_batch`): one round trip; all empty on a fault."""
+        return self._call(lambda c: c.candidates_batch(contexts), [[] for _ in contexts])
+
+    def _call(self, ask: Callable[[Retriever], list], empty: list) -> list:
         client = self._client()
         if client is None:
-            return [None] * len(contexts)
+            return empty
         try:
-            matches = client.lookup_batch(contexts) if len(contexts) != 1 else [client.lookup(contexts[0])]
+            out = ask(client)
         except DatastoreError as exc:
             self._failed(client, exc)
-            return [None] * len(contexts)
+            return empty
         if self._degraded:
             self._recovered(client)
-        return matches
+        return out
 
     def identity(self) -> dict:
         """What is being served now (``{"down": True}`` while the backend is down)."""

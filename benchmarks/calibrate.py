@@ -1,0 +1,221 @@
+"""Fit the calibrated node scores (:mod:`decoder.calibration`) on one half of the public prompts and report
+them on the other half, with the calibration curve as a plot.
+
+Every position of every reference output is visited (not only a drafter's steps, so the logs do not
+depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), the prompt
+trie's match, and for each candidate the union with the trie's match. A node is accepted when its path
+is what the target generated next. The conditional model is fitted on the nodes whose parent was
+accepted (Spec-Bench and HumanEval, even positions within each category); the held-out half (odd
+positions) reports predicted vs observed acceptance of every node, for the calibrated scores and for the
+weighted noisy-OR they replace (the longest match merged with the trie at weights 0.3 / 1.0).
+
+The live layer's features (the model's earlier outputs, :mod:`datastore.live`) are fitted by cross-fitting:
+the fit half is split in two, each part's outputs compacted into a live layer that the other part's
+prompts look up (datastores ``calibfit-a.live`` and ``calibfit-b.live``, left in place for inspection).
+
+    .venv/bin/python benchmarks/calibrate.py [--datastore sharegpt] [--code-datastore code]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _refs import REPO, half, load_references  # noqa: E402
+
+from decoder.calibration import Calibration, accepted_nodes, node_table  # noqa: E402
+from decoder.draft import Draft, merge_drafts  # noqa: E402
+from decoder.ngram_trie import NGramTrie  # noqa: E402
+from decoder.service import TRIE_NODES  # noqa: E402
+
+SETS = ("spec_bench", "humaneval")
+
+
+def collect(refs, source, *, prior: float, calibration: Calibration | None = None, stride: int = 1, live=None,
+            trie: tuple[int, int] = (13, 3)):
+    """Replay logs: ``(features, accepted)`` of nodes whose parent was accepted (for fitting), and per
+    node of the longest candidate's union ``(calibrated score or nan, noisy-OR score, accepted)``.
+    ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none)."""
+    xs, ys, scored = [], [], []
+    for r in refs:
+        layer = None if live is None else live(r)
+        seq = list(r.prompt) + r.output[:1]
+        ref = np.asarray(r.output, dtype=np.int64)
+        prompt_trie = NGramTrie(*trie)
+        prompt_trie.extend(seq)
+        for pos in range(1, len(ref)):
+            if pos % stride == 0:
+                cands = source.candidates_batch([seq[-8:]])[0]
+                matched = prompt_trie.match(TRIE_NODES)
+                live_match = None if layer is None else layer.lookup(seq[-8:])
+                for j, cand in enumerate(cands or [None]):
+                    table = node_table(cand, matched, prior, live=live_match)
+                    if table is None:
+                        continue
+                    ok = accepted_nodes(table, ref, pos)
+                    parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)
+                    xs.append(table.features[parent_ok].astype(np.float32))
+                    ys.append(ok[parent_ok])
+                    if j == 0:
+                        cal = calibration.scores(table) if calibration is not None else np.full(len(ok), np.nan)
+                        scored.append(np.column_stack([cal, _noisy_or(cand, matched, table, prior), ok]))
+            seq.append(int(ref[pos]))
+            prompt_trie.extend([int(ref[pos])])
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(scored)
+
+
+def _noisy_or(cand, matched, table, prior: float) -> np.ndarray:
+    """The replaced scores (weighted noisy-OR, datastore 0.3, trie 1.0) of the table's nodes."""
+    sources = [(Draft.from_tree(m.tree, prior), w) for m, w in ((cand, 0.3), (matched, 1.0)) if m is not None]
+    merged = merge_drafts(sources, 10**9)
+    paths: dict[tuple, float] = {}
+    keys: list[tuple] = []
+    for t, p, s in zip(merged.token_ids.tolist(), merged.parents.tolist(), merged.scores.tolist()):
+        keys.append((keys[p] if p >= 0 else ()) + (t,))
+        paths[keys[-1]] = s
+    out, mine = [], []
+    for t, p in zip(table.tokens.tolist(), table.parents.tolist()):
+        mine.append((mine[p] if p >= 0 else ()) + (t,))
+        out.append(paths.get(mine[-1], 0.0))
+    return np.asarray(out)
+
+
+def _cross_fit_layers(fit, args, tok) -> dict:
+    """The live layer each fit prompt sees, cross-fitted: the fit half is split in two (alternate prompts
+    within each category), each part's outputs are appended and compacted (``ingest.live.compact_live``)
+    into a layer the OTHER part's prompts look up, so no prompt sees its own output. Returns
+    ``prompt id -> DatastoreSource`` of that layer."""
+    from datastore.connection import connect, resolve_database_url
+    from datastore.live import encode_output, live_name
+    from datastore.shared import SharedDatastore
+    from decoder.drafters import DatastoreSource
+    from ingest.live import compact_live
+
+    parts = {"calibfit-a": [], "calibfit-b": []}
+    seen: dict[str, int] = {}
+    for r in fit:
+        i = seen[r.category] = seen.get(r.category, -1) + 1
+        parts["calibfit-a" if i % 2 == 0 else "calibfit-b"].append(r)
+    url = resolve_database_url(None)
+    with connect(url, autocommit=True) as conn:
+        for name, refs in parts.items():
+            conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
+            with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+                for r in refs:
+                    cp.write_row((name, encode_output(r.output), len(r.output), "benchmarks/calibrate.py"))
+    layers = {}
+    for name in parts:
+        res = compact_live(name, top_t=args.live_top_t)
+        print(f"cross-fit live layer {live_name(name)}: {res.outputs} outputs, {res.tokens:,} tokens, "
+              f"{res.build.num_trees:,} n-grams")
+        layers[name] = DatastoreSource(lambda n=name: SharedDatastore.open(live_name(n), tokenizer=tok))
+    return {r.id: layers["calibfit-b" if name == "calibfit-a" else "calibfit-a"]
+            for name, refs in parts.items() for r in refs}
+
+
+def reliability(pred: np.ndarray, obs: np.ndarray, bins: int = 10) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Per bin of predicted probability (equal width): mean predicted, observed rate, count; and the
+    expected calibration error (count-weighted mean |predicted - observed|)."""
+    edges = np.linspace(0, 1, bins + 1)
+    idx = np.clip(np.digitize(pred, edges) - 1, 0, bins - 1)
+    mp, ob, n = np.zeros(bins), np.zeros(bins), np.zeros(bins)
+    for b in range(bins):
+        m = idx == b
+        n[b] = m.sum()
+        if n[b]:
+            mp[b], ob[b] = pred[m].mean(), obs[m].mean()
+    ece = float((n * np.abs(mp - ob)).sum() / max(n.sum(), 1))
+    return mp, ob, n, ece
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (ShareGPT)")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (Python code)")
+    ap.add_argument("--out", type=Path, default=REPO / "decoder" / "data" / "calibration.json")
+    ap.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "calibration.png")
+    ap.add_argument("--prior", type=float, default=1.0)
+    ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position")
+    ap.add_argument("--window", type=int, default=13, help="the prompt trie's window n (stored with the fit)")
+    ap.add_argument("--max-prefix", type=int, default=3, help="the prompt trie's longest context Lp (stored with the fit)")
+    ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers")
+    args = ap.parse_args()
+    from datastore import load_tokenizer
+    from datastore.shared import SharedDatastore
+    from decoder.drafters import DatastoreSource
+
+    tok = load_tokenizer()
+    stores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
+    sources = {name: DatastoreSource(lambda d=d: SharedDatastore.open(d, tokenizer=tok)) for name, d in stores.items()}
+    refs = {name: load_references(name) for name in SETS}
+    t0 = time.perf_counter()
+    fit = [r for name in SETS for r in half(refs[name], "fit")]
+    live = _cross_fit_layers(fit, args, tok)
+    trie = (args.window, args.max_prefix)
+    parts = [collect(half(refs[name], "fit"), sources[name], prior=args.prior, stride=args.stride,
+                     live=lambda r: live[r.id], trie=trie) for name in SETS]
+    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    cal = Calibration.fit(x, y, prior=args.prior, meta={
+        "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
+        "fit_rows": int(len(y)),
+        "sets": list(SETS), "half": "fit (even positions within each category)",
+        "trie": {"window": args.window, "max_prefix": args.max_prefix}})
+    print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
+    report = {}
+    fig_rows = []
+    for name in SETS:
+        held = half(refs[name], "report")
+        xr, yr, scored = collect(held, sources[name], prior=args.prior, calibration=cal, stride=args.stride, trie=trie)
+        q = cal.conditional(xr.astype(np.float64))
+        brier = float(((q - yr) ** 2).mean())
+        cal_curve = reliability(scored[:, 0], scored[:, 2])
+        old_curve = reliability(scored[:, 1], scored[:, 2])
+        report[name] = {"prompts": len(held), "nodes": int(len(scored)), "conditional_brier": brier,
+                        "ece_calibrated": cal_curve[3], "ece_noisy_or": old_curve[3],
+                        "mean_score_calibrated": float(scored[:, 0].mean()), "mean_score_noisy_or": float(scored[:, 1].mean()),
+                        "accepted_rate": float(scored[:, 2].mean())}
+        fig_rows.append((name, cal_curve, old_curve))
+        print(f"{name} (report half, {len(held)} prompts, {len(scored):,} nodes): ECE calibrated "
+              f"{cal_curve[3]:.3f} vs noisy-OR {old_curve[3]:.3f}; conditional Brier {brier:.3f}")
+        for lo, mp, ob, n, omp, oob, on in zip(np.linspace(0, 0.9, 10), *cal_curve[:3], *old_curve[:3]):
+            print(f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
+                  f"   noisy-OR: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})")
+    cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report})
+    cal.save(args.out)
+    print(f"wrote {args.out}")
+    _plot(fig_rows, args.plot)
+    print(f"wrote {args.plot}")
+    print(json.dumps(dict(zip(("features", "coef"), (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef])))))
+
+
+def _plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4.4), squeeze=False)
+    for ax, (name, cal, old) in zip(axes[0], rows):
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="perfect")
+        for (mp, ob, n, ece), label, marker in ((old, "noisy-OR (before)", "s"), (cal, "calibrated", "o")):
+            m = n > 0
+            ax.plot(mp[m], ob[m], marker=marker, label=f"{label}, ECE {ece:.3f}")
+        ax.set_title(f"{name}: held-out half")
+        ax.set_xlabel("predicted P(node accepted)")
+        ax.set_ylabel("observed acceptance")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

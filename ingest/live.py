@@ -1,0 +1,123 @@
+"""Compaction of the live layer: finished outputs (``live_outputs``, appended by decoders through
+:class:`datastore.live.LiveWriter`) folded into the datastore ``<name>.live`` by the same top-t rule as a
+corpus build.
+
+``python -m ingest compact-live --name NAME`` (run it periodically, e.g. from cron, as the role that owns
+the datastores):
+
+1. keeps the newest outputs of ``NAME`` whose tokens fit in half of ``--max-bytes`` (4 bytes a token) and
+   evicts the older ones (first in, first out, as SuffixDecoding's ``max_cached_requests``);
+2. builds the kept outputs exactly like a corpus (:func:`ingest.build.build_datastore`: exact n-gram
+   counts, top-t per n, continuation trees, compressed, bulk-loaded, swapped in atomically; readers follow
+   the swap); its build records ``corpus.source = "outputs"`` (the trees' provenance);
+3. when the layer's trees take more than the other half of ``--max-bytes`` on disk, rebuilds once with
+   top-t scaled down to fit.
+
+Decoders never wait for this: they read whatever ``NAME.live`` build is ready.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from datastore.connection import connect, resolve_database_url
+from datastore.live import decode_output, live_name
+from datastore.schema import require_schema
+
+from .build import BuildConfig, BuildResult, TokenizedCorpus, build_datastore
+from .tokens import TokenStreamWriter
+
+__all__ = ["compact_live", "CompactionResult"]
+
+
+class CompactionResult:
+    """What a compaction did.
+
+    Attributes:
+        name: the datastore (the layer is ``name.live``). outputs / tokens: outputs and tokens folded in.
+        evicted: outputs deleted as older than the byte budget. build: the layer's build (``None`` when there
+        were no outputs). top_t: the top-t used. seconds: wall time.
+    """
+
+    def __init__(self, name: str, outputs: int, tokens: int, evicted: int, build: BuildResult | None, top_t: int,
+                 seconds: float) -> None:
+        self.name, self.outputs, self.tokens, self.evicted = name, outputs, tokens, evicted
+        self.build, self.top_t, self.seconds = build, top_t, seconds
+
+    def as_dict(self) -> dict:
+        b = self.build
+        return {"name": self.name, "layer": live_name(self.name), "outputs": self.outputs, "tokens": self.tokens,
+                "evicted": self.evicted, "top_t": self.top_t, "seconds": round(self.seconds, 3),
+                "ngrams": None if b is None else b.num_trees, "bytes_on_disk": None if b is None else b.bytes_on_disk,
+                "build_id": None if b is None else b.build_id}
+
+
+def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20, database_url: str | None = None,
+                 config: BuildConfig | None = None, progress: bool = False) -> CompactionResult:
+    """Fold ``name``'s appended outputs into the datastore ``live_name(name)``.
+
+    Args:
+        name: the datastore whose outputs to compact.
+        top_t: n-grams kept per n (the corpus build's rule).
+        max_bytes: the layer's bound: half for the outputs kept (4 bytes a token), half for its trees on disk.
+        database_url: the owner's URL (``None``: ``DATABASE_URL`` or the embedded server).
+        config: other build settings (max n, depth, tree budget, tokenizer ...; default the corpus build's
+            defaults and the tokenizer ``name`` was built with).
+
+    Raises:
+        ValueError: when ``top_t < 1`` or ``max_bytes < 1024``.
+        datastore.errors.DatabaseUnavailable / SchemaMismatch: as for a build.
+    """
+    if top_t < 1 or max_bytes < 1024:
+        raise ValueError(f"top_t={top_t} must be >= 1 and max_bytes={max_bytes} >= 1024")
+    started = time.perf_counter()
+    url = resolve_database_url(database_url)
+    keep_tokens = max_bytes // 2 // 4
+    with connect(url, autocommit=True) as conn, tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
+        require_schema(conn)
+        row = conn.execute("SELECT tokenizer FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
+        base = config or BuildConfig()
+        if row is not None and config is None:
+            base = replace(base, tokenizer=row[0])
+        kept: list[np.ndarray] = []
+        total, oldest = 0, None
+        last = None
+        while True:  # newest first, a page at a time, until the byte budget is full
+            page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s AND (%s::bigint IS NULL OR id < %s) "
+                                "ORDER BY id DESC LIMIT 1000", [name, last, last]).fetchall()
+            full = False
+            for out_id, blob in page:
+                toks = decode_output(bytes(blob))
+                if total + len(toks) > keep_tokens:
+                    full = True
+                    break
+                kept.append(toks)
+                total += len(toks)
+                oldest = out_id
+            if full or len(page) < 1000:
+                break
+            last = page[-1][0]
+        evicted = 0
+        if oldest is not None:
+            evicted = conn.execute("DELETE FROM live_outputs WHERE name = %s AND id < %s", [name, oldest]).rowcount
+        if not kept:
+            return CompactionResult(name, 0, 0, evicted, None, top_t, time.perf_counter() - started)
+        stream = Path(tmp) / "outputs.u32"
+        with TokenStreamWriter(stream) as writer:
+            writer.write(kept[::-1])  # oldest first, as appended
+        corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
+                                 {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
+                                  "malformed": {}})
+        cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1)
+        build = build_datastore(cfg, progress=progress, corpus=corpus)
+        tree_budget = max_bytes - max_bytes // 2
+        if build.bytes_on_disk > tree_budget:
+            widest = max(int(s.get("kept", 0)) for s in build.ngram_stats.values())
+            top_t = max(1, int(widest * tree_budget / build.bytes_on_disk * 0.9))
+            build = build_datastore(replace(cfg, top_t=top_t), progress=progress, corpus=corpus)
+    return CompactionResult(name, len(kept), total, evicted, build, top_t, time.perf_counter() - started)

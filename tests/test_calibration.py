@@ -1,0 +1,173 @@
+"""Calibrated node scores and the back-off lookup: known answers on small trees, oracles on random ones, the
+fit on data with a known answer, the shipped parameters, and the back-off lookup on a real datastore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datastore.tree import Match, TokenTree
+from decoder.calibration import (FEATURES, Calibration, accepted_nodes, draft_from_candidates, node_table)
+
+F = {name: i for i, name in enumerate(FEATURES)}
+
+
+def _tree(paths: dict[tuple, int], root: int = 0) -> TokenTree:
+    """A token tree from ``path -> count`` (parents listed before children)."""
+    index: dict[tuple, int] = {}
+    toks, pars, cnts = [], [], []
+    for path, c in paths.items():
+        index[path] = len(toks)
+        toks.append(path[-1])
+        pars.append(index[path[:-1]] if len(path) > 1 else -1)
+        cnts.append(c)
+    return TokenTree(np.array(toks), np.array(pars), np.array(cnts), root)
+
+
+def _paths(table) -> list[tuple]:
+    out: list[tuple] = []
+    for t, p in zip(table.tokens.tolist(), table.parents.tolist()):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return out
+
+
+def test_node_table_known_answer():
+    ds = Match((1, 2, 3), _tree({(5,): 10, (6,): 3, (5, 7): 8}, root=14))
+    trie = Match((3,), _tree({(5,): 2, (5, 9): 1, (8,): 1}, root=3))
+    t = node_table(ds, trie, prior=1.0)
+    assert _paths(t) == [(5,), (6,), (5, 7), (5, 9), (8,)]
+    assert t.depths.tolist() == [1, 1, 2, 2, 1]
+    x = t.features
+    assert x[0, F["ds_ratio"]] == pytest.approx(10 / 15) and x[0, F["trie_ratio"]] == pytest.approx(2 / 4)
+    assert x[2, F["ds_ratio"]] == pytest.approx(8 / 11) and x[2, F["ds_log_parent"]] == pytest.approx(np.log1p(10))
+    assert x[:, F["ds_on"]].tolist() == [1, 1, 1, 0, 0] and x[:, F["trie_on"]].tolist() == [1, 0, 0, 1, 1]
+    assert x[:, F["ds_n"]].tolist() == [3, 3, 3, 0, 0] and x[:, F["trie_n"]].tolist() == [1, 0, 0, 1, 1]
+    # a source "misses" a node when it predicted other children of that node's parent
+    assert x[:, F["ds_miss"]].tolist() == [0, 0, 0, 1, 1]
+    assert x[:, F["trie_miss"]].tolist() == [0, 1, 1, 0, 0]
+    assert x[:, F["agree"]].tolist() == [1, 0, 0, 0, 0]
+    assert x[:, F["live_on"]].sum() == 0
+    assert node_table(None, None) is None
+
+
+def test_live_block_and_three_way_agreement():
+    ds = Match((4,), _tree({(5,): 4}, root=4))
+    live = Match((3, 4), _tree({(5,): 2, (5, 6): 2}, root=2))
+    trie = Match((4,), _tree({(5,): 1}, root=1))
+    t = node_table(ds, trie, live=live)
+    assert _paths(t) == [(5,), (5, 6)]
+    assert t.features[0, F["agree"]] == 2 and t.features[0, F["live_n"]] == 2
+    assert t.features[1, F["live_on"]] == 1 and t.features[1, F["ds_on"]] == 0
+
+
+def _random_tree(rng, vocab=6, nodes=12) -> TokenTree:
+    paths: dict[tuple, int] = {}
+    frontier = [()]
+    while len(paths) < nodes:
+        base = frontier[rng.integers(len(frontier))]
+        path = base + (int(rng.integers(vocab)),)
+        if path in paths or len(path) > 5:
+            continue
+        paths[path] = 0
+        frontier.append(path)
+    counts = {p: 0 for p in paths}
+    for p in paths:  # each node counts one occurrence of each path through it
+        for k in range(1, len(p) + 1):
+            counts[p[:k]] += 1
+    return _tree(counts, root=max(counts.values()) + 1)
+
+
+def test_scores_and_acceptance_against_oracles():
+    rng = np.random.default_rng(0)
+    cal = Calibration(rng.normal(size=len(FEATURES)), -0.5)
+    for _ in range(50):
+        a, b = _random_tree(rng), _random_tree(rng)
+        t = node_table(Match((1, 2), a), Match((2,), b))
+        paths = _paths(t)
+        assert len(set(paths)) == len(paths) == len(set(a.paths()) | set(b.paths()))  # the exact union
+        q, p = cal.conditional(t.features), cal.scores(t)
+        for i, path in enumerate(paths):  # P(node) = product of conditionals along its path
+            expect = np.prod([q[paths.index(path[:k])] for k in range(1, len(path) + 1)])
+            assert p[i] == pytest.approx(expect)
+        ref = rng.integers(6, size=8)
+        pos = int(rng.integers(0, 4))
+        ok = accepted_nodes(t, ref, pos)
+        assert ok.tolist() == [tuple(ref[pos:pos + len(path)].tolist()) == path for path in paths]
+
+
+def test_back_off_chooses_the_largest_expected_accepted_length():
+    rng = np.random.default_rng(1)
+    cal = Calibration(rng.normal(size=len(FEATURES)), 0.0)
+    for _ in range(30):
+        cands = [Match(tuple(range(n)), _random_tree(rng)) for n in (3, 2, 1)]
+        trie = Match((9,), _random_tree(rng))
+        for budget, chain in ((3, False), (8, False), (3, True), (64, True)):
+            draft, chosen = draft_from_candidates(cal, cands, trie, budget, chain=chain)
+            gains = [draft_from_candidates(cal, [c], trie, budget, chain=chain)[0].scores.sum() for c in cands]
+            assert chosen == int(np.argmax(gains)) and draft.scores.sum() == pytest.approx(max(gains))
+            assert len(draft) <= budget
+            if chain:
+                assert draft.parents.tolist() == list(range(-1, len(draft) - 1))
+            else:  # prefix-closed, best first
+                assert all(p < i for i, p in enumerate(draft.parents.tolist()))
+                assert np.all(np.diff(draft.scores) <= 1e-12)
+    empty, chosen = draft_from_candidates(cal, [], None, 8)
+    assert len(empty) == 0 and chosen == -1
+    with pytest.raises(ValueError, match="budget"):
+        draft_from_candidates(cal, [], None, -1)
+
+
+def test_budget_stops_where_the_expected_gain_falls_below_the_node_cost():
+    rng = np.random.default_rng(2)
+    cal = Calibration(rng.normal(size=len(FEATURES)), 1.0)
+    trie = Match((9,), _random_tree(rng, nodes=20))
+    full, _ = draft_from_candidates(cal, [], trie, 20)
+    cost = float(np.median(full.scores))
+    cut, _ = draft_from_candidates(cal, [], trie, 20, min_score=cost)
+    assert len(cut) == int((full.scores >= cost).sum()) and np.all(cut.scores >= cost)
+
+
+def test_fit_recovers_a_known_model():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40_000, len(FEATURES)))
+    w = np.zeros(len(FEATURES))
+    w[F["ds_ratio"]], w[F["trie_ratio"]], w[F["log_depth"]] = 2.0, 3.0, -1.0
+    y = rng.random(len(x)) < 1 / (1 + np.exp(-(x @ w - 0.5)))
+    cal = Calibration.fit(x[:30_000], y[:30_000], meta={"what": "synthetic"})
+    held = cal.conditional(x[30_000:])
+    truth = 1 / (1 + np.exp(-(x[30_000:] @ w - 0.5)))
+    assert np.abs(held - truth).mean() < 0.02
+    assert cal.coef[F["trie_ratio"]] == pytest.approx(3.0, abs=0.2)
+    with pytest.raises(ValueError, match="one class"):
+        Calibration.fit(x[:10], np.ones(10, bool))
+    with pytest.raises(ValueError, match="do not match"):
+        Calibration.fit(x[:10, :3], y[:10])
+
+
+def test_save_load_round_trip_and_refusals(tmp_path):
+    cal = Calibration(np.arange(len(FEATURES), dtype=float), 0.25, 1.0, {"fit_prompts": 3})
+    cal.save(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json")
+    assert np.array_equal(back.coef, cal.coef) and back.intercept == 0.25 and back.meta == {"fit_prompts": 3}
+    with pytest.raises(FileNotFoundError, match="calibrate.py"):
+        Calibration.load(tmp_path / "missing.json")
+    (tmp_path / "old.json").write_text('{"features": ["a"], "coef": [1], "intercept": 0, "prior": 1}')
+    with pytest.raises(ValueError, match="refit"):
+        Calibration.load(tmp_path / "old.json")
+
+
+def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other():
+    cal = Calibration.load()
+    meta = cal.meta
+    assert meta["half"].startswith("fit") and meta["fit_prompts"] > 100 and meta["fit_rows"] > 10_000
+    for name in ("spec_bench", "humaneval"):
+        rep = meta["report"][name]
+        assert rep["prompts"] > 0 and rep["ece_calibrated"] < rep["ece_noisy_or"]
+    # a node both the corpus and the prompt predict, with a high ratio, beats one only the corpus predicts
+    both = np.zeros(len(FEATURES))
+    both[[F["ds_on"], F["trie_on"]]] = 1
+    both[[F["ds_ratio"], F["trie_ratio"]]] = 0.8
+    both[F["agree"]] = 1
+    alone = both.copy()
+    alone[[F["trie_on"], F["trie_ratio"], F["agree"]]] = 0
+    assert cal.conditional(both[None])[0] > cal.conditional(alone[None])[0]
