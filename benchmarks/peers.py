@@ -7,19 +7,23 @@ Reported on the held-out half of each set (odd positions within each category; t
 on the even half), prompts one after another in file order, every drafter on the same prompts. Accept
 length: output tokens per verification step, bonus included (the prefill token excluded).
 
+Every corpus-based drafter draws on the same corpus: ShareGPT for Spec-Bench (the ``sharegpt`` datastore,
+``python -m ingest build``), this interpreter's standard library for HumanEval (the ``code`` datastore,
+``python -m ingest build --name code --source code --path <stdlib>``); neither holds evaluation text.
 Drafters (``--methods``):
 
 - ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
-  lookup (the ``sharegpt`` datastore merged with the prompt n-gram trie); ``merged-noisy-or``: the same
-  before this change (the weighted noisy-OR of the longest match); ``trie`` / ``datastore``: each source
-  alone (calibrated);
+  lookup (the datastore merged with the prompt n-gram trie); ``merged-noisy-or``: the same before
+  calibration (the weighted noisy-OR of the longest match); ``trie`` / ``datastore``: each source alone
+  (calibrated);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
-  the run; ``suffix-warm``: the same with the global tree first fed the datastore's whole corpus
-  (ShareGPT, every document as one response; its RAM is printed);
+  the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
+  one response; its RAM is printed);
 - ``ngram``: prompt lookup as vLLM's ``ngram`` method (longest suffix of 4..1 tokens found earlier, the
   next ``budget`` tokens; a chain);
-- ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index``; contexts 16..2,
+- ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index [--source code --path
+  <stdlib>]``; contexts 16..2,
   <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path.
 
 A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference is optional

@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="+", type=int, default=[3, 8])
     ap.add_argument("--forms", nargs="+", choices=("tree", "chain"), default=["tree", "chain"])
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
+    ap.add_argument("--streams", nargs="+", choices=("chat", "code"), default=["chat", "code"])
     ap.add_argument("--window", type=int, default=8, help="requests between two compactions of the live layer")
     ap.add_argument("--datastore", default="sharegpt", help="the chat stream's datastore")
     ap.add_argument("--code-datastore", default="code", help="the code stream's datastore")
@@ -166,6 +167,8 @@ def main() -> None:
         return _print(json.loads(args.out.read_text()))
     rows = []
     for name, stream in streams(args.half).items():
+        if name not in args.streams:
+            continue
         for budget in args.budgets:
             for form in args.forms:
                 chain = form == "chain"

@@ -2,13 +2,15 @@
 
 Public API: :func:`load_target`, :func:`speculative_generate` (lossless; greedy or sampled) and
 :func:`greedy_generate` (the baseline), the :class:`Draft` every drafter proposes, and the merged
-drafter with its fault-tolerant :class:`DatastoreSource`. The other drafters are in
+drafter with its fault-tolerant :class:`DatastoreSource`, and the :class:`Calibration` of node scores
+(acceptance probabilities; :class:`decoder.service.DraftingService` takes it). The other drafters are in
 ``decoder.drafters``; the replay simulator in ``decoder.simulate``.
 """
 
+from .calibration import Calibration
 from .draft import Draft
 from .drafters import DatastoreSource, MergedDrafter
 from .generate import greedy_generate, speculative_generate
 from .model import load_target
 
-__all__ = ["Draft", "DatastoreSource", "MergedDrafter", "greedy_generate", "load_target", "speculative_generate"]
+__all__ = ["Calibration", "Draft", "DatastoreSource", "MergedDrafter", "greedy_generate", "load_target", "speculative_generate"]

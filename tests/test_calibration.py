@@ -171,3 +171,46 @@ def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other():
     alone = both.copy()
     alone[[F["trie_on"], F["trie_ratio"], F["agree"]]] = 0
     assert cal.conditional(both[None])[0] > cal.conditional(alone[None])[0]
+
+
+class _ServiceDrafter:
+    """One request of a DraftingService as a decoder drafter."""
+
+    name = "service"
+
+    def __init__(self, service, chain: bool) -> None:
+        self.service, self.chain = service, chain
+
+    def begin(self, prompt_ids) -> None:
+        self.service.start_request(0, list(prompt_ids))
+
+    def propose(self, budget: int):
+        return self.service.propose([(0, budget)], chain=self.chain)[0]
+
+    def extend(self, tokens) -> None:
+        self.service.add_tokens(0, list(tokens))
+
+    def end(self) -> None:
+        self.service.stop_request(0)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_calibrated_back_off_drafts_are_lossless(target, eval_prompts, chat_datastore, database_url, tokenizer, chain):
+    from datastore.shared import SharedDatastore
+    from decoder import greedy_generate, speculative_generate
+    from decoder.drafters import DatastoreSource
+    from decoder.service import DraftingService
+
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    service = DraftingService(source, calibration=Calibration.load())
+    saved = 0
+    try:
+        for p in eval_prompts:
+            want = greedy_generate(target, p.token_ids, max_new_tokens=32).output_ids
+            res = speculative_generate(target, p.token_ids, _ServiceDrafter(service, chain), max_new_tokens=32, budget=4)
+            assert res.output_ids == want, p.id
+            assert all(s.drafted <= 4 for s in res.steps)
+            saved += len(res.output_ids) - 1 - len(res.steps)
+    finally:
+        source.close()
+    assert saved > 0 and service.stats.steps > 0
