@@ -78,16 +78,29 @@ class ServiceDrafter:
         self.service.stop_request(self.n)
 
 
-class DatastoreOnly(ServiceDrafter):
-    """The calibrated back-off lookup without the trie."""
+class DatastoreOnly:
+    """The calibrated back-off lookup alone (no prompt trie)."""
+
+    def __init__(self, source, calibration, chain: bool) -> None:
+        from collections import deque
+
+        self.source, self.calibration, self.chain, self.tail = source, calibration, chain, deque(maxlen=8)
+
+    def begin(self, prompt_ids) -> None:
+        self.tail.clear()
+        self.tail.extend(int(t) for t in prompt_ids[-8:])
 
     def propose(self, budget: int) -> Draft:
         from decoder.calibration import draft_from_candidates
 
-        tail = list(self.service._requests[self.n].tail)
-        cands = self.service.source.candidates_batch([tail])[0]
-        return draft_from_candidates(self.service.calibration, cands, None, budget, chain=self.chain,
-                                     columns=self.service._columns)[0]
+        cands = self.source.candidates_batch([list(self.tail)])[0]
+        return draft_from_candidates(self.calibration, cands, None, budget, chain=self.chain)[0]
+
+    def extend(self, tokens) -> None:
+        self.tail.extend(int(t) for t in tokens)
+
+    def end(self) -> None:
+        pass
 
 
 class BestPath:
@@ -170,8 +183,9 @@ def _make(method: str, form: str, name: str):
         source = None if method == "trie" else DatastoreSource(
             lambda: SharedDatastore.open(datastore, tokenizer=tok))
         cal = None if method == "merged-noisy-or" else Calibration.load(args.calibration)
-        service = DraftingService(source, calibration=cal)
-        return (DatastoreOnly if method == "datastore" else ServiceDrafter)(service, chain)
+        if method == "datastore":
+            return DatastoreOnly(source, cal, chain)
+        return ServiceDrafter(DraftingService(source, calibration=cal), chain)
     if method == "ngram":
         from decoder.drafters.pld import PromptLookupDrafter
 
@@ -204,7 +218,7 @@ def run_task(task: tuple[str, str, str, int]) -> list[dict]:
         c[2] += sum(s.drafted for s in res.steps)
         c[3] += 1
     wall = time.perf_counter() - t0
-    source = getattr(getattr(drafter, "service", None), "source", None)
+    source = getattr(getattr(drafter, "service", drafter), "source", None)
     if source is not None:
         source.close()  # its connection pool
     tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())

@@ -3,10 +3,11 @@
 The hand-weighted noisy-OR of smoothed count ratios (:func:`decoder.draft.merge_drafts`) ranks nodes
 well but is no probability: a score of 0.5 was accepted about 15% of the time. Here a logistic model
 (scikit-learn's ``LogisticRegression``) predicts the *conditional* acceptance of a node, given that its
-parent was accepted, from what the sources already know about it (:data:`FEATURES`): for the datastore's
-tree, the live layer's (the model's earlier outputs) and the prompt trie's, whether the node is in it, its count ratio to its parent (smoothed), the
-parent's count, the matched context's length, whether that source predicted other continuations of the
-parent and not this one; how many sources agree; the depth. A node's score is the product of the
+parent was accepted, from what the sources already know about it (:data:`FEATURES`): for the corpus
+datastore's tree, the live layer's (the model's earlier outputs) and the prompt trie's, whether the node
+is in it, its count ratio to its parent (smoothed), the parent's count, the matched context's length,
+whether that source predicted other continuations of the parent and not this one; how many sources
+agree; the depth. A node's score is the product of the
 conditionals along its path, so scores fall along every path (the best nodes form a prefix-closed tree)
 and estimate ``P(node accepted)``.
 

@@ -10,8 +10,10 @@ and vLLM's batch-first proposers (``vllm/v1/spec_decode``):
   own budget: one batched datastore lookup for every request of the batch (the cache
   of :class:`datastore.shared.SharedDatastore` answers the hot n-grams without a round
   trip), then per request the same merge as :class:`decoder.MergedDrafter` (shared
-  prefixes merged, weighted noisy-OR of smoothed count ratios), as a tree or, for
-  chain verifiers such as vLLM's, as the merged tree's most probable path;
+  prefixes merged, weighted noisy-OR of smoothed count ratios; or, given a
+  :class:`decoder.calibration.Calibration`, calibrated acceptance probabilities and the
+  back-off choice among all stored suffixes, plus the live layer of earlier outputs), as a
+  tree or, for chain verifiers such as vLLM's, as the merged tree's most probable path;
 - :meth:`DraftingService.add_tokens` and :meth:`DraftingService.stop_request`.
 
 Every datastore fault falls back to trie-only drafts (:class:`decoder.drafters.DatastoreSource`),
@@ -26,6 +28,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
+from datastore.live import LiveWriter
 from datastore.tree import TokenTree
 
 from .calibration import Calibration, draft_from_candidates
@@ -102,7 +105,7 @@ class DraftingService:
     def __init__(self, source: DatastoreSource | None, *, window: int | None = None, max_prefix: int | None = None,
                  datastore_weight: float = 0.3, trie_weight: float = 1.0, prior: float = 1.0,
                  min_score: float = 0.0, calibration: Calibration | None = None,
-                 live: DatastoreSource | None = None, live_writer=None) -> None:
+                 live: DatastoreSource | None = None, live_writer: LiveWriter | None = None) -> None:
         for label, w in (("datastore_weight", datastore_weight), ("trie_weight", trie_weight)):
             if not 0.0 < w <= 1.0:
                 raise ValueError(f"{label}={w}: must be in (0, 1]")

@@ -188,3 +188,22 @@ def test_candidates_are_every_stored_suffix_longest_first(chat_datastore, databa
     finally:
         plain.close()
         shared.close()
+
+
+def test_proposer_settings_from_the_environment(monkeypatch):
+    from serving.vllm_proposer import ProposerConfig
+
+    for var in ("CREST_CALIBRATED", "CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = ProposerConfig.from_env()
+    assert cfg.calibrated and not cfg.live and cfg.live_url is None  # calibrated by default, live layer opt-in
+    monkeypatch.setenv("CREST_LIVE", "1")
+    monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
+    cfg = ProposerConfig.from_env()
+    assert cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test"
+    monkeypatch.setenv("CREST_CALIBRATED", "0")
+    with pytest.raises(ValueError, match="CREST_LIVE=1 needs CREST_CALIBRATED=1"):
+        ProposerConfig.from_env()
+    monkeypatch.setenv("CREST_CALIBRATED", "yes")
+    with pytest.raises(ValueError, match="CREST_CALIBRATED='yes': must be 0 or 1"):
+        ProposerConfig.from_env()
