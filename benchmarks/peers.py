@@ -185,7 +185,7 @@ def _make(method: str, form: str, name: str):
         cal = None if method == "merged-noisy-or" else Calibration.load(args.calibration)
         if method == "datastore":
             return DatastoreOnly(source, cal, chain)
-        return ServiceDrafter(DraftingService(source, calibration=cal), chain)
+        return ServiceDrafter(DraftingService(source, calibration=cal, min_score=args.node_cost if cal else 0.0), chain)
     if method == "ngram":
         from decoder.drafters.pld import PromptLookupDrafter
 
@@ -277,6 +277,9 @@ def main() -> None:
     ap.add_argument("--code-datastore", default="code",
                     help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
     ap.add_argument("--calibration", type=Path, default=None, help="default: the shipped decoder/data/calibration.json")
+    ap.add_argument("--node-cost", type=float, default=0.0,
+                    help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
+                         "node's acceptance probability falls below it (0: always fill the budget)")
     ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
     ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
