@@ -29,6 +29,7 @@ Drafters (``--methods``):
 A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference is optional
 (``bash scripts/setup-vllm.sh --arctic``): without it the ``suffix`` rows are left out.
 
+    bash scripts/peers.sh                                  # one command: installs and builds what is missing, then runs
     .venv/bin/python benchmarks/peers.py                   # every drafter, budgets 1 2 3 4 8 16 32 64
     .venv/bin/python benchmarks/peers.py --table           # reprint the last run's tables
 """

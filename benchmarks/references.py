@@ -98,15 +98,21 @@ def main() -> None:
 
     tok = load_tokenizer()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0,
-              max_num_seqs=args.max_num_seqs)
+    engine = []
+
+    def llm():  # started only when a set has to be generated
+        if not engine:
+            engine.append(LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0,
+                              max_num_seqs=args.max_num_seqs))
+        return engine[0]
+
     first: dict[str, list[int]] = {}
     for name in ("spec_bench", "humaneval"):
         prompts = load_prompts(name, tok)
         path = reference_path(args.out_dir, name)
         if not _complete(path, args.max_new_tokens, len(prompts)):
             t0 = time.perf_counter()
-            outs = _generate(llm, [list(p.token_ids) for p in prompts], args.max_new_tokens)
+            outs = _generate(llm(), [list(p.token_ids) for p in prompts], args.max_new_tokens)
             _save(path, [(p.id, list(p.token_ids), o) for p, o in zip(prompts, outs)], args.max_new_tokens)
             print(f"{name}: {len(prompts)} prompts, {sum(map(len, outs))} tokens in {time.perf_counter() - t0:.0f} s")
         if name == "spec_bench":
@@ -115,7 +121,7 @@ def main() -> None:
     path = reference_path(args.out_dir, "spec_bench_turn2")
     if not _complete(path, args.max_new_tokens, len(second)):
         t0 = time.perf_counter()
-        outs = _generate(llm, [p for _, _, p in second], args.max_new_tokens)
+        outs = _generate(llm(), [p for _, _, p in second], args.max_new_tokens)
         _save(path, [(pid, p, o) for (pid, _, p), o in zip(second, outs)], args.max_new_tokens)
         print(f"spec_bench_turn2: {len(second)} prompts, {sum(map(len, outs))} tokens in {time.perf_counter() - t0:.0f} s")
     print(f"references in {args.out_dir}")

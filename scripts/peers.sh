@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The peer benchmark in one command: installs vLLM's CPU build and arctic-inference (SuffixDecoding), builds
+# what is missing (the `sharegpt` and `code` datastores, REST's indexes of both corpora, the greedy references),
+# then prints the table (benchmarks/peers.py; extra flags are passed through). Each step is skipped when its
+# output exists. Without DATABASE_URL the datastores go to the embedded PostgreSQL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-vllm.sh --arctic
+PY=.venv/bin/python
+STDLIB=$($PY -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+$PY -m datastore migrate
+$PY -m datastore stats --name sharegpt > /dev/null 2>&1 || $PY -m ingest build --top-t 2M --quiet
+$PY -m datastore stats --name code > /dev/null 2>&1 || $PY -m ingest build --name code --source code --path "$STDLIB" --top-t 2M --quiet
+for corpus in sharegpt code; do
+  dir=$($PY -c "from datastore import load_tokenizer; from datastore.suffix_index import default_index_dir; print(default_index_dir(load_tokenizer(), '$corpus'))")
+  if [ ! -d "$dir" ]; then
+    if [ "$corpus" = code ]; then $PY -m ingest rest-index --source code --path "$STDLIB" --quiet
+    else $PY -m ingest rest-index --quiet; fi
+  fi
+done
+$PY benchmarks/references.py
+exec $PY benchmarks/peers.py "$@"
