@@ -214,3 +214,36 @@ def test_calibrated_back_off_drafts_are_lossless(target, eval_prompts, chat_data
     finally:
         source.close()
     assert saved > 0 and service.stats.steps > 0
+
+
+def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, database_url, tokenizer):
+    from datastore.shared import SharedDatastore
+    from decoder.drafters import DatastoreSource
+    from decoder.ngram_trie import NGramTrie
+    from decoder.service import TRIE_NODES, DraftingService
+
+    cal = Calibration.load()
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    service = DraftingService(source, calibration=cal)
+    differs = 0
+    try:
+        for p in eval_prompts:
+            ids = list(p.token_ids)
+            for cut in range(8, len(ids), 9):
+                service.start_request("r", ids[:cut])
+                trie = NGramTrie(service.window, service.max_prefix)
+                trie.extend(ids[:cut])
+                cands = source.candidates_batch([ids[:cut]])[0]
+                for budget, chain, pool in ((64, False, cands), (8, False, cands[:1]), (64, True, cands[:1])):
+                    got = service.propose([("r", budget)], chain=chain)[0]
+                    want, _ = draft_from_candidates(cal, pool, trie.match(max(budget, TRIE_NODES)), budget, chain=chain)
+                    assert got.token_ids.tolist() == want.token_ids.tolist()
+                    assert np.allclose(got.scores, want.scores)
+                longest, _ = draft_from_candidates(cal, cands[:1], trie.match(TRIE_NODES), 64)
+                differs += longest.token_ids.tolist() != service.propose([("r", 64)])[0].token_ids.tolist()
+                service.stop_request("r")
+    finally:
+        source.close()
+    assert differs > 0  # the back-off chose a shorter n-gram somewhere
+    with pytest.raises(ValueError, match="back_off_min_budget"):
+        DraftingService(None, calibration=cal, back_off_min_budget=-1)
