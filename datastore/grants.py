@@ -45,21 +45,10 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
     """
     ident = sql.Identifier(role)
     with connect(url, autocommit=True) as conn:
-        require_schema(conn)
-        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
-            if not create:
-                raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) "
-                                   "or pass --create")
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        _ensure_role(conn, role, create)
         with conn.transaction():
             conn.execute("INSERT INTO reader_grants (role, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", [role, name])
-            db, schema, can_connect, can_use = conn.execute(
-                "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
-                "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
-            if not can_connect:
-                conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
-            if not can_use:
-                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
+            _grant_access(conn, role)
             conn.execute(sql.SQL("GRANT SELECT ON alembic_version, datastores TO {}").format(ident))
             tables = [t for (t,) in conn.execute(
                 "SELECT trees_table FROM datastores WHERE state = 'ready' AND (%s::text IS NULL OR name = %s) "
@@ -67,6 +56,31 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
             for table in tables:
                 conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), ident))
     return tables
+
+
+def _ensure_role(conn: psycopg.Connection, role: str, create: bool) -> None:
+    """Check the schema and that ``role`` exists, creating it (``LOGIN``, no password) when ``create``.
+
+    Raises:
+        RoleNotFound: when ``role`` does not exist and ``create`` is false.
+    """
+    require_schema(conn)
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
+        if not create:
+            raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) or pass --create")
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+
+
+def _grant_access(conn: psycopg.Connection, role: str) -> None:
+    """``CONNECT`` on the database and ``USAGE`` on the current schema, where ``role`` lacks them."""
+    ident = sql.Identifier(role)
+    db, schema, can_connect, can_use = conn.execute(
+        "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
+        "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
+    if not can_connect:
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
+    if not can_use:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
 
 
 def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[str]:
@@ -103,19 +117,8 @@ def grant_appender(url: str, role: str, *, create: bool = False) -> None:
     """
     ident = sql.Identifier(role)
     with connect(url, autocommit=True) as conn:
-        require_schema(conn)
-        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
-            if not create:
-                raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) "
-                                   "or pass --create")
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        _ensure_role(conn, role, create)
         with conn.transaction():
-            db, schema, can_connect, can_use = conn.execute(
-                "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
-                "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
-            if not can_connect:
-                conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
-            if not can_use:
-                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
+            _grant_access(conn, role)
             conn.execute(sql.SQL("GRANT INSERT ON live_outputs TO {}").format(ident))
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE live_outputs_id_seq TO {}").format(ident))

@@ -182,15 +182,20 @@ class SharedDatastore:
 
         One context's keys (longest first) are probed one by one until the first stored one (the
         plain client's query: it stops early); several contexts' keys go in one ``DISTINCT ON`` query."""
-        single = owners[0] == owners[-1]
+        if owners[0] == owners[-1]:
+            rows = self._query(info, longest_match_sql(info.table, len(keys)), keys)
+            return None if rows is None else [(owners[0], key, blob) for key, blob in rows]
+        return self._query(info, self._batch_sql(info.table), [keys, owners])
+
+    def _query(self, info: DatastoreInfo, query: str, params) -> list | None:
+        """One round trip on a pooled connection; ``None`` when the build's table is gone (replaced under us).
+
+        Raises:
+            datastore.errors.DatabaseUnavailable / LookupFailed: as :meth:`lookup_batch`.
+        """
         try:
             with self._pool.connection(timeout=self._timeout) as conn:
-                if single:
-                    rows = [(owners[0], key, blob) for key, blob in conn.execute(
-                        longest_match_sql(info.table, len(keys)), keys, prepare=True, binary=True).fetchall()]
-                else:
-                    rows = conn.execute(self._batch_sql(info.table), [keys, owners], prepare=True,
-                                        binary=True).fetchall()
+                rows = conn.execute(query, params, prepare=True, binary=True).fetchall()
         except psycopg.errors.UndefinedTable:
             return None
         except PoolTimeout as exc:
@@ -298,20 +303,12 @@ class SharedDatastore:
                     elif k not in ask:
                         ask.append(k)
             if ask:
-                try:
-                    with self._pool.connection(timeout=self._timeout) as conn:
-                        rows = conn.execute(self._all_sql(info.table), [ask], prepare=True, binary=True).fetchall()
-                except psycopg.errors.UndefinedTable:
+                rows = self._query(info, self._all_sql(info.table), [ask])
+                if rows is None:  # replaced under us: follow it (raises when dropped), then once more
                     if attempt:
-                        raise DatastoreNotFound(f"datastore {info.name!r} keeps being replaced; try again") from None
+                        raise DatastoreNotFound(f"datastore {info.name!r} keeps being replaced; try again")
                     self.refresh()
                     continue
-                except PoolTimeout as exc:
-                    raise DatabaseUnavailable(f"datastore {info.name!r} is unreachable: {exc}") from exc
-                except psycopg.Error as exc:
-                    raise server_error(info.name, exc) from exc
-                with self._stats_lock:
-                    self.round_trips += 1
                 blobs = {bytes(k): blob for k, blob in rows}
                 for k in ask:
                     match = self._decode(info, k, blobs[k]) if k in blobs else None
