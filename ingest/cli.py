@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from datastore.errors import BuildConflict, DatabaseUnavailable
+    from datastore.errors import BuildConflict, DatabaseUnavailable, SchemaMismatch
 
     from .sources import SourceError
     from .spark.session import SparkUnavailable
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (DatabaseUnavailable, BuildConflict, SparkUnavailable) as exc:
+    except (DatabaseUnavailable, BuildConflict, SchemaMismatch, SparkUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
