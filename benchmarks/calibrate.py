@@ -7,7 +7,7 @@ trie's match, and for each candidate the union with the trie's match. A node is 
 is what the target generated next. The conditional model is fitted on the nodes whose parent was
 accepted (Spec-Bench and HumanEval, even positions within each category); the held-out half (odd
 positions) reports predicted vs observed acceptance of every node, for the calibrated scores and for the
-weighted noisy-OR they replace (the longest match merged with the trie at weights 0.3 / 1.0).
+sources' own count ratios (each node's largest path product of count ratios over the sources that hold it).
 
 The live layer's features (the model's earlier outputs, :mod:`datastore.live`) are fitted by cross-fitting:
 the fit half is split in two, each part's outputs compacted into a live layer that the other part's
@@ -22,15 +22,16 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, half, load_references  # noqa: E402
+from _refs import REPO, Reference, half, load_references  # noqa: E402
 
-from decoder.calibration import Calibration, accepted_nodes, node_table  # noqa: E402
-from decoder.draft import Draft, merge_drafts  # noqa: E402
+from decoder.accept import accepted_mask, reference_predictions  # noqa: E402
+from decoder.calibration import COLUMN, SOURCES, Calibration, node_table  # noqa: E402
 from decoder.ngram_trie import NGramTrie  # noqa: E402
 from decoder.service import TRIE_NODES  # noqa: E402
 
@@ -40,7 +41,7 @@ SETS = ("spec_bench", "humaneval")
 def collect(refs, source, *, prior: float, calibration: Calibration | None = None, stride: int = 1, live=None,
             trie: tuple[int, int] = (13, 3)):
     """Replay logs: ``(features, accepted)`` of nodes whose parent was accepted (for fitting), and per
-    node of the longest candidate's union ``(calibrated score or nan, noisy-OR score, accepted)``.
+    node of the longest candidate's union ``(calibrated score or nan, count-ratio score, accepted)``.
     ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none)."""
     xs, ys, scored = [], [], []
     for r in refs:
@@ -55,35 +56,33 @@ def collect(refs, source, *, prior: float, calibration: Calibration | None = Non
                 matched = prompt_trie.match(TRIE_NODES)
                 live_match = None if layer is None else layer.lookup(seq[-8:])
                 for j, cand in enumerate(cands or [None]):
-                    table = node_table(cand, matched, prior, live=live_match)
+                    table = node_table({"ds": cand, "live": live_match, "trie": matched}, prior)
                     if table is None:
                         continue
-                    ok = accepted_nodes(table, ref, pos)
+                    ok = accepted_mask(table.tokens, table.parents, table.depths,
+                                       reference_predictions(table.depths, ref, pos))
                     parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)
                     xs.append(table.features[parent_ok].astype(np.float32))
                     ys.append(ok[parent_ok])
                     if j == 0:
                         cal = calibration.scores(table) if calibration is not None else np.full(len(ok), np.nan)
-                        scored.append(np.column_stack([cal, _noisy_or(cand, matched, table, prior), ok]))
+                        scored.append(np.column_stack([cal, _count_ratio(table), ok]))
             seq.append(int(ref[pos]))
             prompt_trie.extend([int(ref[pos])])
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(scored)
 
 
-def _noisy_or(cand, matched, table, prior: float) -> np.ndarray:
-    """The replaced scores (weighted noisy-OR, datastore 0.3, trie 1.0) of the table's nodes."""
-    sources = [(Draft.from_tree(m.tree, prior), w) for m, w in ((cand, 0.3), (matched, 1.0)) if m is not None]
-    merged = merge_drafts(sources, 10**9)
-    paths: dict[tuple, float] = {}
-    keys: list[tuple] = []
-    for t, p, s in zip(merged.token_ids.tolist(), merged.parents.tolist(), merged.scores.tolist()):
-        keys.append((keys[p] if p >= 0 else ()) + (t,))
-        paths[keys[-1]] = s
-    out, mine = [], []
-    for t, p in zip(table.tokens.tolist(), table.parents.tolist()):
-        mine.append((mine[p] if p >= 0 else ()) + (t,))
-        out.append(paths.get(mine[-1], 0.0))
-    return np.asarray(out)
+def _count_ratio(table) -> np.ndarray:
+    """The uncalibrated baseline: per node, the largest over the sources holding it of the product of its count
+    ratios along the path (the source's own ranking, :meth:`decoder.Draft.from_tree` with the same prior)."""
+    best = np.zeros(len(table.tokens))
+    for src in SOURCES:
+        p = table.features[:, COLUMN[f"{src}_ratio"]] * table.features[:, COLUMN[f"{src}_on"]]
+        for depth in range(2, int(table.depths.max(initial=1)) + 1):
+            level = table.depths == depth
+            p[level] *= p[table.parents[level]]
+        best = np.maximum(best, p)
+    return best
 
 
 def _cross_fit_layers(fit, args, tok) -> dict:
@@ -97,7 +96,7 @@ def _cross_fit_layers(fit, args, tok) -> dict:
     from decoder.drafters import DatastoreSource
     from ingest.live import compact_live
 
-    parts = {"calibfit-a": [], "calibfit-b": []}
+    parts: dict[str, list[Reference]] = {"calibfit-a": [], "calibfit-b": []}
     seen: dict[str, int] = {}
     for r in fit:
         i = seen[r.category] = seen.get(r.category, -1) + 1
@@ -112,9 +111,11 @@ def _cross_fit_layers(fit, args, tok) -> dict:
     layers = {}
     for name in parts:
         res = compact_live(name, top_t=args.live_top_t)
+        if res.build is None:
+            raise SystemExit(f"cross-fit live layer {live_name(name)}: no outputs to compact")
         print(f"cross-fit live layer {live_name(name)}: {res.outputs} outputs, {res.tokens:,} tokens, "
               f"{res.build.num_trees:,} n-grams")
-        layers[name] = DatastoreSource(lambda n=name: SharedDatastore.open(live_name(n), tokenizer=tok))
+        layers[name] = DatastoreSource(partial(SharedDatastore.open, live_name(name), tokenizer=tok))
     return {r.id: layers["calibfit-b" if name == "calibfit-a" else "calibfit-a"]
             for name, refs in parts.items() for r in refs}
 
@@ -143,7 +144,8 @@ def main() -> None:
     ap.add_argument("--prior", type=float, default=1.0)
     ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position")
     ap.add_argument("--window", type=int, default=13, help="the prompt trie's window n (stored with the fit)")
-    ap.add_argument("--max-prefix", type=int, default=3, help="the prompt trie's longest context Lp (stored with the fit)")
+    ap.add_argument("--max-prefix", type=int, default=3,
+                    help="the prompt trie's longest context Lp (stored with the fit)")
     ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers")
     args = ap.parse_args()
     from datastore import load_tokenizer
@@ -152,20 +154,38 @@ def main() -> None:
 
     tok = load_tokenizer()
     stores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
-    sources = {name: DatastoreSource(lambda d=d: SharedDatastore.open(d, tokenizer=tok)) for name, d in stores.items()}
+    sources = {name: DatastoreSource(partial(SharedDatastore.open, d, tokenizer=tok)) for name, d in stores.items()}
     refs = {name: load_references(name) for name in SETS}
     t0 = time.perf_counter()
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     live = _cross_fit_layers(fit, args, tok)
     trie = (args.window, args.max_prefix)
-    parts = [collect(half(refs[name], "fit"), sources[name], prior=args.prior, stride=args.stride,
-                     live=lambda r: live[r.id], trie=trie) for name in SETS]
+    parts = [
+        collect(
+            half(refs[name], "fit"),
+            sources[name],
+            prior=args.prior,
+            stride=args.stride,
+            live=lambda r: live[r.id],
+            trie=trie,
+        )
+        for name in SETS
+    ]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    cal = Calibration.fit(x, y, prior=args.prior, meta={
-        "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
-        "fit_rows": int(len(y)),
-        "sets": list(SETS), "half": "fit (even positions within each category)",
-        "trie": {"window": args.window, "max_prefix": args.max_prefix}})
+    cal = Calibration.fit(
+        x,
+        y,
+        prior=args.prior,
+        meta={
+            "datastores": stores,
+            "builds": {n: s.identity() for n, s in sources.items()},
+            "fit_prompts": len(fit),
+            "fit_rows": int(len(y)),
+            "sets": list(SETS),
+            "half": "fit (even positions within each category)",
+            "trie": {"window": args.window, "max_prefix": args.max_prefix},
+        },
+    )
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
     report = {}
     fig_rows = []
@@ -176,22 +196,34 @@ def main() -> None:
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])
         old_curve = reliability(scored[:, 1], scored[:, 2])
-        report[name] = {"prompts": len(held), "nodes": int(len(scored)), "conditional_brier": brier,
-                        "ece_calibrated": cal_curve[3], "ece_noisy_or": old_curve[3],
-                        "mean_score_calibrated": float(scored[:, 0].mean()), "mean_score_noisy_or": float(scored[:, 1].mean()),
-                        "accepted_rate": float(scored[:, 2].mean())}
+        report[name] = {
+            "prompts": len(held),
+            "nodes": int(len(scored)),
+            "conditional_brier": brier,
+            "ece_calibrated": cal_curve[3],
+            "ece_count_ratio": old_curve[3],
+            "mean_score_calibrated": float(scored[:, 0].mean()),
+            "mean_score_count_ratio": float(scored[:, 1].mean()),
+            "accepted_rate": float(scored[:, 2].mean()),
+        }
         fig_rows.append((name, cal_curve, old_curve))
-        print(f"{name} (report half, {len(held)} prompts, {len(scored):,} nodes): ECE calibrated "
-              f"{cal_curve[3]:.3f} vs noisy-OR {old_curve[3]:.3f}; conditional Brier {brier:.3f}")
+        print(
+            f"{name} (report half, {len(held)} prompts, {len(scored):,} nodes): ECE calibrated "
+            f"{cal_curve[3]:.3f} vs count ratios {old_curve[3]:.3f}; conditional Brier {brier:.3f}"
+        )
         for lo, mp, ob, n, omp, oob, on in zip(np.linspace(0, 0.9, 10), *cal_curve[:3], *old_curve[:3]):
-            print(f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
-                  f"   noisy-OR: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})")
+            print(
+                f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
+                f"   count ratio: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})"
+            )
     cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report})
     cal.save(args.out)
     print(f"wrote {args.out}")
     _plot(fig_rows, args.plot)
     print(f"wrote {args.plot}")
-    print(json.dumps(dict(zip(("features", "coef"), (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef])))))
+    print(
+        json.dumps(dict(zip(("features", "coef"), (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef]))))
+    )
 
 
 def _plot(rows, path: Path) -> None:
@@ -203,7 +235,7 @@ def _plot(rows, path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4.4), squeeze=False)
     for ax, (name, cal, old) in zip(axes[0], rows):
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="perfect")
-        for (mp, ob, n, ece), label, marker in ((old, "noisy-OR (before)", "s"), (cal, "calibrated", "o")):
+        for (mp, ob, n, ece), label, marker in ((old, "count ratio (uncalibrated)", "s"), (cal, "calibrated", "o")):
             m = n > 0
             ax.plot(mp[m], ob[m], marker=marker, label=f"{label}, ECE {ece:.3f}")
         ax.set_title(f"{name}: held-out half")

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from datastore import Datastore, load_tokenizer
-from decoder import DatastoreSource, MergedDrafter
+from decoder import DatastoreSource, DraftingService
 from decoder.ngram_trie import NGramTrie
 from decoder.prompts import load_prompts
 from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
@@ -43,7 +43,7 @@ def main() -> None:
 
     store = reference_store("SmolLM2-135M-Instruct", "float32", args.prompt_set, 128)
     source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
-    drafter = MergedDrafter(source)
+    drafter = DraftingService(source)
     lookup, trie, merge, total = [], [], [], []
     for p in prompts:
         ref = store.get(p.id, p.token_ids)

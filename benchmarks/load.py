@@ -36,6 +36,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -95,8 +96,8 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
         client = opener()
         client.wait_listening()
     lock = threading.Lock()
-    res = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "fallback_steps": 0,
-           "builds": {}, "answered_at": [], "fell_back_at": []}
+    res: dict[str, Any] = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "fallback_steps": 0,
+                           "builds": {}, "answered_at": [], "fell_back_at": []}
 
     def work(i: int) -> None:
         rng = np.random.default_rng(seed * 1000 + i)
@@ -104,7 +105,9 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
             ctx = contexts[int(rng.integers(len(contexts)))]
             t0 = time.perf_counter()
             try:
-                found = (source.lookup_batch([ctx]) if fallback else client.lookup_batch([ctx]))
+                # exactly one of the two is open: the source with fallback, else the bare client
+                (cast(DatastoreSource, source).lookup_batch([ctx]) if fallback
+                 else cast(SharedDatastore, client).lookup_batch([ctx]))
             except Exception as exc:  # noqa: BLE001 - counted: the figure this benchmark exists for
                 with lock:
                     res["errors"] += 1
@@ -113,7 +116,7 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
                 continue
             lat = time.perf_counter() - t0
             now = time.time()
-            live = source.client if fallback else client
+            live = cast(DatastoreSource, source).client if fallback else client
             with lock:
                 res["lookup_s"].append(lat)
                 if fallback and live is None:
@@ -121,7 +124,7 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
                     res["fell_back_at"].append(now)
                 else:
                     res["answered_at"].append(now)
-                    build = live.info.id
+                    build = cast(SharedDatastore, live).info.id
                     res["builds"].setdefault(str(build), now)
             try:
                 t1 = time.perf_counter()
@@ -140,9 +143,11 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
         th.join()
     bare.close()
     if fallback:
+        assert source is not None
         res["faults"] = dict(source.faults)
         source.close()
     else:
+        assert client is not None
         res["stats"] = client.stats()
         client.close()
     res["answered_at"] = res["answered_at"][-200_000:]
@@ -153,7 +158,7 @@ def _swap_listener(url: str, seen: list, stop: threading.Event) -> None:
     """Records when each swap of the load datastore is notified (the swap's commit)."""
     import psycopg
 
-    from datastore.models import SWAP_CHANNEL
+    from datastore.registry import SWAP_CHANNEL
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'LISTEN "{SWAP_CHANNEL}"')
@@ -262,15 +267,24 @@ def main() -> None:
         row = run(url, c, args, contexts, args.restart_cmd, args.embedded)
         rows.append(row)
         lk, s1 = row["lookup_ms"], row["select1_ms"]
-        print(f"{c:>3} clients, {row['seconds']:.0f} s: {row['lookups_per_s']:,.0f} lookups/s  lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
-              f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
-              f"errors {row['errors']}", flush=True)
+        print(
+            f"{c:>3} clients, {row['seconds']:.0f} s: {row['lookups_per_s']:,.0f} lookups/s  "
+            f"lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
+            f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
+            f"errors {row['errors']}",
+            flush=True,
+        )
         if args.restart:
-            print(f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
-                  f"processes drafting again {row['recovered_after_s']} s after the server was back; faults {row['faults']}")
+            print(
+                f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
+                f"processes drafting again {row['recovered_after_s']} s after the server was back; "
+                f"faults {row['faults']}"
+            )
         else:
-            print(f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
-                  f"{row['saw_new_build_after_ms']} ms after its swap was notified")
+            print(
+                f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
+                f"{row['saw_new_build_after_ms']} ms after its swap was notified"
+            )
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

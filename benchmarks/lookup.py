@@ -1,6 +1,6 @@
 """Lookup latency and storage of a built datastore.
 
-Replays real contexts (every position of tokenized chat prompts from ../shared/data/spec_bench,
+Replays real contexts (every position of tokenized chat prompts from the packaged Spec-Bench set,
 only read here, never ingested) through ``Datastore.lookup`` and prints p50/p90/p99 per lookup in
 milliseconds, beside a bare ``SELECT 1`` round trip on the same kind of connection measured in the
 same run, plus bytes per stored n-gram (table + index). Then the shared client

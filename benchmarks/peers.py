@@ -13,8 +13,7 @@ Every corpus-based drafter draws on the same corpus: ShareGPT for Spec-Bench (th
 Drafters (``--methods``):
 
 - ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
-  lookup (the datastore merged with the prompt n-gram trie); ``merged-noisy-or``: the same before
-  calibration (the weighted noisy-OR of the longest match); ``trie`` / ``datastore``: each source alone
+  lookup (the datastore merged with the prompt n-gram trie); ``trie`` / ``datastore``: each source alone
   (calibrated);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
@@ -39,111 +38,93 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collections import deque  # noqa: E402
+
 from _refs import REPO, half, load_references  # noqa: E402
 
-from decoder import Draft  # noqa: E402
+from decoder.calibration import draft_from_candidates  # noqa: E402
+from decoder.draft import Draft, ScoreKind  # noqa: E402
+from decoder.drafters import RequestDrafter  # noqa: E402
 from decoder.simulate import replay  # noqa: E402
 
 CODE_PATH_HINT = " --path <the standard library>"
 PEERS = ("suffix", "suffix-warm", "ngram", "rest")
-OURS = ("merged", "merged-noisy-or", "trie", "datastore")
+OURS = ("merged", "trie", "datastore")
 CHAIN_ONLY = ("ngram",)
 
 
-class ServiceDrafter:
-    """One request at a time through a :class:`decoder.service.DraftingService`."""
+class DatastoreOnly(RequestDrafter[deque]):
+    """The calibrated back-off lookup alone (no prompt trie): the corpus datastore's share of ours."""
 
-    def __init__(self, service, chain: bool) -> None:
-        self.service, self.chain, self.n = service, chain, 0
+    name = "datastore"
+    score_kind = ScoreKind.PROBABILITY
 
-    def begin(self, prompt_ids) -> None:
+    def __init__(self, source, calibration) -> None:
+        super().__init__()
+        self.source, self.calibration = source, calibration
+
+    def _start(self, prompt_ids) -> deque:
+        return deque((int(t) for t in prompt_ids[-8:]), maxlen=8)
+
+    def _extend(self, state: deque, tokens) -> None:
+        state.extend(int(t) for t in tokens)
+
+    def _propose(self, states, budgets, chain, min_score):
+        cands = self.source.candidates_batch([list(s) for s in states])
+        return [draft_from_candidates(self.calibration, c, {}, b, chain=chain)[0] for c, b in zip(cands, budgets)]
+
+    def config(self) -> dict:
+        return {"name": self.name}
+
+
+class SuffixDrafter(RequestDrafter[list]):
+    """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run); a
+    request's state is its token sequence, keyed in the cache by a number of its own."""
+
+    name = "suffix"
+
+    def __init__(self, cache) -> None:
+        super().__init__()
+        self.cache, self.n = cache, 0
+
+    def _start(self, prompt_ids) -> list:
         self.n += 1
-        self.service.start_request(self.n, list(prompt_ids))
+        seq = [("bench", self.n), list(prompt_ids)]
+        self.cache.start_request(seq[0], np.asarray(seq[1][:-1], dtype=np.int32))
+        self.cache.add_active_response(seq[0], np.asarray(seq[1][-1:], dtype=np.int32))
+        return seq
 
-    def propose(self, budget: int) -> Draft:
-        return self.service.propose([(self.n, budget)], chain=self.chain)[0]
+    def _extend(self, state: list, tokens) -> None:
+        state[1] += list(tokens)
+        self.cache.add_active_response(state[0], np.asarray(list(tokens), dtype=np.int32))
 
-    def extend(self, tokens) -> None:
-        self.service.add_tokens(self.n, list(tokens))
+    def _stop(self, state: list) -> None:
+        self.cache.stop_request(state[0])
 
-    def end(self) -> None:
-        self.service.stop_request(self.n)
+    def _propose(self, states, budgets, chain, min_score):
+        out = []
+        for (key, seq), budget in zip(states, budgets):
+            d = None
+            if budget > 0:
+                ctx = np.asarray(seq[-self.cache.max_tree_depth:], dtype=np.int32)
+                d = self.cache.speculate(key, ctx, max_spec_tokens=budget, max_spec_factor=1.0, min_token_prob=0.1,
+                                         use_tree_spec=not chain)
+            out.append(Draft.empty() if d is None or not d.token_ids else
+                       Draft(np.asarray(d.token_ids, np.int64), np.asarray(d.parents, np.int32),
+                             np.asarray(d.probs, np.float64), ScoreKind.PROBABILITY))
+        return out
 
-
-class DatastoreOnly:
-    """The calibrated back-off lookup alone (no prompt trie)."""
-
-    def __init__(self, source, calibration, chain: bool) -> None:
-        from collections import deque
-
-        self.source, self.calibration, self.chain, self.tail = source, calibration, chain, deque(maxlen=8)
-
-    def begin(self, prompt_ids) -> None:
-        self.tail.clear()
-        self.tail.extend(int(t) for t in prompt_ids[-8:])
-
-    def propose(self, budget: int) -> Draft:
-        from decoder.calibration import draft_from_candidates
-
-        cands = self.source.candidates_batch([list(self.tail)])[0]
-        return draft_from_candidates(self.calibration, cands, None, budget, chain=self.chain)[0]
-
-    def extend(self, tokens) -> None:
-        self.tail.extend(int(t) for t in tokens)
-
-    def end(self) -> None:
-        pass
-
-
-class BestPath:
-    """A tree drafter's best path (what a chain verifier takes from it)."""
-
-    def __init__(self, drafter) -> None:
-        self.drafter = drafter
-        self.begin, self.extend, self.end = drafter.begin, drafter.extend, drafter.end
-
-    def propose(self, budget: int) -> Draft:
-        return self.drafter.propose(budget).best_path(budget)
-
-
-class SuffixDrafter:
-    """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run)."""
-
-    def __init__(self, cache, tree: bool) -> None:
-        self.cache, self.tree, self.n, self.seq = cache, tree, 0, []
-
-    def begin(self, prompt_ids) -> None:
-        self.n += 1
-        self.seq = list(prompt_ids)
-        self.cache.start_request(("bench", self.n), np.asarray(self.seq[:-1], dtype=np.int32))
-        self.cache.add_active_response(("bench", self.n), np.asarray(self.seq[-1:], dtype=np.int32))
-
-    def propose(self, budget: int) -> Draft:
-        if budget == 0:
-            return Draft.empty()
-        ctx = np.asarray(self.seq[-self.cache.max_tree_depth:], dtype=np.int32)
-        d = self.cache.speculate(("bench", self.n), ctx, max_spec_tokens=budget, max_spec_factor=1.0,
-                                 min_token_prob=0.1, use_tree_spec=self.tree)
-        if not d.token_ids:
-            return Draft.empty()
-        return Draft(np.asarray(d.token_ids, np.int64), np.asarray(d.parents, np.int32),
-                     np.asarray(d.probs, np.float64))
-
-    def extend(self, tokens) -> None:
-        self.seq += list(tokens)
-        self.cache.add_active_response(("bench", self.n), np.asarray(list(tokens), dtype=np.int32))
-
-    def end(self) -> None:
-        self.cache.stop_request(("bench", self.n))
+    def config(self) -> dict:
+        return {"name": self.name}
 
 
 def warm_suffix(cache, tokens: np.ndarray, separator: int) -> int:
@@ -169,9 +150,8 @@ def corpus_of(name: str, args) -> tuple[str, str]:
     return (args.code_datastore, "code") if name == "humaneval" else (args.datastore, "sharegpt")
 
 
-def _make(method: str, form: str, name: str):
+def _make(method: str, name: str):
     args = _STATE["args"]
-    chain = form == "chain"
     datastore, corpus = corpus_of(name, args)
     if method in OURS:
         from datastore import load_tokenizer
@@ -183,51 +163,59 @@ def _make(method: str, form: str, name: str):
         tok = load_tokenizer()
         source = None if method == "trie" else DatastoreSource(
             lambda: SharedDatastore.open(datastore, tokenizer=tok))
-        cal = None if method == "merged-noisy-or" else Calibration.load(args.calibration)
+        cal = Calibration.load(args.calibration)
         if method == "datastore":
-            return DatastoreOnly(source, cal, chain)
-        return ServiceDrafter(DraftingService(source, calibration=cal, min_score=args.node_cost if cal else 0.0), chain)
+            return DatastoreOnly(source, cal)
+        return DraftingService(source, calibration=cal, min_score=args.node_cost)
     if method == "ngram":
         from decoder.drafters.pld import PromptLookupDrafter
 
         return PromptLookupDrafter(max_ngram=4, max_tokens=10_000)
     if method == "rest":
-        from datastore import SuffixIndex
         from decoder.drafters import DatastoreSource, RetrievalDrafter
 
         index = _STATE["rest"][corpus]
-        drafter = RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
-        return BestPath(drafter) if chain else drafter
+        return RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    cache = _STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24)
-    return SuffixDrafter(cache, tree=not chain)
+    return SuffixDrafter(_STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24))
 
 
 def run_task(task: tuple[str, str, str, int]) -> list[dict]:
     """One (set, method, form, budget): a fresh drafter (in a forked child: a warmed tree's additions stay
     there) replayed over the set's held-out half; accept length per category."""
     name, method, form, budget = task
-    drafter = _make(method, form, name)
+    drafter = _make(method, name)
     per: dict[str, list[int]] = {}
     t0 = time.perf_counter()
     for r in _STATE["refs"][name]:
-        res = replay(drafter, r.prompt, r.output, budget=budget)
+        res = replay(drafter, r.prompt, r.output, budget=budget, chain=form == "chain")
         c = per.setdefault(r.category, [0, 0, 0, 0])
         c[0] += len(res.output_ids) - 1  # the prefill token is not a verification step's
         c[1] += len(res.steps)
         c[2] += sum(s.drafted for s in res.steps)
         c[3] += 1
     wall = time.perf_counter() - t0
-    source = getattr(getattr(drafter, "service", drafter), "source", None)
+    source = getattr(drafter, "source", None)
     if source is not None:
         source.close()  # its connection pool
     tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())
     rows = [{"set": name, "category": "all", "method": method, "form": form, "budget": budget,
              "prompts": sum(c[3] for c in per.values()), "accept_length": tokens / max(steps, 1),
-             "nodes_per_step": sum(c[2] for c in per.values()) / max(steps, 1), "ms_per_step": 1e3 * wall / max(steps, 1)}]
-    rows += [{"set": name, "category": cat, "method": method, "form": form, "budget": budget, "prompts": c[3],
-              "accept_length": c[0] / max(c[1], 1)} for cat, c in per.items()]
+             "nodes_per_step": sum(c[2] for c in per.values()) / max(steps, 1),
+             "ms_per_step": 1e3 * wall / max(steps, 1)}]
+    rows += [
+        {
+            "set": name,
+            "category": cat,
+            "method": method,
+            "form": form,
+            "budget": budget,
+            "prompts": c[3],
+            "accept_length": c[0] / max(c[1], 1),
+        }
+        for cat, c in per.items()
+    ]
     return rows
 
 
@@ -240,14 +228,18 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
     category (tree form) merged vs the best peer."""
     top = [r for r in rows if r["category"] == "all"]
     peers = [m for m in methods if m in PEERS]
-    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods) + "  merged/best peer")
+    print(
+        f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods) + "  merged/best peer"
+    )
     for name in dict.fromkeys(r["set"] for r in top):
         for budget in sorted({r["budget"] for r in top if r["set"] == name}):
             for form in ("tree", "chain"):
                 at = [r for r in top if r["set"] == name and r["budget"] == budget]
                 got = {r["method"]: r["accept_length"] for r in at if r["form"] == form}
-                best = max([r["accept_length"] for r in at if r["method"] in peers and (form == "tree" or r["form"] == form)],
-                           default=None)
+                best = max(
+                    [r["accept_length"] for r in at if r["method"] in peers and (form == "tree" or r["form"] == form)],
+                    default=None,
+                )
                 cells = "  ".join(f"{_cell(got, m):>15}" for m in methods)
                 ratio = f"{got['merged'] / best:.2f}" if best and "merged" in got else "-"
                 print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
@@ -258,13 +250,13 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
     print(f"\nper category (tree form): merged / best peer accept length at budgets {budgets}")
     for name in dict.fromkeys(r["set"] for r in cats):
         for cat in dict.fromkeys(r["category"] for r in cats if r["set"] == name):
-            cells = []
+            cat_cells = []
             for b in budgets:
                 at = [r for r in rows if r["set"] == name and r["category"] == cat and r["budget"] == b]
                 ours = next((r["accept_length"] for r in at if r["method"] == "merged" and r["form"] == "tree"), None)
                 best = max((r["accept_length"] for r in at if r["method"] in peers), default=None)
-                cells.append("-" if ours is None or best is None else f"{ours:.2f}/{best:.2f}")
-            print(f"{name:<11} {cat:<15} " + "  ".join(f"{c:>11}" for c in cells))
+                cat_cells.append("-" if ours is None or best is None else f"{ours:.2f}/{best:.2f}")
+            print(f"{name:<11} {cat:<15} " + "  ".join(f"{c:>11}" for c in cat_cells))
 
 
 def main() -> None:
@@ -272,15 +264,21 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
-    ap.add_argument("--methods", nargs="+", default=["merged", "merged-noisy-or", "trie", "datastore", *PEERS],
-                    choices=[*OURS, *PEERS])
+    ap.add_argument("--methods", nargs="+", default=["merged", "trie", "datastore", *PEERS], choices=[*OURS, *PEERS])
     ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
-    ap.add_argument("--code-datastore", default="code",
-                    help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
+    ap.add_argument(
+        "--code-datastore",
+        default="code",
+        help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)",
+    )
     ap.add_argument("--calibration", type=Path, default=None, help="default: the shipped decoder/data/calibration.json")
-    ap.add_argument("--node-cost", type=float, default=0.0,
-                    help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
-                         "node's acceptance probability falls below it (0: always fill the budget)")
+    ap.add_argument(
+        "--node-cost",
+        type=float,
+        default=0.0,
+        help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
+        "node's acceptance probability falls below it (0: always fill the budget)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
     ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
@@ -300,7 +298,7 @@ def main() -> None:
         print("arctic-inference is not installed (bash scripts/setup-vllm.sh --arctic): no `suffix` rows")
     _STATE["args"] = args
     _STATE["refs"] = {name: half(load_references(name), args.half) for name in args.sets}
-    info = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
+    info: dict[str, Any] = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
     if "rest" in methods or "suffix-warm" in methods:
         from datastore import SuffixIndex, load_tokenizer
         from datastore.suffix_index import default_index_dir
@@ -310,8 +308,10 @@ def main() -> None:
             corpus = corpus_of(name, args)[1]
             index_dir = default_index_dir(load_tokenizer(), corpus)
             if not index_dir.exists():
-                raise SystemExit(f"{index_dir} not found: build REST's index first "
-                                 f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
+                raise SystemExit(
+                    f"{index_dir} not found: build REST's index first "
+                    f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})"
+                )
             _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
     if "suffix-warm" in methods:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -321,21 +321,35 @@ def main() -> None:
             rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
             cache = _STATE["warm"][corpus] = SuffixDecodingCache(max_tree_depth=24)
             docs = warm_suffix(cache, np.asarray(index.tokens), index.separator)
-            info["suffix_warm"][corpus] = w = {"documents": docs, "tokens": int(index.num_tokens),
-                                               "seconds": time.perf_counter() - t0,
-                                               "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30}
-            print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
-                  f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
-    tasks = [(name, m, form, b) for name in args.sets for b in args.budgets for m in methods
-             for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))]
+            info["suffix_warm"][corpus] = w = {
+                "documents": docs,
+                "tokens": int(index.num_tokens),
+                "seconds": time.perf_counter() - t0,
+                "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30,
+            }
+            print(
+                f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
+                f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM",
+                flush=True,
+            )
+    tasks = [
+        (name, m, form, b)
+        for name in args.sets
+        for b in args.budgets
+        for m in methods
+        for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))
+    ]
     rows: list[dict] = []
     t0 = time.perf_counter()
     with mp.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:
         for i, got in enumerate(pool.imap_unordered(run_task, tasks), 1):
             rows += got
             r = got[0]
-            print(f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
-                  f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)", flush=True)
+            print(
+                f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
+                f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)",
+                flush=True,
+            )
     order = {m: i for i, m in enumerate(methods)}
     rows.sort(key=lambda r: (args.sets.index(r["set"]), r["budget"], order[r["method"]], r["form"], r["category"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -98,7 +98,7 @@ def main() -> None:
 
     tok = load_tokenizer()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    engine = []
+    engine: list[LLM] = []
 
     def llm():  # started only when a set has to be generated
         if not engine:
@@ -123,7 +123,8 @@ def main() -> None:
         t0 = time.perf_counter()
         outs = _generate(llm(), [p for _, _, p in second], args.max_new_tokens)
         _save(path, [(pid, p, o) for (pid, _, p), o in zip(second, outs)], args.max_new_tokens)
-        print(f"spec_bench_turn2: {len(second)} prompts, {sum(map(len, outs))} tokens in {time.perf_counter() - t0:.0f} s")
+        print(f"spec_bench_turn2: {len(second)} prompts, {sum(map(len, outs))} tokens "
+              f"in {time.perf_counter() - t0:.0f} s")
     print(f"references in {args.out_dir}")
 
 

@@ -1,8 +1,8 @@
 """One drafting step for a whole batch, outside any engine: :class:`decoder.service.DraftingService` with
 ``--batch`` requests in flight (default 32), datastore included.
 
-The requests replay the greedy references the serving benchmark saved (``benchmarks/vllm_serving.py``'s
-no-speculation outputs): every step drafts for every unfinished request of the batch in one ``propose``
+The requests replay the greedy references (``benchmarks/references.py``; the held-out half of each set):
+every step drafts for every unfinished request of the batch in one ``propose``
 (one batched datastore lookup), each request accepts the longest prefix of its draft that matches its
 reference plus the bonus token, as a verifier would, and moves on. Timed: each ``propose`` (wall, ms).
 Printed per set and form (``chain``, as vLLM verifies; ``tree``): step p50/p99, the datastore lookup's
@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget: int, chain: bool) -> dict:
     """Replays ``refs[:batch]`` together, as :func:`decoder.simulate.replay` replays one; returns the step
     times (s) and the accept length (tokens per request step, bonus included)."""
-    from decoder.simulate import reference_predictions
-    from decoder.verify import accept_greedy
+    from decoder.accept import accept_greedy, reference_predictions
 
-    live = {}
+    live: dict[int, list[Any]] = {}  # request id -> [reference, position]
     for rid, (prompt, out) in enumerate(refs[:batch]):
         service.start_request(rid, prompt + out[:1])  # the prefill committed out[0]
         live[rid] = [np.asarray(out, dtype=np.int64), 1]  # reference, position
@@ -42,7 +42,7 @@ def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget
         times.append(time.perf_counter() - t)
         for (rid, state), draft in zip(list(live.items()), drafts):
             ref, pos = state
-            path, _ = accept_greedy(draft, reference_predictions(draft, ref, pos))
+            path, _ = accept_greedy(draft, reference_predictions(draft.depths, ref, pos))
             n = min(len(path) + 1, len(ref) - pos)
             service.add_tokens(rid, ref[pos:pos + n].tolist())
             state[1] = pos + n
@@ -55,7 +55,7 @@ def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--references", type=Path, default=REPO / "results" / "vllm_serving.json")
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
     ap.add_argument("--batch", type=int, default=32, help="requests in flight")
     ap.add_argument("--budget", type=int, default=4, help="draft tokens per request (the proposer's k)")
     ap.add_argument("--min-score", type=float, default=0.2, help="the cut (the proposer's CREST_MIN_SCORE)")
@@ -63,14 +63,14 @@ def main() -> None:
     ap.add_argument("--datastore", default="sharegpt")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from peers import _references
+    from _refs import half, load_references
 
     from datastore import load_tokenizer
     from datastore.shared import SharedDatastore
     from decoder.drafters import DatastoreSource
     from decoder.service import DraftingService
 
-    refs = _references(args.references)
+    refs = {name: [(r.prompt, r.output) for r in half(load_references(name), "report")] for name in args.sets}
     tok = load_tokenizer()
     print(f"batch {args.batch}, budget {args.budget}, min score {args.min_score}")
     print(f"{'set':<11} {'form':<6} {'cache MiB':>9} {'steps':>6} {'p50 ms':>7} {'p99 ms':>7} "
@@ -79,7 +79,11 @@ def main() -> None:
         for chain in (True, False):
             for mb in args.cache_mb:
                 client = SharedDatastore.open(args.datastore, tokenizer=tok, cache_bytes=int(mb * 2**20))
-                service = DraftingService(DatastoreSource(lambda c=client: c), min_score=args.min_score)
+
+                def connect(c: SharedDatastore = client) -> SharedDatastore:
+                    return c
+
+                service = DraftingService(DatastoreSource(connect), min_score=args.min_score)
                 client.lookup_batch([rs[0][0][-5:]])  # opens the pool's connections
                 res = run_set(service, rs, args.batch, args.budget, chain)
                 st, ms = service.stats, np.asarray(res["times"]) * 1e3

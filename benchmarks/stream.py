@@ -31,10 +31,11 @@ import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references  # noqa: E402
-from peers import ServiceDrafter, SuffixDrafter  # noqa: E402
+from peers import SuffixDrafter  # noqa: E402
 
 from decoder.simulate import replay  # noqa: E402
 
@@ -54,15 +55,13 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
     from datastore import load_tokenizer
     from datastore.live import LiveWriter, live_name
     from datastore.shared import SharedDatastore
-    from decoder.calibration import Calibration
     from decoder.drafters import DatastoreSource
     from decoder.service import DraftingService
 
     tok = load_tokenizer()
     source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok))
     writer = None if live_name_for is None else LiveWriter(live_name_for, origin=f"stream-{live_name_for}")
-    service = DraftingService(source, calibration=Calibration.load(), live_writer=writer)
-    drafters = {chain: ServiceDrafter(service, chain) for chain in (False, True)}
+    service = DraftingService(source, live_writer=writer)
     while True:
         msg = conn.recv()
         if msg is None:
@@ -70,17 +69,17 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
         kind, payload = msg
         if kind == "live":  # the layer exists now (or was rebuilt): read it
             if service.live is None:
+                assert live_name_for is not None  # "live" is sent only to a worker with a live layer
                 service.live = DatastoreSource(lambda: SharedDatastore.open(live_name(live_name_for), tokenizer=tok))
             elif service.live.client is not None:
-                service.live.client.refresh()
+                cast(SharedDatastore, service.live.client).refresh()
             conn.send(True)
             continue
         refs, budget, chain, record = payload
-        drafter = drafters[chain]
         service.live_writer = writer if record else None
         got = []
         for r in refs:
-            res = replay(drafter, r.prompt, r.output, budget=budget)
+            res = replay(service, r.prompt, r.output, budget=budget, chain=chain)
             got.append((len(res.output_ids) - 1, len(res.steps)))
         if writer is not None:
             writer.flush(60)
@@ -94,15 +93,17 @@ def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datas
     from datastore.connection import connect, resolve_database_url
     from ingest.live import compact_live
 
-    names = {"none": [None, None], "shared": [f"stream-{tag}"] * 2, "own": [f"stream-{tag}-a", f"stream-{tag}-b"]}[mode]
+    by_mode: dict[str, list[str | None]] = {"none": [None, None], "shared": [f"stream-{tag}"] * 2,
+                                            "own": [f"stream-{tag}-a", f"stream-{tag}-b"]}
+    names = by_mode[mode]
     with connect(resolve_database_url(None), autocommit=True) as c:
         for n in set(filter(None, names)):
             c.execute("DELETE FROM live_outputs WHERE name = %s", [n])
     ctx = mp.get_context("fork")
     pipes, procs = [], []
-    for n in names:
+    for layer in names:
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(b, datastore, n), daemon=True)
+        p = ctx.Process(target=_worker, args=(b, datastore, layer), daemon=True)
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -117,7 +118,7 @@ def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datas
                 for i, got in zip([i for i in idx if i % 2 == w], pipes[w].recv()):
                     results[i] = got
             if mode != "none" and start + args.window < len(stream):
-                for n in sorted(set(names)):
+                for n in sorted(set(cast(list[str], names))):  # mode != "none": every worker has a layer
                     compact_live(n, top_t=args.live_top_t, max_bytes=args.live_max_bytes)
                 for w in (0, 1):
                     pipes[w].send(("live", None))
@@ -132,10 +133,10 @@ def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datas
 def _run_suffix(stream, budget: int, chain: bool, processes: int) -> list[tuple[int, int]]:
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    drafters = [SuffixDrafter(SuffixDecodingCache(max_tree_depth=24), tree=not chain) for _ in range(processes)]
+    drafters = [SuffixDrafter(SuffixDecodingCache(max_tree_depth=24)) for _ in range(processes)]
     out = []
     for i, r in enumerate(stream):
-        res = replay(drafters[i % processes], r.prompt, r.output, budget=budget)
+        res = replay(drafters[i % processes], r.prompt, r.output, budget=budget, chain=chain)
         out.append((len(res.output_ids) - 1, len(res.steps)))
     return out
 

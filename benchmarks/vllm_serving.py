@@ -26,8 +26,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.engine import cpu_env
+
+if TYPE_CHECKING:
+    from vllm import RequestOutput
+    from vllm.inputs import TokensPrompt
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = {1: 13, 8: 26, 32: 64}  # prompts per run by concurrency (the run keeps the engine full)
@@ -42,7 +47,8 @@ def _prompts(name: str, half: str, count: int):
         by_cat.setdefault(p.category, []).append(p)
     parity = {"fit": 0, "report": 1}.get(half)
     halves = {c: [p for i, p in enumerate(ps) if parity is None or i % 2 == parity] for c, ps in by_cat.items()}
-    out, i = [], 0
+    out: list = []
+    i = 0
     while len(out) < count and any(i < len(ps) for ps in halves.values()):
         out += [ps[i] for ps in halves.values() if i < len(ps)]
         i += 1
@@ -62,6 +68,13 @@ def _counters(llm) -> dict:
     return {m.name.split(":")[1]: m.value for m in llm.get_metrics() if m.name in want}
 
 
+def _tpot(out: RequestOutput, num_tokens: int) -> float:
+    """A request's mean time per output token after the first (``num_tokens > 1``)."""
+    if out.metrics is None:
+        raise SystemExit("vLLM recorded no timings for a request (the engine must log stats)")
+    return (out.metrics.last_token_ts - out.metrics.first_token_ts) / (num_tokens - 1)
+
+
 def child(args) -> None:
     """One engine: warm up, then each set; writes a JSON result to ``args.out``."""
     from vllm import LLM, SamplingParams
@@ -74,13 +87,13 @@ def child(args) -> None:
               speculative_config=_spec(args.method, args.k), disable_log_stats=False)
     startup = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
-    llm.generate([{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}], SamplingParams(max_tokens=8),
-                 use_tqdm=False)  # warm-up, not a benchmark prompt
+    warm_up: list[TokensPrompt] = [{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}]
+    llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
     if args.method == "crest":
         from serving.vllm_proposer import CrestProposer
 
-        proposer = CrestProposer.instances[-1]
+        proposer = CrestProposer.newest()
     result = {"method": args.method, "k": args.k, "concurrency": concurrency, "startup_s": startup, "sets": {}}
     for name in args.sets:
         prompts = _prompts(name, args.half, PROMPTS.get(concurrency, 2 * concurrency))
@@ -88,25 +101,34 @@ def child(args) -> None:
         if proposer:
             proposer.service.stats.step_times.clear()
         t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], sp, use_tqdm=False)
+        batch: list[TokensPrompt] = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
+        outs = llm.generate(batch, sp, use_tqdm=False)
         wall = time.perf_counter() - t
         after = _counters(llm)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
-        tpot = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / (len(tk) - 1)
-                for o, tk in zip(outs, tokens) if len(tk) > 1]
+        tpot = [_tpot(o, len(tk)) for o, tk in zip(outs, tokens) if len(tk) > 1]
         run = {"prompts": [p.id for p in prompts], "outputs": tokens, "wall_s": wall,
                "tokens": sum(map(len, tokens)), "tpot_s": sum(tpot) / len(tpot),
                "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
         if proposer:
+            assert pstats0 is not None
             ps = proposer.stats()
             ds, ds0 = ps["datastore"] or {}, pstats0["datastore"] or {}
             looks = ds.get("lookups", 0) - ds0.get("lookups", 0)
-            hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) - ds0.get("cache_hit_rate", 0) * ds0.get("lookups", 0)
-            run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
-                               "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
-                               "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
-                               "step_cost": ps["step_cost"], "round_trips": ds.get("round_trips", 0)
-                               - ds0.get("round_trips", 0), "faults": ps["faults"]}
+            hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) - ds0.get("cache_hit_rate", 0) * ds0.get(
+                "lookups", 0
+            )
+            run["proposer"] = {
+                "steps": ps["steps"] - pstats0["steps"],
+                "step_ms_p50": ps["service_step_ms_p50"],
+                "step_ms_mean": ps["step_ms_mean"],
+                "lookup_share": ps["lookup_share"],
+                "cache_hit_rate": hits / max(looks, 1),
+                "cut_mean": ps["cut_mean"],
+                "step_cost": ps["step_cost"],
+                "round_trips": ds.get("round_trips", 0) - ds0.get("round_trips", 0),
+                "faults": ps["faults"],
+            }
         result["sets"][name] = run
     Path(args.out).write_text(json.dumps(result))
 
@@ -121,11 +143,20 @@ def _table(results: list[dict], sets: list[str]) -> list[dict]:
             c = run["counters"]
             decode = run["tokens"] - len(run["prompts"])
             acc = c.get("spec_decode_num_accepted_tokens", 0)
-            row = {"set": s, "method": r["method"], "k": r["k"], "concurrency": r["concurrency"],
-                   "prompts": len(run["prompts"]), "tokens_per_s": run["tokens"] / run["wall_s"],
-                   "tpot_ms": 1e3 * run["tpot_s"], "accept_length": decode / max(decode - acc, 1),
-                   "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
-                   "speedup_vs_none": None if ref is None else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])}
+            row = {
+                "set": s,
+                "method": r["method"],
+                "k": r["k"],
+                "concurrency": r["concurrency"],
+                "prompts": len(run["prompts"]),
+                "tokens_per_s": run["tokens"] / run["wall_s"],
+                "tpot_ms": 1e3 * run["tpot_s"],
+                "accept_length": decode / max(decode - acc, 1),
+                "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
+                "speedup_vs_none": None
+                if ref is None
+                else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"]),
+            }
             if "proposer" in run:
                 row |= {f"proposer_{k}": v for k, v in run["proposer"].items()}
             rows.append(row)
@@ -158,9 +189,25 @@ def main() -> None:
             if args.resume and out.exists():
                 results.append(json.loads(out.read_text()))
                 continue
-            cmd = [sys.executable, __file__, "--child", "--method", m, "--concurrency", str(c), "--k", str(k),
-                   "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
-                   "--sets", *args.sets]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--method",
+                m,
+                "--concurrency",
+                str(c),
+                "--k",
+                str(k),
+                "--half",
+                args.half,
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--out",
+                str(out),
+                "--sets",
+                *args.sets,
+            ]
             t = time.perf_counter()
             proc = subprocess.run(cmd, env=cpu_env(in_process=True), capture_output=True, text=True)
             if proc.returncode != 0:
@@ -170,17 +217,23 @@ def main() -> None:
             print(f"  {m:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
     rows = _table(results, args.sets)
     args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
-    print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
-          f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits")
+    print(
+        f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
+        f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits"
+    )
     for r in rows:
         extra = ""
         if "proposer_step_ms_p50" in r:
-            extra = (f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
-                     f"{r['proposer_cache_hit_rate']:.0%}")
+            extra = (
+                f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
+                f"{r['proposer_cache_hit_rate']:.0%}"
+            )
         same = "-" if r["identical"] is None else f"{r['identical']}/{r['prompts']}"
         sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
-        print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
-              f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}")
+        print(
+            f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
+            f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}"
+        )
     print(f"wrote {args.out}")
 
 

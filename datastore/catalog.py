@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from .connection import connect
+from .connection import connect, one_row
 from .errors import BuildConflict, DatastoreNotFound
-from .models import SWAP_CHANNEL
+from .registry import SWAP_CHANNEL
 from .schema import require_schema
 from .writer import name_lock_key
 
@@ -25,7 +25,8 @@ def list_datastores(url: str, include_all: bool = False) -> list[dict]:
         rows = conn.execute(
             "SELECT id, name, state, tokenizer, num_trees, num_tokens, bytes_on_disk, created_at, completed_at, error "
             "FROM datastores " + ("" if include_all else "WHERE state = 'ready' ") + "ORDER BY name, id").fetchall()
-    keys = ("id", "name", "state", "tokenizer", "ngrams", "tokens", "bytes_on_disk", "created_at", "completed_at", "error")
+    keys = ("id", "name", "state", "tokenizer", "ngrams", "tokens", "bytes_on_disk", "created_at", "completed_at",
+            "error")
     return [dict(zip(keys, r)) for r in rows]
 
 
@@ -41,15 +42,16 @@ def datastore_stats(url: str, name: str) -> dict:
         require_schema(conn)
         row = conn.execute(
             "SELECT id, trees_table, key_width, params, ngram_stats, corpus, num_tokens, timings, tokenizer, "
-            "tokenizer_fingerprint, completed_at FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
+            "tokenizer_fingerprint, completed_at FROM datastores WHERE name = %s AND state = 'ready'",
+            [name]).fetchone()
         if row is None:
             raise DatastoreNotFound(f"no ready datastore named {name!r}; see `python -m datastore list --all`")
         ds_id, table, width, params, ngram_stats, corpus, num_tokens, timings, tok, fp, completed = row
         per_n = conn.execute(sql.SQL(
             "SELECT length(key) / %s AS n, count(*), avg(length(tree))::float8 FROM {} GROUP BY 1 ORDER BY 1").format(
             sql.Identifier(table)), [width]).fetchall()
-        heap, total = conn.execute("SELECT pg_table_size(%s::regclass), pg_total_relation_size(%s::regclass)",
-                                   [table, table]).fetchone()
+        heap, total = one_row(conn, "SELECT pg_table_size(%s::regclass), pg_total_relation_size(%s::regclass)",
+                              [table, table])
     rows = sum(c for _, c, _ in per_n)
     by_n = {}
     for n, count, mean_blob in per_n:
@@ -77,7 +79,7 @@ def drop_datastore(url: str, name: str) -> int:
     """
     with connect(url, autocommit=True) as conn:
         require_schema(conn)
-        if not conn.execute("SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)]).fetchone()[0]:
+        if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)])[0]:
             raise BuildConflict(f"a build of {name!r} is running; drop it after the build ends")
         with conn.transaction():
             tables = conn.execute("DELETE FROM datastores WHERE name = %s RETURNING trees_table", [name]).fetchall()

@@ -76,12 +76,14 @@ class TreeBatch:
         return TokenTree(self.token_ids[s:e], self.parents[s:e], self.counts[s:e], int(self.root_counts[k]))
 
     @classmethod
-    def from_trees(cls, trees: list[TokenTree]) -> "TreeBatch":
+    def from_trees(cls, trees: list[TokenTree]) -> TreeBatch:
         """Concatenate individual trees into one batch."""
         sizes = np.array([len(t) for t in trees], dtype=np.int64)
         offsets = np.zeros(len(trees) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        cat = lambda attr, dt: np.concatenate([getattr(t, attr) for t in trees]).astype(dt) if trees else np.zeros(0, dt)  # noqa: E731
+        def cat(attr: str, dt) -> np.ndarray:
+            return np.concatenate([getattr(t, attr) for t in trees]).astype(dt) if trees else np.zeros(0, dt)
+
         return cls(
             offsets,
             cat("token_ids", np.uint32),
@@ -95,7 +97,7 @@ def _token_width(max_token: int) -> int:
     return 1 if max_token < 1 << 8 else 2 if max_token < 1 << 16 else 3 if max_token < 1 << 24 else 4
 
 
-def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cs = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(values, out=cs[1:])
     return cs[offsets[1:]] - cs[offsets[:-1]], cs
@@ -151,7 +153,8 @@ def _varint_bytes(value: int) -> bytes:
 
 def _zstd_params(level: int) -> zstandard.ZstdCompressionParameters:
     return zstandard.ZstdCompressionParameters.from_level(
-        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False, write_checksum=False, write_dict_id=False
+        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False, write_checksum=False,
+        write_dict_id=False
     )
 
 
@@ -179,8 +182,9 @@ def encode_trees(batch: TreeBatch, compression: Compression = "zstd", level: int
     if compression == "zstd" and raws:
         comp = zstandard.ZstdCompressor(compression_params=_zstd_params(level))
         if threads and len(raws) > 1:
-            packed = comp.multi_compress_to_buffer(raws, threads=threads)
-            bodies = [bytes(packed[i]) for i in range(len(raws))]
+            segments: list[bytes | bytearray | memoryview] = list(raws)
+            packed = comp.multi_compress_to_buffer(segments, threads=threads)
+            bodies = [packed[i].tobytes() for i in range(len(raws))]
         else:
             bodies = [comp.compress(r) for r in raws]
     elif compression == "lz4":
@@ -321,4 +325,4 @@ def _parse_payload(p: bytes, width: int) -> TokenTree:
     return TokenTree.trusted(tokens, np.array(parents, dtype=np.int32), np.array(counts, dtype=np.uint32), root)
 
 
-_TOKEN_DTYPES = {1: np.uint8, 2: "<u2", 4: "<u4"}
+_TOKEN_DTYPES: dict[int, str] = {1: "u1", 2: "<u2", 4: "<u4"}

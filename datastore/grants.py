@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from .connection import connect
+from .connection import connect, one_row
 from .schema import require_schema
 
 __all__ = ["RoleNotFound", "grant_appender", "grant_reader", "grant_to_readers"]
@@ -74,9 +74,9 @@ def _ensure_role(conn: psycopg.Connection, role: str, create: bool) -> None:
 def _grant_access(conn: psycopg.Connection, role: str) -> None:
     """``CONNECT`` on the database and ``USAGE`` on the current schema, where ``role`` lacks them."""
     ident = sql.Identifier(role)
-    db, schema, can_connect, can_use = conn.execute(
-        "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
-        "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role]).fetchone()
+    db, schema, can_connect, can_use = one_row(
+        conn, "SELECT current_database(), current_schema(), has_database_privilege(%s, current_database(), "
+        "'CONNECT'), has_schema_privilege(%s, current_schema(), 'USAGE')", [role, role])
     if not can_connect:
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), ident))
     if not can_use:

@@ -8,7 +8,7 @@ to 2**32 - 1 ids work).
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -25,7 +25,7 @@ import os
 import queue
 import socket
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import psycopg

@@ -40,12 +40,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "DatastoreRecord", "LiveOutput", "ReaderGrant", "STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL", "tree_table"]
+from .registry import STATES, SWAP_CHANNEL, TREE_TABLE_PREFIX
 
-STATES = ("building", "ready", "failed", "retired")
-TREE_TABLE_PREFIX = "token_trees_"
-SWAP_CHANNEL = "crest_datastores"
-"""The ``NOTIFY`` channel on which every swap-in and drop of a build announces its datastore's name."""
+__all__ = ["Base", "DatastoreRecord", "LiveOutput", "ReaderGrant", "STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL",
+           "tree_table"]
+
 
 
 class Base(DeclarativeBase):

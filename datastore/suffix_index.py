@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -104,7 +104,7 @@ class SuffixIndex:
         self.params = params
 
     @classmethod
-    def build(cls, stream: np.ndarray, vocab_size: int) -> "SuffixIndex":
+    def build(cls, stream: np.ndarray, vocab_size: int) -> SuffixIndex:
         """Index a token stream.
 
         Args:
@@ -121,7 +121,8 @@ class SuffixIndex:
         is_sep = stream == SEPARATOR
         top = int(stream[~is_sep].max(initial=0))
         if top >= vocab_size:
-            raise ValueError(f"token id {top} >= vocab_size {vocab_size}: index with the tokenizer that made the stream")
+            raise ValueError(f"token id {top} >= vocab_size {vocab_size}: "
+                             "index with the tokenizer that made the stream")
         from pydivsufsort import divsufsort
 
         dtype = np.uint16 if vocab_size < (1 << 16) else np.uint32
@@ -150,7 +151,7 @@ class SuffixIndex:
         (d / "meta.json").write_text(json.dumps({"separator": self.separator, "num_tokens": self.num_tokens}))
 
     @classmethod
-    def load(cls, directory: Path, params: RestParams = RestParams()) -> "SuffixIndex":
+    def load(cls, directory: Path, params: RestParams = RestParams()) -> SuffixIndex:
         """Memory-map an index written by :meth:`save` (``meta.json`` is written last, so a half-written
         index is never loaded).
 

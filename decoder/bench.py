@@ -10,9 +10,10 @@ from __future__ import annotations
 import csv
 import os
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any
 
 from .drafters.base import Drafter
 from .generate import GenerationResult, greedy_generate, speculative_generate
@@ -130,6 +131,10 @@ def summarize(rows: Sequence[RunRow], assembly: dict[tuple[str, str], list[float
         tokens = sum(r.new_tokens for r in rs)
         wall = sum(r.wall_s for r in rs)
         first_tokens = len(rs)  # the prefill's token is not a verification step
+
+        def per_step(field: str, rs=rs, steps=steps) -> float:
+            return round(sum(getattr(r, field) * r.steps for r in rs) / max(steps, 1), 3)
+
         if cat == "all":
             asm = [ms for (c, d), v in assembly.items() if d == name for ms in v]
         else:
@@ -139,8 +144,7 @@ def summarize(rows: Sequence[RunRow], assembly: dict[tuple[str, str], list[float
             round((tokens - first_tokens) / steps, 3) if steps else 0.0,
             round(tokens / wall, 2) if wall else 0.0,
             round(base_wall.get(cat, 0.0) / wall, 3) if wall else 0.0,
-            *(round(sum(getattr(r, f) * r.steps for r in rs) / max(steps, 1), 3)
-              for f in ("lookup_ms", "trie_ms", "merge_ms", "verify_ms")),
+            per_step("lookup_ms"), per_step("trie_ms"), per_step("merge_ms"), per_step("verify_ms"),
             round(statistics.median(asm), 4) if asm else 0.0,
             round(sum(r.drafted_per_step * r.steps for r in rs) / max(steps, 1), 2),
         ))
@@ -149,7 +153,7 @@ def summarize(rows: Sequence[RunRow], assembly: dict[tuple[str, str], list[float
     return sorted(out, key=lambda s: (cats.index(s.category), order[s.drafter]))
 
 
-def write_csv(path: str | os.PathLike, rows: Sequence[object]) -> Path:
+def write_csv(path: str | os.PathLike, rows: Sequence[Any]) -> Path:
     """Write dataclass rows to CSV (header from the first row's fields); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

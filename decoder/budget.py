@@ -74,7 +74,7 @@ def choose_budget(curve: LatencyCurve, accept_lengths: dict[int, float]) -> tupl
     if not accept_lengths:
         raise ValueError("accept_lengths is empty: replay at least one budget")
     rate = {b: al / curve(b + 1) for b, al in sorted(accept_lengths.items())}
-    return max(rate, key=rate.get), rate
+    return max(rate, key=lambda b: rate[b]), rate
 
 
 def curve_key(target: TargetModel) -> str:

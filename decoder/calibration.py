@@ -1,15 +1,14 @@
 """Calibrated node scores: each draft node's probability of being accepted by verification.
 
-The hand-weighted noisy-OR of smoothed count ratios (:func:`decoder.draft.merge_drafts`) ranks nodes
-well but is no probability: a score of 0.5 was accepted about 15% of the time. Here a logistic model
-(scikit-learn's ``LogisticRegression``) predicts the *conditional* acceptance of a node, given that its
-parent was accepted, from what the sources already know about it (:data:`FEATURES`): for the corpus
-datastore's tree, the live layer's (the model's earlier outputs) and the prompt trie's, whether the node
-is in it, its count ratio to its parent (smoothed), the parent's count, the matched context's length,
-whether that source predicted other continuations of the parent and not this one; how many sources
-agree; the depth. A node's score is the product of the
-conditionals along its path, so scores fall along every path (the best nodes form a prefix-closed tree)
-and estimate ``P(node accepted)``.
+Count ratios rank a source's continuations well but are no probabilities (a count ratio of 0.5 was
+accepted about 15% of the time). Here a logistic model (scikit-learn's ``LogisticRegression``) predicts
+the *conditional* acceptance of a node, given that its parent was accepted, from what the sources
+already know about it (:data:`FEATURES`). For each source of :data:`SOURCES` (the corpus datastore's
+tree, the live layer's: the model's earlier outputs, and the prompt trie's): whether the node is in it,
+its count ratio to its parent (smoothed), the parent's count, the matched context's length, and whether
+that source predicted other continuations of the parent and not this one; then how many sources agree,
+and the depth. A node's score is the product of the conditionals along its path, so scores fall along
+every path (the best nodes form a prefix-closed tree) and estimate ``P(node accepted)``.
 
 Because at most one node per depth is accepted, a draft's expected accepted length (draft tokens; the
 bonus token adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over the candidate
@@ -23,27 +22,59 @@ other half; the parameters ship with the package (``decoder/data/calibration.jso
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
+from datastore.extras import require
 from datastore.tree import Match, TokenTree
 
-from .draft import Draft, chain_from, select_best
+from . import treeops
+from .draft import Draft, ScoreKind
 
-__all__ = ["FEATURES", "Calibration", "NodeTable", "node_table", "accepted_nodes", "draft_from_candidates"]
+__all__ = ["SOURCES", "FEATURES", "COLUMN", "Calibration", "NodeTable", "TreeColumns", "tree_columns", "node_table",
+           "draft_from_candidates", "DEFAULT_PATH"]
 
+SOURCES = ("ds", "live", "trie")
+"""The sources a node table merges, in union order: the corpus datastore, the live layer, the prompt trie."""
 _BLOCK = ("on", "ratio", "log_parent", "ratio_x_log_parent", "n", "miss")
-FEATURES = tuple(f"{src}_{f}" for src in ("ds", "live", "trie") for f in _BLOCK) + ("agree", "log_depth")
-_DS, _LIVE, _TRIE = 0, 6, 12  # first column of each source's block: corpus datastore, live layer, prompt trie
+FEATURES = tuple(f"{src}_{f}" for src in SOURCES for f in _BLOCK) + ("agree", "log_depth")
+COLUMN = {name: i for i, name in enumerate(FEATURES)}
+"""Feature name -> its column in a node table's ``features``."""
 DEFAULT_PATH = Path(__file__).with_name("data") / "calibration.json"
 
 
 @dataclass(frozen=True)
+class TreeColumns:
+    """One source tree's per-node columns, computed once per tree (a datastore tree is reused at many steps).
+
+    Attributes:
+        tree: the tree. depths: ``[N]`` int64. children: :func:`decoder.treeops.children` of it.
+        ratio: ``[N]`` float64 count / (parent count + prior). log_parent: ``[N]`` float64 log1p(parent count).
+    """
+
+    tree: TokenTree
+    depths: np.ndarray
+    children: list = field(repr=False)
+    ratio: np.ndarray = field(repr=False)
+    log_parent: np.ndarray = field(repr=False)
+
+
+def tree_columns(tree: TokenTree, prior: float) -> TreeColumns:
+    """The :class:`TreeColumns` of ``tree`` with count ratios smoothed by ``prior`` (>= 0)."""
+    counts = tree.counts.astype(np.float64)
+    par = tree.parents.astype(np.int64)
+    root = float(tree.root_count or counts[par < 0].sum())
+    parent_count = np.where(par >= 0, counts[np.maximum(par, 0)], root)
+    return TreeColumns(tree, treeops.depths(par), treeops.children(tree.token_ids, par),
+                       counts / (parent_count + prior), np.log1p(parent_count))
+
+
+@dataclass(frozen=True)
 class NodeTable:
-    """The union of a datastore tree and a trie tree below the same root, with each node's features.
+    """The union of the sources' trees below the same root, with each node's features.
 
     Attributes:
         tokens: ``[N]`` int64. parents: ``[N]`` int64 (``-1``: child of the root; parents first).
@@ -56,115 +87,72 @@ class NodeTable:
     features: np.ndarray
 
 
-@dataclass
-class _TreeColumns:
-    """One source tree's per-node columns (computed once per tree: datastore trees are reused)."""
-
-    tree: TokenTree
-    depths: np.ndarray
-    ratio: np.ndarray
-    log_parent: np.ndarray
-    children: list = field(repr=False)
-
-
-def _columns(tree: TokenTree, prior: float) -> _TreeColumns:
-    counts = tree.counts.astype(np.float64)
-    par = tree.parents.astype(np.int64)
-    root = float(tree.root_count or counts[par < 0].sum())
-    parent_count = np.where(par >= 0, counts[np.maximum(par, 0)], root)
-    depths = np.ones(len(par), dtype=np.int64)
-    kids: list[dict[int, int]] = [{} for _ in range(len(par) + 1)]
-    for i, (t, p) in enumerate(zip(tree.token_ids.tolist(), par.tolist())):
-        if p >= 0:
-            depths[i] = depths[p] + 1
-        kids[p + 1][t] = i
-    return _TreeColumns(tree, depths, counts / (parent_count + prior), np.log1p(parent_count), kids)
-
-
-def node_table(stored: Match | None, matched: Match | None, prior: float = 1.0,
-               stored_columns: _TreeColumns | None = None, live: Match | None = None,
-               live_columns: _TreeColumns | None = None) -> NodeTable | None:
-    """The union of the datastore's match, the live layer's and the trie's, with :data:`FEATURES` per node.
+def node_table(matches: Mapping[str, Match | None], prior: float = 1.0,
+               columns: Mapping[str, TreeColumns] | None = None) -> NodeTable | None:
+    """The union of the sources' matches, with :data:`FEATURES` per node.
 
     Args:
-        stored: the corpus datastore's n-gram and its tree (``None``: none).
-        matched: the prompt trie's context and its tree (``None``: none).
+        matches: source name (of :data:`SOURCES`) -> its matched context and continuation tree (``None`` or
+            absent: that source has nothing).
         prior: additive smoothing of the count ratios, >= 0.
-        stored_columns / live_columns: precomputed columns (:meth:`Calibration.columns`) of ``stored`` /
-            ``live``, when cached.
-        live: the live layer's n-gram (from earlier outputs of the model) and its tree (``None``: none).
+        columns: source name -> precomputed :class:`TreeColumns` of that source's tree, where cached.
 
     Returns:
         The :class:`NodeTable` (the first source's nodes first, in their order, then each later source's
-        new nodes), or ``None`` when every source is ``None`` or empty.
+        new nodes), or ``None`` when no source has a node.
+
+    Raises:
+        ValueError: for a source name not in :data:`SOURCES`.
     """
-    given = {id(stored): stored_columns, id(live): live_columns}
-    parts = [(m, col) for m, col in ((stored, _DS), (live, _LIVE), (matched, _TRIE)) if m is not None and len(m.tree)]
+    unknown = set(matches) - set(SOURCES)
+    if unknown:
+        raise ValueError(f"unknown sources {sorted(unknown)}: node tables merge {SOURCES}")
+    given = columns or {}
+    parts: list[tuple[str, Match, TreeColumns]] = []
+    for src in SOURCES:
+        m = matches.get(src)
+        if m is not None and len(m.tree):
+            cached = given.get(src)
+            parts.append(
+                (src, m, cached if cached is not None and cached.tree is m.tree else tree_columns(m.tree, prior))
+            )
     if not parts:
         return None
-    cols = [given.get(id(m)) or _columns(m.tree, prior) for m, _ in parts]
-    base = cols[0]
-    n0 = len(base.depths)
-    tokens = base.tree.token_ids.astype(np.int64).tolist()
-    parents = base.tree.parents.astype(np.int64).tolist()
-    depths = base.depths.tolist()
-    wheres = [np.arange(n0)]
-    added: dict[tuple[int, int], int] = {}
-    for other in cols[1:]:
-        where = np.zeros(len(other.depths), dtype=np.int64)
-        for i, (t, p) in enumerate(zip(other.tree.token_ids.tolist(), other.tree.parents.tolist())):
-            up = -1 if p < 0 else int(where[p])
-            node = base.children[up + 1].get(t) if up < n0 else None
-            if node is None:
-                node = added.get((up, t))
-                if node is None:
-                    node = added[(up, t)] = len(tokens)
-                    tokens.append(t)
-                    parents.append(up)
-                    depths.append(1 if up < 0 else depths[up] + 1)
-            where[i] = node
-        wheres.append(where)
-    n = len(tokens)
-    par = np.asarray(parents, dtype=np.int64)
+    base = parts[0][2]
+    u = treeops.union(
+        base.tree.token_ids,
+        base.tree.parents,
+        base.depths,
+        base.children,
+        [(c.tree.token_ids, c.tree.parents) for _, _, c in parts[1:]],
+    )
+    n = len(u.tokens)
     x = np.zeros((n, len(FEATURES)), dtype=np.float64)
-    for (m, col), c, at in zip(parts, cols, wheres):
-        on = np.zeros(n, dtype=bool)
-        on[at] = True
-        x[at, col] = 1.0
-        x[at, col + 1] = c.ratio
-        x[at, col + 2] = c.log_parent
-        x[at, col + 3] = c.ratio * c.log_parent
-        x[at, col + 4] = len(m.ngram)
-        has_kids = np.zeros(n + 1, dtype=bool)  # slot 0: the root
-        has_kids[par[on] + 1] = True
-        x[:, col + 5] = ~on & has_kids[par + 1]  # the source predicted other continuations of the parent
-    x[:, -2] = np.maximum(x[:, _DS] + x[:, _LIVE] + x[:, _TRIE] - 1.0, 0.0)  # other sources that agree
-    d = np.asarray(depths, dtype=np.int64)
-    x[:, -1] = np.log(d)
-    return NodeTable(np.asarray(tokens, dtype=np.int64), par, d, x)
-
-
-def accepted_nodes(table: NodeTable, reference: np.ndarray, pos: int) -> np.ndarray:
-    """``[N]`` bool: whether verification accepts each node when ``reference[pos:]`` is what the target
-    generates next (the node's whole path matches the reference)."""
-    at = pos + table.depths - 1
-    ok = np.zeros(len(table.tokens), dtype=bool)
-    inside = at < len(reference)
-    ok[inside] = table.tokens[inside] == reference[at[inside]]
-    for depth in range(2, int(table.depths.max(initial=1)) + 1):
-        level = table.depths == depth
-        ok[level] &= ok[table.parents[level]]
-    return ok
+    has_kids = np.zeros(n + 1, dtype=bool)  # slot 0: the root
+    for (src, m, c), at in zip(parts, u.where):
+        x[at, COLUMN[f"{src}_on"]] = 1.0
+        x[at, COLUMN[f"{src}_ratio"]] = c.ratio
+        x[at, COLUMN[f"{src}_log_parent"]] = c.log_parent
+        x[at, COLUMN[f"{src}_ratio_x_log_parent"]] = c.ratio * c.log_parent
+        x[at, COLUMN[f"{src}_n"]] = len(m.ngram)
+        has_kids[:] = False
+        has_kids[u.parents[at] + 1] = True
+        on = x[:, COLUMN[f"{src}_on"]] > 0
+        x[:, COLUMN[f"{src}_miss"]] = ~on & has_kids[u.parents + 1]  # it predicted other continuations of the parent
+    x[:, COLUMN["agree"]] = np.maximum(sum(x[:, COLUMN[f"{s}_on"]] for s in SOURCES) - 1.0, 0.0)  # others that agree
+    x[:, COLUMN["log_depth"]] = np.log(u.depths)
+    return NodeTable(u.tokens, u.parents, u.depths, x)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A fitted logistic model of a node's conditional acceptance, and how it was fitted.
+    """A fitted logistic model of a node's conditional acceptance, and how it was fitted: the merged
+    drafter's scorer (:class:`decoder.service.DraftingService`).
 
     Attributes:
         coef: ``[len(FEATURES)]`` float64 weights (on raw features). intercept: the bias.
         prior: the count-ratio smoothing the features were computed with.
-        meta: provenance and held-out figures (prompts, rows, datastore, Brier score ...).
+        meta: provenance and held-out figures (prompts, rows, datastore, the trie settings fitted with ...).
 
     Raises:
         ValueError: when ``coef`` does not match :data:`FEATURES`.
@@ -176,9 +164,11 @@ class Calibration:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "coef", np.asarray(self.coef, dtype=np.float64))
-        if self.coef.shape != (len(FEATURES),):
-            raise ValueError(f"calibration has {self.coef.shape} weights, expected {len(FEATURES)} ({FEATURES})")
+        coef = np.array(self.coef, dtype=np.float64)
+        coef.setflags(write=False)
+        object.__setattr__(self, "coef", coef)
+        if coef.shape != (len(FEATURES),):
+            raise ValueError(f"calibration has {coef.shape} weights, expected {len(FEATURES)} ({FEATURES})")
 
     def conditional(self, features: np.ndarray) -> np.ndarray:
         """``[N]`` float64 P(node accepted | parent accepted) for ``[N, len(FEATURES)]`` features."""
@@ -192,13 +182,26 @@ class Calibration:
             p[level] *= p[table.parents[level]]
         return p
 
-    def columns(self, tree: TokenTree) -> _TreeColumns:
-        """A tree's per-node columns, to cache for a tree that is reused (a datastore tree)."""
-        return _columns(tree, self.prior)
+    def columns(self, tree: TokenTree) -> TreeColumns:
+        """A tree's :class:`TreeColumns` with this calibration's smoothing, to cache for a reused tree."""
+        return tree_columns(tree, self.prior)
+
+    def digest(self) -> str:
+        """A short hash of the parameters (caches of anything the scores decide key on it)."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
-        return {"version": 1, "features": list(FEATURES), "coef": self.coef.tolist(), "intercept": self.intercept,
-                "prior": self.prior, "meta": self.meta}
+        """The parameters as a JSON-ready dict (the format :meth:`load` reads)."""
+        return {
+            "version": 1,
+            "features": list(FEATURES),
+            "coef": self.coef.tolist(),
+            "intercept": self.intercept,
+            "prior": self.prior,
+            "meta": self.meta,
+        }
 
     def save(self, path: str | Path) -> None:
         """Write the parameters as JSON."""
@@ -206,7 +209,7 @@ class Calibration:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path = DEFAULT_PATH) -> "Calibration":
+    def load(cls, path: str | Path = DEFAULT_PATH) -> Calibration:
         """Read parameters written by :meth:`save` (default: the ones shipped with the package).
 
         Raises:
@@ -218,14 +221,23 @@ class Calibration:
             raise FileNotFoundError(f"no calibration at {path}: fit one with benchmarks/calibrate.py")
         raw = json.loads(path.read_text())
         if tuple(raw.get("features", ())) != FEATURES:
-            raise ValueError(f"{path} was fitted on features {raw.get('features')}, this version uses {FEATURES}: "
-                             "refit it with benchmarks/calibrate.py")
+            raise ValueError(
+                f"{path} was fitted on features {raw.get('features')}, this version uses {FEATURES}: "
+                "refit it with benchmarks/calibrate.py"
+            )
         return cls(np.asarray(raw["coef"]), float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}))
 
     @classmethod
-    def fit(cls, features: np.ndarray, accepted: np.ndarray, *, prior: float = 1.0, meta: dict | None = None,
-            regularization: float = 1.0) -> "Calibration":
-        """Fit the conditional model on nodes whose parent was accepted.
+    def fit(
+        cls,
+        features: np.ndarray,
+        accepted: np.ndarray,
+        *,
+        prior: float = 1.0,
+        meta: dict | None = None,
+        regularization: float = 1.0,
+    ) -> Calibration:
+        """Fit the conditional model on nodes whose parent was accepted (needs the ``fit`` extra: scikit-learn).
 
         Args:
             features: ``[rows, len(FEATURES)]`` float64, from :func:`node_table`.
@@ -235,15 +247,19 @@ class Calibration:
 
         Raises:
             ValueError: when the shapes differ or only one class is present.
+            ModuleNotFoundError: when scikit-learn is missing (the message names the extra).
         """
+        require("sklearn", "fit", "fitting the calibration")
         from sklearn.linear_model import LogisticRegression
         from sklearn.preprocessing import StandardScaler
 
         features = np.asarray(features, dtype=np.float64)
         accepted = np.asarray(accepted, dtype=bool)
         if features.ndim != 2 or features.shape != (len(accepted), len(FEATURES)):
-            raise ValueError(f"features {features.shape} and accepted {accepted.shape} do not match "
-                             f"[rows, {len(FEATURES)}] and [rows]")
+            raise ValueError(
+                f"features {features.shape} and accepted {accepted.shape} do not match "
+                f"[rows, {len(FEATURES)}] and [rows]"
+            )
         if accepted.all() or not accepted.any():
             raise ValueError("accepted holds one class only: replay more prompts")
         scaler = StandardScaler().fit(features)
@@ -254,44 +270,56 @@ class Calibration:
         return cls(coef, intercept, prior, dict(meta or {}))
 
 
-def draft_from_candidates(calibration: Calibration, candidates: Sequence[Match | None], matched: Match | None,
-                          budget: int, *, chain: bool = False, min_score: float = 0.0,
-                          columns=None, live: Match | None = None) -> tuple[Draft, int]:
-    """The back-off lookup's draft: among the datastore's candidate n-grams (all stored suffixes of the
-    context), the one whose merge with the trie's match gives the largest expected accepted length.
+def draft_from_candidates(
+    calibration: Calibration,
+    candidates: Sequence[Match | None],
+    others: Mapping[str, Match | None],
+    budget: int,
+    *,
+    chain: bool = False,
+    min_score: float = 0.0,
+    columns: Callable[[TokenTree], TreeColumns] | None = None,
+) -> tuple[Draft, int]:
+    """The calibrated draft, backing off among the datastore's candidate n-grams: the candidate (a stored
+    suffix of the context) whose union with the other sources gives the largest expected accepted length.
 
     Args:
         calibration: the node model.
-        candidates: the stored suffixes' matches, longest first (``[None]`` or ``[]``: trie only).
-        matched: the prompt trie's match, or ``None``.
+        candidates: the datastore's matches, longest first (``[]`` or ``[None]``: no datastore match).
+        others: the other sources' matches (``"live"``, ``"trie"``), merged into every candidate's draft.
         budget: most draft nodes (tree) or tokens (chain), >= 0.
         chain: return the best path (at most ``budget`` tokens) instead of a tree.
-        min_score: drop nodes whose acceptance probability is below this (a node's verification
-            cost in accepted tokens: the budget stops where the expected gain falls below it).
-        columns: ``tree -> _TreeColumns`` cache for datastore trees (``None``: computed each call).
-        live: the live layer's longest match (the model's earlier outputs), merged into every candidate's draft.
+        min_score: drop nodes whose acceptance probability is below this (a node's verification cost in
+            accepted tokens: the draft stops where the expected gain falls below it).
+        columns: ``tree -> TreeColumns`` cache for reused trees (the datastore's and the live layer's);
+            ``None``: computed each call.
 
     Returns:
-        ``(draft, chosen)``: the best-first draft, scores = acceptance probabilities, and the index of
-        the chosen candidate (``-1`` for none).
+        ``(draft, chosen)``: the best-first draft (``probability`` scores) and the index of the chosen
+        candidate (``-1`` for none).
 
     Raises:
         ValueError: when ``budget < 0``.
     """
     if budget < 0:
         raise ValueError(f"budget={budget}: must be >= 0")
-    best, best_gain, chosen = Draft.empty(), -1.0, -1
+    cached: dict[str, TreeColumns] = {}
+    if columns is not None:
+        cached = {src: columns(m.tree) for src, m in others.items() if m is not None and src != "trie" and len(m.tree)}
+    best, best_gain, chosen = Draft.empty(ScoreKind.PROBABILITY), -1.0, -1
     for i, cand in enumerate(list(candidates) or [None]):
-        cols = None if cand is None or columns is None else columns(cand.tree)
-        live_cols = None if live is None or columns is None else columns(live.tree)
-        table = node_table(cand, matched, calibration.prior, cols, live, live_cols)
+        if cand is not None and columns is not None and len(cand.tree):
+            cached["ds"] = columns(cand.tree)
+        table = node_table({**others, "ds": cand}, calibration.prior, cached)
         if table is None or budget == 0:
             continue
         p = calibration.scores(table)
         if chain:
-            draft = chain_from(table.tokens, table.parents, table.depths, p, budget, min_score)
+            path = treeops.best_path(table.parents, table.depths, p, budget, min_score)
+            draft = Draft.chain(table.tokens[path], p[path], ScoreKind.PROBABILITY)
         else:
-            draft = select_best(table.tokens, table.parents, table.depths, p, budget, min_score)
+            order, parents = treeops.top_nodes(table.parents, table.depths, p, budget, min_score)
+            draft = Draft(table.tokens[order], parents, p[order], ScoreKind.PROBABILITY)
         gain = float(draft.scores.sum())
         if gain > best_gain:
             best, best_gain, chosen = draft, gain, (i if cand is not None else -1)

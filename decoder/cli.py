@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -47,7 +48,8 @@ def _set_options() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
                    help="evaluation prompts (default: spec_bench)")
     p.add_argument("--data-dir", default=None,
-                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else ../shared/data)")
+                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
+                        "in the package)")
     p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
     return p
 
@@ -59,10 +61,13 @@ def _selection_options() -> argparse.ArgumentParser:
     return p
 
 
-def _drafter_options() -> argparse.ArgumentParser:
+def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
+    """``--drafter`` (defaulting to ``default``), the datastore and the trie's shape: one parser per subcommand,
+    so no subcommand's default changes another's."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--drafter", nargs="+", choices=DRAFTERS, default=["merged"],
-                   help="one or more drafters, each measured against plain greedy (default: merged)")
+    shown = " ".join(default) if default else "none: only the latency curve"
+    p.add_argument("--drafter", nargs="+", choices=DRAFTERS, default=list(default),
+                   help=f"one or more drafters, each measured against plain greedy (default: {shown})")
     p.add_argument("--datastore", default="sharegpt", help="datastore name for datastore/merged (default: sharegpt)")
     p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
     p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
@@ -86,19 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m decoder", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     model, prompts, selection = _model_options(), _set_options(), _selection_options()
-    drafters, budget, db = _drafter_options(), _budget_option(), database_options()
-    bench = sub.add_parser("bench", parents=[model, prompts, selection, drafters, budget, db],
+    budget, db = _budget_option(), database_options()
+    bench = sub.add_parser("bench", parents=[model, prompts, selection, _drafter_options(["merged"]), budget, db],
                            help="decode the prompts with each drafter and with plain greedy; print the table")
     bench.add_argument("--csv", default=None,
                        help="summary CSV (default: results/bench_<set>.csv; per-prompt rows go to *_runs.csv)")
-    sub.add_parser("replay", parents=[model, prompts, selection, drafters, budget, db],
+    sub.add_parser("replay", parents=[model, prompts, selection, _drafter_options(["merged"]), budget, db],
                    help="accept length per drafter from saved greedy outputs, without the model")
-    cal = sub.add_parser("budget", parents=[model, prompts, drafters, db],
+    cal = sub.add_parser("budget", parents=[model, prompts, _drafter_options([]), db],
                          help="measure (or show the cached) verification latency for 1..64 tokens; with --drafter, "
                               "choose each drafter's budget")
     cal.add_argument("--remeasure", action="store_true",
                      help="measure the curve and choose the budgets again even when cached")
-    cal.set_defaults(drafter=[])
     return parser
 
 
@@ -115,10 +119,11 @@ def make_drafters(args, tokenizer) -> list:
     from datastore import Datastore, SuffixIndex
     from datastore.suffix_index import default_index_dir
 
-    from .drafters import (DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter, RetrievalDrafter,
-                           TrieDrafter)
+    from .drafters import DatastoreSource, Drafter, NoDrafter, PromptLookupDrafter, RetrievalDrafter, TrieDrafter
+    from .service import DraftingService
 
-    source = rest = None
+    source: DatastoreSource | None = None
+    rest: DatastoreSource | None = None
     if {"datastore", "merged"} & set(args.drafter):
         def open_datastore() -> Datastore:
             return Datastore.open(args.datastore, tokenizer=tokenizer, database_url=args.database_url)
@@ -128,14 +133,16 @@ def make_drafters(args, tokenizer) -> list:
     if "rest" in args.drafter:
         index = SuffixIndex.load(args.rest_index or default_index_dir(tokenizer))
         rest = DatastoreSource(lambda: index)
-    made = {
+    made: dict[str, Callable[[], Drafter]] = {
         "none": lambda: NoDrafter(),
         "pld": lambda: PromptLookupDrafter(),
         "trie": lambda: TrieDrafter(args.window, args.max_prefix),
-        "datastore": lambda: RetrievalDrafter(source),
-        "merged": lambda: MergedDrafter(source, args.window, args.max_prefix),
-        "rest": lambda: RetrievalDrafter(rest, name="rest"),
+        "merged": lambda: DraftingService(source, window=args.window, max_prefix=args.max_prefix),
     }
+    if source is not None:
+        made["datastore"] = lambda: RetrievalDrafter(source)
+    if rest is not None:
+        made["rest"] = lambda: RetrievalDrafter(rest, name="rest")
     return [made[name]() for name in args.drafter]
 
 

@@ -9,65 +9,19 @@ every committed token but the last, whose KV is computed in the next pass.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
+from .accept import accept_greedy
 from .draft import Draft
 from .drafters.base import Drafter
 from .model import TargetModel
-from .verify import accept_greedy, accept_sampled, keep_accepted_kv, tree_attention_inputs
+from .result import GenerationResult, StepRecord
+from .verify import accept_sampled, keep_accepted_kv, tree_attention_inputs
 
-__all__ = ["StepRecord", "GenerationResult", "speculative_generate", "greedy_generate"]
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One verification step.
-
-    Attributes:
-        drafted: draft tree nodes verified.
-        accepted: tokens committed (accepted draft tokens + the bonus token,
-            less any cut at EOS or ``max_new_tokens``).
-        lookup_s, trie_s, merge_s: draft assembly seconds (see :class:`decoder.Draft`).
-        verify_s: seconds for the forward pass, acceptance and KV compaction (0 in replay).
-    """
-
-    drafted: int
-    accepted: int
-    lookup_s: float
-    trie_s: float
-    merge_s: float
-    verify_s: float
-
-
-@dataclass
-class GenerationResult:
-    """What one request produced and what it cost.
-
-    Attributes:
-        output_ids: generated token ids (EOS included when it ended the request).
-        steps: one record per verification step (the prefill's first token is not a step).
-        prefill_s: seconds for the prompt's forward pass (0 in replay).
-        wall_s: seconds for the whole request, prefill included.
-    """
-
-    output_ids: list[int]
-    steps: list[StepRecord] = field(default_factory=list)
-    prefill_s: float = 0.0
-    wall_s: float = 0.0
-
-    @property
-    def accept_length(self) -> float:
-        """Mean tokens committed per verification step, bonus token included."""
-        return sum(s.accepted for s in self.steps) / len(self.steps) if self.steps else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per wall-clock second, prefill included."""
-        return len(self.output_ids) / self.wall_s if self.wall_s > 0 else 0.0
+__all__ = ["speculative_generate", "greedy_generate"]
 
 
 def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
@@ -111,6 +65,7 @@ def speculative_generate(
     *,
     max_new_tokens: int = 128,
     budget: int = 16,
+    chain: bool = False,
     temperature: float = 0.0,
     seed: int | None = None,
 ) -> GenerationResult:
@@ -123,9 +78,12 @@ def speculative_generate(
     Args:
         target: the loaded model.
         prompt_ids: ``[prompt_len]`` token ids (chat template already applied).
-        drafter: proposes a draft tree per step (``begin``/``propose``/``extend``/``end``).
+        drafter: any :class:`decoder.drafters.Drafter` (the merged one is
+            :class:`decoder.service.DraftingService`); this call is one request of it
+            (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``).
         max_new_tokens: most tokens generated, >= 1.
         budget: most draft nodes verified per step, >= 0 (0: plain decoding through this loop).
+        chain: verify the drafter's best path only (as chain verifiers such as vLLM do).
         temperature: 0 for greedy, > 0 to sample.
         seed: seeds the sampling generator, which lives on the model's device (ignored when greedy).
 
@@ -149,11 +107,12 @@ def speculative_generate(
     out: list[int] = []
     _commit(out, [_next_token(logits, temperature, gen)], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)
-    drafter.begin(list(prompt_ids) + out)
+    req = object()  # this request's key in the drafter
+    drafter.start_request(req, list(prompt_ids) + out)
     past_len = len(prompt_ids)  # cached tokens: all committed but the last
     try:
         while not _done(out, eos, max_new_tokens):
-            draft = drafter.propose(budget)
+            draft = drafter.propose([(req, budget)], chain=chain)[0]
             t0 = time.perf_counter()
             path, bonus = _verify(target, cache, past_len, out[-1], draft, temperature, gen)
             new = [int(draft.token_ids[i]) for i in path] + [bonus]
@@ -161,9 +120,9 @@ def speculative_generate(
             past_len += len(path) + 1
             result.steps.append(StepRecord(len(draft), len(kept), draft.lookup_s, draft.trie_s, draft.merge_s,
                                            time.perf_counter() - t0))
-            drafter.extend(kept)
+            drafter.add_tokens(req, kept)
     finally:
-        drafter.end()
+        drafter.stop_request(req)
     result.wall_s = time.perf_counter() - start
     return result
 
@@ -179,7 +138,7 @@ def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, 
     else:
         logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [1, vocab_size]
     if temperature <= 0.0:
-        path, bonus = accept_greedy(draft, logits.argmax(-1).tolist())
+        path, bonus = accept_greedy(draft, logits.argmax(-1).cpu().numpy())
     else:
         probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)  # [1 + N, vocab_size]
         path, bonus = accept_sampled(draft, probs, gen)

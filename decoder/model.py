@@ -18,6 +18,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -26,6 +27,9 @@ from safetensors.torch import save_file
 from datastore.tokenizer import load_tokenizer, resolve_model
 
 from .cpu_matmul import use_weight_major_linear
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["TargetModel", "load_target", "pick_device", "export_checkpoint", "DTYPES"]
 
@@ -44,7 +48,7 @@ class TargetModel:
         dtype: the weights' dtype.
     """
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     tokenizer: object
     spec: str
     device: torch.device
@@ -159,7 +163,7 @@ def load_target(
     model = AutoModelForCausalLM.from_pretrained(
         export_checkpoint(spec), dtype=DTYPES[dtype], attn_implementation=attn_implementation
     )
-    model.to(dev).eval()
+    model.to(dev).eval()  # type: ignore[arg-type]  # transformers types its wrapped .to() for models only
     if weight_major_linear and dev.type == "cpu":
         use_weight_major_linear(model)
     return TargetModel(model, load_tokenizer(spec), spec or "SmolLM2-135M-Instruct", dev, DTYPES[dtype])

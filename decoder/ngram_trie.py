@@ -17,7 +17,7 @@ a node budget (best-first by count: the result is prefix-closed).
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -89,9 +89,10 @@ class NGramTrie:
         """The node whose path is ``context``, or ``None`` when it never occurred."""
         node = 0
         for t in context:
-            node = self._kids[node].get(int(t))
-            if node is None:
+            child = self._kids[node].get(int(t))
+            if child is None:
                 return None
+            node = child
         return node
 
     def match(self, budget: int) -> Match | None:
@@ -148,5 +149,6 @@ class NGramTrie:
         # it passes through the context node but has no continuation yet
         return TokenTree.trusted(
             np.array(toks, dtype=np.uint32), np.array(parents, dtype=np.int32),
-            np.array(counts, dtype=np.uint32), max(count[root] - 1, sum(counts[i] for i, p in enumerate(parents) if p < 0)),
+            np.array(counts, dtype=np.uint32),
+            max(count[root] - 1, sum(counts[i] for i, p in enumerate(parents) if p < 0)),
         )

@@ -1,4 +1,5 @@
-"""Evaluation prompts: Spec-Bench (chat, by category) and HumanEval (code), from ``../shared/data``.
+"""Evaluation prompts: Spec-Bench (chat, by category) and HumanEval (code), shipped in the package
+(``decoder/data/eval``, with their licences and sources).
 
 Chat prompts are rendered by :func:`datastore.tokenizer.render_chat` (the first
 user turn, generation prompt added), the function ingest renders chat corpora
@@ -13,9 +14,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from datastore.settings import Settings
 from datastore.tokenizer import render_chat
 
-__all__ = ["Prompt", "SETS", "UnknownCategory", "default_data_dir", "load_prompts"]
+__all__ = ["Prompt", "SETS", "PACKAGED", "UnknownCategory", "default_data_dir", "load_prompts"]
 
 SETS = ("spec_bench", "humaneval")
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -42,16 +44,13 @@ class Prompt:
     token_ids: tuple[int, ...]
 
 
+PACKAGED = Path(__file__).with_name("data") / "eval"
+"""The evaluation sets shipped with the package (``spec_bench/``, ``humaneval/``, licences, README)."""
+
+
 def default_data_dir() -> Path:
-    """Where the evaluation sets are: ``CREST_EVAL_DATA``; else ``shared/data`` beside a source checkout
-    (``../shared/data`` from the repository root); else ``shared/data`` or ``../shared/data`` from the
-    working directory (an installed wheel has no checkout). The first candidate is returned when none exists."""
-    override = os.environ.get("CREST_EVAL_DATA")
-    if override:
-        return Path(override).expanduser()
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd() / "shared" / "data",
-                  Path.cwd().parent / "shared" / "data"]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
+    """Where the evaluation sets are: ``CREST_EVAL_DATA`` when set, else the packaged :data:`PACKAGED`."""
+    return Settings.from_env().eval_data or PACKAGED
 
 
 def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = None,
@@ -84,7 +83,7 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
     taken: dict[str, int] = {}
     present: set[str] = set()
     out: list[Prompt] = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         row = json.loads(line)

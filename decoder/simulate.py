@@ -3,7 +3,7 @@
 Lossless greedy decoding always produces the plain-greedy output, so once that
 output is saved (the *reference*), each verification step can be replayed: the
 target's choice after every draft node is the reference token at that depth, so
-the accept walk of verification (:func:`decoder.verify.accept_greedy`) run over
+the accept rule of verification (:func:`decoder.accept.accept_greedy`) run over
 those choices accepts the longest draft path that matches the reference, and the
 bonus token is the reference's next token. The steps, and so the accept length,
 are exactly those of a real fp32 run with the same drafter and budget
@@ -14,46 +14,32 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
-from .draft import Draft
+from .accept import accept_greedy, reference_predictions
 from .drafters.base import Drafter
-from .generate import GenerationResult, StepRecord
-from .verify import accept_greedy
+from .result import GenerationResult, StepRecord
 
-__all__ = ["reference_predictions", "replay", "ReferenceStore"]
-
-
-def reference_predictions(draft: Draft, reference: np.ndarray, pos: int) -> np.ndarray:
-    """``[1 + num_nodes]`` the target's choice after the last committed token and after each node, when
-    ``reference[pos:]`` is what it generates next: the reference token at that depth (``-1`` past its end).
-
-    Args:
-        draft: the draft tree.
-        reference: ``[output_len]`` int64, the full reference output.
-        pos: index in ``reference`` of the first token not yet committed.
-    """
-    at = pos + np.concatenate([[0], draft.depths])
-    out = np.full(len(at), -1, dtype=np.int64)
-    inside = at < len(reference)
-    out[inside] = reference[at[inside]]
-    return out
+__all__ = ["replay", "ReferenceStore"]
 
 
-def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int], budget: int = 16) -> GenerationResult:
+def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int], budget: int = 16, *,
+           chain: bool = False) -> GenerationResult:
     """Replay one request's verification steps against its reference output.
 
     Args:
-        drafter: the drafter under test (its ``begin``/``propose``/``extend``/``end`` are called as in decoding).
+        drafter: the drafter under test, driven as in decoding: this call is one request of it
+            (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``).
         prompt_ids: ``[prompt_len]`` prompt token ids.
         reference: ``[output_len]`` the plain-greedy output (first token from the prefill).
         budget: most draft nodes per step, as a real run would use, >= 0.
+        chain: verify the drafter's best path only (as chain verifiers such as vLLM's do).
 
     Returns:
-        The :class:`~decoder.generate.GenerationResult` a real greedy run would give (same output,
+        The :class:`~decoder.result.GenerationResult` a real greedy run would give (same output,
         same steps), with ``verify_s``, ``prefill_s`` and ``wall_s`` 0.
 
     Raises:
@@ -66,17 +52,18 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
     ref = np.asarray(reference, dtype=np.int64)
     result = GenerationResult([int(t) for t in ref])
     pos = 1  # the prefill committed reference[0]
-    drafter.begin(list(prompt_ids) + result.output_ids[:1])
+    req = object()  # this request's key in the drafter
+    drafter.start_request(req, list(prompt_ids) + result.output_ids[:1])
     try:
         while pos < len(ref):
-            draft = drafter.propose(budget)
-            path, _ = accept_greedy(draft, reference_predictions(draft, ref, pos))
+            draft = drafter.propose([(req, budget)], chain=chain)[0]
+            path, _ = accept_greedy(draft, reference_predictions(draft.depths, ref, pos))
             kept = result.output_ids[pos: pos + len(path) + 1]
             result.steps.append(StepRecord(len(draft), len(kept), draft.lookup_s, draft.trie_s, draft.merge_s, 0.0))
             pos += len(kept)
-            drafter.extend(kept)
+            drafter.add_tokens(req, kept)
     finally:
-        drafter.end()
+        drafter.stop_request(req)
     return result
 
 

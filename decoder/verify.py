@@ -7,23 +7,22 @@ prefix, the last committed token, its ancestors and itself, and sits at position
 ``past_len + depth``. The logits at query ``0`` (the last committed token) score
 the root's children; the logits at query ``1 + i`` score node ``i``'s children.
 
-Greedy acceptance (:func:`accept_greedy`) walks the tree along the target's
-argmax (REST §3.3); the replay simulator walks the same function along a saved
-reference output. Sampled acceptance is SpecInfer's multi-step speculative
+Greedy acceptance is :mod:`decoder.accept` (the one accept rule, shared with
+replay). Sampled acceptance is SpecInfer's multi-step speculative
 sampling for deterministic drafts (SpecInfer §4.3; S4C §3.2), which keeps the
 target's distribution exact. Only the accepted path's KV entries are kept.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .draft import Draft
 
-__all__ = ["ancestor_matrix", "tree_attention_inputs", "accept_greedy", "accept_sampled", "keep_accepted_kv"]
+__all__ = ["ancestor_matrix", "tree_attention_inputs", "accept_sampled", "keep_accepted_kv"]
 
 
 def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
@@ -71,31 +70,6 @@ def tree_attention_inputs(draft: Draft, past_len: int, *, dtype: torch.dtype,
     return mask[None, None].to(device), positions[None].to(device)
 
 
-def accept_greedy(draft: Draft, predictions: Sequence[int]) -> tuple[list[int], int]:
-    """Walk the draft tree along the target's choices: the accept walk of verification and replay.
-
-    Args:
-        draft: the draft tree (siblings differ).
-        predictions: ``[1 + num_nodes]`` the token the target emits after the last committed
-            token (index 0) and after each node (index ``1 + i``): its argmax when verifying, the
-            reference output when replaying (``-1`` where the reference has ended).
-
-    Returns:
-        ``(path, bonus)``: the accepted node indices from the root down, and the target's own
-        next token after the last accepted node.
-    """
-    kids = draft.children
-    path: list[int] = []
-    query = 0
-    while True:
-        want = int(predictions[query])
-        nxt = kids[query].get(want)
-        if nxt is None:
-            return path, want
-        path.append(nxt)
-        query = nxt + 1
-
-
 def accept_sampled(draft: Draft, probs: torch.Tensor,
                    generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """Multi-draft speculative sampling over a tree of deterministic drafts (SpecInfer §4.3; S4C §3.2).
@@ -114,7 +88,7 @@ def accept_sampled(draft: Draft, probs: torch.Tensor,
         generator: optional ``torch.Generator`` on ``probs``' device, for reproducible draws.
 
     Returns:
-        ``(path, bonus)`` as for :func:`accept_greedy`.
+        ``(path, bonus)`` as for :func:`decoder.accept.accept_greedy`.
     """
     kids = draft.children
     path: list[int] = []
@@ -155,7 +129,7 @@ def keep_accepted_kv(cache, past_len: int, path: Sequence[int]) -> None:
     contiguous = src == list(range(past_len + 1, keep))
     index = None if contiguous else torch.tensor(src, dtype=torch.long)
     for layer in cache.layers:
-        if not contiguous:
+        if index is not None:
             dst = slice(past_len + 1, keep)
             idx = index.to(layer.keys.device)
             layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)

@@ -6,7 +6,12 @@ Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`Build
 ``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``).
 """
 
-from .build import BuildConfig, BuildResult, build_datastore
-from .rest_index import build_rest_index
+from datastore.extras import require_all
+
+require_all(("duckdb", "pyarrow", "ijson", "tqdm", "sqlalchemy", "alembic"), "ingest", "building datastores (ingest)")
+
+from .build import build_datastore  # noqa: E402
+from .config import BuildConfig, BuildResult  # noqa: E402
+from .rest_index import build_rest_index  # noqa: E402
 
 __all__ = ["BuildConfig", "BuildResult", "build_datastore", "build_rest_index"]

@@ -20,9 +20,9 @@ import queue
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +30,10 @@ from tqdm import tqdm
 
 from datastore.connection import connect, resolve_database_url
 from datastore.keys import encode_keys, key_width_for
-from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer, tokenizer_fingerprint
+from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
 
+from .config import BuildConfig, BuildResult
 from .counting import KeptNgrams, count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
@@ -41,99 +42,6 @@ from .tokens import TokenStreamWriter, open_stream
 from .workers import TreeJob, exit_with_parent, run_tree_job
 
 __all__ = ["BuildConfig", "BuildResult", "TokenizedCorpus", "build_datastore", "tokenize_corpus", "tokenize_source"]
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    """Parameters of one build (see ``python -m ingest build --help``).
-
-    Attributes:
-        name: datastore name. source/path/limit/glob/text_field: the corpus (see
-            :func:`ingest.sources.iter_documents`; ``code`` takes several paths).
-        top_t: n-grams kept per n (CREST combined top-t), >= 1.
-        max_n: largest n (1..8). min_count: drop rarer n-grams.
-        depth: continuation tokens per tree (1..32). tree_budget: nodes per tree (1..1024).
-        tokenizer: model spec for the tokenizer. compression: zstd | lz4 | none.
-        database_url: None -> DATABASE_URL -> embedded server.
-        workdir: scratch space for the token stream and spills (a temp dir if None).
-        max_occurrences: occurrences per tree-building partition (bounds each worker's memory).
-        memory_limit: DuckDB's memory limit for counting.
-        workers: tree-building worker processes (>= 1).
-        ranking_dir: keep each n's ranking (and tree sizes) here and reuse it on a later build of
-            the same token stream when only top-t changes (see :mod:`ingest.ranking`); ``None``: off.
-        engine: ``duckdb`` (this machine: DuckDB counting, worker processes) or ``spark`` (one Spark
-            job, :mod:`ingest.spark`); both store identical rows.
-        spark_master: the Spark master URL (``local[*]``: every core here). spark_conf: extra Spark
-            settings, ``(key, value)`` pairs (``spark-submit --conf``).
-    """
-
-    name: str = "sharegpt"
-    source: str = "sharegpt"
-    path: Path | tuple[Path, ...] | None = None
-    limit: int | None = None
-    glob: str = "**/*.py"
-    text_field: str = "content"
-    top_t: int = 2_000_000
-    max_n: int = 5
-    min_count: int = 1
-    depth: int = 10
-    tree_budget: int = 64
-    tokenizer: str = DEFAULT_MODEL
-    compression: str = "zstd"
-    database_url: str | None = None
-    workdir: Path | None = None
-    max_occurrences: int = 4_000_000
-    memory_limit: str = "4GB"
-    workers: int = 2
-    ranking_dir: Path | None = None
-    engine: str = "duckdb"
-    spark_master: str = "local[*]"
-    spark_conf: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self) -> None:
-        checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),
-                  (1 <= self.depth <= 32, "--depth must be in 1..32"),
-                  (1 <= self.tree_budget <= 1024, "--tree-budget must be in 1..1024"),
-                  (self.min_count >= 1, "--min-count must be >= 1"),
-                  (self.limit is None or self.limit >= 1, "--limit must be >= 1"),
-                  (self.compression in ("zstd", "lz4", "none"), "--compression must be zstd, lz4 or none"),
-                  (self.workers >= 1, "--workers must be >= 1"),
-                  (self.engine in ("duckdb", "spark"), "--engine must be duckdb or spark"),
-                  (self.engine == "duckdb" or self.ranking_dir is None, "--ranking-dir works with --engine duckdb only")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    def params(self) -> dict:
-        """The parameters recorded with the build."""
-        return {"top_t": self.top_t, "max_n": self.max_n, "min_count": self.min_count, "depth": self.depth,
-                "tree_budget": self.tree_budget, "compression": self.compression, "limit": self.limit}
-
-
-@dataclass
-class BuildResult:
-    """What a build produced (also printed as the summary table).
-
-    ``timings`` are seconds per stage; trees and encode are summed over worker processes and
-    overlap with counting and loading, so ``wall_seconds`` (start to ready, tokenizer load
-    included) is the end-to-end figure.
-    """
-
-    name: str
-    build_id: int
-    num_documents: int
-    num_tokens: int
-    num_trees: int
-    bytes_on_disk: int
-    ngram_stats: dict
-    timings: dict
-    wall_seconds: float
-    report: dict = field(default_factory=dict)
-
-    @property
-    def bytes_per_ngram(self) -> float:
-        """Table + index bytes per stored n-gram."""
-        return self.bytes_on_disk / max(self.num_trees, 1)
 
 
 @dataclass(frozen=True)
@@ -163,7 +71,8 @@ def tokenize_corpus(config: BuildConfig, tokenizer, stream_path: Path, progress:
     return TokenizedCorpus(Path(stream_path), info.num_documents, info.num_tokens, info.max_token, report.as_dict())
 
 
-def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path, progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
+def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path,
+                    progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
     """Stream the source through the tokenizer into ``stream_path``; returns the report and the closed writer."""
     report, batches = iter_documents(config.source, config.path, tokenizer=tokenizer, limit=config.limit,
                                      glob=config.glob, text_field=config.text_field)
@@ -232,8 +141,8 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
                                                    corpus=recorded)
         del stream
     return BuildResult(config.name, writer.build_id, corpus.num_documents, corpus.num_tokens, writer.rows, size,
-                       ngram_stats, {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3),
-                       recorded)
+                       ngram_stats, {k: round(v, 3) for k, v in timings.items()},
+                       round(time.perf_counter() - started, 3), recorded)
 
 
 def _select(stream, work: Path, config: BuildConfig, ranking: RankingCache | None, timings: dict,
@@ -284,7 +193,7 @@ def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig,
                 nodes[res.n] += res.nodes
                 sizes[res.n][res.tree_index] = res.sizes
                 bar.update(len(res.tree_index))
-            except BaseException as exc:  # handed to the main thread, which re-raises it
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
                 failure.append(exc)
 
     consumer = threading.Thread(target=consume, name="copy", daemon=True)
@@ -335,7 +244,8 @@ def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
         rows.append((f"n={n}", f"kept {s['kept']:,} of {s['distinct']:,} (min count {s['min_kept_count']}), "
                                f"mean tree {s['nodes'] / max(s['kept'], 1):.1f} nodes"))
     rows += [(f"{stage} s", f"{sec:.1f}") for stage, sec in result.timings.items()]
-    rows.append(("wall s", f"{result.wall_seconds:.1f}  ({result.num_tokens / max(result.wall_seconds, 1e-9):,.0f} tokens/s)"))
+    rate = result.num_tokens / max(result.wall_seconds, 1e-9)
+    rows.append(("wall s", f"{result.wall_seconds:.1f}  ({rate:,.0f} tokens/s)"))
     rep = result.report
     rows.append(("malformed", ", ".join(f"{k}: {v}" for k, v in rep.get("malformed", {}).items()) or "none"))
     if rep.get("duplicates"):

@@ -12,9 +12,9 @@ a selection is a pure function of the corpus and the parameters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 import numpy as np

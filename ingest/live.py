@@ -88,8 +88,9 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
         total, oldest = 0, None
         last = None
         while True:  # newest first, a page at a time, until the byte budget is full
-            page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s AND (%s::bigint IS NULL OR id < %s) "
-                                "ORDER BY id DESC LIMIT 1000", [name, last, last]).fetchall()
+            page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s "
+                                "AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT 1000",
+                                [name, last, last]).fetchall()
             full = False
             for out_id, blob in page:
                 toks = decode_output(bytes(blob))

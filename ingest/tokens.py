@@ -30,7 +30,7 @@ class TokenStreamWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._fh = open(self.path, "wb")
+        self._fh = open(self.path, "wb")  # noqa: SIM115 - closed by close() / __exit__
         self.num_documents = 0
         self.num_tokens = 0
         self.max_token = -1
@@ -61,7 +61,7 @@ class TokenStreamWriter:
         """Flush and close the file."""
         self._fh.close()
 
-    def __enter__(self) -> "TokenStreamWriter":
+    def __enter__(self) -> TokenStreamWriter:
         return self
 
     def __exit__(self, *exc) -> None:

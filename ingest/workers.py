@@ -10,10 +10,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from datastore.codec import encode_trees
+from datastore.codec import Compression, encode_trees
 from datastore.continuations import build_trees
 
 from .occurrences import partition
@@ -42,7 +43,7 @@ class TreeJob:
     root_counts: np.ndarray
     depth: int
     budget: int
-    compression: str
+    compression: Compression
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
 def run_tree_job(job: TreeJob) -> TreeJobResult:
     """Build and encode one partition's trees (runs in a worker process)."""
     t0 = time.perf_counter()
-    stream = open_stream(job.stream_path)
+    stream = open_stream(Path(job.stream_path))
     tags = np.load(job.tags_path, mmap_mode="r")
     tree_index, positions, local = partition(tags, job.num_kept, job.parts, job.part)
     batch = build_trees(stream, positions, local, job.root_counts, job.n, job.depth, job.budget)

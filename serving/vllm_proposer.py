@@ -20,16 +20,14 @@ Configuration (environment variables, read when vLLM builds the proposer):
 
 ``CREST_DATASTORE``      datastore name (default ``sharegpt``);
 ``DATABASE_URL``         where it lives (default: the embedded server);
-``CREST_MIN_SCORE``      chains stop before the first node scoring below this (default 0.2);
+``CREST_MIN_SCORE``      a probability: chains stop before the first node whose calibrated acceptance probability
+                         (:mod:`decoder.calibration`) is below it (default 0.2);
 ``CREST_ADAPTIVE``       ``1`` (default): also stop before the first node scoring below the step's
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
 ``CREST_CACHE_MB``       the tree cache's bound, MiB (default 64);
-``CREST_CALIBRATED``     ``1`` (default): calibrated node scores (acceptance probabilities, so the cuts above
-                         weigh each token's expected gain against its verification cost) and the back-off
-                         lookup (:mod:`decoder.calibration`); ``0``: the weighted noisy-OR of the longest match;
 ``CREST_LIVE``           ``1``: also draft from the live layer ``<CREST_DATASTORE>.live`` and append every
-                         finished request's output to it (:mod:`datastore.live`; needs calibrated scores);
+                         finished request's output to it (:mod:`datastore.live`);
                          default ``0``;
 ``CREST_LIVE_URL``       the role that appends outputs (INSERT on ``live_outputs`` only; default ``DATABASE_URL``);
 ``CREST_PROPOSER_STATS`` a JSON file the proposer rewrites every 50 steps and at exit with its
@@ -42,6 +40,7 @@ import atexit
 import json
 import os
 import time
+import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,8 +48,8 @@ from pathlib import Path
 import numpy as np
 
 from datastore.live import LiveWriter, live_name
+from datastore.lookup import LookupClient
 from datastore.shared import SharedDatastore
-from decoder.calibration import Calibration
 from decoder.drafters import DatastoreSource
 from decoder.service import STEP_TIMES_KEPT, DraftingService
 
@@ -74,20 +73,17 @@ class ProposerConfig:
     adaptive: bool = True
     cache_mb: float = 64.0
     stats_path: str | None = None
-    calibrated: bool = True
     live: bool = False
     live_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_score <= 1.0:
-            raise ValueError(f"CREST_MIN_SCORE={self.min_score}: must be in [0, 1]")
+            raise ValueError(f"CREST_MIN_SCORE={self.min_score}: must be a probability in [0, 1]")
         if self.cache_mb < 0:
             raise ValueError(f"CREST_CACHE_MB={self.cache_mb}: must be >= 0")
-        if self.live and not self.calibrated:
-            raise ValueError("CREST_LIVE=1 needs CREST_CALIBRATED=1 (the live layer has its own calibrated features)")
 
     @classmethod
-    def from_env(cls) -> "ProposerConfig":
+    def from_env(cls) -> ProposerConfig:
         """Read the ``CREST_*`` variables and ``DATABASE_URL``."""
         env = os.environ
 
@@ -106,7 +102,7 @@ class ProposerConfig:
         return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
                    min_score=number("CREST_MIN_SCORE", 0.2), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0),
-                   stats_path=env.get("CREST_PROPOSER_STATS") or None, calibrated=flag("CREST_CALIBRATED", "1"),
+                   stats_path=env.get("CREST_PROPOSER_STATS") or None,
                    live=flag("CREST_LIVE", "0"), live_url=env.get("CREST_LIVE_URL") or None)
 
 
@@ -118,15 +114,11 @@ class CrestProposer:
             ``model_config.max_model_len`` and ``model_config.tokenizer`` are read).
         config: the settings; default :meth:`ProposerConfig.from_env`.
 
-    Attributes:
-        instances: every proposer built in this process, newest last (benchmarks read their :meth:`stats`
-            when vLLM runs in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
-
     Raises:
         ValueError: for a malformed setting.
     """
 
-    instances: list = []
+    _newest: weakref.ref | None = None  # held weakly: a proposer lives as long as vLLM keeps it
 
     def __init__(self, vllm_config, config: ProposerConfig | None = None) -> None:
         from transformers import AutoTokenizer
@@ -139,14 +131,13 @@ class CrestProposer:
         self.source = DatastoreSource(lambda: SharedDatastore.open(
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, cache_bytes=int(cfg.cache_mb * 2**20)),
             reopen_in_background=True)  # vLLM waits for every propose: never on a connection attempt
-        calibration = Calibration.load() if cfg.calibrated else None
         live = writer = None
         if cfg.live:
             live = DatastoreSource(lambda: SharedDatastore.open(
-                live_name(cfg.datastore), tokenizer=tokenizer, database_url=cfg.database_url), reopen_in_background=True)
+                live_name(cfg.datastore), tokenizer=tokenizer, database_url=cfg.database_url),
+                reopen_in_background=True)
             writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
-        self.service = DraftingService(self.source, min_score=cfg.min_score, calibration=calibration, live=live,
-                                       live_writer=writer)
+        self.service = DraftingService(self.source, min_score=cfg.min_score, live=live, live_writer=writer)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...
@@ -157,7 +148,13 @@ class CrestProposer:
         self.tokens_proposed = 0
         if cfg.stats_path:
             atexit.register(self.write_stats)
-        CrestProposer.instances.append(self)
+        CrestProposer._newest = weakref.ref(self)
+
+    @classmethod
+    def newest(cls) -> CrestProposer | None:
+        """The proposer built last in this process while vLLM still holds it (benchmarks and tests read its
+        :meth:`stats` when vLLM runs in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), else ``None``."""
+        return None if cls._newest is None else cls._newest()
 
     def load_model(self, model) -> None:
         """Nothing to load: the drafts come from the datastore and the prompts."""
@@ -213,12 +210,16 @@ class CrestProposer:
                 "service_step_ms_p50": float(np.median(times)) if len(times) else 0.0,
                 "lookup_share": st.lookup_s / max(st.step_s, 1e-12), "tokens_proposed": self.tokens_proposed,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
-                "step_cost": self.cost.coefficients, "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
-                "faults": dict(self.source.faults), "datastore": client.stats() if client is not None else None,
+                "step_cost": self.cost.coefficients, "rows_started": self.rows.started, "rows_moved": self.rows.moved,
+                "rows_stopped": self.rows.stopped,
+                "faults": dict(self.source.faults),
+                "datastore": client.stats() if isinstance(client, LookupClient) else None,
                 "config": asdict(self.config)}
 
     def write_stats(self) -> None:
-        """Write :meth:`stats` to ``CREST_PROPOSER_STATS`` (atomically)."""
+        """Write :meth:`stats` to ``CREST_PROPOSER_STATS`` (atomically; nothing when it is unset)."""
+        if self.config.stats_path is None:
+            return
         path = Path(self.config.stats_path)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(self.stats(), indent=1))

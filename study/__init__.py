@@ -5,6 +5,10 @@ Public API: :class:`StudyGrid` (the points measured) and :func:`run_corpus` (mea
 the stages live in their modules (``study.corpus``, ``study.crest``, ``study.summary``, ``study.plots``).
 """
 
-from .runner import StudyGrid, run_corpus
+from datastore.extras import require_all
+
+require_all(("matplotlib", "duckdb", "torch"), "study", "the storage study (study)")
+
+from .runner import StudyGrid, run_corpus  # noqa: E402
 
 __all__ = ["StudyGrid", "run_corpus"]

@@ -24,10 +24,10 @@ from datastore.connection import resolve_database_url
 from datastore.errors import DatastoreError
 from datastore.options import database_options
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
-from ingest.cli import parse_count
-
 from decoder.prompts import MT_BENCH, load_prompts
 from decoder.replay_cli import reference_store
+from ingest.cli import parse_count
+
 from .corpus import CORPORA, EVAL_SETS, prepare_corpus
 from .plots import plot_storage, plot_tree_sizes
 from .runner import StudyGrid, StudyRow, run_corpus
@@ -84,9 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s)")
     s.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length, tokens (default: 128)")
     s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results)")
-    s.add_argument("--model", default=None, help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--model", default=None,
+                   help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
     s.add_argument("--dtype", default="float32", help="dtype of the reference runs (default: float32)")
-    s.add_argument("--data-dir", default=None, help="folder with spec_bench/ and humaneval/ (default: ../shared/data)")
+    s.add_argument("--data-dir", default=None,
+                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
+                        "in the package)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -104,7 +107,13 @@ def _references(args, spec: str, eval_set: str, prompts, console: Console) -> li
         t0 = time.perf_counter()
         references_for(target, missing, store, args.max_new_tokens)
         console.print(f"  references took {time.perf_counter() - t0:.0f} s")
-    return [store.get(p.id, p.token_ids) for p in prompts]
+    refs = []
+    for p in prompts:
+        ref = store.get(p.id, p.token_ids)
+        if ref is None:  # references_for saved every missing one: only a concurrent writer gets here
+            raise LookupError(f"no saved reference for {p.id} in {store.path}; run the study again")
+        refs.append(ref)
+    return refs
 
 
 _COLUMNS = [f for f in StudyRow.__dataclass_fields__ if f != "per_n_nodes"]

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from datastore.suffix_index import SuffixIndex
 from datastore.tokenizer import cache_dir, tokenizer_fingerprint
 from ingest.build import BuildConfig, TokenizedCorpus, tokenize_corpus
 from ingest.tokens import SEPARATOR, open_stream
-
-from datastore.suffix_index import SuffixIndex
 
 __all__ = ["CORPORA", "EVAL_SETS", "StudyCorpus", "prepare_corpus", "prefix_end", "rest_index"]
 

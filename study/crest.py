@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from datastore.catalog import datastore_stats
+from datastore.connection import connect, one_row
 from datastore.errors import DatastoreNotFound
-from datastore.connection import connect
 from datastore.keys import encode_keys
 from datastore.tokenizer import tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
@@ -143,7 +143,7 @@ def full_build(corpus: StudyCorpus, top_t: int, max_n: int, *, url: str, tokeniz
     result = build_datastore(config, progress=progress, corpus=corpus.tokenized)
     stats = datastore_stats(url, name)
     with connect(url) as conn:
-        width = conn.execute("SELECT key_width FROM datastores WHERE id = %s", [result.build_id]).fetchone()[0]
+        width = one_row(conn, "SELECT key_width FROM datastores WHERE id = %s", [result.build_id])[0]
     manifest.write_text(json.dumps(want | {"top_t": top_t, "max_n": max_n, "build_id": result.build_id,
                                            "key_width": width}))
     return FullBuild(name, stats["table"], width, top_t, max_n, RankingCache(ranking_dir, digest),

@@ -10,11 +10,11 @@ every prompt of a set, are left out first: they occur in a chat corpus by design
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from decoder.prompts import Prompt
 from datastore.suffix_index import SuffixIndex
+from decoder.prompts import Prompt
 
 __all__ = ["Overlap", "longest_run", "prompt_overlaps"]
 

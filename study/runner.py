@@ -15,18 +15,20 @@ Every point's cost (build and replay seconds) is recorded with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from datastore import Datastore
 from datastore.catalog import drop_datastore
 from datastore.errors import DatastoreNotFound
 from datastore.tokenizer import tokenizer_fingerprint
-
-from decoder.drafters import DatastoreSource, MergedDrafter, RetrievalDrafter, TrieDrafter
+from decoder.drafters import DatastoreSource, Drafter, RetrievalDrafter, TrieDrafter
 from decoder.prompts import Prompt
+from decoder.service import DraftingService
 from decoder.simulate import replay
+
 from .corpus import StudyCorpus, rest_index
 from .crest import CrestPoint, effective_sizes, full_build, materialize
 from .overlap import prompt_overlaps
@@ -151,6 +153,11 @@ class Replayed:
     mean_drafted: float
 
 
+def _same(value):
+    """``value`` itself (an already open backend handed to :class:`DatastoreSource` as its opener)."""
+    return value
+
+
 def replay_accept_length(drafter, prompts: Sequence[Prompt], references: Sequence[Sequence[int]],
                          budget: int) -> Replayed:
     """Replay every prompt against its reference and pool the steps."""
@@ -209,7 +216,7 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
 
     for fraction in sorted(grid.rest_fractions):
         index, build_s = rest_index(corpus, fraction)
-        drafter = RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
+        drafter = RetrievalDrafter(DatastoreSource(functools.partial(_same, index)), name="rest")
         r = replay_accept_length(drafter, prompts, references, budget)
         emit(StudyRow(**base("rest"), n=0, top_t=0, fraction=fraction, corpus_tokens=index.num_tokens, ngrams=0,
                       bytes=index.nbytes, accept_length=r.accept_length, steps=r.steps,
@@ -234,9 +241,9 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
             seen.add((point.ns, sizes))
             made = materialize(full, point, name, url=url, tokenizer_spec=tokenizer_spec, fingerprint=fingerprint)
             nodes = sum(k * m for k, m in made.per_n.values()) / max(made.ngrams, 1)
-            kinds = [(point.method, RetrievalDrafter)]
+            kinds: list[tuple[str, Callable[[DatastoreSource], Drafter]]] = [(point.method, RetrievalDrafter)]
             if grid.merged and point.method == "crest-combined" and max(point.ns) == grid.merged_m:
-                kinds.append(("merged", MergedDrafter))
+                kinds.append(("merged", DraftingService))
             for method, make in kinds:
                 source = DatastoreSource(lambda: Datastore.open(name, fingerprint=fingerprint, database_url=url))
                 try:

@@ -9,8 +9,8 @@ measured points by interpolating linearly in log(bytes), never extrapolated.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .runner import StudyRow
 
@@ -80,8 +80,7 @@ def assess(rows: Sequence[StudyRow]) -> list[Verdict]:
                                "every REST size is smaller than the smallest CREST datastore", False))
     if merged:
         above_crest = all(m >= c for (_, m), (_, c) in zip(merged, combined))
-        vs_rest = [(m, interpolate(rest, b)) for b, m in merged]
-        vs_rest = [(m, r) for m, r in vs_rest if r is not None]
+        vs_rest = [(m, r) for b, m in merged if (r := interpolate(rest, b)) is not None]
         above_rest = all(m >= r for m, r in vs_rest)
         margin = min((m - c for (_, m), (_, c) in zip(merged, combined)), default=float("nan"))
         out.append(Verdict("merged curve above CREST combined and REST",

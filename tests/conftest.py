@@ -14,7 +14,6 @@ from datastore.connection import connect, resolve_database_url
 from datastore.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
@@ -76,7 +75,7 @@ def tokenizer():
 def ds_name(database_url):
     """A unique datastore name, dropped after the test."""
     from datastore.catalog import drop_datastore
-    from datastore.client import DatastoreNotFound
+    from datastore.errors import DatastoreNotFound
 
     name = f"test-{uuid.uuid4().hex[:10]}"
     yield name
@@ -150,6 +149,6 @@ def eval_prompts(tokenizer):
     """A handful of real evaluation prompts: two chat prompts (rag, writing) and one HumanEval prompt."""
     from decoder.prompts import load_prompts
 
-    chat = load_prompts("spec_bench", tokenizer, data_dir=SHARED_DATA, limit=1, categories=("rag", "writing"))
-    code = load_prompts("humaneval", tokenizer, data_dir=SHARED_DATA, limit=1)
+    chat = load_prompts("spec_bench", tokenizer, limit=1, categories=("rag", "writing"))
+    code = load_prompts("humaneval", tokenizer, limit=1)
     return chat + code

@@ -11,7 +11,8 @@ from ingest.tokens import SEPARATOR
 
 def documents(stream: np.ndarray) -> list[list[int]]:
     """Split a token stream into its documents."""
-    docs, cur = [], []
+    docs: list[list[int]] = []
+    cur: list[int] = []
     for t in np.asarray(stream).tolist():
         if t == int(SEPARATOR):
             docs.append(cur)

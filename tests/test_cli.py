@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from ingest.cli import parse_count
 
 

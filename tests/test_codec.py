@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datastore.codec import CodecError, TreeBatch, decode_tree, encode_tree, encode_trees
+from datastore.codec import CodecError, TreeBatch, _uvarints, decode_tree, encode_tree, encode_trees
 from datastore.tree import TokenTree, TreeError
-from datastore.codec import _uvarints
 from datastore.varint import encode_varints, zigzag
 
 
 @st.composite
 def trees(draw, max_nodes=80, max_token=2**32 - 2):
     n = draw(st.integers(0, max_nodes))
-    parents, counts = [], []
+    parents: list[int] = []
+    counts: list[int] = []
     for i in range(n):
         p = draw(st.integers(-1, i - 1))
         parents.append(p)
@@ -63,7 +63,7 @@ def test_truncation_and_extension_are_refused(tree, compression, data):
 
 
 def test_unknown_version_and_magic_named_in_error():
-    blob = bytearray(encode_tree(TokenTree([5], [-1], [1], 1)))
+    blob = bytearray(encode_tree(TokenTree(np.array([5]), np.array([-1]), np.array([1]), 1)))
     blob[1] = 99
     with pytest.raises(CodecError, match="version 99"):
         decode_tree(bytes(blob))
@@ -78,11 +78,11 @@ def test_zstd_shrinks_repetitive_trees():
 
 def test_tree_validation_rejects_bad_arrays():
     with pytest.raises(TreeError, match="parent"):
-        TokenTree([1, 2], [-1, 1], [1, 1])
+        TokenTree(np.array([1, 2]), np.array([-1, 1]), np.array([1, 1]))
     with pytest.raises(TreeError, match="more than its parent"):
-        TokenTree([1, 2], [-1, 0], [1, 2])
+        TokenTree(np.array([1, 2]), np.array([-1, 0]), np.array([1, 2]))
     with pytest.raises(TreeError, match="lengths differ"):
-        TokenTree([1, 2], [-1], [1, 1])
+        TokenTree(np.array([1, 2]), np.array([-1]), np.array([1, 1]))
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50))
@@ -108,7 +108,7 @@ def test_zigzag_keeps_small_magnitudes_small(values):
 #   00 02 01           zigzag deltas of parent + 1: (0, 1, 0) -> 0, +1, -1
 #   04 03 02           counts
 V1_NONE = bytes.fromhex("c70102cedef7040e030605002c010700000201040302")
-V1_TREE = TokenTree([5, 300, 7], [-1, 0, -1], [4, 3, 2], 6)
+V1_TREE = TokenTree(np.array([5, 300, 7]), np.array([-1, 0, -1]), np.array([4, 3, 2]), 6)
 # a 40-token chain of id 7, each node counting 3, stored with zstd (magicless frame) and with lz4 (raw block)
 V1_ZSTD = bytes.fromhex("c701112d6e66477a00007d0000302803070002030310004af1c1ca21")
 V1_LZ4 = bytes.fromhex("c701216d02f7677a3f2803070100142f00020100131f0301000f500303030303")

@@ -14,7 +14,9 @@ def test_fit_and_break_even_known_answers():
     rng = np.random.default_rng(0)
     for n in rng.integers(1, 129, 400):
         model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4))
-    a, b = model.coefficients
+    coefficients = model.coefficients
+    assert coefficients is not None
+    a, b = coefficients
     assert a == pytest.approx(0.021, rel=0.05) and b == pytest.approx(0.0025, rel=0.02)
     assert model.break_even(1) == pytest.approx(0.0025 / 0.0235, rel=0.05)
     assert model.break_even(32) == pytest.approx(0.08 / 0.101, rel=0.02)

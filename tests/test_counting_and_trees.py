@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import continuation_tree, count_ngrams, top_t
 
 from datastore.codec import decode_tree, encode_trees
+from datastore.continuations import SEPARATOR, build_trees
 from ingest.counting import count_top_t
 from ingest.occurrences import partitions, tag_occurrences
-from datastore.continuations import SEPARATOR, build_trees
-from oracles import continuation_tree, count_ngrams, top_t
 
 
 def _check(stream, n, t, depth, budget, tmp_path, max_occurrences=10**9, min_count=1, sample=None):

@@ -8,11 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import psutil
 import psycopg
 import pytest
+from conftest import REPO
+from oracles import continuation_tree, count_ngrams, top_t
 
 from datastore.catalog import datastore_stats, list_datastores
 from datastore.client import Datastore
@@ -20,9 +23,6 @@ from datastore.errors import BuildConflict, DatastoreNotFound, TokenizerMismatch
 from datastore.tokenizer import tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
 from ingest.build import BuildConfig, build_datastore, tokenize_source
-from oracles import continuation_tree, count_ngrams, top_t
-
-from conftest import REPO
 
 
 def _build(url, name, path, **kw):
@@ -112,11 +112,11 @@ def test_code_build_end_to_end(database_url, code_sample, tokenizer, ds_name, tm
 
 def test_failed_build_leaves_previous_serving(database_url, sharegpt_sample, tokenizer, ds_name):
     first = _build(database_url, ds_name, sharegpt_sample, limit=10, top_t=50, max_n=2)
-    with pytest.raises(RuntimeError, match="boom"):
-        with DatastoreWriter.begin(database_url, ds_name, tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2,
-                                   corpus={}, params={"max_n": 2}) as w:
-            w.write([b"\x00\x01"], [b"junk"])
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), DatastoreWriter.begin(
+            database_url, ds_name, tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2, corpus={},
+            params={"max_n": 2}) as w:
+        w.write([b"\x00\x01"], [b"junk"])
+        raise RuntimeError("boom")
     states = {d["id"]: d["state"] for d in list_datastores(database_url, include_all=True) if d["name"] == ds_name}
     assert states[first.build_id] == "ready" and sorted(states.values()) == ["failed", "ready"]
     with Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url) as ds:
@@ -125,10 +125,16 @@ def test_failed_build_leaves_previous_serving(database_url, sharegpt_sample, tok
 
 
 def test_concurrent_build_of_same_name_is_refused(database_url, ds_name):
-    kw = dict(tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2, corpus={}, params={})
-    with DatastoreWriter.begin(database_url, ds_name, **kw):
-        with pytest.raises(BuildConflict, match="another build"):
-            DatastoreWriter.begin(database_url, ds_name, **kw)
+    kw: dict[str, Any] = dict(tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2, corpus={}, params={})
+    with DatastoreWriter.begin(database_url, ds_name, **kw), pytest.raises(BuildConflict, match="another build"):
+        DatastoreWriter.begin(database_url, ds_name, **kw)
+
+
+def _value(cur: psycopg.Cursor) -> Any:
+    """The single value of a query that always returns one row."""
+    row = cur.fetchone()
+    assert row is not None
+    return row[0]
 
 
 @pytest.mark.slow
@@ -143,8 +149,8 @@ def test_killed_build_is_invisible_and_cleaned(database_url, sharegpt_sample, to
         while time.time() < deadline:  # wait until the new build has loaded rows, then kill it mid-build
             row = conn.execute("SELECT trees_table FROM datastores WHERE name = %s AND state = 'building'",
                                [ds_name]).fetchone()
-            if row and conn.execute("SELECT to_regclass(%s) IS NOT NULL", [row[0]]).fetchone()[0] and \
-                    conn.execute(f'SELECT count(*) FROM "{row[0]}"').fetchone()[0] > 0:
+            if row and _value(conn.execute("SELECT to_regclass(%s) IS NOT NULL", [row[0]])) and \
+                    _value(conn.execute(f'SELECT count(*) FROM "{row[0]}"')) > 0:
                 break
             assert proc.poll() is None, "the build ended before it could be interrupted"
             time.sleep(0.05)
@@ -157,12 +163,13 @@ def test_killed_build_is_invisible_and_cleaned(database_url, sharegpt_sample, to
         assert not alive, f"orphaned workers still running: {[p.pid for p in alive]}"
         with Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url) as ds:
             assert ds.info.id == first.build_id
+        assert row is not None
         stale_table = row[0]
         second = _build(database_url, ds_name, sharegpt_sample, limit=10, top_t=60, max_n=2)
         states = {d["id"]: d["state"] for d in list_datastores(database_url, include_all=True) if d["name"] == ds_name}
         assert states[second.build_id] == "ready" and states[first.build_id] == "retired"
         assert "failed" in states.values()
-        assert not conn.execute("SELECT to_regclass(%s) IS NOT NULL", [stale_table]).fetchone()[0]
+        assert not _value(conn.execute("SELECT to_regclass(%s) IS NOT NULL", [stale_table]))
 
 
 def test_models_match_migrations_with_tree_tables_present(database_url, small_build):

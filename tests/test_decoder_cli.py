@@ -14,7 +14,6 @@ import pytest
 import torch
 from rich.console import Console
 
-from conftest import SHARED_DATA
 from datastore.tokenizer import cache_dir
 
 HEAVY = ("duckdb", "pyarrow", "matplotlib", "ingest", "study")
@@ -44,23 +43,54 @@ def calibration_cache(tmp_path_factory):
     return cache
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat_datastore, tmp_path):
     out = tmp_path / "bench.csv"
-    proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "none",
-                 "trie", "merged", "--datastore", chat_datastore, "--budget", "3", "--csv", str(out),
-                 "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    proc = _run(
+        [
+            "bench",
+            "--set",
+            "humaneval",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--drafter",
+            "none",
+            "trie",
+            "merged",
+            "--datastore",
+            chat_datastore,
+            "--budget",
+            "3",
+            "--csv",
+            str(out),
+        ],
+        database_url,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     # no DuckDB, pyarrow, matplotlib, ingest or study on this path beyond what loading the model itself pulls in
     # (transformers imports scikit-learn where installed, and with it pandas and pyarrow)
-    base = subprocess.run([sys.executable, "-c", "import sys; from decoder.model import load_target; load_target(); "
-                           f"print('HEAVY_MODULES', sorted(m for m in {HEAVY!r} if m in sys.modules))"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    base = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from decoder.model import load_target; load_target(); "
+            f"print('HEAVY_MODULES', sorted(m for m in {HEAVY!r} if m in sys.modules))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     heavy = {line for line in proc.stdout.splitlines() if line.startswith("HEAVY_MODULES")}
     assert heavy and heavy == {line for line in base.stdout.splitlines() if line.startswith("HEAVY_MODULES")}
     assert not {"duckdb", "matplotlib", "ingest", "study"} & set(ast.literal_eval(heavy.pop().split(" ", 1)[1]))
     rows = _csv(out)
     assert {(r["category"], r["drafter"]) for r in rows} == {
-        (c, d) for c in ("humaneval", "all") for d in ("greedy", "none", "trie", "merged")}
+        (c, d) for c in ("humaneval", "all") for d in ("greedy", "none", "trie", "merged")
+    }
     runs = {r["drafter"]: r for r in _csv(tmp_path / "bench_runs.csv")}
     assert len(runs) == 4 and all(int(r["new_tokens"]) == 12 for r in runs.values())
     for r in rows:
@@ -74,25 +104,45 @@ def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat
 
 
 @pytest.mark.slow
-def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, tokenizer, tmp_path, calibration_cache,
-                                                monkeypatch):
+def test_replay_cli_equals_replaying_in_process(
+    database_url, chat_datastore, tokenizer, tmp_path, calibration_cache, monkeypatch
+):
     from datastore import Datastore
-    from decoder.drafters import DatastoreSource, MergedDrafter, TrieDrafter
+    from decoder.drafters import DatastoreSource, TrieDrafter
     from decoder.prompts import load_prompts
     from decoder.replay_cli import reference_store
+    from decoder.service import DraftingService
     from decoder.simulate import replay
 
-    proc = _run(["replay", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "16", "--drafter", "trie",
-                 "merged", "--datastore", chat_datastore, "--budget", "4", "--data-dir", str(SHARED_DATA)],
-                database_url, tmp_path, calibration_cache)
+    proc = _run(
+        [
+            "replay",
+            "--set",
+            "humaneval",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--drafter",
+            "trie",
+            "merged",
+            "--datastore",
+            chat_datastore,
+            "--budget",
+            "4",
+        ],
+        database_url,
+        tmp_path,
+        calibration_cache,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rows = {(r["category"], r["drafter"]): r for r in _csv(tmp_path / "results" / "replay_humaneval.csv")}
-    prompt = load_prompts("humaneval", tokenizer, data_dir=SHARED_DATA, limit=1)[0]
+    prompt = load_prompts("humaneval", tokenizer, limit=1)[0]
     monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
     ref = reference_store("SmolLM2-135M-Instruct", "float32", "humaneval", 16).get(prompt.id, prompt.token_ids)
     assert ref is not None and len(ref) == 16  # the CLI saved the plain-greedy reference
     source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
-    for drafter in (TrieDrafter(), MergedDrafter(source)):
+    for drafter in (TrieDrafter(), DraftingService(source)):
         res = replay(drafter, prompt.token_ids, ref, 4)
         row = rows[("all", drafter.name)]
         assert int(row["steps"]) == len(res.steps)
@@ -101,27 +151,30 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
 
 
 @pytest.mark.slow
-def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
-                                                           calibration_cache, monkeypatch):
+def test_auto_budget_is_keyed_on_everything_that_changes_it(
+    target, chat_datastore, database_url, tokenizer, calibration_cache, monkeypatch
+):
     from datastore import Datastore
-    from decoder.drafters import DatastoreSource, MergedDrafter
+    from decoder.drafters import DatastoreSource
     from decoder.replay_cli import CANDIDATE_BUDGETS, auto_budgets
+    from decoder.service import DraftingService
 
     monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
-    args = argparse.Namespace(prompt_set="humaneval", data_dir=str(SHARED_DATA), max_new_tokens=12)
-    console = Console(file=open(os.devnull, "w"))
+    args = argparse.Namespace(prompt_set="humaneval", data_dir=None, max_new_tokens=12)
+    console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed at the end of the test
     source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
     files = lambda: sorted((calibration_cache / "latency").glob("budget-merged-*.json"))  # noqa: E731
-    first = auto_budgets(args, target, [MergedDrafter(source)], console)
+    first = auto_budgets(args, target, [DraftingService(source)], console)
     assert len(files()) == 1 and first["merged"] in CANDIDATE_BUDGETS
     saved = json.loads(files()[0].read_text())
     assert saved["budget"] == first["merged"]
-    assert saved["key"]["drafter"]["retrieval"]["source"] == {"datastore": chat_datastore,
-                                                              "build": source.client.info.id}
-    assert auto_budgets(args, target, [MergedDrafter(source)], console) == first and len(files()) == 1  # cached
-    auto_budgets(args, target, [MergedDrafter(source, datastore_weight=0.6)], console)
-    assert len(files()) == 2  # other weights: chosen again, not read from the first drafter's cache
-    auto_budgets(argparse.Namespace(**{**vars(args), "max_new_tokens": 10}), target, [MergedDrafter(source)], console)
+    client = source.client
+    assert isinstance(client, Datastore)
+    assert saved["key"]["drafter"]["source"] == {"datastore": chat_datastore, "build": client.info.id}
+    assert auto_budgets(args, target, [DraftingService(source)], console) == first and len(files()) == 1  # cached
+    auto_budgets(args, target, [DraftingService(source, max_prefix=2)], console)
+    assert len(files()) == 2  # another trie shape: chosen again, not read from the first drafter's cache
+    auto_budgets(argparse.Namespace(**{**vars(args), "max_new_tokens": 10}), target, [DraftingService(source)], console)
     assert len(files()) == 3  # other references
     console.file.close()
     source.close()
@@ -129,13 +182,28 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
 
 @pytest.mark.slow
 def test_bench_cli_budget_auto_end_to_end(database_url, chat_datastore, tmp_path, calibration_cache):
-    args = ["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "trie", "merged",
-            "--datastore", chat_datastore, "--budget", "auto", "--csv", str(tmp_path / "b.csv"),
-            "--data-dir", str(SHARED_DATA)]
+    args = [
+        "bench",
+        "--set",
+        "humaneval",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--drafter",
+        "trie",
+        "merged",
+        "--datastore",
+        chat_datastore,
+        "--budget",
+        "auto",
+        "--csv",
+        str(tmp_path / "b.csv"),
+    ]
     first = _run(args, database_url, tmp_path, calibration_cache)
     assert first.returncode == 0, first.stderr[-2000:] + first.stdout[-2000:]
     chosen = next(line for line in first.stdout.splitlines() if line.startswith("budgets: "))
-    budgets = dict(item.split("=") for item in chosen[len("budgets: "):].split(", "))
+    budgets = dict(item.split("=") for item in chosen[len("budgets: ") :].split(", "))
     assert set(budgets) == {"trie", "merged"} and all(int(b) >= 1 for b in budgets.values())
     for r in _csv(tmp_path / "b_runs.csv"):
         if r["drafter"] != "greedy":
@@ -151,28 +219,82 @@ def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer
 
     SuffixIndex.build(real_stream, len(tokenizer)).save(tmp_path / "rest")
     out = tmp_path / "bench.csv"
-    proc = _run(["bench", "--set", "spec_bench", "--category", "writing", "--limit", "1", "--max-new-tokens", "12",
-                 "--drafter", "rest", "--rest-index", str(tmp_path / "rest"), "--budget", "8", "--csv", str(out),
-                 "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    proc = _run(
+        [
+            "bench",
+            "--set",
+            "spec_bench",
+            "--category",
+            "writing",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--drafter",
+            "rest",
+            "--rest-index",
+            str(tmp_path / "rest"),
+            "--budget",
+            "8",
+            "--csv",
+            str(out),
+        ],
+        database_url,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rows = [r for r in _csv(out) if r["drafter"] == "rest"]
     assert rows and all(r["lossless"] == "1/1" for r in rows)
-    missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
-                    str(tmp_path / "nowhere"), "--budget", "3", "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    missing = _run(
+        [
+            "bench",
+            "--set",
+            "humaneval",
+            "--limit",
+            "1",
+            "--drafter",
+            "rest",
+            "--rest-index",
+            str(tmp_path / "nowhere"),
+            "--budget",
+            "3",
+        ],
+        database_url,
+        tmp_path,
+    )
     assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stdout
 
 
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
-    proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "4", "--drafter", "datastore",
-                 "--datastore", "no-such-datastore", "--budget", "3", "--data-dir", str(SHARED_DATA)],
-                database_url, tmp_path)
+    proc = _run(
+        [
+            "bench",
+            "--set",
+            "humaneval",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--drafter",
+            "datastore",
+            "--datastore",
+            "no-such-datastore",
+            "--budget",
+            "3",
+        ],
+        database_url,
+        tmp_path,
+    )
     assert proc.returncode == 2
     assert "no-such-datastore" in proc.stdout
 
 
 def test_bench_cli_names_an_unknown_category(database_url, tmp_path):
-    proc = _run(["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3",
-                 "--data-dir", str(SHARED_DATA)], database_url, tmp_path)
+    proc = _run(
+        ["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3"],
+        database_url,
+        tmp_path,
+    )
     assert proc.returncode == 2
     assert "'poetry'" in proc.stdout and "rag" in proc.stdout
 
@@ -183,6 +305,7 @@ def test_local_gguf_loads_and_caches_safetensors(target, tokenizer, tmp_path, mo
     from decoder.model import load_target
 
     src = resolve_model(None)
+    assert src.gguf_file is not None  # the default model is a GGUF file
     gguf = os.path.join(src.path, src.gguf_file)
     monkeypatch.setenv("CREST_CACHE", str(tmp_path / "cache"))
     fresh = load_target(gguf)  # converts the GGUF and writes the safetensors copy

@@ -5,10 +5,13 @@ appending its outputs and drafting from the layer; and the back-off lookup's can
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import psycopg
 import pytest
+from conftest import with_params
 from psycopg import sql
 
 from datastore import Datastore
@@ -18,14 +21,11 @@ from datastore.errors import DatastoreNotFound
 from datastore.grants import grant_appender
 from datastore.live import LiveWriter, decode_output, encode_output, live_name
 from datastore.shared import SharedDatastore
-from decoder.calibration import Calibration
 from decoder.drafters import DatastoreSource
 from decoder.service import DraftingService
 from ingest.build import BuildConfig, TokenizedCorpus, build_datastore
 from ingest.live import compact_live
 from ingest.tokens import SEPARATOR, TokenStreamWriter
-
-from conftest import with_params
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
 
@@ -59,8 +59,15 @@ def _append(url: str, name: str, docs) -> None:
 
 def _rows(url: str, name: str) -> dict[bytes, bytes]:
     with connect(url) as conn:
-        table = conn.execute("SELECT trees_table FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()[0]
-        return {bytes(k): bytes(v) for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))}
+        row = conn.execute(
+            "SELECT trees_table FROM datastores WHERE name = %s AND state = 'ready'", [name]
+        ).fetchone()
+        assert row is not None
+        table = row[0]
+        return {
+            bytes(k): bytes(v)
+            for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))
+        }
 
 
 def test_encode_decode_round_trip_and_errors():
@@ -81,18 +88,25 @@ def test_appender_role_may_only_insert(database_url, live_ds):
     try:
         url = with_params(database_url, user=role)
         writer = LiveWriter(live_ds, url, origin="pytest")
-        assert writer.append([5, 6, 7, 8]) and writer.append(np.arange(100, 164))
+        # an int array is a token sequence to append (encode_output takes any 1-D array of ids)
+        assert writer.append([5, 6, 7, 8]) and writer.append(cast(Sequence[int], np.arange(100, 164)))
         assert not writer.append([1])  # too short to learn from
         assert writer.flush(30)
         writer.close()
         assert (writer.appended, writer.written, writer.failed, writer.dropped) == (2, 2, 0, 1)
         with connect(database_url) as conn:
-            got = conn.execute("SELECT tokens, origin FROM live_outputs WHERE name = %s ORDER BY id", [live_ds]).fetchall()
+            got = conn.execute(
+                "SELECT tokens, origin FROM live_outputs WHERE name = %s ORDER BY id", [live_ds]
+            ).fetchall()
         assert [decode_output(bytes(t)).tolist() for t, _ in got] == [[5, 6, 7, 8], list(range(100, 164))]
         assert {o for _, o in got} == {"pytest"}
         with psycopg.connect(url, autocommit=True) as conn:
-            for stmt in ("SELECT * FROM live_outputs", "DELETE FROM live_outputs", "UPDATE live_outputs SET origin = ''",
-                         "SELECT * FROM datastores"):
+            for stmt in (
+                "SELECT * FROM live_outputs",
+                "DELETE FROM live_outputs",
+                "UPDATE live_outputs SET origin = ''",
+                "SELECT * FROM datastores",
+            ):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(stmt)
     finally:
@@ -120,13 +134,18 @@ def test_compaction_equals_a_build_of_the_same_outputs(database_url, real_stream
     path = tmp_path / "s.u32"
     with TokenStreamWriter(path) as w:
         w.write(docs)
-    build_datastore(BuildConfig(name=ds_name, top_t=500, database_url=database_url),
-                    progress=False, corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token,
-                                                          {"path": str(path), "malformed": {}}))
+    build_datastore(
+        BuildConfig(name=ds_name, top_t=500, database_url=database_url),
+        progress=False,
+        corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token, {"path": str(path), "malformed": {}}),
+    )
     assert _rows(database_url, live_name(live_ds)) == _rows(database_url, ds_name)  # same rule, same trees
     with connect(database_url) as conn:
-        corpus = conn.execute("SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'",
-                              [live_name(live_ds)]).fetchone()[0]
+        row = conn.execute(
+            "SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'", [live_name(live_ds)]
+        ).fetchone()
+        assert row is not None
+        corpus = row[0]
     assert corpus["source"] == "outputs"  # provenance of every tree of the layer
 
 
@@ -137,14 +156,16 @@ def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url,
     res = compact_live(live_ds, top_t=100, max_bytes=2 * 4 * budget_tokens + 1, database_url=database_url)
     assert res.outputs == 4 and res.evicted == len(docs) - 4
     with connect(database_url) as conn:
-        left = [decode_output(bytes(t)).tolist() for (t,) in conn.execute(
-            "SELECT tokens FROM live_outputs WHERE name = %s ORDER BY id", [live_ds])]
+        left = [
+            decode_output(bytes(t)).tolist()
+            for (t,) in conn.execute("SELECT tokens FROM live_outputs WHERE name = %s ORDER BY id", [live_ds])
+        ]
     assert left == [d.tolist() for d in docs[-4:]]
 
 
 def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tokenizer, live_ds):
     writer = LiveWriter(live_ds, database_url)
-    service = DraftingService(None, calibration=Calibration.load(), live_writer=writer)
+    service = DraftingService(None, live_writer=writer)
     output = [900, 901, 902, 903, 904, 905, 906, 907]
     service.start_request("a", [1, 2, 3])
     service.add_tokens("a", output[:3])
@@ -153,11 +174,12 @@ def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tok
     assert writer.flush(30)
     writer.close()
     compact_live(live_ds, top_t=1000, database_url=database_url)
-    layer = DatastoreSource(lambda: SharedDatastore.open(live_name(live_ds), tokenizer=tokenizer,
-                                                         database_url=database_url))
+    layer = DatastoreSource(
+        lambda: SharedDatastore.open(live_name(live_ds), tokenizer=tokenizer, database_url=database_url)
+    )
     try:
-        with_live = DraftingService(None, calibration=Calibration.load(), live=layer)
-        without = DraftingService(None, calibration=Calibration.load())
+        with_live = DraftingService(None, live=layer)
+        without = DraftingService(None)
         for s in (with_live, without):
             s.start_request("b", [7, 8, 900, 901, 902])
         draft = with_live.propose([("b", 4)], chain=True)[0]
@@ -165,26 +187,30 @@ def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tok
         assert len(without.propose([("b", 4)], chain=True)[0]) == 0  # nothing in the prompt predicts it
     finally:
         layer.close()
-    with pytest.raises(ValueError, match="calibration"):
-        DraftingService(None, live=layer)
 
 
 def test_candidates_are_every_stored_suffix_longest_first(chat_datastore, database_url, tokenizer, eval_prompts):
     plain = Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url)
     shared = SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url)
     try:
-        contexts = [list(p.token_ids[: k]) for p in eval_prompts for k in range(4, len(p.token_ids), 7)]
+        contexts = [list(p.token_ids[:k]) for p in eval_prompts for k in range(4, len(p.token_ids), 7)]
         want = []
         for ctx in contexts:  # oracle: the n-suffix is stored when the longest match of that suffix has length n
             hits = [plain.lookup(ctx[-n:]) for n in range(plain.info.max_n, 0, -1)]
-            want.append([(m.ngram, m.tree) for n, m in zip(range(plain.info.max_n, 0, -1), hits)
-                         if m is not None and len(m.ngram) == n])
+            want.append(
+                [
+                    (m.ngram, m.tree)
+                    for n, m in zip(range(plain.info.max_n, 0, -1), hits)
+                    if m is not None and len(m.ngram) == n
+                ]
+            )
         assert sum(map(len, want)) > len(contexts)  # several candidates per context, typically
         for client in (plain, shared, shared):  # the second shared call is answered by its cache
             got = client.candidates_batch(contexts)
             assert [[(m.ngram, m.tree) for m in c] for c in got] == want
         assert [c[0].ngram if c else None for c in shared.candidates_batch(contexts)] == [
-            None if m is None else m.ngram for m in shared.lookup_batch(contexts)]
+            None if m is None else m.ngram for m in shared.lookup_batch(contexts)
+        ]
     finally:
         plain.close()
         shared.close()
@@ -193,17 +219,18 @@ def test_candidates_are_every_stored_suffix_longest_first(chat_datastore, databa
 def test_proposer_settings_from_the_environment(monkeypatch):
     from serving.vllm_proposer import ProposerConfig
 
-    for var in ("CREST_CALIBRATED", "CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE"):
+    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE"):
         monkeypatch.delenv(var, raising=False)
     cfg = ProposerConfig.from_env()
-    assert cfg.calibrated and not cfg.live and cfg.live_url is None  # calibrated by default, live layer opt-in
+    assert not cfg.live and cfg.live_url is None and cfg.min_score == 0.2  # the live layer is opt-in
     monkeypatch.setenv("CREST_LIVE", "1")
     monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
     cfg = ProposerConfig.from_env()
     assert cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test"
-    monkeypatch.setenv("CREST_CALIBRATED", "0")
-    with pytest.raises(ValueError, match="CREST_LIVE=1 needs CREST_CALIBRATED=1"):
+    monkeypatch.setenv("CREST_LIVE", "yes")
+    with pytest.raises(ValueError, match="CREST_LIVE='yes': must be 0 or 1"):
         ProposerConfig.from_env()
-    monkeypatch.setenv("CREST_CALIBRATED", "yes")
-    with pytest.raises(ValueError, match="CREST_CALIBRATED='yes': must be 0 or 1"):
+    monkeypatch.setenv("CREST_LIVE", "0")
+    monkeypatch.setenv("CREST_MIN_SCORE", "1.5")
+    with pytest.raises(ValueError, match="CREST_MIN_SCORE=1.5: must be"):
         ProposerConfig.from_env()

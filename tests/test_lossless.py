@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from datastore import Datastore
 from decoder import greedy_generate, speculative_generate
-from decoder.drafters import (DatastoreSource, MergedDrafter, NoDrafter, PromptLookupDrafter, RetrievalDrafter,
-                              TrieDrafter)
+from decoder.drafters import DatastoreSource, Drafter, NoDrafter, PromptLookupDrafter, RetrievalDrafter, TrieDrafter
+from decoder.service import DraftingService
 from decoder.simulate import replay
 
 MAX_NEW = 32
@@ -34,7 +36,7 @@ def references(target, eval_prompts):
 
 
 def drafters(source):
-    return [NoDrafter(), PromptLookupDrafter(), TrieDrafter(), RetrievalDrafter(source), MergedDrafter(source)]
+    return [NoDrafter(), PromptLookupDrafter(), TrieDrafter(), RetrievalDrafter(source), DraftingService(source)]
 
 
 def test_plain_greedy_loop_equals_generate(target, eval_prompts, references):
@@ -59,7 +61,10 @@ def test_every_drafter_is_lossless(target, eval_prompts, references, source, bud
 @pytest.mark.parametrize("name", ["merged", pytest.param("trie", marks=pytest.mark.slow),
                                   pytest.param("pld", marks=pytest.mark.slow)])
 def test_replay_equals_real_runs(target, eval_prompts, references, source, name):
-    d = {"merged": lambda: MergedDrafter(source), "trie": TrieDrafter, "pld": PromptLookupDrafter}[name]()
+    makers: dict[str, Callable[[], Drafter]] = {
+        "merged": lambda: DraftingService(source), "trie": TrieDrafter, "pld": PromptLookupDrafter
+    }
+    d = makers[name]()
     for p in eval_prompts:
         real = speculative_generate(target, p.token_ids, d, max_new_tokens=MAX_NEW, budget=8)
         sim = replay(d, p.token_ids, references[p.id], 8)

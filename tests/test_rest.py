@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import rest_retrieve, tree_paths
 
 from datastore.continuations import SEPARATOR
 from datastore.suffix_index import RestParams, SuffixIndex
 from decoder.drafters import DatastoreSource, RetrievalDrafter
 from decoder.simulate import replay
 from study.corpus import prefix_end
-
-from oracles import rest_retrieve, tree_paths
 
 
 def _stream(docs: list[list[int]]) -> np.ndarray:
@@ -35,7 +34,9 @@ def test_retrieve_matches_brute_force(docs, context, max_matches, depth, budget,
         assert got is None
         return
     k, occurrences, used, paths = want
-    found_len, lo, hi = index.longest_match(context, min_len, 5)
+    longest = index.longest_match(context, min_len, 5)
+    assert got is not None and longest is not None
+    found_len, lo, hi = longest
     assert (found_len, hi - lo, got.tree.root_count) == (k, occurrences, used)
     assert got.ngram == tuple(context[len(context) - k:])
     assert tree_paths(got.tree) == paths

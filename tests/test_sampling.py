@@ -11,7 +11,8 @@ from scipy import stats
 
 from datastore.tree import TokenTree
 from decoder import speculative_generate
-from decoder.draft import Draft, merge_drafts
+from decoder.draft import Draft
+from decoder.drafters import RequestDrafter
 from decoder.model import TargetModel
 from decoder.verify import accept_sampled
 
@@ -44,25 +45,26 @@ def test_accept_sampled_matches_target_distribution():
     assert pvalue > 1e-3
 
 
-class _FixedTree:
+class _FixedTree(RequestDrafter[None]):
     """A drafter that always proposes the same small tree (a test input, not a stand-in for a real part)."""
 
     name = "fixed"
 
     def __init__(self, tree):
-        self.draft = merge_drafts([(Draft.from_tree(tree), 1.0)], 16)
+        super().__init__()
+        self.draft = Draft.from_tree(tree).top(16)
 
-    def begin(self, prompt_ids):
-        pass
+    def _start(self, prompt_ids):
+        return None
 
-    def propose(self, budget):
-        return self.draft
+    def _extend(self, state, tokens):
+        return None
 
-    def extend(self, tokens):
-        pass
+    def _propose(self, states, budgets, chain, min_score):
+        return [self.draft for _ in states]
 
-    def end(self):
-        pass
+    def config(self):
+        return {"name": self.name}
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -110,7 +112,7 @@ def test_sampled_generation_has_the_target_distribution(tiny_target):
     tree = TokenTree(np.array([2, 5, 1, 2], np.uint32), np.array([-1, 0, -1, 2], np.int32),
                      np.array([5, 3, 4, 2], np.uint32), 10)
     draws = 6000
-    seen = {}
+    seen: dict[tuple[int, ...], int] = {}
     for i in range(draws):
         res = speculative_generate(tiny_target, prompt, _FixedTree(tree), max_new_tokens=steps, temperature=0.8,
                                    seed=i, budget=16)

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 import psycopg
 import pytest
+from conftest import REPO
 
 from datastore.catalog import drop_datastore
 from datastore.client import Datastore
@@ -25,8 +27,6 @@ from ingest.counting import count_top_t
 from ingest.spark import spark_problem
 from ingest.spark.kernels import count_candidates, count_histogram, merge_counts, partial_counts
 from ingest.spark.selection import select, thresholds
-
-from conftest import REPO
 
 pytestmark = pytest.mark.skipif(spark_problem() is not None, reason=f"--engine spark unavailable: {spark_problem()}")
 
@@ -41,7 +41,7 @@ def _rows(url: str, build_id: int) -> list[tuple[bytes, bytes]]:
 def _both(url: str, **params):
     """Build the same corpus with both engines; returns both results (their datastores dropped afterwards)."""
     tag = uuid.uuid4().hex[:8]
-    results = {}
+    results: dict[str, Any] = {}
     try:
         for engine in ("duckdb", "spark"):
             config = BuildConfig(name=f"test-eq-{engine}-{tag}", engine=engine, spark_master=SPARK, database_url=url,
@@ -138,7 +138,9 @@ def test_count_kernels_and_selection_match_duckdb(tokenizer, sharegpt_sample, tm
         ties = np.flatnonzero(ranking.counts[1:] == ranking.counts[:-1]) + 1  # a top-t here splits equal counts
         for top_t in (int(ties[len(ties) // 10]), int(ties[len(ties) // 2])):
             stats = thresholds([(m, c, k) for (m, c), k in hist.items()], top_t, 1)
-            rows = [b for t in merged for b in count_candidates(iter(t.to_batches()), {n: stats[n].threshold})]
+            threshold = stats[n].threshold
+            assert threshold is not None
+            rows = [b for t in merged for b in count_candidates(iter(t.to_batches()), {n: threshold})]
             ngrams = np.concatenate([np.frombuffer(b.column("ngrams")[0].as_py(), dtype=np.uint32) for b in rows])
             counts = np.concatenate([np.frombuffer(b.column("counts")[0].as_py(), dtype=np.int64) for b in rows])
             got = select(n, ngrams, counts, stats[n], top_t)
@@ -150,7 +152,9 @@ def test_count_kernels_and_selection_match_duckdb(tokenizer, sharegpt_sample, tm
 
 def _first_key(url: str, build_id: int) -> bytes:
     with psycopg.connect(url) as conn:
-        return conn.execute(f"SELECT key FROM token_trees_{int(build_id)} LIMIT 1").fetchone()[0]
+        row = conn.execute(f"SELECT key FROM token_trees_{int(build_id)} LIMIT 1").fetchone()
+        assert row is not None
+        return row[0]
 
 
 def _state(url: str, name: str) -> list[str]:
@@ -168,6 +172,7 @@ def test_killed_spark_build_leaves_previous_build_serving(database_url, sharegpt
         proc = subprocess.Popen([sys.executable, "-m", "ingest", "build", "--engine", "spark", "--spark-master", SPARK,
                                  "--top-t", "400", *common], cwd=REPO, env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
         deadline = time.monotonic() + 300
         while "building" not in _state(database_url, name):
             assert proc.poll() is None, proc.stderr.read().decode()

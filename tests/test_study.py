@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import uuid
+from typing import cast
 
 import numpy as np
 import pytest
@@ -16,8 +17,6 @@ from datastore.tokenizer import DEFAULT_MODEL
 from ingest.build import BuildConfig, build_datastore, tokenize_corpus
 from ingest.counting import count_top_t
 from ingest.tokens import open_stream
-
-from conftest import SHARED_DATA
 
 
 def _rows(url: str, name: str) -> dict[bytes, bytes]:
@@ -59,6 +58,7 @@ def test_grid_points_equal_direct_builds(database_url, sharegpt_sample, tokenize
     for n in (1, 2, 3):
         direct = count_top_t(stream, n, 100)
         cached = full.ranking.load(n, 100, 1)
+        assert cached is not None
         assert np.array_equal(cached.ngrams, direct.ngrams) and np.array_equal(cached.counts, direct.counts)
 
     # a combined point copied out of the full build holds the same rows as a build at that top-t
@@ -97,14 +97,16 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     argv = ["storage", "--corpus", "sharegpt", "code", "--corpus-limit", "150", "--limit", "1",
             "--max-new-tokens", "12", "--top-t", "50", "200", "--single-top-t", "50", "--single-n", "1", "2",
             "--combined-m", "3", "--rest-fractions", "50%", "100%", "--workdir", str(tmp_path / "work"),
-            "--out", str(out), "--name-prefix", prefix, "--data-dir", str(SHARED_DATA), "--database-url",
+            "--out", str(out), "--name-prefix", prefix, "--database-url",
             database_url, "--quiet"]
     assert main(argv) == 0
     refs_by_set = {}
     for eval_set, categories in (("spec_bench", MT_BENCH), ("humaneval", None)):
-        prompts = load_prompts(eval_set, tokenizer, data_dir=SHARED_DATA, limit=1, categories=categories)
+        prompts = load_prompts(eval_set, tokenizer, limit=1, categories=categories)
         store = reference_store(DEFAULT_MODEL, "float32", eval_set, 12)
-        refs_by_set[eval_set] = (prompts, [store.get(p.id, p.token_ids) for p in prompts])
+        saved = [store.get(p.id, p.token_ids) for p in prompts]
+        assert all(r is not None for r in saved)  # the study saved every reference
+        refs_by_set[eval_set] = (prompts, cast(list[list[int]], saved))
     for corpus, eval_set in (("sharegpt", "spec_bench"), ("code", "humaneval")):
         prompts, refs = refs_by_set[eval_set]
         committed = sum(len(r) - 1 for r in refs)  # every method commits the same tokens after the prefill
@@ -133,12 +135,13 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     eval_prompts, refs = refs_by_set["spec_bench"]
     folder = next((tmp_path / "work").glob("sharegpt-*")) / "rest" / f"{1.0:.6f}"
     index = SuffixIndex.load(folder)
-    r = replay_accept_length(RetrievalDrafter(DatastoreSource(lambda: index), name="rest"), eval_prompts, refs, 64)
+    replayed = replay_accept_length(RetrievalDrafter(DatastoreSource(lambda: index), name="rest"), eval_prompts,
+                                    refs, 64)
     with open(out / "study_storage_sharegpt.csv") as fh:
         full_rest = [row for row in csv.DictReader(fh) if row["method"] == "rest" and float(row["fraction"]) == 1.0][0]
-    assert int(full_rest["steps"]) == r.steps
-    assert float(full_rest["accept_length"]) == pytest.approx(r.accept_length, abs=1e-4)
-    assert float(full_rest["mean_tree_nodes"]) == pytest.approx(r.mean_drafted, abs=1e-2)
+    assert int(full_rest["steps"]) == replayed.steps
+    assert float(full_rest["accept_length"]) == pytest.approx(replayed.accept_length, abs=1e-4)
+    assert float(full_rest["mean_tree_nodes"]) == pytest.approx(replayed.mean_drafted, abs=1e-2)
     names = {r["name"] for r in list_datastores(database_url)}
     assert f"{prefix}-sharegpt-full" in names and f"{prefix}-sharegpt-point" not in names
 

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from decoder.accept import accept_greedy, accepted_mask, reference_predictions
 from decoder.draft import Draft
-from decoder.verify import accept_greedy, keep_accepted_kv, tree_attention_inputs
+from decoder.verify import keep_accepted_kv, tree_attention_inputs
 
 # a tree with two branches of different depths and a shared first token: root -> a -> {b -> c, d}; root -> e
 TOKENS = np.array([504, 3365, 28, 1524, 253], dtype=np.int64)
@@ -72,3 +73,31 @@ def test_accept_greedy_walks_the_matching_branch():
     assert accept_greedy(Draft.empty(), [5]) == ([], 5)
     assert DRAFT.depths.tolist() == [1, 2, 3, 2, 1]
     assert DRAFT.children[0] == {504: 0, 253: 4} and DRAFT.children[1] == {3365: 1, 1524: 3}
+
+
+def test_the_accept_rule_is_one_rule_for_verification_and_replay():
+    """The node-table form (every node's acceptance) agrees with the walk (the accepted path) on random trees and
+    references, and a node is accepted exactly when its whole path is what the reference holds next."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(0, 14))
+        parents, tokens, seen = [], [], set()
+        for i in range(n):
+            p, t = int(rng.integers(-1, i)) if i else -1, int(rng.integers(0, 3))
+            while (p, t) in seen:  # siblings differ
+                t += 1
+            seen.add((p, t))
+            parents.append(p)
+            tokens.append(t)
+        draft = Draft(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int32), np.ones(n))
+        ref = rng.integers(0, 4, size=int(rng.integers(1, 8)))
+        pos = int(rng.integers(0, len(ref)))
+        pred = reference_predictions(draft.depths, ref, pos)
+        mask = accepted_mask(draft.token_ids, draft.parents, draft.depths, pred)
+        path, bonus = accept_greedy(draft, pred)
+        assert np.flatnonzero(mask).tolist() == path
+        paths: list[tuple[int, ...]] = []
+        for t, p in zip(tokens, parents):
+            paths.append((paths[p] if p >= 0 else ()) + (t,))
+        assert mask.tolist() == [tuple(ref[pos:pos + len(q)].tolist()) == q for q in paths]
+        assert bonus == (ref[pos + len(path)] if pos + len(path) < len(ref) else -1)

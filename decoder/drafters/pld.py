@@ -9,17 +9,25 @@ single-path draft.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..draft import Draft
+from .base import RequestDrafter
 
 __all__ = ["PromptLookupDrafter"]
 
 
-class PromptLookupDrafter:
-    """Single-path drafts copied from the sequence itself.
+@dataclass
+class _Sequence:
+    tokens: np.ndarray  # capacity buffer; the first `n` are the sequence
+    n: int
+
+
+class PromptLookupDrafter(RequestDrafter[_Sequence]):
+    """Single-path drafts copied from the sequence itself (unscored).
 
     Args:
         max_ngram: longest suffix searched, 1..8 (default 3).
@@ -32,33 +40,33 @@ class PromptLookupDrafter:
     name = "pld"
 
     def __init__(self, max_ngram: int = 3, max_tokens: int = 10) -> None:
+        super().__init__()
         if not 1 <= max_ngram <= 8:
             raise ValueError(f"max_ngram={max_ngram}: must be in 1..8")
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens}: must be >= 1")
-        self.max_ngram = max_ngram
-        self.max_tokens = max_tokens
-        self._seq = np.zeros(0, dtype=np.int64)
-        self._len = 0
+        self.max_ngram, self.max_tokens = max_ngram, max_tokens
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start from the prompt."""
-        self._seq = np.zeros(max(1024, 2 * len(prompt_ids)), dtype=np.int64)
-        self._len = 0
-        self.extend(prompt_ids)
+    def _start(self, prompt_ids: Sequence[int]) -> _Sequence:
+        seq = _Sequence(np.zeros(max(1024, 2 * len(prompt_ids)), dtype=np.int64), 0)
+        self._extend(seq, prompt_ids)
+        return seq
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Append committed tokens."""
-        need = self._len + len(tokens)
-        if need > len(self._seq):
-            self._seq = np.concatenate([self._seq, np.zeros(need * 2 - len(self._seq), dtype=np.int64)])
-        self._seq[self._len:need] = tokens
-        self._len = need
+    def _extend(self, state: _Sequence, tokens: Sequence[int]) -> None:
+        need = state.n + len(tokens)
+        if need > len(state.tokens):
+            state.tokens = np.concatenate([state.tokens, np.zeros(need * 2 - len(state.tokens), dtype=np.int64)])
+        state.tokens[state.n:need] = tokens
+        state.n = need
 
-    def propose(self, budget: int) -> Draft:
+    def _propose(self, states: list[_Sequence], budgets: list[int], chain: bool,
+                 min_score: float | None) -> list[Draft]:
+        with self._lock:
+            return [self._one(s.tokens[:s.n].copy(), b) for s, b in zip(states, budgets)]
+
+    def _one(self, seq: np.ndarray, budget: int) -> Draft:
         """The continuation of the most recent earlier occurrence of the longest matching suffix."""
         start = time.perf_counter()
-        seq = self._seq[: self._len]
         limit = min(budget, self.max_tokens)
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             if limit < 1:
@@ -69,11 +77,6 @@ class PromptLookupDrafter:
                 begin = int(hits[-1]) + n
                 return Draft.chain(seq[begin: begin + limit]).with_timing(trie_s=time.perf_counter() - start)
         return Draft.empty().with_timing(trie_s=time.perf_counter() - start)
-
-    def end(self) -> None:
-        """Drop the sequence."""
-        self._seq = np.zeros(0, dtype=np.int64)
-        self._len = 0
 
     def config(self) -> dict:
         """Longest suffix searched and longest draft."""

@@ -11,7 +11,8 @@ or REST's :class:`datastore.SuffixIndex`) and turns each
   warning, then trie-only drafts; every ``retry_s`` seconds the backend is
   opened again, which picks up whatever build is ready by then;
 - a rebuild with the same tokenizer is followed by the client itself, silently;
-- a corrupt or undecodable tree: that step drafts without it (one warning per source).
+- a corrupt or undecodable tree: the client serves it as absent (one warning per client), so that
+  context drafts without the datastore.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from datastore.errors import CodecError, DatastoreError
+from datastore.errors import DatastoreError
 from datastore.tree import Match
 
 __all__ = ["Retriever", "DatastoreSource"]
@@ -83,7 +85,6 @@ class DatastoreSource:
         self.faults: Counter = Counter()
         self._down_at = float("-inf")
         self._degraded = False
-        self._warned_corrupt = False
         self._lock = threading.RLock()
         with self._lock:
             self._reopen()
@@ -129,12 +130,7 @@ class DatastoreSource:
 
     def _failed(self, client: Retriever, exc: DatastoreError) -> None:
         with self._lock:
-            if isinstance(exc, CodecError):
-                self.faults[type(exc).__name__] += 1
-                if not self._warned_corrupt:
-                    log.warning("%s; drafting without that tree (output is unaffected)", exc)
-                    self._warned_corrupt = True
-            elif self.client is client:  # not already handled by another thread
+            if self.client is client:  # not already handled by another thread
                 self._fault(exc)
 
     def _recovered(self, client: Retriever) -> None:
@@ -153,8 +149,7 @@ class DatastoreSource:
 
     def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
         """:meth:`lookup` for many contexts: one round trip for a server backend; all ``None`` on a fault."""
-        return self._call(lambda c: c.lookup_batch(contexts) if len(contexts) != 1 else [c.lookup(contexts[0])],
-                          [None] * len(contexts))
+        return self._call(lambda c: c.lookup_batch(contexts), [None] * len(contexts))
 
     def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
         """For each context, every stored suffix's tree, longest first (the back-off lookup's candidates,

@@ -1,21 +1,21 @@
-"""The per-prompt n-gram trie as a drafter (N-Gram-Trie, https://openreview.net/forum?id=MVfpYw1pxX,
-§3.1-3.2, Algorithm 1)."""
+"""The per-prompt n-gram trie as a drafter, ranked by its own frequencies (N-Gram-Trie,
+https://openreview.net/forum?id=MVfpYw1pxX, §3.1-3.2, Algorithm 1): the paper's baseline."""
 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
-from datastore.tree import TokenTree
-
-from ..draft import Draft, merge_drafts
+from ..draft import Draft, ScoreKind
 from ..ngram_trie import NGramTrie
+from .base import RequestDrafter
 
 __all__ = ["TrieDrafter"]
 
 
-class TrieDrafter:
-    """Drafts the most frequent continuations of the sequence's suffix in the prompt (and output so far).
+class TrieDrafter(RequestDrafter[NGramTrie]):
+    """Drafts the most frequent continuations of the sequence's suffix in the prompt (and output so far),
+    scored by count ratios.
 
     Args:
         window: the trie's sliding window ``n`` (default 13), 2..64.
@@ -27,45 +27,38 @@ class TrieDrafter:
     """
 
     name = "trie"
+    score_kind = ScoreKind.COUNT_RATIO
 
     def __init__(self, window: int = 13, max_prefix: int = 3, prior: float = 1.0) -> None:
+        super().__init__()
         if prior < 0:
             raise ValueError(f"prior={prior}: must be >= 0")
-        self.window = window
-        self.max_prefix = max_prefix
-        self.prior = prior
-        self.trie = NGramTrie(window, max_prefix)  # validates window and max_prefix now
-        self.build_s = 0.0
+        NGramTrie(window, max_prefix)  # validates them now
+        self.window, self.max_prefix, self.prior = window, max_prefix, prior
 
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Build the trie over the prompt (its cost is kept in ``build_s``, seconds)."""
-        start = time.perf_counter()
-        self.trie = NGramTrie(self.window, self.max_prefix)
-        self.trie.extend(prompt_ids)
-        self.build_s = time.perf_counter() - start
+    def _start(self, prompt_ids: Sequence[int]) -> NGramTrie:
+        trie = NGramTrie(self.window, self.max_prefix)
+        trie.extend(prompt_ids)
+        return trie
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Insert the committed tokens."""
-        self.trie.extend(tokens)
+    def _extend(self, state: NGramTrie, tokens: Sequence[int]) -> None:
+        state.extend(tokens)
 
-    def lookup(self, budget: int) -> TokenTree | None:
-        """The trie's best ``max(budget, 1)`` paths below the longest matching suffix, or ``None``."""
-        match = self.trie.match(max(budget, 1))
-        return None if match is None else match.tree
-
-    def propose(self, budget: int) -> Draft:
-        """The trie's best paths below the longest matching suffix."""
-        start = time.perf_counter()
-        tree = self.lookup(budget)
-        mid = time.perf_counter()
-        if tree is None or budget < 1:
-            return Draft.empty().with_timing(trie_s=mid - start)
-        draft = merge_drafts([(Draft.from_tree(tree, self.prior), 1.0)], budget)
-        return draft.with_timing(trie_s=mid - start, merge_s=time.perf_counter() - mid)
-
-    def end(self) -> None:
-        """Drop the trie."""
-        self.trie = NGramTrie(self.window, self.max_prefix)
+    def _propose(self, states: list[NGramTrie], budgets: list[int], chain: bool,
+                 min_score: float | None) -> list[Draft]:
+        out = []
+        for trie, budget in zip(states, budgets):
+            start = time.perf_counter()
+            with self._lock:
+                match = trie.match(max(budget, 1))
+            mid = time.perf_counter()
+            if match is None or budget < 1:
+                out.append(Draft.empty(self.score_kind).with_timing(trie_s=mid - start))
+                continue
+            whole = Draft.from_tree(match.tree, self.prior)
+            draft = whole.best_path(budget) if chain else whole.top(budget)
+            out.append(draft.with_timing(trie_s=mid - start, merge_s=time.perf_counter() - mid))
+        return out
 
     def config(self) -> dict:
         """Window, longest matched suffix and prior."""

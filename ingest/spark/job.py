@@ -39,10 +39,23 @@ from datastore.keys import key_width_for
 from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
 
+from ..config import BuildConfig, BuildResult
 from ..occurrences import partition_plan
 from ..sources import resolve_paths
-from .kernels import (COUNT_DDL, HISTOGRAM_DDL, OCCURRENCE_DDL, TREE_DDL, KeptSet, bucket_trees, count_candidates,
-                      count_histogram, gather_occurrences, merge_counts, partial_counts, unpack_counts)
+from .kernels import (
+    COUNT_DDL,
+    HISTOGRAM_DDL,
+    OCCURRENCE_DDL,
+    TREE_DDL,
+    KeptSet,
+    bucket_trees,
+    count_candidates,
+    count_histogram,
+    gather_occurrences,
+    merge_counts,
+    partial_counts,
+    unpack_counts,
+)
 from .records import RECORD_DDL, parse_records
 from .selection import select, thresholds
 from .session import spark_session
@@ -150,8 +163,8 @@ def _trees(spark, docs, kept_set: KeptSet, out: Path) -> None:
     shared.unpersist()
 
 
-def build_with_spark(config, progress: bool = True):
-    """Run the build of ``config`` (an :class:`ingest.build.BuildConfig`) on Spark.
+def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
+    """Run the build of ``config`` (an :class:`ingest.config.BuildConfig`) on Spark.
 
     Same contract as :func:`ingest.build.build_datastore`, whose rows it reproduces exactly.
 
@@ -161,7 +174,6 @@ def build_with_spark(config, progress: bool = True):
         datastore.errors.BuildConflict / DatabaseUnavailable: as the single-node build.
         ValueError: when the corpus yields no tokens or the vocabulary exceeds 2**31 - 1 ids.
     """
-    from ..build import BuildResult
 
     timings: dict[str, float] = {}
     started = time.perf_counter()

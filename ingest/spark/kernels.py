@@ -19,14 +19,14 @@ therefore yields the same :class:`datastore.codec.TreeBatch`, and the same blobs
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from datastore.codec import encode_trees
+from datastore.codec import Compression, encode_trees
 from datastore.continuations import build_trees
 from datastore.keys import encode_keys
 
@@ -67,7 +67,7 @@ class KeptSet:
     parts: dict[int, int]
     depth: int
     budget: int
-    compression: str
+    compression: Compression
     key_width: int
     narrow: bool
 
@@ -159,7 +159,8 @@ def merge_counts(table: pa.Table) -> pa.Table:
 
 
 def count_histogram(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Merged count rows -> ``(n, c, k)`` rows: ``k`` n-grams of length ``n`` have count ``c`` (:data:`HISTOGRAM_DDL`)."""
+    """Merged count rows -> ``(n, c, k)`` rows: ``k`` n-grams of length ``n`` have count ``c``
+    (:data:`HISTOGRAM_DDL`)."""
     for batch in batches:
         for n, blob in zip(batch.column("n").to_pylist(), batch.column("counts").to_pylist()):
             c, k = np.unique(np.frombuffer(blob, dtype=np.int64), return_counts=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +58,8 @@ def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
 
     for batch in batches:
         for o1, content in zip(batch.column("o1").to_pylist(), batch.column("content").to_pylist()):
-            records, extra = [], []
+            records: list[str] = []
+            extra: list[tuple[str | None, str]] = []
             try:
                 for item in ijson.items(io.BytesIO(content), "item", use_float=True):
                     records.append(json.dumps(item, ensure_ascii=False))
@@ -72,7 +73,8 @@ def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
             notes = [None] * m + [nt for _, nt in extra]
             yield pa.RecordBatch.from_arrays(
                 [pa.array(np.full(m + len(extra), o1, dtype=np.int64)), pa.array(np.zeros(m + len(extra), np.int64)),
-                 pa.array(np.arange(m + len(extra), dtype=np.int64)), pa.array(records + [None] * len(extra), pa.string()),
+                 pa.array(np.arange(m + len(extra), dtype=np.int64)),
+                 pa.array(records + [None] * len(extra), pa.string()),
                  pa.array(reasons, pa.string()), pa.array(notes, pa.string())], schema=ELEMENT_SCHEMA)
 
 
@@ -92,7 +94,7 @@ def _sharegpt(batch: pa.RecordBatch, tokenizer) -> list[tuple[str | None, str | 
 
 
 def _code(batch: pa.RecordBatch) -> list[tuple[str | None, str | None]]:
-    out = []
+    out: list[tuple[str | None, str | None]] = []
     for path in batch.column("path").to_pylist():
         try:
             with open(path, "rb") as fh:
@@ -108,7 +110,7 @@ def _code(batch: pa.RecordBatch) -> list[tuple[str | None, str | None]]:
 
 
 def _jsonl(batch: pa.RecordBatch, field_name: str) -> list[tuple[str | None, str | None]]:
-    out = []
+    out: list[tuple[str | None, str | None]] = []
     for line in batch.column("value").to_pylist():
         if not line.strip():
             out.append((None, None))  # a blank line is no record
@@ -129,7 +131,7 @@ def _jsonl(batch: pa.RecordBatch, field_name: str) -> list[tuple[str | None, str
 
 
 def _parquet(batch: pa.RecordBatch, field_name: str) -> list[tuple[str | None, str | None]]:
-    out = []
+    out: list[tuple[str | None, str | None]] = []
     for value in batch.column("value").to_pylist():
         if isinstance(value, bytes):
             try:
@@ -178,5 +180,6 @@ def parse_records(batches: Iterator[pa.RecordBatch], source: str, tokenizer_spec
         take = pa.array(np.asarray(keep, dtype=np.int64))
         columns = [batch.column(c).take(take) for c in ("o1", "o2", "o3")]
         yield pa.RecordBatch.from_arrays(
-            columns + [pa.array(reasons, pa.string()), pa.array(digests, pa.binary()), pa.array(ids, pa.list_(pa.int32())),
+            columns + [pa.array(reasons, pa.string()), pa.array(digests, pa.binary()),
+                       pa.array(ids, pa.list_(pa.int32())),
                        pa.array([notes[i] for i in keep], pa.string())], schema=RECORD_SCHEMA)

@@ -14,8 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["SparkUnavailable", "spark_problem", "spark_session"]
 
@@ -61,7 +65,8 @@ def spark_problem() -> str | None:
         return "pyspark is not installed: pip install 'crest-spec[spark]' (or use --engine duckdb)"
     java = _java()
     if java is None:
-        return f"Spark needs Java {MIN_JAVA}+: install a JDK and put java on PATH or set JAVA_HOME (or use --engine duckdb)"
+        return (f"Spark needs Java {MIN_JAVA}+: install a JDK and put java on PATH or set JAVA_HOME "
+                "(or use --engine duckdb)")
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -94,7 +99,7 @@ def _start(builder, log: Path):
 
 
 @contextlib.contextmanager
-def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator[SparkSession]:
     """A Spark session for one build, stopped on exit.
 
     Args:
@@ -118,8 +123,8 @@ def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator[
     log4j = conf_dir / "log4j2.properties"
     log4j.write_text(_LOG4J)
     java_opts = f"-Dlog4j2.configurationFile={log4j.as_uri()}"
-    os.environ.setdefault("SPARK_CONF_DIR", str(conf_dir))  # a user's own Spark configuration wins
-    settings = dict(_DEFAULTS)
+    # this process's environment is never written: the Python the workers run and their environment are settings
+    settings = {"spark.executorEnv.TOKENIZERS_PARALLELISM": "true", **_DEFAULTS}
     if master.startswith("local"):
         settings.update(_LOCAL_DEFAULTS)
         settings["spark.driver.host"] = "127.0.0.1"
@@ -129,11 +134,6 @@ def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator[
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"
         settings[key] = f"{settings[key]} {java_opts}" if key in settings else java_opts
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    if master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName("crest-ingest")
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -147,6 +147,7 @@ def spark_session(master: str, conf: dict[str, str], workdir: Path) -> Iterator[
         raise SparkUnavailable(f"cannot start Spark with --spark-master {master!r}: {detail}; check the master URL "
                                f"and the --spark-conf settings") from exc
     spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.pythonExec = sys.executable  # the workers run this interpreter (PySpark's default: python3)
     try:
         yield spark
     finally:

@@ -1,0 +1,16 @@
+"""The registry's fixed names, shared by the readers, the writers and the SQLAlchemy models (which only the
+writers import).
+
+- ``STATES``: a build's life, ``building`` -> ``ready`` (served) -> ``retired``, or ``failed``;
+- ``TREE_TABLE_PREFIX``: each build's own tree table is ``token_trees_<build id>``;
+- ``SWAP_CHANNEL``: the ``NOTIFY`` channel on which every swap-in and drop of a build announces its
+  datastore's name (readers ``LISTEN`` to follow rebuilds at once).
+"""
+
+from __future__ import annotations
+
+__all__ = ["STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL"]
+
+STATES = ("building", "ready", "failed", "retired")
+TREE_TABLE_PREFIX = "token_trees_"
+SWAP_CHANNEL = "crest_datastores"
