@@ -37,9 +37,5 @@ def run_sampled(cmd: list[str], cwd, interval: float = 0.2) -> tuple[subprocess.
     stdout, stderr = proc.communicate()
     stop.set()
     sampler.join()
-    return (
-        subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
-        time.perf_counter() - t,
-        peak[0],
-        peak[1],
-    )
+    return (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), time.perf_counter() - t,
+            peak[0], peak[1])

@@ -160,32 +160,14 @@ def main() -> None:
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     live = _cross_fit_layers(fit, args, tok)
     trie = (args.window, args.max_prefix)
-    parts = [
-        collect(
-            half(refs[name], "fit"),
-            sources[name],
-            prior=args.prior,
-            stride=args.stride,
-            live=lambda r: live[r.id],
-            trie=trie,
-        )
-        for name in SETS
-    ]
+    parts = [collect(half(refs[name], "fit"), sources[name], prior=args.prior, stride=args.stride,
+                     live=lambda r: live[r.id], trie=trie) for name in SETS]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    cal = Calibration.fit(
-        x,
-        y,
-        prior=args.prior,
-        meta={
-            "datastores": stores,
-            "builds": {n: s.identity() for n, s in sources.items()},
-            "fit_prompts": len(fit),
-            "fit_rows": int(len(y)),
-            "sets": list(SETS),
-            "half": "fit (even positions within each category)",
-            "trie": {"window": args.window, "max_prefix": args.max_prefix},
-        },
-    )
+    cal = Calibration.fit(x, y, prior=args.prior, meta={
+        "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
+        "fit_rows": int(len(y)),
+        "sets": list(SETS), "half": "fit (even positions within each category)",
+        "trie": {"window": args.window, "max_prefix": args.max_prefix}})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
     report = {}
     fig_rows = []
@@ -196,34 +178,24 @@ def main() -> None:
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])
         old_curve = reliability(scored[:, 1], scored[:, 2])
-        report[name] = {
-            "prompts": len(held),
-            "nodes": int(len(scored)),
-            "conditional_brier": brier,
-            "ece_calibrated": cal_curve[3],
-            "ece_count_ratio": old_curve[3],
-            "mean_score_calibrated": float(scored[:, 0].mean()),
-            "mean_score_count_ratio": float(scored[:, 1].mean()),
-            "accepted_rate": float(scored[:, 2].mean()),
-        }
+        report[name] = {"prompts": len(held), "nodes": int(len(scored)), "conditional_brier": brier,
+                        "ece_calibrated": cal_curve[3], "ece_count_ratio": old_curve[3],
+                        "mean_score_calibrated": float(scored[:, 0].mean()),
+                        "mean_score_count_ratio": float(scored[:, 1].mean()),
+                        "accepted_rate": float(scored[:, 2].mean())}
         fig_rows.append((name, cal_curve, old_curve))
-        print(
-            f"{name} (report half, {len(held)} prompts, {len(scored):,} nodes): ECE calibrated "
-            f"{cal_curve[3]:.3f} vs count ratios {old_curve[3]:.3f}; conditional Brier {brier:.3f}"
-        )
+        print(f"{name} (report half, {len(held)} prompts, {len(scored):,} nodes): ECE calibrated "
+              f"{cal_curve[3]:.3f} vs count ratios {old_curve[3]:.3f}; conditional Brier {brier:.3f}")
         for lo, mp, ob, n, omp, oob, on in zip(np.linspace(0, 0.9, 10), *cal_curve[:3], *old_curve[:3]):
-            print(
-                f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
-                f"   count ratio: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})"
-            )
+            print(f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
+                  f"   count ratio: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})")
     cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report})
     cal.save(args.out)
     print(f"wrote {args.out}")
     _plot(fig_rows, args.plot)
     print(f"wrote {args.plot}")
-    print(
-        json.dumps(dict(zip(("features", "coef"), (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef]))))
-    )
+    print(json.dumps(dict(zip(("features", "coef"),
+                              (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef])))))
 
 
 def _plot(rows, path: Path) -> None:

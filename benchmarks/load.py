@@ -267,24 +267,17 @@ def main() -> None:
         row = run(url, c, args, contexts, args.restart_cmd, args.embedded)
         rows.append(row)
         lk, s1 = row["lookup_ms"], row["select1_ms"]
-        print(
-            f"{c:>3} clients, {row['seconds']:.0f} s: {row['lookups_per_s']:,.0f} lookups/s  "
-            f"lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
-            f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
-            f"errors {row['errors']}",
-            flush=True,
-        )
+        print(f"{c:>3} clients, {row['seconds']:.0f} s: {row['lookups_per_s']:,.0f} lookups/s  "
+              f"lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
+              f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
+              f"errors {row['errors']}", flush=True)
         if args.restart:
-            print(
-                f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
-                f"processes drafting again {row['recovered_after_s']} s after the server was back; "
-                f"faults {row['faults']}"
-            )
+            print(f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
+                  f"processes drafting again {row['recovered_after_s']} s after the server was back; "
+                  f"faults {row['faults']}")
         else:
-            print(
-                f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
-                f"{row['saw_new_build_after_ms']} ms after its swap was notified"
-            )
+            print(f"     rebuild took {row['rebuild_s']:.0f} s; processes served the new build "
+                  f"{row['saw_new_build_after_ms']} ms after its swap was notified")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

@@ -204,18 +204,8 @@ def run_task(task: tuple[str, str, str, int]) -> list[dict]:
              "prompts": sum(c[3] for c in per.values()), "accept_length": tokens / max(steps, 1),
              "nodes_per_step": sum(c[2] for c in per.values()) / max(steps, 1),
              "ms_per_step": 1e3 * wall / max(steps, 1)}]
-    rows += [
-        {
-            "set": name,
-            "category": cat,
-            "method": method,
-            "form": form,
-            "budget": budget,
-            "prompts": c[3],
-            "accept_length": c[0] / max(c[1], 1),
-        }
-        for cat, c in per.items()
-    ]
+    rows += [{"set": name, "category": cat, "method": method, "form": form, "budget": budget, "prompts": c[3],
+              "accept_length": c[0] / max(c[1], 1)} for cat, c in per.items()]
     return rows
 
 
@@ -228,18 +218,15 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
     category (tree form) merged vs the best peer."""
     top = [r for r in rows if r["category"] == "all"]
     peers = [m for m in methods if m in PEERS]
-    print(
-        f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods) + "  merged/best peer"
-    )
+    print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods)
+          + "  merged/best peer")
     for name in dict.fromkeys(r["set"] for r in top):
         for budget in sorted({r["budget"] for r in top if r["set"] == name}):
             for form in ("tree", "chain"):
                 at = [r for r in top if r["set"] == name and r["budget"] == budget]
                 got = {r["method"]: r["accept_length"] for r in at if r["form"] == form}
-                best = max(
-                    [r["accept_length"] for r in at if r["method"] in peers and (form == "tree" or r["form"] == form)],
-                    default=None,
-                )
+                best = max([r["accept_length"] for r in at
+                            if r["method"] in peers and (form == "tree" or r["form"] == form)], default=None)
                 cells = "  ".join(f"{_cell(got, m):>15}" for m in methods)
                 ratio = f"{got['merged'] / best:.2f}" if best and "merged" in got else "-"
                 print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
@@ -266,19 +253,12 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
     ap.add_argument("--methods", nargs="+", default=["merged", "trie", "datastore", *PEERS], choices=[*OURS, *PEERS])
     ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
-    ap.add_argument(
-        "--code-datastore",
-        default="code",
-        help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)",
-    )
+    ap.add_argument("--code-datastore", default="code",
+                    help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
     ap.add_argument("--calibration", type=Path, default=None, help="default: the shipped decoder/data/calibration.json")
-    ap.add_argument(
-        "--node-cost",
-        type=float,
-        default=0.0,
-        help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
-        "node's acceptance probability falls below it (0: always fill the budget)",
-    )
+    ap.add_argument("--node-cost", type=float, default=0.0,
+                    help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
+                         "node's acceptance probability falls below it (0: always fill the budget)")
     ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
     ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
@@ -310,8 +290,7 @@ def main() -> None:
             if not index_dir.exists():
                 raise SystemExit(
                     f"{index_dir} not found: build REST's index first "
-                    f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})"
-                )
+                    f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
             _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
     if "suffix-warm" in methods:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -321,35 +300,21 @@ def main() -> None:
             rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
             cache = _STATE["warm"][corpus] = SuffixDecodingCache(max_tree_depth=24)
             docs = warm_suffix(cache, np.asarray(index.tokens), index.separator)
-            info["suffix_warm"][corpus] = w = {
-                "documents": docs,
-                "tokens": int(index.num_tokens),
-                "seconds": time.perf_counter() - t0,
-                "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30,
-            }
-            print(
-                f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
-                f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM",
-                flush=True,
-            )
-    tasks = [
-        (name, m, form, b)
-        for name in args.sets
-        for b in args.budgets
-        for m in methods
-        for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))
-    ]
+            info["suffix_warm"][corpus] = w = {"documents": docs, "tokens": int(index.num_tokens),
+                                               "seconds": time.perf_counter() - t0,
+                                               "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30}
+            print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
+                  f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
+    tasks = [(name, m, form, b) for name in args.sets for b in args.budgets for m in methods
+             for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))]
     rows: list[dict] = []
     t0 = time.perf_counter()
     with mp.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:
         for i, got in enumerate(pool.imap_unordered(run_task, tasks), 1):
             rows += got
             r = got[0]
-            print(
-                f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
-                f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)",
-                flush=True,
-            )
+            print(f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
+                  f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)", flush=True)
     order = {m: i for i, m in enumerate(methods)}
     rows.sort(key=lambda r: (args.sets.index(r["set"]), r["budget"], order[r["method"]], r["form"], r["category"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,9 +52,8 @@ def _one_row(cur: psycopg.Cursor) -> tuple:
 def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:
     """(only in a, only in b, blobs that differ, rows) between two builds' tables."""
     with psycopg.connect(url) as conn:
-        tables = {
-            i: _one_row(conn.execute("SELECT trees_table FROM datastores WHERE id = %s", [i]))[0] for i in (a, b)
-        }
+        tables = {i: _one_row(conn.execute("SELECT trees_table FROM datastores WHERE id = %s", [i]))[0]
+                  for i in (a, b)}
         return cast(tuple[int, int, int, int], _one_row(conn.execute(
             f"SELECT count(*) FILTER (WHERE y.key IS NULL), count(*) FILTER (WHERE x.key IS NULL), "
             f'count(*) FILTER (WHERE x.tree <> y.tree), count(*) '
@@ -72,14 +71,10 @@ def main() -> None:
     args = p.parse_args()
     url = resolve_database_url(None)
     os.environ["DATABASE_URL"] = url
-    flags = (
-        ["--top-t", args.top_t]
-        + (["--limit", args.limit] if args.limit else [])
-        + (["--path", args.path] if args.path else [])
-    )
-    runs = [("duckdb", ["--engine", "duckdb"])] + [
-        (f"spark {m}", ["--engine", "spark", "--spark-master", m]) for m in args.masters
-    ]
+    flags = (["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])
+             + (["--path", args.path] if args.path else []))
+    runs = [("duckdb", ["--engine", "duckdb"])] + [(f"spark {m}", ["--engine", "spark", "--spark-master", m])
+                                                   for m in args.masters]
     results = {}
     try:
         for label, extra in runs:
@@ -87,23 +82,18 @@ def main() -> None:
             r, wall, largest, tree = _build(name, flags + extra)
             results[label] = (name, r, wall)
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
-            print(
-                f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  peak RSS largest process "
-                f"{largest / 2**30:.2f} GiB, process tree {tree / 2**30:.2f} GiB  stages (s): {stages}"
-            )
+            print(f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  peak RSS largest process "
+                  f"{largest / 2**30:.2f} GiB, process tree {tree / 2**30:.2f} GiB  stages (s): {stages}")
         base_name, base, base_wall = results["duckdb"]
         print(
-            f"\ncorpus: {base['documents']:,} documents, {base['tokens']:,} tokens; {base['ngrams']:,} n-grams stored"
-        )
+            f"\ncorpus: {base['documents']:,} documents, {base['tokens']:,} tokens; {base['ngrams']:,} n-grams stored")
         for label, (_, r, wall) in results.items():
             if label == "duckdb":
                 continue
             only_duck, only_spark, differ, rows = _compare(url, base["build_id"], r["build_id"])
             same_stats = r["ngram_stats"] == base["ngram_stats"] and r["corpus"] == base["corpus"]
-            print(
-                f"{label}: {wall / base_wall:.2f}x the DuckDB wall time; rows {rows:,}: only DuckDB {only_duck}, "
-                f"only Spark {only_spark}, blobs differing {differ}; per-n stats and report identical: {same_stats}"
-            )
+            print(f"{label}: {wall / base_wall:.2f}x the DuckDB wall time; rows {rows:,}: only DuckDB {only_duck}, "
+                  f"only Spark {only_spark}, blobs differing {differ}; per-n stats and report identical: {same_stats}")
     finally:
         if not args.keep:
             for name, _, _ in results.values():

@@ -115,20 +115,13 @@ def child(args) -> None:
             ps = proposer.stats()
             ds, ds0 = ps["datastore"] or {}, pstats0["datastore"] or {}
             looks = ds.get("lookups", 0) - ds0.get("lookups", 0)
-            hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) - ds0.get("cache_hit_rate", 0) * ds0.get(
-                "lookups", 0
-            )
-            run["proposer"] = {
-                "steps": ps["steps"] - pstats0["steps"],
-                "step_ms_p50": ps["service_step_ms_p50"],
-                "step_ms_mean": ps["step_ms_mean"],
-                "lookup_share": ps["lookup_share"],
-                "cache_hit_rate": hits / max(looks, 1),
-                "cut_mean": ps["cut_mean"],
-                "step_cost": ps["step_cost"],
-                "round_trips": ds.get("round_trips", 0) - ds0.get("round_trips", 0),
-                "faults": ps["faults"],
-            }
+            hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) \
+                - ds0.get("cache_hit_rate", 0) * ds0.get("lookups", 0)
+            run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
+                               "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
+                               "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
+                               "step_cost": ps["step_cost"], "round_trips": ds.get("round_trips", 0)
+                               - ds0.get("round_trips", 0), "faults": ps["faults"]}
         result["sets"][name] = run
     Path(args.out).write_text(json.dumps(result))
 
@@ -143,20 +136,12 @@ def _table(results: list[dict], sets: list[str]) -> list[dict]:
             c = run["counters"]
             decode = run["tokens"] - len(run["prompts"])
             acc = c.get("spec_decode_num_accepted_tokens", 0)
-            row = {
-                "set": s,
-                "method": r["method"],
-                "k": r["k"],
-                "concurrency": r["concurrency"],
-                "prompts": len(run["prompts"]),
-                "tokens_per_s": run["tokens"] / run["wall_s"],
-                "tpot_ms": 1e3 * run["tpot_s"],
-                "accept_length": decode / max(decode - acc, 1),
-                "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
-                "speedup_vs_none": None
-                if ref is None
-                else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"]),
-            }
+            row = {"set": s, "method": r["method"], "k": r["k"], "concurrency": r["concurrency"],
+                   "prompts": len(run["prompts"]), "tokens_per_s": run["tokens"] / run["wall_s"],
+                   "tpot_ms": 1e3 * run["tpot_s"], "accept_length": decode / max(decode - acc, 1),
+                   "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
+                   "speedup_vs_none": None if ref is None
+                   else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])}
             if "proposer" in run:
                 row |= {f"proposer_{k}": v for k, v in run["proposer"].items()}
             rows.append(row)
@@ -189,25 +174,9 @@ def main() -> None:
             if args.resume and out.exists():
                 results.append(json.loads(out.read_text()))
                 continue
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                "--method",
-                m,
-                "--concurrency",
-                str(c),
-                "--k",
-                str(k),
-                "--half",
-                args.half,
-                "--max-new-tokens",
-                str(args.max_new_tokens),
-                "--out",
-                str(out),
-                "--sets",
-                *args.sets,
-            ]
+            cmd = [sys.executable, __file__, "--child", "--method", m, "--concurrency", str(c), "--k", str(k),
+                   "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
+                   "--sets", *args.sets]
             t = time.perf_counter()
             proc = subprocess.run(cmd, env=cpu_env(in_process=True), capture_output=True, text=True)
             if proc.returncode != 0:
@@ -217,23 +186,17 @@ def main() -> None:
             print(f"  {m:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
     rows = _table(results, args.sets)
     args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
-    print(
-        f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
-        f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits"
-    )
+    print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
+          f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits")
     for r in rows:
         extra = ""
         if "proposer_step_ms_p50" in r:
-            extra = (
-                f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
-                f"{r['proposer_cache_hit_rate']:.0%}"
-            )
+            extra = (f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
+                     f"{r['proposer_cache_hit_rate']:.0%}")
         same = "-" if r["identical"] is None else f"{r['identical']}/{r['prompts']}"
         sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
-        print(
-            f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
-            f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}"
-        )
+        print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
+              f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}")
     print(f"wrote {args.out}")
 
 

@@ -213,9 +213,8 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
     from decoder.service import TRIE_NODES, DraftingService
 
     cal = Calibration.load()
-    source = DatastoreSource(
-        lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url)
-    )
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url))
     service = DraftingService(source, calibration=cal)
     differs = 0
     try:
@@ -228,9 +227,8 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
                 cands = source.candidates_batch([ids[:cut]])[0]
                 for budget, chain, pool in ((64, False, cands), (8, False, cands[:1]), (64, True, cands[:1])):
                     got = service.propose([("r", budget)], chain=chain)[0]
-                    want, _ = draft_from_candidates(
-                        cal, pool, {"trie": trie.match(max(budget, TRIE_NODES))}, budget, chain=chain
-                    )
+                    want, _ = draft_from_candidates(cal, pool, {"trie": trie.match(max(budget, TRIE_NODES))}, budget,
+                                                    chain=chain)
                     assert got.token_ids.tolist() == want.token_ids.tolist()
                     assert np.allclose(got.scores, want.scores)
                 longest, _ = draft_from_candidates(cal, cands[:1], {"trie": trie.match(TRIE_NODES)}, 64)

@@ -46,51 +46,21 @@ def calibration_cache(tmp_path_factory):
 @pytest.mark.slow
 def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat_datastore, tmp_path):
     out = tmp_path / "bench.csv"
-    proc = _run(
-        [
-            "bench",
-            "--set",
-            "humaneval",
-            "--limit",
-            "1",
-            "--max-new-tokens",
-            "12",
-            "--drafter",
-            "none",
-            "trie",
-            "merged",
-            "--datastore",
-            chat_datastore,
-            "--budget",
-            "3",
-            "--csv",
-            str(out),
-        ],
-        database_url,
-        tmp_path,
-    )
+    proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "none",
+                 "trie", "merged", "--datastore", chat_datastore, "--budget", "3", "--csv", str(out)],
+                database_url, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     # no DuckDB, pyarrow, matplotlib, ingest or study on this path beyond what loading the model itself pulls in
     # (transformers imports scikit-learn where installed, and with it pandas and pyarrow)
-    base = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from decoder.model import load_target; load_target(); "
-            f"print('HEAVY_MODULES', sorted(m for m in {HEAVY!r} if m in sys.modules))",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    base = subprocess.run([sys.executable, "-c", "import sys; from decoder.model import load_target; load_target(); "
+                           f"print('HEAVY_MODULES', sorted(m for m in {HEAVY!r} if m in sys.modules))"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     heavy = {line for line in proc.stdout.splitlines() if line.startswith("HEAVY_MODULES")}
     assert heavy and heavy == {line for line in base.stdout.splitlines() if line.startswith("HEAVY_MODULES")}
     assert not {"duckdb", "matplotlib", "ingest", "study"} & set(ast.literal_eval(heavy.pop().split(" ", 1)[1]))
     rows = _csv(out)
     assert {(r["category"], r["drafter"]) for r in rows} == {
-        (c, d) for c in ("humaneval", "all") for d in ("greedy", "none", "trie", "merged")
-    }
+        (c, d) for c in ("humaneval", "all") for d in ("greedy", "none", "trie", "merged")}
     runs = {r["drafter"]: r for r in _csv(tmp_path / "bench_runs.csv")}
     assert len(runs) == 4 and all(int(r["new_tokens"]) == 12 for r in runs.values())
     for r in rows:
@@ -104,9 +74,8 @@ def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat
 
 
 @pytest.mark.slow
-def test_replay_cli_equals_replaying_in_process(
-    database_url, chat_datastore, tokenizer, tmp_path, calibration_cache, monkeypatch
-):
+def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, tokenizer, tmp_path, calibration_cache,
+                                                monkeypatch):
     from datastore import Datastore
     from decoder.drafters import DatastoreSource, TrieDrafter
     from decoder.prompts import load_prompts
@@ -114,27 +83,9 @@ def test_replay_cli_equals_replaying_in_process(
     from decoder.service import DraftingService
     from decoder.simulate import replay
 
-    proc = _run(
-        [
-            "replay",
-            "--set",
-            "humaneval",
-            "--limit",
-            "1",
-            "--max-new-tokens",
-            "16",
-            "--drafter",
-            "trie",
-            "merged",
-            "--datastore",
-            chat_datastore,
-            "--budget",
-            "4",
-        ],
-        database_url,
-        tmp_path,
-        calibration_cache,
-    )
+    proc = _run(["replay", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "16", "--drafter", "trie",
+                 "merged", "--datastore", chat_datastore, "--budget", "4"],
+                database_url, tmp_path, calibration_cache)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rows = {(r["category"], r["drafter"]): r for r in _csv(tmp_path / "results" / "replay_humaneval.csv")}
     prompt = load_prompts("humaneval", tokenizer, limit=1)[0]
@@ -151,9 +102,8 @@ def test_replay_cli_equals_replaying_in_process(
 
 
 @pytest.mark.slow
-def test_auto_budget_is_keyed_on_everything_that_changes_it(
-    target, chat_datastore, database_url, tokenizer, calibration_cache, monkeypatch
-):
+def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
+                                                           calibration_cache, monkeypatch):
     from datastore import Datastore
     from decoder.drafters import DatastoreSource
     from decoder.replay_cli import CANDIDATE_BUDGETS, auto_budgets
@@ -182,28 +132,12 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(
 
 @pytest.mark.slow
 def test_bench_cli_budget_auto_end_to_end(database_url, chat_datastore, tmp_path, calibration_cache):
-    args = [
-        "bench",
-        "--set",
-        "humaneval",
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "12",
-        "--drafter",
-        "trie",
-        "merged",
-        "--datastore",
-        chat_datastore,
-        "--budget",
-        "auto",
-        "--csv",
-        str(tmp_path / "b.csv"),
-    ]
+    args = ["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "12", "--drafter", "trie", "merged",
+            "--datastore", chat_datastore, "--budget", "auto", "--csv", str(tmp_path / "b.csv")]
     first = _run(args, database_url, tmp_path, calibration_cache)
     assert first.returncode == 0, first.stderr[-2000:] + first.stdout[-2000:]
     chosen = next(line for line in first.stdout.splitlines() if line.startswith("budgets: "))
-    budgets = dict(item.split("=") for item in chosen[len("budgets: ") :].split(", "))
+    budgets = dict(item.split("=") for item in chosen[len("budgets: "):].split(", "))
     assert set(budgets) == {"trie", "merged"} and all(int(b) >= 1 for b in budgets.values())
     for r in _csv(tmp_path / "b_runs.csv"):
         if r["drafter"] != "greedy":
@@ -219,82 +153,28 @@ def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer
 
     SuffixIndex.build(real_stream, len(tokenizer)).save(tmp_path / "rest")
     out = tmp_path / "bench.csv"
-    proc = _run(
-        [
-            "bench",
-            "--set",
-            "spec_bench",
-            "--category",
-            "writing",
-            "--limit",
-            "1",
-            "--max-new-tokens",
-            "12",
-            "--drafter",
-            "rest",
-            "--rest-index",
-            str(tmp_path / "rest"),
-            "--budget",
-            "8",
-            "--csv",
-            str(out),
-        ],
-        database_url,
-        tmp_path,
-    )
+    proc = _run(["bench", "--set", "spec_bench", "--category", "writing", "--limit", "1", "--max-new-tokens", "12",
+                 "--drafter", "rest", "--rest-index", str(tmp_path / "rest"), "--budget", "8", "--csv", str(out)],
+                database_url, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     rows = [r for r in _csv(out) if r["drafter"] == "rest"]
     assert rows and all(r["lossless"] == "1/1" for r in rows)
-    missing = _run(
-        [
-            "bench",
-            "--set",
-            "humaneval",
-            "--limit",
-            "1",
-            "--drafter",
-            "rest",
-            "--rest-index",
-            str(tmp_path / "nowhere"),
-            "--budget",
-            "3",
-        ],
-        database_url,
-        tmp_path,
-    )
+    missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
+                    str(tmp_path / "nowhere"), "--budget", "3"], database_url, tmp_path)
     assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stdout
 
 
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
-    proc = _run(
-        [
-            "bench",
-            "--set",
-            "humaneval",
-            "--limit",
-            "1",
-            "--max-new-tokens",
-            "4",
-            "--drafter",
-            "datastore",
-            "--datastore",
-            "no-such-datastore",
-            "--budget",
-            "3",
-        ],
-        database_url,
-        tmp_path,
-    )
+    proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "4", "--drafter", "datastore",
+                 "--datastore", "no-such-datastore", "--budget", "3"],
+                database_url, tmp_path)
     assert proc.returncode == 2
     assert "no-such-datastore" in proc.stdout
 
 
 def test_bench_cli_names_an_unknown_category(database_url, tmp_path):
-    proc = _run(
-        ["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3"],
-        database_url,
-        tmp_path,
-    )
+    proc = _run(["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3"],
+                database_url, tmp_path)
     assert proc.returncode == 2
     assert "'poetry'" in proc.stdout and "rag" in proc.stdout
 

@@ -27,12 +27,8 @@ class _FaultAfter:
     def __init__(self, inner, fault, after: int = 3) -> None:
         self.inner, self.fault, self.after, self.calls = inner, fault, after, 0
         self.name = inner.name
-        self.start_request, self.add_tokens, self.stop_request, self.config = (
-            inner.start_request,
-            inner.add_tokens,
-            inner.stop_request,
-            inner.config,
-        )
+        self.start_request, self.add_tokens, self.stop_request, self.config = (inner.start_request, inner.add_tokens,
+                                                                               inner.stop_request, inner.config)
 
     def propose(self, batch, *, chain=False, min_score=None):
         self.calls += 1
@@ -52,9 +48,8 @@ def reference(target, prompt):
 
 
 def _warnings(caplog) -> list[str]:
-    return [
-        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "decoder.drafters.source"
-    ]
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "decoder.drafters.source"]
 
 
 def _decode(target, prompt, source, fault=None):
@@ -71,15 +66,13 @@ def _recovers(source, prompt, build_id: int) -> None:
     assert source.client is not None and source.client.identity()["build"] == build_id
 
 
-def test_unreachable_server_at_start(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog
-):
+def test_unreachable_server_at_start(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name,
+                                     caplog):
     build = build_small(database_url, ds_name, sharegpt_sample)
     url = [UNREACHABLE]  # the server the source connects to: down, then up
     with caplog.at_level(logging.WARNING):
-        source = DatastoreSource(
-            lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=url[0]), retry_s=3600.0
-        )
+        source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=url[0]),
+                                 retry_s=3600.0)
         assert _decode(target, prompt, source) == reference
     assert source.client is None and source.faults == {"DatabaseUnavailable": 1}
     assert len(_warnings(caplog)) == 1 and "cannot connect" in _warnings(caplog)[0]
@@ -88,13 +81,11 @@ def test_unreachable_server_at_start(
     source.close()
 
 
-def test_server_lost_mid_generation(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog
-):
+def test_server_lost_mid_generation(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name,
+                                    caplog):
     build = build_small(database_url, ds_name, sharegpt_sample)
-    source = DatastoreSource(
-        lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url), retry_s=3600.0
-    )
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url),
+                             retry_s=3600.0)
 
     def kill_backend():
         assert isinstance(source.client, Datastore)
@@ -109,13 +100,11 @@ def test_server_lost_mid_generation(
     source.close()
 
 
-def test_datastore_dropped_under_a_live_client(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog
-):
+def test_datastore_dropped_under_a_live_client(target, prompt, reference, database_url, tokenizer, sharegpt_sample,
+                                               ds_name, caplog):
     build_small(database_url, ds_name, sharegpt_sample)
-    source = DatastoreSource(
-        lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url), retry_s=3600.0
-    )
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url),
+                             retry_s=3600.0)
     with caplog.at_level(logging.WARNING):
         assert _decode(target, prompt, source, lambda: drop_datastore(database_url, ds_name)) == reference
     assert source.client is None and source.faults == {"DatastoreNotFound": 1}
@@ -124,39 +113,28 @@ def test_datastore_dropped_under_a_live_client(
     source.close()
 
 
-def test_rebuild_with_the_same_tokenizer_is_followed_silently(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog
-):
+def test_rebuild_with_the_same_tokenizer_is_followed_silently(target, prompt, reference, database_url, tokenizer,
+                                                             sharegpt_sample, ds_name, caplog):
     first = build_small(database_url, ds_name, sharegpt_sample)
     source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url))
     rebuilt = []
     with caplog.at_level(logging.WARNING):
-        out = _decode(
-            target, prompt, source, lambda: rebuilt.append(build_small(database_url, ds_name, sharegpt_sample))
-        )
+        out = _decode(target, prompt, source,
+                      lambda: rebuilt.append(build_small(database_url, ds_name, sharegpt_sample)))
     assert out == reference and not _warnings(caplog) and not source.faults
     assert rebuilt[0] != first and source.client is not None and source.client.identity()["build"] == rebuilt[0]
     source.close()
 
 
-def test_rebuild_with_another_tokenizer(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog
-):
+def test_rebuild_with_another_tokenizer(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name,
+                                        caplog):
     build_small(database_url, ds_name, sharegpt_sample)
-    source = DatastoreSource(
-        lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url), retry_s=3600.0
-    )
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url),
+                             retry_s=3600.0)
 
     def rebuild_with_other_tokenizer():
-        with DatastoreWriter.begin(
-            database_url,
-            ds_name,
-            tokenizer="other-model",
-            tokenizer_fingerprint="f" * 64,
-            key_width=2,
-            corpus={},
-            params={},
-        ) as w:
+        with DatastoreWriter.begin(database_url, ds_name, tokenizer="other-model", tokenizer_fingerprint="f" * 64,
+                                   key_width=2, corpus={}, params={}) as w:
             w.finish(ngram_stats={}, num_tokens=0, timings={})
 
     with caplog.at_level(logging.WARNING):
@@ -170,9 +148,8 @@ def test_rebuild_with_another_tokenizer(
 def test_corrupt_tree_blobs(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, caplog):
     build_small(database_url, ds_name, sharegpt_sample)
     table = datastore_stats(database_url, ds_name)["table"]
-    source = DatastoreSource(
-        lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url), retry_s=3600.0
-    )
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=database_url),
+                             retry_s=3600.0)
 
     def corrupt_every_blob():
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -190,15 +167,15 @@ def test_corrupt_tree_blobs(target, prompt, reference, database_url, tokenizer, 
     source.close()
 
 
-def test_grant_revoked_under_a_reader(
-    target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name, reader, caplog
-):
+def test_grant_revoked_under_a_reader(target, prompt, reference, database_url, tokenizer, sharegpt_sample, ds_name,
+                                     reader, caplog):
     """The reader still opens the datastore but every lookup is refused: with retries on every step it warns
     once, not once per retry, and drafts from the datastore again once the grant is back."""
     role, reader_url = reader
     build = build_small(database_url, ds_name, sharegpt_sample)
     table = grant_reader(database_url, role, ds_name, create=True)[0]
-    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url), retry_s=0.0)
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url),
+                             retry_s=0.0)
 
     def revoke():
         with psycopg.connect(database_url, autocommit=True) as conn:

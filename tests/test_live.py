@@ -59,15 +59,11 @@ def _append(url: str, name: str, docs) -> None:
 
 def _rows(url: str, name: str) -> dict[bytes, bytes]:
     with connect(url) as conn:
-        row = conn.execute(
-            "SELECT trees_table FROM datastores WHERE name = %s AND state = 'ready'", [name]
-        ).fetchone()
+        row = conn.execute("SELECT trees_table FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
         assert row is not None
         table = row[0]
-        return {
-            bytes(k): bytes(v)
-            for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))
-        }
+        return {bytes(k): bytes(v)
+                for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))}
 
 
 def test_encode_decode_round_trip_and_errors():
@@ -95,18 +91,13 @@ def test_appender_role_may_only_insert(database_url, live_ds):
         writer.close()
         assert (writer.appended, writer.written, writer.failed, writer.dropped) == (2, 2, 0, 1)
         with connect(database_url) as conn:
-            got = conn.execute(
-                "SELECT tokens, origin FROM live_outputs WHERE name = %s ORDER BY id", [live_ds]
-            ).fetchall()
+            got = conn.execute("SELECT tokens, origin FROM live_outputs WHERE name = %s ORDER BY id",
+                               [live_ds]).fetchall()
         assert [decode_output(bytes(t)).tolist() for t, _ in got] == [[5, 6, 7, 8], list(range(100, 164))]
         assert {o for _, o in got} == {"pytest"}
         with psycopg.connect(url, autocommit=True) as conn:
-            for stmt in (
-                "SELECT * FROM live_outputs",
-                "DELETE FROM live_outputs",
-                "UPDATE live_outputs SET origin = ''",
-                "SELECT * FROM datastores",
-            ):
+            for stmt in ("SELECT * FROM live_outputs", "DELETE FROM live_outputs",
+                         "UPDATE live_outputs SET origin = ''", "SELECT * FROM datastores"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(stmt)
     finally:
@@ -134,16 +125,13 @@ def test_compaction_equals_a_build_of_the_same_outputs(database_url, real_stream
     path = tmp_path / "s.u32"
     with TokenStreamWriter(path) as w:
         w.write(docs)
-    build_datastore(
-        BuildConfig(name=ds_name, top_t=500, database_url=database_url),
-        progress=False,
-        corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token, {"path": str(path), "malformed": {}}),
-    )
+    build_datastore(BuildConfig(name=ds_name, top_t=500, database_url=database_url),
+                    progress=False, corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token,
+                                                          {"path": str(path), "malformed": {}}))
     assert _rows(database_url, live_name(live_ds)) == _rows(database_url, ds_name)  # same rule, same trees
     with connect(database_url) as conn:
-        row = conn.execute(
-            "SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'", [live_name(live_ds)]
-        ).fetchone()
+        row = conn.execute("SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'",
+                           [live_name(live_ds)]).fetchone()
         assert row is not None
         corpus = row[0]
     assert corpus["source"] == "outputs"  # provenance of every tree of the layer
@@ -156,10 +144,8 @@ def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url,
     res = compact_live(live_ds, top_t=100, max_bytes=2 * 4 * budget_tokens + 1, database_url=database_url)
     assert res.outputs == 4 and res.evicted == len(docs) - 4
     with connect(database_url) as conn:
-        left = [
-            decode_output(bytes(t)).tolist()
-            for (t,) in conn.execute("SELECT tokens FROM live_outputs WHERE name = %s ORDER BY id", [live_ds])
-        ]
+        left = [decode_output(bytes(t)).tolist() for (t,) in conn.execute(
+            "SELECT tokens FROM live_outputs WHERE name = %s ORDER BY id", [live_ds])]
     assert left == [d.tolist() for d in docs[-4:]]
 
 
@@ -174,9 +160,8 @@ def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tok
     assert writer.flush(30)
     writer.close()
     compact_live(live_ds, top_t=1000, database_url=database_url)
-    layer = DatastoreSource(
-        lambda: SharedDatastore.open(live_name(live_ds), tokenizer=tokenizer, database_url=database_url)
-    )
+    layer = DatastoreSource(lambda: SharedDatastore.open(live_name(live_ds), tokenizer=tokenizer,
+                                                         database_url=database_url))
     try:
         with_live = DraftingService(None, live=layer)
         without = DraftingService(None)
@@ -197,20 +182,14 @@ def test_candidates_are_every_stored_suffix_longest_first(chat_datastore, databa
         want = []
         for ctx in contexts:  # oracle: the n-suffix is stored when the longest match of that suffix has length n
             hits = [plain.lookup(ctx[-n:]) for n in range(plain.info.max_n, 0, -1)]
-            want.append(
-                [
-                    (m.ngram, m.tree)
-                    for n, m in zip(range(plain.info.max_n, 0, -1), hits)
-                    if m is not None and len(m.ngram) == n
-                ]
-            )
+            want.append([(m.ngram, m.tree) for n, m in zip(range(plain.info.max_n, 0, -1), hits)
+                         if m is not None and len(m.ngram) == n])
         assert sum(map(len, want)) > len(contexts)  # several candidates per context, typically
         for client in (plain, shared, shared):  # the second shared call is answered by its cache
             got = client.candidates_batch(contexts)
             assert [[(m.ngram, m.tree) for m in c] for c in got] == want
         assert [c[0].ngram if c else None for c in shared.candidates_batch(contexts)] == [
-            None if m is None else m.ngram for m in shared.lookup_batch(contexts)
-        ]
+            None if m is None else m.ngram for m in shared.lookup_batch(contexts)]
     finally:
         plain.close()
         shared.close()

@@ -61,9 +61,8 @@ def test_every_drafter_is_lossless(target, eval_prompts, references, source, bud
 @pytest.mark.parametrize("name", ["merged", pytest.param("trie", marks=pytest.mark.slow),
                                   pytest.param("pld", marks=pytest.mark.slow)])
 def test_replay_equals_real_runs(target, eval_prompts, references, source, name):
-    makers: dict[str, Callable[[], Drafter]] = {
-        "merged": lambda: DraftingService(source), "trie": TrieDrafter, "pld": PromptLookupDrafter
-    }
+    makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: DraftingService(source), "trie": TrieDrafter,
+                                                "pld": PromptLookupDrafter}
     d = makers[name]()
     for p in eval_prompts:
         real = speculative_generate(target, p.token_ids, d, max_new_tokens=MAX_NEW, budget=8)

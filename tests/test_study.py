@@ -97,8 +97,7 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     argv = ["storage", "--corpus", "sharegpt", "code", "--corpus-limit", "150", "--limit", "1",
             "--max-new-tokens", "12", "--top-t", "50", "200", "--single-top-t", "50", "--single-n", "1", "2",
             "--combined-m", "3", "--rest-fractions", "50%", "100%", "--workdir", str(tmp_path / "work"),
-            "--out", str(out), "--name-prefix", prefix, "--database-url",
-            database_url, "--quiet"]
+            "--out", str(out), "--name-prefix", prefix, "--database-url", database_url, "--quiet"]
     assert main(argv) == 0
     refs_by_set = {}
     for eval_set, categories in (("spec_bench", MT_BENCH), ("humaneval", None)):
