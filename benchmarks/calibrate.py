@@ -29,7 +29,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, Reference, half, load_references  # noqa: E402
-
 from decoder.accept import accepted_mask, reference_predictions  # noqa: E402
 from decoder.calibration import COLUMN, SOURCES, Calibration, node_table  # noqa: E402
 from decoder.ngram_trie import NGramTrie  # noqa: E402

@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collections import deque  # noqa: E402
 
 from _refs import REPO, half, load_references  # noqa: E402
-
 from decoder.calibration import draft_from_candidates  # noqa: E402
 from decoder.draft import Draft, ScoreKind  # noqa: E402
 from decoder.drafters import RequestDrafter  # noqa: E402

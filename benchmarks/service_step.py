@@ -64,7 +64,6 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
     from _refs import half, load_references
-
     from datastore import load_tokenizer
     from datastore.shared import SharedDatastore
     from decoder.drafters import DatastoreSource

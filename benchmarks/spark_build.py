@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import cast
 
 import psycopg
-from _child import run_sampled
 
+from _child import run_sampled
 from datastore.catalog import drop_datastore
 from datastore.connection import resolve_database_url
 

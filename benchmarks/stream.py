@@ -35,9 +35,8 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references  # noqa: E402
-from peers import SuffixDrafter  # noqa: E402
-
 from decoder.simulate import replay  # noqa: E402
+from peers import SuffixDrafter  # noqa: E402
 
 
 def streams(which: str) -> dict[str, list]:

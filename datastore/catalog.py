@@ -1,16 +1,19 @@
-"""Administration of stored builds: list and stats (read-only), drop (a writer's command)."""
+"""Administration of stored builds: list and stats (read-only), drop and vacuum (a writer's commands)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from psycopg import sql
 
-from .connection import connect, one_row
+from .connection import APPLICATION_NAME, connect, one_row
+from .ddl import DDL_LOCK_TIMEOUT_S, PendingDrop, vacuum
 from .errors import BuildConflict, DatastoreNotFound
 from .registry import SWAP_CHANNEL
 from .schema import require_schema
 from .writer import name_lock_key
 
-__all__ = ["list_datastores", "datastore_stats", "drop_datastore"]
+__all__ = ["DropResult", "list_datastores", "datastore_stats", "drop_datastore", "vacuum_datastores"]
 
 
 def list_datastores(url: str, include_all: bool = False) -> list[dict]:
@@ -67,25 +70,60 @@ def datastore_stats(url: str, name: str) -> dict:
             "completed_at": completed.isoformat() if completed else None}
 
 
-def drop_datastore(url: str, name: str) -> int:
-    """Drop every build of ``name`` (ready, failed, retired) and its tables; returns builds dropped.
+@dataclass(frozen=True)
+class DropResult:
+    """What :func:`drop_datastore` did.
+
+    Attributes:
+        name: the datastore. builds: its builds taken out of the registry now (lookups stop at once).
+        dropped: tables dropped. pending: tables still in use, dropped later when free (what holds them).
+    """
+
+    name: str
+    builds: int
+    dropped: list[str]
+    pending: list[PendingDrop]
+
+
+def drop_datastore(url: str, name: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT_S) -> DropResult:
+    """Drop every build of ``name`` (ready, failed, retired): at once out of the registry (live clients are
+    notified and stop reading it), and each table as soon as no session holds it (:mod:`datastore.ddl`: a
+    session holding one never makes lookups queue behind the ``DROP``; such a table is reported and dropped
+    later by ``python -m datastore vacuum``, the next build or drop).
 
     Reader grants recorded for ``name`` stay, so a later build of the name is readable again.
+
+    Args:
+        url: the builder's URL. name: the datastore. lock_timeout_s: the longest a ``DROP TABLE`` waits.
 
     Raises:
         datastore.errors.DatastoreNotFound: when no build has that name.
         datastore.errors.BuildConflict: when a build of ``name`` is running.
         datastore.errors.SchemaMismatch: when the registry is not at the current revision.
     """
-    with connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} drop") as conn:
         require_schema(conn)
         if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)])[0]:
             raise BuildConflict(f"a build of {name!r} is running; drop it after the build ends")
         with conn.transaction():
-            tables = conn.execute("DELETE FROM datastores WHERE name = %s RETURNING trees_table", [name]).fetchall()
+            builds = conn.execute("UPDATE datastores SET state = 'dropped' WHERE name = %s AND state <> 'dropped'",
+                                  [name]).rowcount
+            tables = {t for (t,) in conn.execute("SELECT trees_table FROM datastores WHERE name = %s", [name])}
             conn.execute("SELECT pg_notify(%s, %s)", [SWAP_CHANNEL, name])  # live clients stop at once
-            for (table,) in tables:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
-    if not tables:
-        raise DatastoreNotFound(f"no datastore named {name!r}")
-    return len(tables)
+        if not tables:
+            raise DatastoreNotFound(f"no datastore named {name!r} (see `python -m datastore list --all`)")
+        dropped, pending = vacuum(conn, lock_timeout_s)  # its tables (a drop left pending earlier included)
+    return DropResult(name, builds, [t for t in dropped if t in tables], [p for p in pending if p.table in tables])
+
+
+def vacuum_datastores(url: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT_S) -> tuple[list[str], list[PendingDrop]]:
+    """Drop the tables of every build that no longer serves and still has one, when free
+    (:func:`datastore.ddl.vacuum`); returns ``(dropped, still held)``.
+
+    Raises:
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+        datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+    """
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} vacuum") as conn:
+        require_schema(conn)
+        return vacuum(conn, lock_timeout_s)

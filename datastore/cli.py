@@ -1,36 +1,44 @@
-"""``python -m datastore {list,stats,drop,migrate,grant-reader,grant-appender}``: inspect and manage stored datastores.
+"""``python -m datastore {list,stats,drop,vacuum,migrate,grant-reader,revoke-reader,grant-appender}``: inspect and
+manage stored datastores.
 
-``list`` and ``stats`` only read. ``migrate`` brings the registry schema to the
-revision this package reads (builds do it too); ``drop`` removes builds;
-``grant-reader`` lets a least-privilege role look datastores up; ``grant-appender`` lets a decoder's role
+``list`` and ``stats`` only read. ``migrate`` brings the registry schema to the revision this package reads
+(builds do it too); ``drop`` removes a datastore's builds (at once out of the registry; each table when no
+session holds it) and ``vacuum`` drops the tables left for later; ``grant-reader`` / ``revoke-reader`` give
+and take back a least-privilege role's right to look datastores up; ``grant-appender`` lets a decoder's role
 append finished outputs to the live layer (``INSERT`` on ``live_outputs``, nothing else).
+
+Exit codes: 0 done, 1 the command could not be carried out, 2 bad input (:mod:`datastore.console`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from .errors import DatastoreError
-from .options import database_options
+from .console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, run, table_console
+from .errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound, clause
+from .options import database_options, datastore_name
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (one subcommand each; every option checked here)."""
     p = argparse.ArgumentParser(prog="python -m datastore", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     db = [database_options()]
     ls = sub.add_parser("list", parents=db, help="list datastores")
-    ls.add_argument("--all", action="store_true", help="include building, failed and retired builds")
+    ls.add_argument("--all", action="store_true", help="include building, failed, retired and dropped builds")
     ls.add_argument("--json", action="store_true", help="print JSON")
     st = sub.add_parser("stats", parents=db, help="per-n counts, rows, bytes on disk, bytes per n-gram, mean tree size")
-    st.add_argument("--name", required=True, help="datastore name")
+    st.add_argument("--name", type=datastore_name, required=True, help="datastore name")
     st.add_argument("--json", action="store_true", help="print JSON")
-    dr = sub.add_parser("drop", parents=db, help="drop every build of a datastore and its tables")
-    dr.add_argument("name", help="datastore name")
+    dr = sub.add_parser("drop", parents=db,
+                        help="drop every build of a datastore (each table when no session holds it)")
+    dr.add_argument("name", type=datastore_name, help="datastore name")
+    sub.add_parser("vacuum", parents=db,
+                   help="drop the tables that left the registry but were still in use when they did")
     mg = sub.add_parser("migrate", parents=db, help="bring the registry schema to this package's revision")
     mg.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 unless the database is at this package's revision and the models "
@@ -38,8 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     gr = sub.add_parser("grant-reader", parents=db,
                         help="let a role look datastores up (SELECT only), now and after every rebuild")
     gr.add_argument("role", help="the Postgres role to grant")
-    gr.add_argument("--name", default=None, help="only this datastore (default: every datastore, present and future)")
+    gr.add_argument("--name", type=datastore_name, default=None,
+                    help="only this datastore, which must have been built (default: every datastore, present and "
+                         "future)")
+    gr.add_argument("--future", action="store_true", help="allow a --name that has never been built yet")
     gr.add_argument("--create", action="store_true", help="create the role (LOGIN, no password) if it does not exist")
+    rv = sub.add_parser("revoke-reader", parents=db, help="take back what grant-reader gave a role")
+    rv.add_argument("role", help="the Postgres role")
+    rv.add_argument("--name", type=datastore_name, default=None,
+                    help="only this datastore's grant (default: every grant of the role)")
     ga = sub.add_parser("grant-appender", parents=db,
                         help="let a decoder's role append finished outputs to the live layer (INSERT only)")
     ga.add_argument("role", help="the Postgres role to grant")
@@ -47,14 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _table(title: str, rows: list[tuple[str, str]]) -> None:
-    from rich.console import Console
+def _table(title: str, columns: list[str], rows: list[list[str]], right: tuple[str, ...] = ()) -> None:
     from rich.table import Table
 
-    t = Table(title=title, show_header=False)
-    for label, value in rows:
-        t.add_row(label, value)
-    Console().print(t)
+    t = Table(title=title, show_header=bool(columns))
+    for col in columns or ["", ""]:
+        t.add_column(col, justify="right" if col in right else "left", overflow="fold")
+    for row in rows:
+        t.add_row(*row)
+    table_console().print(t)
 
 
 def _list(url: str, args) -> None:
@@ -64,12 +80,14 @@ def _list(url: str, args) -> None:
     if args.json:
         print(json.dumps(items, default=str, indent=2))
         return
-    for d in items:
-        size = f"{d['bytes_on_disk']:,} B" if d["bytes_on_disk"] else "-"
-        print(f"{d['name']:<24} build {d['id']:<5} {d['state']:<9} {d['ngrams']:>12,} n-grams  {size:>16}"
-              + (f"  ({d['error']})" if d["error"] else ""))
     if not items:
         print("no datastores; build one with `python -m ingest build`")
+        return
+    _table("datastores", ["name", "build", "state", "n-grams", "bytes on disk", "completed", "error"],
+           [[d["name"], str(d["id"]), d["state"], f"{d['ngrams']:,}",
+             f"{d['bytes_on_disk']:,}" if d["bytes_on_disk"] else "-",
+             f"{d['completed_at']:%Y-%m-%d %H:%M}" if d["completed_at"] else "-", d["error"] or ""] for d in items],
+           right=("build", "n-grams", "bytes on disk"))
 
 
 def _stats(url: str, args) -> None:
@@ -89,13 +107,27 @@ def _stats(url: str, args) -> None:
         rows.append((f"n={n}", f"{v['rows']:,} rows of {v['distinct_in_corpus'] or 0:,} distinct, "
                                f"min count {v['min_kept_count']}, {v['mean_tree_nodes']:.1f} nodes, "
                                f"{v['mean_blob_bytes']:.1f} B/blob"))
-    _table("datastore stats", rows)
+    _table("datastore stats", [], [list(r) for r in rows])
 
 
 def _drop(url: str, args) -> None:
     from .catalog import drop_datastore
 
-    print(f"dropped {drop_datastore(url, args.name)} build(s) of {args.name!r}")
+    res = drop_datastore(url, args.name)
+    print(f"dropped datastore {args.name!r}: {res.builds} build(s) out of the registry, {len(res.dropped)} table(s) "
+          f"dropped")
+    for pending in res.pending:
+        print(f"not dropped yet: {pending.describe()}")
+
+
+def _vacuum(url: str, args) -> None:
+    from .catalog import vacuum_datastores
+
+    dropped, pending = vacuum_datastores(url)
+    print(f"dropped {len(dropped)} table(s) of builds that no longer serve" + (f": {', '.join(dropped)}" if dropped
+                                                                                else ""))
+    for p in pending:
+        print(f"not dropped yet: {p.describe()}")
 
 
 def _migrate(url: str, args) -> None:
@@ -118,10 +150,18 @@ def _migrate(url: str, args) -> None:
 def _grant(url: str, args) -> None:
     from .grants import grant_reader
 
-    tables = grant_reader(url, args.role, args.name, create=args.create)
+    tables = grant_reader(url, args.role, args.name, create=args.create, future=args.future)
     what = f"datastore {args.name!r}" if args.name else "every datastore"
     print(f"role {args.role!r} may read {what} (SELECT only; later builds grant their own tables); "
           f"tables granted now: {', '.join(tables) or 'none yet'}")
+
+
+def _revoke(url: str, args) -> None:
+    from .grants import revoke_reader
+
+    tables = revoke_reader(url, args.role, args.name)
+    what = f"datastore {args.name!r}" if args.name else "any datastore"
+    print(f"role {args.role!r} may no longer read {what}; tables revoked: {', '.join(tables) or 'none'}")
 
 
 def _grant_appender(url: str, args) -> None:
@@ -131,23 +171,32 @@ def _grant_appender(url: str, args) -> None:
     print(f"role {args.role!r} may append outputs to the live layer (INSERT on live_outputs only)")
 
 
+COMMANDS = {"list": _list, "stats": _stats, "drop": _drop, "vacuum": _vacuum, "migrate": _migrate,
+            "grant-reader": _grant, "revoke-reader": _revoke, "grant-appender": _grant_appender}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 1 a datastore error or a failed check, 2 usage)."""
-    import psycopg
-    from alembic.util.exc import AutogenerateDiffsDetected
+    """Entry point; returns the exit code (0 ok, 1 a datastore error or a failed check, 2 bad input)."""
+    args = build_parser().parse_args(argv)
 
-    from .connection import resolve_database_url
-    from .grants import RoleNotFound
+    def command() -> int:
+        import psycopg
 
-    args = _parser().parse_args(argv)
-    commands = {"list": _list, "stats": _stats, "drop": _drop, "migrate": _migrate, "grant-reader": _grant,
-                "grant-appender": _grant_appender}
-    try:
-        commands[args.command](resolve_database_url(args.database_url), args)
-    except (DatastoreError, RoleNotFound, AutogenerateDiffsDetected) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except psycopg.errors.InsufficientPrivilege as exc:
-        print(f"error: this role may not {args.command} here: {exc}".rstrip(), file=sys.stderr)
-        return 1
-    return 0
+        from .connection import resolve_database_url
+        from .extras import MissingExtra
+        from .grants import RoleNotFound, UnknownDatastore
+
+        try:
+            COMMANDS[args.command](resolve_database_url(args.database_url), args)
+        except (BadDatabaseUrl, DatastoreNotFound, RoleNotFound, UnknownDatastore, MissingExtra) as exc:
+            error(exc)
+            return EXIT_USAGE
+        except DatastoreError as exc:
+            error(exc)
+            return EXIT_FAILED
+        except psycopg.errors.InsufficientPrivilege as exc:
+            error(f"this role may not {args.command} here: {clause(exc)}")
+            return EXIT_FAILED
+        return EXIT_OK
+
+    return run(command)

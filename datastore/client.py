@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from .connection import connect, resolve_database_url
-from .lookup import DatastoreInfo, LookupClient, check_tokenizer, resolve_build
+from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .schema import require_schema
 from .tokenizer import tokenizer_fingerprint
 
@@ -51,13 +51,17 @@ class Datastore(LookupClient):
             datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
             datastore.errors.TokenizerMismatch: when the fingerprints differ.
             datastore.errors.LookupFailed: when the role may not read the registry or the build.
+
+        The connection is named ``crest-spec reader`` and its statements time out after
+        :data:`datastore.lookup.LOOKUP_TIMEOUT_S` seconds.
         """
         if fingerprint is None:
             if tokenizer is None:
                 raise ValueError("Datastore.open needs the caller's tokenizer (or its fingerprint) to check it")
             fingerprint = tokenizer_fingerprint(tokenizer)
-        conn = connect(resolve_database_url(database_url), autocommit=True)
+        conn = connect(resolve_database_url(database_url), autocommit=True, application_name=READER_APPLICATION)
         try:
+            configure_reader(conn)
             require_schema(conn)
             info = resolve_build(conn, name)
             check_tokenizer(info, fingerprint)

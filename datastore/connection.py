@@ -16,11 +16,14 @@ from pathlib import Path
 
 import psycopg
 
-from .errors import DatabaseUnavailable
+from .errors import BadDatabaseUrl, DatabaseUnavailable, clause
 from .settings import Settings
 
-__all__ = ["resolve_database_url", "embedded_data_dir", "connect", "one_row", "engine_for", "redacted",
-           "restart_embedded", "embedded_settings"]
+__all__ = ["APPLICATION_NAME", "resolve_database_url", "embedded_data_dir", "connect", "check_database_url",
+           "one_row", "engine_for", "redacted", "restart_embedded", "embedded_settings"]
+
+APPLICATION_NAME = "crest-spec"
+"""What this package's sessions are called in ``pg_stat_activity`` (a suffix says which part: reader, build ...)."""
 
 _log = logging.getLogger(__name__)
 _embedded_servers: dict[Path, object] = {}
@@ -68,7 +71,7 @@ def _start_embedded() -> str:
         except Exception as exc:
             _embedded_servers.pop(pgdata, None)
             raise DatabaseUnavailable(
-                f"could not start the embedded PostgreSQL in {pgdata} ({exc}); "
+                f"could not start the embedded PostgreSQL in {pgdata} ({clause(exc)}); "
                 "set DATABASE_URL to a running server, or CREST_PGDATA to another writable directory"
             ) from exc
     return _embedded_servers[pgdata].get_uri()  # type: ignore[attr-defined]
@@ -151,12 +154,13 @@ def resolve_database_url(database_url: str | None = None) -> str:
         database_url: an explicit URL; ``postgresql+psycopg://`` is accepted too.
 
     Raises:
+        BadDatabaseUrl: when the URL given (or ``DATABASE_URL``) is not a libpq connection string.
         DatabaseUnavailable: when the embedded server is needed but cannot start.
     """
     url = database_url or Settings.from_env().database_url
     if not url:
         url = _start_embedded()
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+    return check_database_url(url.replace("postgresql+psycopg://", "postgresql://", 1))
 
 
 def engine_for(url: str):
@@ -174,7 +178,7 @@ def redacted(url: str) -> str:
     try:
         params = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:
-        return "<unparsable URL>"
+        return _masked(url)
     params.pop("password", None)
     return psycopg.conninfo.make_conninfo("", **params)
 
@@ -191,17 +195,42 @@ def one_row(conn: psycopg.Connection, query, params=None) -> tuple:
     return row
 
 
-def connect(url: str, **kwargs) -> psycopg.Connection:
-    """Open a psycopg 3 connection.
+def connect(url: str, *, application_name: str = APPLICATION_NAME, **kwargs) -> psycopg.Connection:
+    """Open a psycopg 3 connection, named ``application_name`` in ``pg_stat_activity`` (so an administrator
+    sees which sessions are this package's, and what a blocked command waits on).
 
     Raises:
-        DatabaseUnavailable: when the server cannot be reached, with the URL
-            (password masked) and the fix in the message.
+        BadDatabaseUrl: when ``url`` is not a libpq connection string (password masked, with the fix).
+        DatabaseUnavailable: when the server cannot be reached, with the URL (password masked) and the fix.
     """
+    check_database_url(url)
     try:
-        return psycopg.connect(url, **kwargs)
+        return psycopg.connect(url, application_name=application_name, **kwargs)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redacted(url)}: {exc}. "
-            "Check DATABASE_URL/--database-url, or unset both to use the embedded server."
+            f"cannot connect to PostgreSQL at {redacted(url)}: {clause(exc)}; "
+            "check DATABASE_URL or --database-url, or unset both to use the embedded server"
         ) from exc
+
+
+def check_database_url(url: str) -> str:
+    """``url`` when it parses as a libpq connection string (a ``postgresql://`` URL or ``key=value`` pairs).
+
+    Raises:
+        BadDatabaseUrl: naming the URL (its password hidden) and the forms that work.
+    """
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise BadDatabaseUrl(
+            f"database URL {_masked(url)!r} is not a libpq connection string ({clause(exc)}); write "
+            "postgresql://user[:password]@host[:port]/database or 'host=... dbname=... user=...' in DATABASE_URL "
+            "or --database-url") from exc
+    return url
+
+
+def _masked(url: str) -> str:
+    """``url`` with anything that looks like a password replaced by ``***`` (for URLs that do not parse)."""
+    import re
+
+    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", re.sub(r"(password\s*=\s*)\S+", r"\1***", url))

@@ -4,12 +4,15 @@ Drafting is optional for a speculative decoder: verification decides every
 token, so a decoder that catches :class:`DatastoreError` and drafts without the
 datastore produces the same output. Each subclass also derives from the
 built-in exception it refines (``LookupError``, ``ValueError``, ``RuntimeError``).
+
+Bad input from the caller is not a datastore fault: :class:`InvalidContext` (a ``ValueError``) is raised for a
+context that is not a sequence of token ids of the tokenizer's vocabulary, and is never swallowed as a fault.
 """
 
 from __future__ import annotations
 
-__all__ = ["DatastoreError", "DatabaseUnavailable", "DatastoreNotFound", "TokenizerMismatch", "SchemaMismatch",
-           "CodecError", "LookupFailed", "BuildConflict"]
+__all__ = ["DatastoreError", "DatabaseUnavailable", "BadDatabaseUrl", "DatastoreNotFound", "TokenizerMismatch",
+           "SchemaMismatch", "CodecError", "LookupFailed", "BuildConflict", "InvalidContext", "clause"]
 
 
 class DatastoreError(Exception):
@@ -18,6 +21,10 @@ class DatastoreError(Exception):
 
 class DatabaseUnavailable(DatastoreError, RuntimeError):
     """No Postgres server can be reached or started (the message names the URL, password masked, and the fix)."""
+
+
+class BadDatabaseUrl(DatastoreError, ValueError):
+    """The database URL is not a libpq connection string (the message shows it, password masked, and the fix)."""
 
 
 class DatastoreNotFound(DatastoreError, LookupError):
@@ -42,3 +49,15 @@ class LookupFailed(DatastoreError, RuntimeError):
 
 class BuildConflict(DatastoreError, RuntimeError):
     """Another build of the same datastore name is running."""
+
+
+class InvalidContext(ValueError):
+    """A lookup's context is not a sequence of token ids in the tokenizer's vocabulary (a caller's bug, not a
+    datastore fault: it is raised, never turned into "no draft")."""
+
+
+def clause(exc: BaseException) -> str:
+    """An exception's message as a clause to embed in another message: one line, no trailing punctuation (so
+    that ``f"...: {clause(exc)}; ..."`` never doubles a full stop)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text.rstrip(".;:, ")

@@ -17,14 +17,19 @@ from psycopg import sql
 from .connection import connect, one_row
 from .schema import require_schema
 
-__all__ = ["RoleNotFound", "grant_appender", "grant_reader", "grant_to_readers"]
+__all__ = ["RoleNotFound", "UnknownDatastore", "grant_appender", "grant_reader", "grant_to_readers", "revoke_reader"]
 
 
 class RoleNotFound(LookupError):
     """Raised when the role to grant does not exist."""
 
 
-def grant_reader(url: str, role: str, name: str | None = None, *, create: bool = False) -> list[str]:
+class UnknownDatastore(LookupError):
+    """Raised when a grant names a datastore that was never built (a typo, most likely)."""
+
+
+def grant_reader(url: str, role: str, name: str | None = None, *, create: bool = False,
+                 future: bool = False) -> list[str]:
     """Let ``role`` read the datastore ``name`` (every datastore when ``None``), now and after rebuilds.
 
     Args:
@@ -32,6 +37,7 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
         role: the Postgres role to grant.
         name: a datastore name, or ``None`` for all datastores, present and future.
         create: create ``role`` (``LOGIN``, no password) when it does not exist.
+        future: grant a name that has never been built yet (its first build grants its table).
 
     Returns:
         The tree tables granted now (the ready builds of ``name``; empty when none is built
@@ -39,12 +45,18 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
 
     Raises:
         RoleNotFound: when ``role`` does not exist and ``create`` is false.
+        UnknownDatastore: when ``name`` was never built and ``future`` is false.
         datastore.errors.SchemaMismatch: when the registry is not at the current revision.
         datastore.errors.DatabaseUnavailable: when the server cannot be reached.
         psycopg.errors.InsufficientPrivilege: when the caller may not grant (not the tables' owner).
     """
     ident = sql.Identifier(role)
     with connect(url, autocommit=True) as conn:
+        require_schema(conn)
+        if name is not None and not future and conn.execute(
+                "SELECT 1 FROM datastores WHERE name = %s AND state <> 'dropped' LIMIT 1", [name]).fetchone() is None:
+            raise UnknownDatastore(f"no datastore named {name!r} was ever built here (see `python -m datastore list "
+                                   f"--all`); check the name, or pass --future to grant it before its first build")
         _ensure_role(conn, role, create)
         with conn.transaction():
             conn.execute("INSERT INTO reader_grants (role, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", [role, name])
@@ -67,7 +79,8 @@ def _ensure_role(conn: psycopg.Connection, role: str, create: bool) -> None:
     require_schema(conn)
     if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone() is None:
         if not create:
-            raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {role} LOGIN) or pass --create")
+            quoted = sql.Identifier(role).as_string(conn)
+            raise RoleNotFound(f"role {role!r} does not exist; create it (CREATE ROLE {quoted} LOGIN) or pass --create")
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
 
 
@@ -122,3 +135,36 @@ def grant_appender(url: str, role: str, *, create: bool = False) -> None:
             _grant_access(conn, role)
             conn.execute(sql.SQL("GRANT INSERT ON live_outputs TO {}").format(ident))
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE live_outputs_id_seq TO {}").format(ident))
+
+
+def revoke_reader(url: str, role: str, name: str | None = None) -> list[str]:
+    """Take back what :func:`grant_reader` gave ``role`` for ``name`` (every grant when ``None``): the recorded
+    grant, so later builds no longer grant it, and ``SELECT`` on the tables of ``name``'s builds (every tree
+    table, the registry and the schema revision when ``None``). ``CONNECT`` and schema ``USAGE`` stay.
+
+    Returns:
+        The tree tables revoked.
+
+    Raises:
+        RoleNotFound: when ``role`` does not exist.
+        UnknownDatastore: when ``role`` holds no recorded grant for ``name``.
+        datastore.errors.SchemaMismatch / DatabaseUnavailable: as :func:`grant_reader`.
+    """
+    ident = sql.Identifier(role)
+    with connect(url, autocommit=True) as conn:
+        _ensure_role(conn, role, create=False)
+        with conn.transaction():
+            removed = conn.execute("DELETE FROM reader_grants WHERE role = %s AND (%s::text IS NULL OR name = %s)",
+                                   [role, name, name]).rowcount
+            if not removed:
+                what = f"datastore {name!r}" if name is not None else "any datastore"
+                raise UnknownDatastore(f"role {role!r} holds no recorded grant for {what} (see reader_grants); "
+                                       "nothing to revoke")
+            tables = [t for (t,) in conn.execute(
+                "SELECT trees_table FROM datastores WHERE (%s::text IS NULL OR name = %s) "
+                "AND to_regclass(trees_table) IS NOT NULL ORDER BY id", [name, name])]
+            for table in tables:
+                conn.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(table), ident))
+            if name is None:
+                conn.execute(sql.SQL("REVOKE SELECT ON alembic_version, datastores FROM {}").format(ident))
+    return tables

@@ -30,10 +30,13 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
-from .connection import connect, resolve_database_url
+from .connection import APPLICATION_NAME, connect, resolve_database_url
 from .errors import DatastoreError
 
-__all__ = ["LiveWriter", "live_name", "encode_output", "decode_output"]
+__all__ = ["LiveWriter", "live_name", "encode_output", "decode_output", "APPENDER_APPLICATION"]
+
+APPENDER_APPLICATION = f"{APPLICATION_NAME} live appender"
+"""The ``application_name`` of the live writer's connections (``pg_stat_activity``)."""
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -148,7 +151,7 @@ class LiveWriter:
             if blobs:
                 try:
                     if conn is None or conn.closed:
-                        conn = connect(self.url, autocommit=True)
+                        conn = connect(self.url, autocommit=True, application_name=APPENDER_APPLICATION)
                     with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
                         for b in blobs:
                             cp.write_row((self.name, b, len(b) // 4, self.origin))

@@ -29,20 +29,42 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
 
+import numpy as np
 import psycopg
 from psycopg import sql
 
 from .cache import TreeCache
 from .codec import decode_tree
-from .errors import CodecError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, LookupFailed, TokenizerMismatch
+from .context import TokenIds, check_batch, check_context
+from .errors import (
+    CodecError,
+    DatabaseUnavailable,
+    DatastoreError,
+    DatastoreNotFound,
+    LookupFailed,
+    TokenizerMismatch,
+    clause,
+)
 from .keys import decode_key, encode_key
 from .tree import Match, TokenTree
 
-__all__ = ["DatastoreInfo", "LookupClient", "resolve_build", "check_tokenizer", "suffix_keys", "decode_match",
-           "longest_match_sql", "server_error"]
+__all__ = ["DatastoreInfo", "LookupClient", "LOOKUP_TIMEOUT_S", "READER_APPLICATION", "configure_reader",
+           "resolve_build", "check_tokenizer", "suffix_keys", "decode_match", "longest_match_sql", "server_error"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+LOOKUP_TIMEOUT_S = 2.0
+"""``statement_timeout`` of a lookup connection: a lookup never waits longer (a timeout is a fault: the
+caller drafts without the datastore). Lookups take about a millisecond; DDL never makes them queue
+(:mod:`datastore.ddl`)."""
+READER_APPLICATION = "crest-spec reader"
+"""The ``application_name`` of lookup connections (``pg_stat_activity``)."""
+
+
+def configure_reader(conn: psycopg.Connection, statement_timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
+    """Set a lookup connection's ``statement_timeout`` (seconds, > 0)."""
+    conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{statement_timeout_s * 1000:.0f}ms")))
 
 
 @dataclass(frozen=True)
@@ -71,15 +93,21 @@ class DatastoreInfo:
         """The longest n-gram stored (0 for an empty build)."""
         return max(self.ns, default=0)
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are below this: the build's tokenizer's vocabulary (``params.vocab_size``; builds made before
+        it was recorded: what the key width can hold)."""
+        return int(self.params.get("vocab_size") or 1 << (8 * self.key_width))
+
 
 def server_error(name: str, exc: psycopg.Error) -> DatastoreError:
     """The :class:`~datastore.errors.DatastoreError` for a server-side failure of a query on datastore ``name``."""
     if isinstance(exc, psycopg.OperationalError):
-        return DatabaseUnavailable(f"datastore {name!r} is unreachable: {exc}")
+        return DatabaseUnavailable(f"datastore {name!r} is unreachable: {clause(exc)}")
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return LookupFailed(f"this role may not read datastore {name!r} ({exc}); grant it with "
+        return LookupFailed(f"this role may not read datastore {name!r} ({clause(exc)}); grant it with "
                             f"`python -m datastore grant-reader ROLE --name {name}`")
-    return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {exc}")
+    return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {clause(exc)}")
 
 
 def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
@@ -122,9 +150,9 @@ def check_tokenizer(info: DatastoreInfo, fingerprint: str) -> None:
             f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")
 
 
-def suffix_keys(context: Sequence[int], info: DatastoreInfo) -> list[bytes]:
-    """Keys of the context's suffixes of the lengths the build holds, longest first."""
-    tail = [int(t) for t in context[-info.max_n:]] if info.max_n else []
+def suffix_keys(tail: Sequence[int], info: DatastoreInfo) -> list[bytes]:
+    """Keys of the suffixes of ``tail`` (checked token ids, :func:`datastore.context.check_context`) of the
+    lengths the build holds, longest first."""
     return [encode_key(tail[len(tail) - n:], info.key_width) for n in reversed(info.ns) if n <= len(tail)]
 
 
@@ -139,7 +167,7 @@ def decode_match(info: DatastoreInfo, key: bytes, blob: bytes) -> Match:
         return Match(ngram, decode_tree(blob))
     except CodecError as exc:
         raise CodecError(f"datastore {info.name!r} (build {info.id}) holds a corrupt tree for n-gram {ngram}: "
-                         f"{exc}; rebuild it") from exc
+                         f"{clause(exc)}; rebuild it") from exc
 
 
 @lru_cache(maxsize=1024)
@@ -279,24 +307,35 @@ class LookupClient(ABC):
             self.lookups += contexts
             self.answered_from_cache += answered
 
-    def lookup(self, context: Sequence[int]) -> Match | None:
-        """:meth:`lookup_batch` for one context."""
-        return self.lookup_batch([context])[0]
+    def lookup(self, context: TokenIds) -> Match | None:
+        """:meth:`lookup_batch` for one context.
 
-    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+        Raises:
+            datastore.errors.InvalidContext: when ``context`` is not a sequence of token ids in the vocabulary.
+            the errors of :meth:`lookup_batch`.
+        """
+        info = self.info
+        return self._retrying(lambda i: self._longest(i, [check_context(context, info.vocab_size, info.max_n)]))[0]
+
+    def lookup_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[Match | None]:
         """For each context, the tree of its longest stored suffix (n in ``info.ns``), or ``None``; one round
         trip for every key of the batch the cache cannot answer (none when it answers all).
 
         Args:
-            contexts: token id sequences (the sequences so far; their last ``max_n`` tokens are used).
+            contexts: the sequences so far (each a list, tuple or 1-D integer array of token ids, or a 2-D integer
+                array, one per row); their last ``max_n`` tokens are used.
 
         Raises:
+            datastore.errors.InvalidContext: when ``contexts`` is not a sequence of contexts, or a context is not
+                a sequence of token ids in the tokenizer's vocabulary (nothing is looked up).
             datastore.errors.DatabaseUnavailable: when the server cannot be reached.
             datastore.errors.DatastoreNotFound / TokenizerMismatch: while the datastore is dropped or rebuilt
                 with another tokenizer.
             datastore.errors.LookupFailed: for any other server-side refusal.
         """
-        return self._retrying(lambda info: self._longest(info, contexts))
+        info = self.info
+        tails = check_batch(contexts, info.vocab_size, max(info.max_n, 8))
+        return self._retrying(lambda i: self._longest(i, tails))
 
     def _longest(self, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> list[Match | None] | None:
         out: list[Match | None] = [None] * len(contexts)
@@ -335,14 +374,16 @@ class LookupClient(ABC):
         self._counted(len(contexts), len(contexts) - len(set(ask_ctx)))
         return out
 
-    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+    def candidates_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[list[Match]]:
         """For each context, the trees of ALL its stored suffixes (n in ``info.ns``), longest first: the
         back-off lookup's candidates. One round trip for every key of the batch the cache cannot answer.
 
         Raises:
             the errors of :meth:`lookup_batch`.
         """
-        return self._retrying(lambda info: self._all(info, contexts))
+        info = self.info
+        tails = check_batch(contexts, info.vocab_size, max(info.max_n, 8))
+        return self._retrying(lambda i: self._all(i, tails))
 
     def _all(self, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> list[list[Match]] | None:
         wanted = [suffix_keys(context, info) for context in contexts]

@@ -57,7 +57,7 @@ class DatastoreRecord(Base):
     Attributes:
         name: the datastore's name (``--name``); several builds may share it,
             at most one of them ready.
-        state: ``building`` | ``ready`` | ``failed`` | ``retired``.
+        state: one of :data:`datastore.registry.STATES`.
         trees_table: the table holding this build's trees.
         tokenizer: the tokenizer as given (path or hub id).
         tokenizer_fingerprint: SHA-256 hex of the tokenizer (see
@@ -95,7 +95,7 @@ class DatastoreRecord(Base):
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
-        CheckConstraint("state IN ('building', 'ready', 'failed', 'retired')", name="ck_datastores_state"),
+        CheckConstraint(f"state IN ({', '.join(repr(s) for s in STATES)})", name="ck_datastores_state"),
         CheckConstraint("key_width IN (2, 4)", name="ck_datastores_key_width"),
         Index("uq_datastores_ready_name", "name", unique=True, postgresql_where=text("state = 'ready'")),
         Index("ix_datastores_name", "name"),

@@ -1,7 +1,9 @@
 """The registry's fixed names, shared by the readers, the writers and the SQLAlchemy models (which only the
 writers import).
 
-- ``STATES``: a build's life, ``building`` -> ``ready`` (served) -> ``retired``, or ``failed``;
+- ``STATES``: a build's life, ``building`` -> ``ready`` (served) -> ``retired`` (replaced by a newer build), or
+  ``failed``; ``dropped``: its datastore was dropped while a session still used its table, which is dropped
+  when free (``python -m datastore vacuum``, the next build or drop), and the row with it;
 - ``TREE_TABLE_PREFIX``: each build's own tree table is ``token_trees_<build id>``;
 - ``SWAP_CHANNEL``: the ``NOTIFY`` channel on which every swap-in and drop of a build announces its
   datastore's name (readers ``LISTEN`` to follow rebuilds at once).
@@ -11,6 +13,6 @@ from __future__ import annotations
 
 __all__ = ["STATES", "TREE_TABLE_PREFIX", "SWAP_CHANNEL"]
 
-STATES = ("building", "ready", "failed", "retired")
+STATES = ("building", "ready", "failed", "retired", "dropped")
 TREE_TABLE_PREFIX = "token_trees_"
 SWAP_CHANNEL = "crest_datastores"

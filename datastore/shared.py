@@ -31,8 +31,8 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .connection import connect, resolve_database_url
-from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
-from .lookup import DatastoreInfo, LookupClient, check_tokenizer, resolve_build
+from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch, clause
+from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .registry import SWAP_CHANNEL
 from .schema import require_schema
 from .tokenizer import tokenizer_fingerprint
@@ -53,7 +53,8 @@ class SharedDatastore(LookupClient):
         self._url = url
         self._fault: DatastoreError | None = None
         self._timeout = connect_timeout_s
-        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, configure=configure_reader,
+                                    kwargs={"autocommit": True, "application_name": READER_APPLICATION},
                                     name=f"crest-{info.name}", open=True)
         self._closing = threading.Event()
         self._listening = threading.Event()
@@ -89,7 +90,7 @@ class SharedDatastore(LookupClient):
         if pool_size < 1:
             raise ValueError(f"pool_size={pool_size}: must be >= 1")
         url = resolve_database_url(database_url)
-        with connect(url, autocommit=True) as conn:  # fails fast, with the fix in the message
+        with connect(url, autocommit=True, application_name=READER_APPLICATION) as conn:  # fails fast, with the fix
             require_schema(conn)
             info = resolve_build(conn, name)
         check_tokenizer(info, fingerprint)
@@ -103,7 +104,7 @@ class SharedDatastore(LookupClient):
             with self._pool.connection(timeout=self._timeout) as conn:
                 return resolve_build(conn, self.info.name)
         except PoolTimeout as exc:
-            raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {exc}") from exc
+            raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {clause(exc)}") from exc
 
     def _on_notice(self) -> None:
         try:
@@ -117,7 +118,7 @@ class SharedDatastore(LookupClient):
     def _listen(self) -> None:
         while not self._closing.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True) as conn:
+                with connect(self._url, autocommit=True, application_name=f"{READER_APPLICATION} listener") as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(SWAP_CHANNEL)))
                     self._on_notice()  # catch up with anything missed while not listening
                     self._listening.set()
@@ -125,7 +126,7 @@ class SharedDatastore(LookupClient):
                         for note in conn.notifies(timeout=0.5):
                             if note.payload == self.info.name:
                                 self._on_notice()
-            except psycopg.Error:
+            except (psycopg.Error, DatastoreError):
                 self._listening.clear()
                 self._closing.wait(1.0)  # the server is down or restarting: try again
 
@@ -144,7 +145,7 @@ class SharedDatastore(LookupClient):
             with self._pool.connection(timeout=self._timeout) as conn:
                 return conn.execute(query, params, prepare=True, binary=True).fetchall()
         except PoolTimeout as exc:
-            raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {exc}") from exc
+            raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {clause(exc)}") from exc
 
     # -- the rest -----------------------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .context import TokenIds, check_batch, check_context
 from .continuations import SEPARATOR, build_trees
 from .tokenizer import cache_dir, tokenizer_fingerprint
 from .tree import Match
@@ -173,20 +174,24 @@ class SuffixIndex:
     def close(self) -> None:
         """Nothing to release (the memory maps close with the index); here so both backends close alike."""
 
-    def lookup(self, context: Sequence[int]) -> Match | None:
+    def lookup(self, context: TokenIds) -> Match | None:
         """REST's draft for ``context`` under :attr:`params` (see :meth:`retrieve`).
 
         Returns:
             The matched suffix and its continuation tree (``root_count`` = occurrences used),
             or ``None``.
+
+        Raises:
+            datastore.errors.InvalidContext: when ``context`` is not a sequence of token ids of the index's
+                vocabulary.
         """
-        return self.retrieve(context, self.params)
+        return self.retrieve(check_context(context, self.separator, self.params.max_len), self.params)
 
-    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
-        """:meth:`lookup` for each context (in memory: no round trip to save)."""
-        return [self.lookup(c) for c in contexts]
+    def lookup_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[Match | None]:
+        """:meth:`lookup` for each context (in memory: no round trip to save); raises as :meth:`lookup`."""
+        return [self.retrieve(c, self.params) for c in check_batch(contexts, self.separator, self.params.max_len)]
 
-    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+    def candidates_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[list[Match]]:
         """REST's one draft per context as the only candidate (REST chooses by its own longest-suffix rule)."""
         return [[] if m is None else [m] for m in self.lookup_batch(contexts)]
 

@@ -21,15 +21,18 @@ import importlib.util
 import json
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import clause
 from .extras import require
 from .settings import Settings
 
-__all__ = ["DEFAULT_MODEL", "PACKAGED_TOKENIZER", "ModelSource", "resolve_model", "cache_dir", "load_tokenizer",
-           "tokenizer_fingerprint", "render_chat"]
+__all__ = ["DEFAULT_MODEL", "PACKAGED_TOKENIZER", "ModelSource", "resolve_model", "check_model_spec", "cache_dir",
+           "load_tokenizer", "tokenizer_fingerprint", "render_chat"]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -99,6 +102,53 @@ def _packaged_tokenizer():
                                    chat_template=(PACKAGED_TOKENIZER / "chat_template.jinja").read_text(), **special)
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+"""How long a hub id that is not cached may wait to find the hub reachable before it is refused."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def check_model_spec(spec: str) -> str:
+    """``spec`` when it resolves here, checked before anything is loaded: the default model; a local folder
+    holding a tokenizer (``tokenizer.json`` or ``tokenizer_config.json``); a ``.gguf`` file; or a hub id that is
+    in the local Hugging Face cache, or else whose hub answers within :data:`HUB_PROBE_TIMEOUT_S` (so that no
+    network fails in seconds, not after a minute and a half of retries).
+
+    Raises:
+        FileNotFoundError: for a path that does not exist, or a folder with no tokenizer.
+        ValueError: for a hub id that is not cached while the hub cannot be reached (or ``HF_HUB_OFFLINE``
+            is set), naming the offline options.
+    """
+    if spec == DEFAULT_MODEL:
+        return spec
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        if not any((local / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            raise FileNotFoundError(f"{spec}: the folder holds no tokenizer (tokenizer.json or tokenizer_config.json)")
+        return spec
+    if local.is_file():
+        if local.suffix != ".gguf":
+            raise FileNotFoundError(f"{spec}: a file must be a .gguf model; give a folder for other formats")
+        return spec
+    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or not _HUB_ID.fullmatch(spec):
+        raise FileNotFoundError(f"{spec}: no such file or directory (a model spec is a local folder, a .gguf file, "
+                                f"a hub id, or {DEFAULT_MODEL})")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if any(isinstance(try_to_load_from_cache(spec, f), str) for f in ("tokenizer_config.json", "tokenizer.json")):
+        return spec
+    fix = (f"pass a local folder or .gguf file, or {DEFAULT_MODEL}; or fetch {spec} where there is network and run "
+           "with HF_HUB_OFFLINE=1 to use the local cache")
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"{spec} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
+    host = urllib.parse.urlsplit(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ValueError(f"{spec} is not in the local Hugging Face cache and {host} cannot be reached "
+                         f"({clause(exc)}): {fix}") from None
+    return spec
+
+
 def load_tokenizer(spec: str | None = None):
     """Load a tokenizer (transformers ``PreTrainedTokenizerFast``) for a model spec.
 
@@ -106,14 +156,15 @@ def load_tokenizer(spec: str | None = None):
     converted once (transformers' GGUF reader needs torch: the ``hf`` extra) and cached (``<cache>/tokenizer``).
 
     Raises:
-        OSError: when transformers cannot find or read the tokenizer files (a hub id with no network included).
+        FileNotFoundError / ValueError: when ``spec`` does not resolve (:func:`check_model_spec`).
+        OSError: when transformers cannot read the tokenizer files.
         datastore.extras.MissingExtra: for a GGUF other than the default one without torch.
     """
     from transformers import AutoTokenizer
 
     if spec is None or spec == DEFAULT_MODEL:
         return _packaged_tokenizer()
-    src = resolve_model(spec)
+    src = resolve_model(check_model_spec(spec))
     cached = src.cache / "tokenizer"
     if src.gguf_file is not None:
         if (cached / "tokenizer.json").exists():

@@ -2,20 +2,24 @@
 
 Lifecycle (``DatastoreWriter``):
 
-1. ``begin``: take a session advisory lock on the name (a second concurrent build
-   of the same name fails at once), mark earlier ``building`` rows of that name
-   ``failed`` (they were interrupted: nobody held the lock), insert a
+1. ``begin`` (a build calls it before it reads its corpus): take a session advisory lock on the name, held
+   to the swap, so a second build of the same name fails at once, naming this one (its id and start);
+   drop the tables of builds that no longer serve when free (:func:`datastore.ddl.vacuum`); mark earlier
+   ``building`` rows of that name ``failed`` (they were interrupted: nobody held the lock), insert a
    ``building`` row and create its empty ``token_trees_<id>`` table.
 2. ``write``: binary COPY of (key, tree) rows (psycopg 3).
 3. ``finish``: ANALYZE, then ``CREATE INDEX ... USING hash (key)``, measure bytes on
    disk, and in one transaction grant ``SELECT`` on the new table to the name's
    registered readers (:mod:`datastore.grants`), retire the name's previous ready
-   build (drop its table), mark this one ``ready`` with the n-gram lengths it holds, and
-   ``NOTIFY`` the swap (:data:`datastore.models.SWAP_CHANNEL`) so live clients follow it at once.
+   build, mark this one ``ready`` with the n-gram lengths it holds, and ``NOTIFY`` the
+   swap (:data:`datastore.registry.SWAP_CHANNEL`) so live clients follow it at once. The
+   retired build's table is dropped after the swap, only when no session holds it
+   (:func:`datastore.ddl.drop_when_free`: DDL never queues lookups); else it is left for
+   later and reported in :attr:`DatastoreWriter.pending`.
 
 Until step 3 commits, readers see the previous build (or nothing): a failed or
 interrupted build is never visible. On an exception inside the ``with`` block the
-build is marked ``failed`` and its table dropped.
+build is marked ``failed`` and its table dropped (when free).
 """
 
 from __future__ import annotations
@@ -30,13 +34,29 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from .connection import connect, one_row
+from .connection import APPLICATION_NAME, connect, one_row
+from .ddl import PendingDrop, drop_when_free, vacuum
 from .errors import BuildConflict
 from .grants import grant_to_readers
 from .registry import SWAP_CHANNEL, TREE_TABLE_PREFIX
 from .schema import upgrade
 
 __all__ = ["DatastoreWriter", "name_lock_key"]
+
+
+def _running(conn: psycopg.Connection, name: str) -> str:
+    """The message for a build refused because another build of ``name`` holds its lock (which registers itself
+    right after taking it: a moment is waited for its row)."""
+    row = None
+    for _ in range(40):
+        row = conn.execute("SELECT id, created_at FROM datastores WHERE name = %s AND state = 'building' "
+                           "ORDER BY id DESC LIMIT 1", [name]).fetchone()
+        if row is not None:
+            break
+        time.sleep(0.05)
+    running = "another build" if row is None else f"build {row[0]} (started {row[1]:%Y-%m-%d %H:%M:%S %Z})"
+    return (f"{running} of datastore {name!r} is running: one build per name at a time; wait for it to finish, "
+            "or build under another --name")
 
 
 def name_lock_key(name: str) -> int:
@@ -51,6 +71,7 @@ class DatastoreWriter:
         build_id: the ``datastores.id`` of this build.
         table: the build's tree table name.
         rows: rows written so far.
+        pending: tables that left the registry (earlier builds) but were still in use, so not dropped yet.
     """
 
     def __init__(self, conn: psycopg.Connection, name: str, build_id: int, table: str, url: str | None = None) -> None:
@@ -60,6 +81,7 @@ class DatastoreWriter:
         self.build_id = build_id
         self.table = table
         self.rows = 0
+        self.pending: list[PendingDrop] = []
         self._done = False
 
     @classmethod
@@ -93,18 +115,14 @@ class DatastoreWriter:
         if key_width not in (2, 4):
             raise ValueError(f"key_width must be 2 or 4, got {key_width}")
         upgrade(url)
-        conn = connect(url, autocommit=True)
+        conn = connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} build {name}"[:63])
         try:
             got = one_row(conn, "SELECT pg_try_advisory_lock(%s)", [name_lock_key(name)])[0]
             if not got:
-                raise BuildConflict(f"another build of datastore {name!r} is running; wait for it or pick another "
-                                    "--name")
+                raise BuildConflict(_running(conn, name))
             with conn.transaction():
-                stale = conn.execute(
-                    "UPDATE datastores SET state = 'failed', error = 'interrupted before completion' "
-                    "WHERE name = %s AND state = 'building' RETURNING trees_table", [name]).fetchall()
-                for (table,) in stale:
-                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+                conn.execute("UPDATE datastores SET state = 'failed', error = 'interrupted before completion' "
+                             "WHERE name = %s AND state = 'building'", [name])
                 build_id = one_row(conn, "SELECT nextval(pg_get_serial_sequence('datastores', 'id'))")[0]
                 table = f"{TREE_TABLE_PREFIX}{build_id}"
                 conn.execute(
@@ -114,10 +132,13 @@ class DatastoreWriter:
                      json.dumps(corpus), json.dumps(params)])
                 conn.execute(sql.SQL("CREATE TABLE {} (key bytea NOT NULL, tree bytea NOT NULL)").format(
                     sql.Identifier(table)))
+            _, pending = vacuum(conn)  # leftovers of earlier builds (this name's interrupted ones included)
         except BaseException:
             conn.close()
             raise
-        return cls(conn, name, build_id, table, url)
+        writer = cls(conn, name, build_id, table, url)
+        writer.pending = pending
+        return writer
 
     def write(self, keys: Sequence[bytes], trees: Sequence[bytes]) -> None:
         """Append rows by binary COPY.
@@ -240,9 +261,8 @@ class DatastoreWriter:
                 "SELECT id, trees_table FROM datastores WHERE name = %s AND state = 'ready' FOR UPDATE",
                 [self.name]).fetchall()
             grant_to_readers(self._conn, self.table, self.name)
-            for old_id, old_table in old:
+            for old_id, _ in old:
                 self._conn.execute("UPDATE datastores SET state = 'retired' WHERE id = %s", [old_id])
-                self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(old_table)))
             index_seconds = time.perf_counter() - t0
             recorded = dict(timings, index=round(index_seconds, 3))
             self._conn.execute(
@@ -254,6 +274,7 @@ class DatastoreWriter:
                  json.dumps({"ns": ns, "max_n": max(ns, default=0)}), self.build_id])
             self._conn.execute("SELECT pg_notify(%s, %s)", [SWAP_CHANNEL, self.name])  # delivered at commit
         self._done = True
+        self.pending += drop_when_free(self._conn, [t for _, t in old])  # out of the registry: dropped when free
         return int(size), index_seconds
 
     def _prewarm(self) -> None:
@@ -268,11 +289,10 @@ class DatastoreWriter:
         """Mark the build failed and drop its table (the previous ready build keeps serving)."""
         if self._done or self._conn.closed:
             return
-        with self._conn.transaction():
-            self._conn.execute("UPDATE datastores SET state = 'failed', error = %s WHERE id = %s",
-                               [reason[:2000], self.build_id])
-            self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.table)))
+        self._conn.execute("UPDATE datastores SET state = 'failed', error = %s WHERE id = %s",
+                           [reason[:2000], self.build_id])
         self._done = True
+        self.pending += drop_when_free(self._conn, [self.table])
 
     def close(self) -> None:
         """Release the name lock and the connection."""

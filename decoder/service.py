@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from datastore.context import TokenIds
 from datastore.tree import Match, TokenTree
 
 from .calibration import Calibration, TreeColumns, draft_from_candidates
@@ -144,7 +145,7 @@ class DraftingService(RequestDrafter[_Request]):
 
     # -- request lifecycle (RequestDrafter) -----------------------------------------------------------------
 
-    def _start(self, prompt_ids: Sequence[int]) -> _Request:
+    def _start(self, prompt_ids: TokenIds) -> _Request:
         trie = NGramTrie(self.window, self.max_prefix)
         trie.extend(prompt_ids)
         return _Request(trie, deque((int(t) for t in prompt_ids[-TAIL_TOKENS:]), maxlen=TAIL_TOKENS))

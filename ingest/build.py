@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from datastore.connection import connect, resolve_database_url
+from datastore.connection import resolve_database_url
 from datastore.keys import encode_keys, key_width_for
 from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
@@ -37,8 +37,8 @@ from .config import BuildConfig, BuildResult
 from .counting import KeptNgrams, count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
-from .sources import SourceReport, iter_documents
-from .tokens import TokenStreamWriter, open_stream
+from .sources import SourceReport, iter_documents, resolve_paths
+from .tokens import TokenStreamWriter, check_corpus, open_stream
 from .workers import TreeJob, exit_with_parent, run_tree_job
 
 __all__ = ["BuildConfig", "BuildResult", "TokenizedCorpus", "build_datastore", "tokenize_corpus", "tokenize_source"]
@@ -109,40 +109,39 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
         return build_with_spark(config, progress)
     timings: dict[str, float] = defaultdict(float)
     started = time.perf_counter()
+    if corpus is None:
+        resolve_paths(config.source, config.path)  # a missing or wrong path is refused before anything starts
     url = resolve_database_url(config.database_url)
-    connect(url).close()  # fail before the expensive stages if the database is unreachable
     tokenizer = load_tokenizer(config.tokenizer)
-    fingerprint = tokenizer_fingerprint(tokenizer)
     width = key_width_for(len(tokenizer))
-    with tempfile.TemporaryDirectory(prefix="crest-build-", dir=config.workdir) as tmp:
+    # the name is locked (and the build registered) before the corpus is read: a second build fails at once
+    writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer,
+                                   tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), key_width=width,
+                                   corpus={} if corpus is None else corpus.report,
+                                   params=config.params() | {"vocab_size": len(tokenizer)})
+    with writer, tempfile.TemporaryDirectory(prefix="crest-build-", dir=config.workdir) as tmp:
         work = Path(tmp)
         if corpus is None:
             t0 = time.perf_counter()
             corpus = tokenize_corpus(config, tokenizer, work / "tokens.u32", progress)
             timings["tokenize"] = time.perf_counter() - t0
-        if corpus.num_tokens == 0:
-            raise ValueError(f"the corpus at {corpus.report['path']} produced no tokens "
-                             f"(malformed: {corpus.report['malformed']})")
-        if corpus.max_token >= 1 << (8 * width):
-            width = 4
+        check_corpus(corpus.num_tokens, corpus.max_token, len(tokenizer), corpus.report)
         stream = open_stream(corpus.path)
         ranking = None if config.ranking_dir is None else RankingCache(config.ranking_dir, stream_digest(corpus.path))
         recorded = corpus.report | {"tokens": corpus.num_tokens}
         ngram_stats: dict[str, dict] = {}
-        writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
-                                       key_width=width, corpus=recorded, params=config.params())
-        with writer:
-            nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,
-                                     ranking, progress)
-            for n, count in nodes.items():
-                ngram_stats[str(n)]["nodes"] = count
-            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=corpus.num_tokens,
-                                                   timings={k: round(v, 3) for k, v in timings.items()},
-                                                   corpus=recorded)
+        nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,
+                                 ranking, progress)
+        for n, count in nodes.items():
+            ngram_stats[str(n)]["nodes"] = count
+        size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=corpus.num_tokens,
+                                               timings={k: round(v, 3) for k, v in timings.items()},
+                                               corpus=recorded)
         del stream
     return BuildResult(config.name, writer.build_id, corpus.num_documents, corpus.num_tokens, writer.rows, size,
                        ngram_stats, {k: round(v, 3) for k, v in timings.items()},
-                       round(time.perf_counter() - started, 3), recorded)
+                       round(time.perf_counter() - started, 3), recorded,
+                       [p.describe() for p in writer.pending])
 
 
 def _select(stream, work: Path, config: BuildConfig, ranking: RankingCache | None, timings: dict,
@@ -251,6 +250,7 @@ def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
     if rep.get("duplicates"):
         rows.append(("duplicates", f"{rep['duplicates']:,}"))
     rows += [("note", note) for note in rep.get("notes", [])]
+    rows += [("not dropped yet", pending) for pending in result.pending_drops]
     return rows
 
 

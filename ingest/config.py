@@ -86,7 +86,8 @@ class BuildResult:
 
     ``timings`` are seconds per stage; trees and encode are summed over worker processes and
     overlap with counting and loading, so ``wall_seconds`` (start to ready, tokenizer load
-    included) is the end-to-end figure.
+    included) is the end-to-end figure. ``pending_drops``: the earlier builds' tables that left the registry
+    but were still in use, so not dropped yet (what waits on what: :class:`datastore.ddl.PendingDrop`).
     """
 
     name: str
@@ -99,6 +100,7 @@ class BuildResult:
     timings: dict
     wall_seconds: float
     report: dict = field(default_factory=dict)
+    pending_drops: list[str] = field(default_factory=list)
 
     @property
     def bytes_per_ngram(self) -> float:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.connection import connect, resolve_database_url
+from datastore.connection import APPLICATION_NAME, connect, resolve_database_url
 from datastore.live import decode_output, live_name
 from datastore.schema import require_schema
 
@@ -78,7 +78,8 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
     started = time.perf_counter()
     url = resolve_database_url(database_url)
     keep_tokens = max_bytes // 2 // 4
-    with connect(url, autocommit=True) as conn, tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live") as conn, \
+            tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
         require_schema(conn)
         row = conn.execute("SELECT tokenizer FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
         base = config or BuildConfig()

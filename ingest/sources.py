@@ -198,7 +198,8 @@ def _under_other_site_dir(file: Path, root: Path, roots: set[Path]) -> bool:
 
 
 def list_files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
-    """Every regular file matching ``patterns`` under ``paths``, each once, in a stable order.
+    """Every regular file matching ``patterns`` under ``paths``, each once, in a stable order; a path that is not a
+    directory (a file, or a named pipe streaming a corpus) is read as it is.
 
     A root's site-packages subfolder is skipped unless it is itself one of ``paths``.
 
@@ -208,11 +209,11 @@ def list_files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]
     roots = {p.resolve() for p in paths}
     found: dict[Path, None] = {}
     for path in paths:
-        if path.is_file():
+        if not path.exists():
+            raise SourceError(f"--path {path} does not exist")
+        if not path.is_dir():  # a file, or a stream (a named pipe): read as it is
             found.setdefault(path, None)
             continue
-        if not path.is_dir():
-            raise SourceError(f"--path {path} does not exist")
         hits = sorted({p for pat in patterns for p in path.glob(pat) if p.is_file() and not p.is_symlink()})
         for p in hits:
             if not _under_other_site_dir(p, path, roots):

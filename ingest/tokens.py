@@ -13,7 +13,7 @@ import numpy as np
 
 from datastore.continuations import SEPARATOR
 
-__all__ = ["SEPARATOR", "TokenStreamWriter", "open_stream"]
+__all__ = ["SEPARATOR", "TokenStreamWriter", "check_corpus", "open_stream"]
 
 
 class TokenStreamWriter:
@@ -74,3 +74,17 @@ def open_stream(path: Path) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=np.uint32)
     return np.memmap(path, dtype="<u4", mode="r")
+
+
+def check_corpus(num_tokens: int, max_token: int, vocab_size: int, report: dict) -> None:
+    """Refuse a corpus that produced no tokens, or ids beyond the tokenizer's vocabulary.
+
+    Raises:
+        ValueError: naming the corpus and what it produced.
+    """
+    if num_tokens == 0:
+        raise ValueError(f"the corpus at {report.get('path')} produced no tokens "
+                         f"(malformed: {report.get('malformed')})")
+    if max_token >= vocab_size:
+        raise ValueError(f"the corpus at {report.get('path')} produced token id {max_token}, beyond the tokenizer's "
+                         f"{vocab_size:,} ids")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -21,8 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore.connection import resolve_database_url
-from datastore.errors import DatastoreError
-from datastore.options import database_options
+from datastore.console import EXIT_FAILED, EXIT_USAGE, error, run, table_console
+from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound
+from datastore.extras import MissingExtra
+from datastore.options import database_options, datastore_name, existing_dir, int_in, model_spec
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
 from decoder.prompts import MT_BENCH, load_prompts
 from decoder.replay_cli import reference_store
@@ -44,7 +45,10 @@ def _positive(text: str) -> int:
 
 
 def _fraction(text: str) -> float:
-    value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    try:
+        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction; write e.g. 0.5 or 50%") from None
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text}: a corpus fraction must be in (0, 1] (or 0%..100%)")
     return value
@@ -65,14 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="top-t grid of the combined datastores, n <= --max-n (CREST §5.4; default: 1K 2K ... 512K)")
     s.add_argument("--single-top-t", nargs="*", type=parse_count, default=list(d.single_top_t),
                    help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K)")
-    s.add_argument("--single-n", nargs="*", type=int, default=list(d.single_n),
+    s.add_argument("--single-n", nargs="*", type=int_in(1, 8), default=list(d.single_n),
                    help="n of the single-n datastores (default: 1 2 3 4 5)")
-    s.add_argument("--combined-m", nargs="*", type=int, default=list(d.combined_m),
+    s.add_argument("--combined-m", nargs="*", type=int_in(2, 8), default=list(d.combined_m),
                    help="m of the combined lines (n <= m), each 2..8; the largest is also merged with the trie "
                         "(CREST §5.4; default: 2 3 5)")
     s.add_argument("--rest-fractions", nargs="+", type=_fraction, default=list(d.rest_fractions),
                    help="corpus prefixes indexed for REST, e.g. 1%% 2%% or 0.5 (default: 1%% 2%% 4%% ... 64%% 100%%)")
-    s.add_argument("--budget", type=int, default=d.budget,
+    s.add_argument("--budget", type=int_in(1, 1024), default=d.budget,
                    help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size)")
     s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line")
     s.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
@@ -80,14 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index only the corpus's first N documents, e.g. 2K (default: all; for quick looks)")
     s.add_argument("--workdir", type=Path, default=None,
                    help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study)")
-    s.add_argument("--name-prefix", default="study",
+    s.add_argument("--name-prefix", type=datastore_name, default="study",
                    help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s)")
     s.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length, tokens (default: 128)")
     s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results)")
-    s.add_argument("--model", default=None,
+    s.add_argument("--model", type=model_spec, default=None,
                    help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
-    s.add_argument("--dtype", default="float32", help="dtype of the reference runs (default: float32)")
-    s.add_argument("--data-dir", default=None,
+    s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype of the reference runs (default: float32)")
+    s.add_argument("--data-dir", type=existing_dir, default=None,
                    help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
                         "in the package)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -166,15 +171,22 @@ def _tree_size_table(rows: list[StudyRow], name: str) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the storage study for each requested corpus; returns the exit status (0 ok, 2 bad input or
-    an unusable corpus or database)."""
+    an unusable corpus or database, 1 a datastore that cannot serve)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console(width=None if sys.stdout.isatty() else 200)  # full tables in logs and pipes
-    try:
-        return _run(args, console)
-    except (DatastoreError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+    console = table_console()
+
+    def command() -> int:
+        try:
+            return _run(args, console)
+        except (BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra) as exc:
+            error(exc)
+            return EXIT_USAGE
+        except DatastoreError as exc:
+            error(exc)
+            return EXIT_FAILED
+
+    return run(command)
 
 
 def _run(args, console: Console) -> int:
@@ -183,8 +195,8 @@ def _run(args, console: Console) -> int:
                          single_n=tuple(args.single_n), combined_m=tuple(args.combined_m),
                          rest_fractions=tuple(args.rest_fractions), budget=args.budget, merged=not args.no_merged)
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+        error(exc)
+        return EXIT_USAGE
     url = resolve_database_url(args.database_url)
     spec = args.model or DEFAULT_MODEL
     tokenizer = load_tokenizer(args.model)
@@ -193,8 +205,8 @@ def _run(args, console: Console) -> int:
         try:
             _run_one(args, name, grid, url, spec, tokenizer, console)
         except ValueError as exc:  # an unreadable or empty corpus, a grid the full build cannot serve
-            console.print(f"[red]error[/red] in the {name} study: {exc}")
-            return 2
+            error(f"in the {name} study: {exc}")
+            return EXIT_USAGE
     console.print(f"study done in {time.perf_counter() - started:.0f} s")
     return 0
 

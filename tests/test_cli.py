@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from ingest.cli import parse_count
 
 
@@ -31,9 +31,9 @@ def _run(*args, env=None):
 
 def test_bad_flags_name_the_flag(database_url):
     out = _run("ingest", "build", "--depth", "0", "--database-url", database_url)
-    assert out.returncode == 2 and "--depth must be in 1..32" in out.stderr
+    assert out.returncode == 2 and "argument --depth: 0 is outside 1..32" in out.stderr
     out = _run("ingest", "build", "--source", "code", "--path", "/nonexistent/dir", "--database-url", database_url)
-    assert out.returncode == 2 and "/nonexistent/dir does not exist" in out.stderr
+    assert out.returncode == 2 and "argument --path: /nonexistent/dir: no such file or directory" in out.stderr
 
 
 def test_unreachable_database_is_reported(tmp_path):
@@ -51,7 +51,7 @@ def test_datastore_cli_stats_and_missing_name(database_url, sharegpt_sample, ds_
     listed = _run("datastore", "list", "--database-url", database_url)
     assert ds_name in listed.stdout
     missing = _run("datastore", "stats", "--name", "no-such-store", "--database-url", database_url)
-    assert missing.returncode == 1 and "no ready datastore named 'no-such-store'" in missing.stderr
+    assert missing.returncode == 2 and "no ready datastore named 'no-such-store'" in missing.stderr
 
 
 def test_rest_index_cli_indexes_the_same_token_stream(tmp_path, sharegpt_sample, real_stream, tokenizer):
@@ -68,5 +68,5 @@ def test_rest_index_cli_indexes_the_same_token_stream(tmp_path, sharegpt_sample,
     assert f"{index.nbytes:,} bytes" in proc.stdout and index.nbytes == 6 * len(real_stream)
     assert not list(tmp_path.glob(".rest-*"))  # staged beside the output, renamed into place, nothing left over
     missing = _run("ingest", "rest-index", "--path", str(tmp_path / "nowhere.json"), "--out", str(out))
-    assert missing.returncode == 2 and "nowhere.json does not exist" in missing.stderr
+    assert missing.returncode == 2 and "nowhere.json: no such file or directory" in missing.stderr
     assert SuffixIndex.load(out).num_tokens == len(real_stream)  # a failed run leaves the previous index

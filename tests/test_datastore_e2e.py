@@ -14,9 +14,9 @@ import numpy as np
 import psutil
 import psycopg
 import pytest
-from conftest import REPO
 from oracles import continuation_tree, count_ngrams, top_t
 
+from conftest import REPO
 from datastore.catalog import datastore_stats, list_datastores
 from datastore.client import Datastore
 from datastore.errors import BuildConflict, DatastoreNotFound, TokenizerMismatch
@@ -126,7 +126,7 @@ def test_failed_build_leaves_previous_serving(database_url, sharegpt_sample, tok
 
 def test_concurrent_build_of_same_name_is_refused(database_url, ds_name):
     kw: dict[str, Any] = dict(tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2, corpus={}, params={})
-    with DatastoreWriter.begin(database_url, ds_name, **kw), pytest.raises(BuildConflict, match="another build"):
+    with DatastoreWriter.begin(database_url, ds_name, **kw), pytest.raises(BuildConflict, match="one build per name"):
         DatastoreWriter.begin(database_url, ds_name, **kw)
 
 
@@ -183,9 +183,7 @@ def test_fingerprint_tracks_the_tokenizer_definition(tokenizer):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from datastore.tokenizer import resolve_model
-
-    raw = Tokenizer.from_file(str(resolve_model(None).cache / "tokenizer" / "tokenizer.json"))
+    raw = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a separate object, from its JSON
     again = PreTrainedTokenizerFast(tokenizer_object=raw)
     assert tokenizer_fingerprint(again) == tokenizer_fingerprint(tokenizer)
     raw.enable_truncation(max_length=7)

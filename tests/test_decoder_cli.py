@@ -161,7 +161,7 @@ def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer
     assert rows and all(r["lossless"] == "1/1" for r in rows)
     missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
                     str(tmp_path / "nowhere"), "--budget", "3"], database_url, tmp_path)
-    assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stdout
+    assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stderr
 
 
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
@@ -169,14 +169,14 @@ def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):
                  "--datastore", "no-such-datastore", "--budget", "3"],
                 database_url, tmp_path)
     assert proc.returncode == 2
-    assert "no-such-datastore" in proc.stdout
+    assert "no-such-datastore" in proc.stderr
 
 
 def test_bench_cli_names_an_unknown_category(database_url, tmp_path):
     proc = _run(["bench", "--set", "spec_bench", "--category", "poetry", "--drafter", "trie", "--budget", "3"],
                 database_url, tmp_path)
     assert proc.returncode == 2
-    assert "'poetry'" in proc.stdout and "rag" in proc.stdout
+    assert "'poetry'" in proc.stderr and "rag" in proc.stderr
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

@@ -7,9 +7,9 @@ import logging
 
 import psycopg
 import pytest
-from conftest import build_small
 from psycopg import sql
 
+from conftest import build_small
 from datastore import Datastore
 from datastore.catalog import datastore_stats, drop_datastore
 from datastore.grants import grant_reader

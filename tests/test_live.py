@@ -11,9 +11,9 @@ from typing import cast
 import numpy as np
 import psycopg
 import pytest
-from conftest import with_params
 from psycopg import sql
 
+from conftest import with_params
 from datastore import Datastore
 from datastore.catalog import drop_datastore
 from datastore.connection import connect

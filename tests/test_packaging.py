@@ -8,6 +8,7 @@ import sys
 import zipfile
 
 import pytest
+
 from conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ import uuid
 
 import psycopg
 import pytest
-from conftest import REPO, build_small, with_params
 from psycopg import sql
 
+from conftest import REPO, build_small, with_params
 from datastore import Datastore
 from datastore.catalog import datastore_stats, drop_datastore
 from datastore.connection import connect
@@ -85,7 +85,7 @@ def test_reader_of_one_datastore_is_refused_another(database_url, reader, ds_nam
               pytest.raises(LookupFailed, match=f"grant-reader ROLE --name {other}")):
             ds.lookup([1, 2])
         missing_role = _cli("grant-reader", f"{role}_missing", "--database-url", database_url)
-        assert missing_role.returncode == 1 and "does not exist" in missing_role.stderr
+        assert missing_role.returncode == 2 and "does not exist" in missing_role.stderr
     finally:
         drop_datastore(database_url, other)
 

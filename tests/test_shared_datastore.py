@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import build_small
 
+from conftest import build_small
 from datastore import Datastore
 from datastore.cache import TreeCache
 from datastore.catalog import drop_datastore

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from datastore.catalog import drop_datastore
 from datastore.client import Datastore
 from datastore.keys import decode_key

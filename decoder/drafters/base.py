@@ -18,6 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
+
+from datastore.context import TokenIds, check_array, check_context
+
 from ..draft import Draft, ScoreKind
 
 __all__ = ["Drafter", "RequestDrafter", "NoDrafter"]
@@ -28,7 +32,7 @@ class Drafter(Protocol):
 
     name: str
 
-    def start_request(self, req_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    def start_request(self, req_id: Hashable, prompt_ids: TokenIds) -> None:
         """Start drafting for ``req_id`` from its prompt token ids (``ValueError`` when already active)."""
 
     def propose(self, batch: Sequence[tuple[Hashable, int]], *, chain: bool = False,
@@ -36,7 +40,7 @@ class Drafter(Protocol):
         """One draft per ``(req_id, budget)``: at most ``budget`` nodes (a tree) or tokens (``chain``), each
         node's acceptance probability at least ``min_score`` (probability-scored drafters only)."""
 
-    def add_tokens(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+    def add_tokens(self, req_id: Hashable, tokens: TokenIds) -> None:
         """Append the tokens the target committed for ``req_id``."""
 
     def stop_request(self, req_id: Hashable) -> None:
@@ -47,6 +51,7 @@ class Drafter(Protocol):
 
 
 S = TypeVar("S")
+_ANY_ID = 1 << 32  # a drafter has no vocabulary of its own: ids are checked to be integers >= 0 (lookups check more)
 
 
 class RequestDrafter(ABC, Generic[S]):
@@ -65,7 +70,7 @@ class RequestDrafter(ABC, Generic[S]):
         self._lock = threading.RLock()
 
     @abstractmethod
-    def _start(self, prompt_ids: Sequence[int]) -> S:
+    def _start(self, prompt_ids: TokenIds) -> S:
         """A new request's state."""
 
     @abstractmethod
@@ -83,26 +88,33 @@ class RequestDrafter(ABC, Generic[S]):
     def config(self) -> dict:
         """JSON-ready description of everything that changes the drafts."""
 
-    def start_request(self, req_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    def start_request(self, req_id: Hashable, prompt_ids: TokenIds) -> None:
         """Start drafting for ``req_id`` from ``prompt_ids`` (the prompt, and any output already generated).
+
+        Args:
+            req_id: any hashable key. prompt_ids: a list, tuple or 1-D integer array of token ids.
 
         Raises:
             ValueError: when ``req_id`` is already active.
+            datastore.errors.InvalidContext: when ``prompt_ids`` is not a sequence of token ids (nothing coerced).
         """
-        state = self._start(prompt_ids)
+        state = self._start(check_context(prompt_ids, _ANY_ID, len(prompt_ids), "prompt_ids")
+                            if not isinstance(prompt_ids, np.ndarray) else check_array(prompt_ids, "prompt_ids"))
         with self._lock:
             if req_id in self._requests:
                 raise ValueError(f"request {req_id!r} is already active; stop_request it first")
             self._requests[req_id] = state
 
-    def add_tokens(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+    def add_tokens(self, req_id: Hashable, tokens: TokenIds) -> None:
         """Append the tokens the target committed for ``req_id``.
 
         Raises:
             KeyError: when ``req_id`` is not active (start_request it first).
+            datastore.errors.InvalidContext: when ``tokens`` is not a sequence of token ids (nothing coerced).
         """
+        checked = check_context(tokens, _ANY_ID, len(tokens), "tokens")
         with self._lock:
-            self._extend(self._get(req_id), tokens)
+            self._extend(self._get(req_id), checked)
 
     def stop_request(self, req_id: Hashable) -> None:
         """Forget ``req_id`` (a request not active is ignored)."""
@@ -161,7 +173,7 @@ class NoDrafter(RequestDrafter[None]):
 
     name = "none"
 
-    def _start(self, prompt_ids: Sequence[int]) -> None:
+    def _start(self, prompt_ids: TokenIds) -> None:
         return None
 
     def _extend(self, state: None, tokens: Sequence[int]) -> None:

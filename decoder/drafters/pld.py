@@ -9,10 +9,11 @@ single-path draft.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from datastore.context import TokenIds
 
 from ..draft import Draft
 from .base import RequestDrafter
@@ -47,12 +48,12 @@ class PromptLookupDrafter(RequestDrafter[_Sequence]):
             raise ValueError(f"max_tokens={max_tokens}: must be >= 1")
         self.max_ngram, self.max_tokens = max_ngram, max_tokens
 
-    def _start(self, prompt_ids: Sequence[int]) -> _Sequence:
+    def _start(self, prompt_ids: TokenIds) -> _Sequence:
         seq = _Sequence(np.zeros(max(1024, 2 * len(prompt_ids)), dtype=np.int64), 0)
         self._extend(seq, prompt_ids)
         return seq
 
-    def _extend(self, state: _Sequence, tokens: Sequence[int]) -> None:
+    def _extend(self, state: _Sequence, tokens: TokenIds) -> None:
         need = state.n + len(tokens)
         if need > len(state.tokens):
             state.tokens = np.concatenate([state.tokens, np.zeros(need * 2 - len(state.tokens), dtype=np.int64)])

@@ -14,6 +14,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+from datastore.context import TokenIds
+
 from ..draft import Draft, ScoreKind
 from .base import RequestDrafter
 from .source import DatastoreSource
@@ -44,7 +46,7 @@ class RetrievalDrafter(RequestDrafter[deque]):
             raise ValueError(f"prior={prior}: must be >= 0")
         self.source, self.prior, self.name = source, prior, name
 
-    def _start(self, prompt_ids: Sequence[int]) -> deque:
+    def _start(self, prompt_ids: TokenIds) -> deque:
         return deque((int(t) for t in prompt_ids[-TAIL_TOKENS:]), maxlen=TAIL_TOKENS)
 
     def _extend(self, state: deque, tokens: Sequence[int]) -> None:

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from datastore.context import TokenIds
 from datastore.errors import DatastoreError
 from datastore.tree import Match
 
@@ -36,13 +37,13 @@ class Retriever(Protocol):
     """A retrieval backend: :class:`datastore.Datastore`, :class:`datastore.shared.SharedDatastore` or
     :class:`datastore.SuffixIndex`."""
 
-    def lookup(self, context: Sequence[int]) -> Match | None:
+    def lookup(self, context: TokenIds) -> Match | None:
         """The longest stored suffix of ``context`` and its continuation tree, or ``None``."""
 
-    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+    def lookup_batch(self, contexts: Sequence[TokenIds]) -> list[Match | None]:
         """:meth:`lookup` for many contexts (one round trip for a server)."""
 
-    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+    def candidates_batch(self, contexts: Sequence[TokenIds]) -> list[list[Match]]:
         """Per context, the trees of all its stored suffixes, longest first (one round trip for a server)."""
 
     def identity(self) -> dict:
@@ -139,7 +140,7 @@ class DatastoreSource:
                 log.info("the datastore is back (%s); drafting with it again", client.identity())
                 self._degraded = False
 
-    def lookup(self, context: Sequence[int]) -> Match | None:
+    def lookup(self, context: TokenIds) -> Match | None:
         """The longest stored suffix of ``context`` and its tree; ``None`` for no match or any fault.
 
         The datastore counts as back only once a lookup succeeds, so a fault that lets the
@@ -147,11 +148,11 @@ class DatastoreSource:
         """
         return self.lookup_batch([context])[0]
 
-    def lookup_batch(self, contexts: Sequence[Sequence[int]]) -> list[Match | None]:
+    def lookup_batch(self, contexts: Sequence[TokenIds]) -> list[Match | None]:
         """:meth:`lookup` for many contexts: one round trip for a server backend; all ``None`` on a fault."""
         return self._call(lambda c: c.lookup_batch(contexts), [None] * len(contexts))
 
-    def candidates_batch(self, contexts: Sequence[Sequence[int]]) -> list[list[Match]]:
+    def candidates_batch(self, contexts: Sequence[TokenIds]) -> list[list[Match]]:
         """For each context, every stored suffix's tree, longest first (the back-off lookup's candidates,
         :meth:`datastore.shared.SharedDatastore.candidates_batch`): one round trip; all empty on a fault."""
         return self._call(lambda c: c.candidates_batch(contexts), [[] for _ in contexts])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from datastore.context import TokenIds
+
 from ..draft import Draft, ScoreKind
 from ..ngram_trie import NGramTrie
 from .base import RequestDrafter
@@ -36,7 +38,7 @@ class TrieDrafter(RequestDrafter[NGramTrie]):
         NGramTrie(window, max_prefix)  # validates them now
         self.window, self.max_prefix, self.prior = window, max_prefix, prior
 
-    def _start(self, prompt_ids: Sequence[int]) -> NGramTrie:
+    def _start(self, prompt_ids: TokenIds) -> NGramTrie:
         trie = NGramTrie(self.window, self.max_prefix)
         trie.extend(prompt_ids)
         return trie

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as ds
 
-from datastore.connection import connect, resolve_database_url
+from datastore.connection import resolve_database_url
 from datastore.keys import key_width_for
 from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
 from datastore.writer import DatastoreWriter
@@ -42,6 +42,7 @@ from datastore.writer import DatastoreWriter
 from ..config import BuildConfig, BuildResult
 from ..occurrences import partition_plan
 from ..sources import resolve_paths
+from ..tokens import check_corpus
 from .kernels import (
     COUNT_DDL,
     HISTOGRAM_DDL,
@@ -177,14 +178,17 @@ def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
 
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    resolve_paths(config.source, config.path)  # a missing or wrong path is refused before anything starts
     url = resolve_database_url(config.database_url)
-    connect(url).close()  # fail before the expensive stages if the database is unreachable
     tokenizer = load_tokenizer(config.tokenizer)
     if len(tokenizer) >= 2**31:
         raise ValueError(f"--engine spark carries token ids as int32; {config.tokenizer} has {len(tokenizer):,} ids")
-    fingerprint = tokenizer_fingerprint(tokenizer)
     width = key_width_for(len(tokenizer))
-    with tempfile.TemporaryDirectory(prefix="crest-spark-", dir=config.workdir) as tmp, \
+    # the name is locked (and the build registered) before the corpus is read: a second build fails at once
+    writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer,
+                                   tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), key_width=width, corpus={},
+                                   params=config.params() | {"vocab_size": len(tokenizer)})
+    with writer, tempfile.TemporaryDirectory(prefix="crest-spark-", dir=config.workdir) as tmp, \
             spark_session(config.spark_master, dict(config.spark_conf), Path(tmp)) as spark:
         cores = spark.sparkContext.defaultParallelism
         paths = resolve_paths(config.source, config.path)
@@ -195,42 +199,37 @@ def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
         timings["tokenize"] = time.perf_counter() - t0
         _say(progress, f"tokenize {timings['tokenize']:.1f} s: {num_docs:,} documents, {num_tokens:,} tokens "
                        f"({partitions} partitions on {cores} cores)")
-        if num_tokens == 0:
-            raise ValueError(f"the corpus at {report['path']} produced no tokens (malformed: {report['malformed']})")
-        if max_token >= 1 << (8 * width):
-            width = 4
+        check_corpus(num_tokens, max_token, len(tokenizer), report)
         recorded = report | {"tokens": num_tokens}
-        writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
-                                       key_width=width, corpus=recorded, params=config.params())
-        with writer:
-            t0 = time.perf_counter()
-            reducers = max(2 * cores, -(-num_tokens // _TOKENS_PER_REDUCER))
-            kept_by_n, ngram_stats = _select(spark, docs, config, reducers)
-            timings["count"] = time.perf_counter() - t0
-            _say(progress, f"count {timings['count']:.1f} s: kept " +
-                 ", ".join(f"n={n} {s['kept']:,}" for n, s in ngram_stats.items()))
-            t0 = time.perf_counter()
-            kept_set = KeptSet({n: k for n, k in kept_by_n.items() if len(k)},
-                               {n: partition_plan(k, config.max_occurrences) for n, k in kept_by_n.items()},
-                               config.depth, config.tree_budget, config.compression, width, max_token < 0xFFFF)
-            out = Path(tmp) / "trees"
-            _trees(spark, docs, kept_set, out)
-            timings["trees"] = time.perf_counter() - t0
-            _say(progress, f"trees {timings['trees']:.1f} s: {sum(kept_set.parts.values())} buckets")
-            docs.unpersist()
-            t0 = time.perf_counter()
-            files = sorted(out.glob("*.parquet"))
-            writer.load_parquet(files, connections=max(1, min(cores, 8)))
-            nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
-            per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
-            timings["load"] = time.perf_counter() - t0
-            _say(progress, f"load {timings['load']:.1f} s: {writer.rows:,} rows from {len(files)} Parquet files")
-            for n, total in zip(per_n["n"], per_n["nodes_sum"]):
-                ngram_stats[str(n)]["nodes"] = int(total)
-            for s in ngram_stats.values():
-                s.setdefault("nodes", 0)
-            rounded = {k: round(v, 3) for k, v in timings.items()}
-            size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=num_tokens, timings=rounded,
-                                                   corpus=recorded)
+        t0 = time.perf_counter()
+        reducers = max(2 * cores, -(-num_tokens // _TOKENS_PER_REDUCER))
+        kept_by_n, ngram_stats = _select(spark, docs, config, reducers)
+        timings["count"] = time.perf_counter() - t0
+        _say(progress, f"count {timings['count']:.1f} s: kept " +
+             ", ".join(f"n={n} {s['kept']:,}" for n, s in ngram_stats.items()))
+        t0 = time.perf_counter()
+        kept_set = KeptSet({n: k for n, k in kept_by_n.items() if len(k)},
+                           {n: partition_plan(k, config.max_occurrences) for n, k in kept_by_n.items()},
+                           config.depth, config.tree_budget, config.compression, width, max_token < 0xFFFF)
+        out = Path(tmp) / "trees"
+        _trees(spark, docs, kept_set, out)
+        timings["trees"] = time.perf_counter() - t0
+        _say(progress, f"trees {timings['trees']:.1f} s: {sum(kept_set.parts.values())} buckets")
+        docs.unpersist()
+        t0 = time.perf_counter()
+        files = sorted(out.glob("*.parquet"))
+        writer.load_parquet(files, connections=max(1, min(cores, 8)))
+        nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
+        per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
+        timings["load"] = time.perf_counter() - t0
+        _say(progress, f"load {timings['load']:.1f} s: {writer.rows:,} rows from {len(files)} Parquet files")
+        for n, total in zip(per_n["n"], per_n["nodes_sum"]):
+            ngram_stats[str(n)]["nodes"] = int(total)
+        for s in ngram_stats.values():
+            s.setdefault("nodes", 0)
+        rounded = {k: round(v, 3) for k, v in timings.items()}
+        size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=num_tokens, timings=rounded,
+                                               corpus=recorded)
     return BuildResult(config.name, writer.build_id, num_docs, num_tokens, writer.rows, size, ngram_stats,
-                       {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3), recorded)
+                       {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3), recorded,
+                       [p.describe() for p in writer.pending])
