@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, run, table_console
-from .errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound, clause
+from .console import EXIT_FAILED, EXIT_OK, error, run, table_console
+from .errors import BadDatabaseUrl, DatastoreNotFound, clause
 from .options import database_options, datastore_name
 
 __all__ = ["main", "build_parser"]
@@ -183,20 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         import psycopg
 
         from .connection import resolve_database_url
-        from .extras import MissingExtra
-        from .grants import RoleNotFound, UnknownDatastore
 
         try:
             COMMANDS[args.command](resolve_database_url(args.database_url), args)
-        except (BadDatabaseUrl, DatastoreNotFound, RoleNotFound, UnknownDatastore, MissingExtra) as exc:
-            error(exc)
-            return EXIT_USAGE
-        except DatastoreError as exc:
-            error(exc)
-            return EXIT_FAILED
         except psycopg.errors.InsufficientPrivilege as exc:
             error(f"this role may not {args.command} here: {clause(exc)}")
             return EXIT_FAILED
         return EXIT_OK
 
-    return run(command)
+    from .extras import MissingExtra
+    from .grants import RoleNotFound, UnknownDatastore
+
+    return run(command, usage=(BadDatabaseUrl, DatastoreNotFound, RoleNotFound, UnknownDatastore, MissingExtra))

@@ -34,13 +34,32 @@ def table_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def run(main: Callable[[], int]) -> int:
-    """Run a command's ``main``; a closed stdout pipe ends it quietly (the BrokenPipeError recipe of the Python
-    docs, ``signal`` module notes) and Ctrl-C exits 130 without a traceback. Returns the exit code."""
+def run(main: Callable[[], int], usage: tuple[type[BaseException], ...] = (),
+        failures: tuple[type[BaseException], ...] = ()) -> int:
+    """Run a command's ``main`` and return its exit code, mapping what it raises to one line on stderr.
+
+    Args:
+        main: the command; returns its exit code.
+        usage: exception types that mean bad input: exit ``2``.
+        failures: exception types, besides :class:`datastore.errors.DatastoreError`, that mean the command could
+            not be carried out: exit ``1``.
+
+    A closed stdout pipe ends it quietly (the BrokenPipeError recipe of the Python docs, ``signal`` module notes)
+    and Ctrl-C exits 130 without a traceback.
+    """
+    from .errors import DatastoreError
+
+    failed: tuple[type[BaseException], ...] = (DatastoreError, *failures)
     try:
         code = main()
         sys.stdout.flush()
         return code
+    except usage as exc:
+        error(exc)
+        return EXIT_USAGE
+    except failed as exc:
+        error(exc)
+        return EXIT_FAILED
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)  # nothing more reaches the closed pipe, at exit either
         os.dup2(devnull, sys.stdout.fileno())

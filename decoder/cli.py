@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from datastore.console import EXIT_FAILED, EXIT_USAGE, error, run, table_console
-from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound, TokenizerMismatch
+from datastore.console import run, table_console
+from datastore.errors import BadDatabaseUrl, DatastoreNotFound, TokenizerMismatch
 from datastore.extras import MissingExtra
 from datastore.options import database_options, datastore_name, existing_dir, model_spec
 from datastore.tokenizer import cache_dir, load_tokenizer
@@ -274,17 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     console = table_console()
 
     def command() -> int:
-        try:
-            return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
-        except (BadDatabaseUrl, DatastoreNotFound, TokenizerMismatch, FileNotFoundError, UnknownCategory,
-                MissingExtra) as exc:
-            error(exc)
-            return EXIT_USAGE
-        except DatastoreError as exc:
-            error(exc)
-            return EXIT_FAILED
+        return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
 
-    return run(command)
+    return run(command, usage=(BadDatabaseUrl, DatastoreNotFound, TokenizerMismatch, FileNotFoundError,
+                               UnknownCategory, MissingExtra))
 
 
 if __name__ == "__main__":

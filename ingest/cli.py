@@ -207,30 +207,24 @@ def _compact_live(config: BuildConfig, args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
-    from datastore.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, run
+    from datastore.console import EXIT_OK, error, run
+    from datastore.errors import BadDatabaseUrl, BuildConflict
+    from datastore.extras import MissingExtra
+
+    from .sources import SourceError
+    from .spark.session import SparkUnavailable
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     def command() -> int:
-        from datastore.errors import BadDatabaseUrl, BuildConflict, DatastoreError
-        from datastore.extras import MissingExtra
-
-        from .sources import SourceError
-        from .spark.session import SparkUnavailable
-
         try:
             config = _config(args)
             {"build": _build, "rest-index": _rest_index, "compact-live": _compact_live}[args.command](config, args)
-        except (SourceError, FileNotFoundError, ValueError, BadDatabaseUrl, BuildConflict, MissingExtra) as exc:
-            error(exc)
-            return EXIT_USAGE
-        except (DatastoreError, SparkUnavailable) as exc:
-            error(exc)
-            return EXIT_FAILED
         except KeyboardInterrupt:
             error("interrupted: nothing half-built is visible; a previous build of this name still serves")
             return 130
         return EXIT_OK
 
-    return run(command)
+    return run(command, usage=(SourceError, FileNotFoundError, ValueError, BadDatabaseUrl, BuildConflict, MissingExtra),
+               failures=(SparkUnavailable,))

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore.connection import resolve_database_url
-from datastore.console import EXIT_FAILED, EXIT_USAGE, error, run, table_console
-from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound
+from datastore.console import EXIT_USAGE, error, run, table_console
+from datastore.errors import BadDatabaseUrl, DatastoreNotFound
 from datastore.extras import MissingExtra
 from datastore.options import database_options, datastore_name, existing_dir, int_in, model_spec
 from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
@@ -176,17 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = table_console()
 
-    def command() -> int:
-        try:
-            return _run(args, console)
-        except (BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra) as exc:
-            error(exc)
-            return EXIT_USAGE
-        except DatastoreError as exc:
-            error(exc)
-            return EXIT_FAILED
-
-    return run(command)
+    return run(lambda: _run(args, console), usage=(BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra))
 
 
 def _run(args, console: Console) -> int:
