@@ -2,8 +2,10 @@
 them on the other half, with the calibration curve as a plot.
 
 Every position of every reference output is visited (not only a drafter's steps, so the logs do not
-depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), the prompt
-trie's match, and for each candidate the union with the trie's match. A node is accepted when its path
+depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), the
+request's own match (prompt and output so far, :mod:`decoder.local`), the match in the outputs of the
+requests before it (this process's output index, :mod:`decoder.output_index`: the set's prompts run in file
+order, as a server would meet them), and for each candidate the union with the others. A node is accepted when its path
 is what the target generated next. The conditional model is fitted on the nodes whose parent was
 accepted (Spec-Bench and HumanEval, even positions within each category); the held-out half (odd
 positions) reports predicted vs observed acceptance of every node, for the calibrated scores and for the
@@ -31,31 +33,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, Reference, half, load_references  # noqa: E402
 from decoder.accept import accepted_mask, reference_predictions  # noqa: E402
 from decoder.calibration import COLUMN, SOURCES, Calibration, node_table  # noqa: E402
-from decoder.ngram_trie import NGramTrie  # noqa: E402
-from decoder.service import TRIE_NODES  # noqa: E402
+from decoder.core import MATCH_NODES  # noqa: E402
+from decoder.local import LocalStrategy, SuffixMatching, TrieMatching  # noqa: E402
+from decoder.output_index import OutputIndex  # noqa: E402
 
 SETS = ("spec_bench", "humaneval")
 
 
-def collect(refs, source, *, prior: float, calibration: Calibration | None = None, stride: int = 1, live=None,
-            trie: tuple[int, int] = (13, 3)):
+def collect(refs, source, *, prior: float, local: LocalStrategy, outputs_bytes: int, max_depth: int,
+            calibration: Calibration | None = None, stride: int = 1, live=None):
     """Replay logs: ``(features, accepted)`` of nodes whose parent was accepted (for fitting), and per
     node of the longest candidate's union ``(calibrated score or nan, count-ratio score, accepted)``.
-    ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none)."""
+    ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
+    The requests' outputs go into one output index, each after its request (as a server's finish)."""
     xs, ys, scored = [], [], []
+    outputs = OutputIndex(outputs_bytes, max_depth)
     for r in refs:
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]
         ref = np.asarray(r.output, dtype=np.int64)
-        prompt_trie = NGramTrie(*trie)
-        prompt_trie.extend(seq)
+        own = local.new()
+        own.extend(seq)
         for pos in range(1, len(ref)):
             if pos % stride == 0:
                 cands = source.candidates_batch([seq[-8:]])[0]
-                matched = prompt_trie.match(TRIE_NODES)
-                live_match = None if layer is None else layer.lookup(seq[-8:])
+                others = {"local": own.match(MATCH_NODES), "outputs": outputs.match(seq, MATCH_NODES),
+                          "live": None if layer is None else layer.lookup(seq[-8:])}
                 for j, cand in enumerate(cands or [None]):
-                    table = node_table({"ds": cand, "live": live_match, "trie": matched}, prior)
+                    table = node_table({"ds": cand, **others}, prior)
                     if table is None:
                         continue
                     ok = accepted_mask(table.tokens, table.parents, table.depths,
@@ -67,7 +72,8 @@ def collect(refs, source, *, prior: float, calibration: Calibration | None = Non
                         cal = calibration.scores(table) if calibration is not None else np.full(len(ok), np.nan)
                         scored.append(np.column_stack([cal, _count_ratio(table), ok]))
             seq.append(int(ref[pos]))
-            prompt_trie.extend([int(ref[pos])])
+            own.extend([int(ref[pos])])
+        outputs.add(r.output)
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(scored)
 
 
@@ -142,9 +148,13 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "calibration.png")
     ap.add_argument("--prior", type=float, default=1.0)
     ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position")
-    ap.add_argument("--window", type=int, default=13, help="the prompt trie's window n (stored with the fit)")
-    ap.add_argument("--max-prefix", type=int, default=3,
-                    help="the prompt trie's longest context Lp (stored with the fit)")
+    ap.add_argument("--local", choices=("suffix", "trie"), default="suffix",
+                    help="the requests' own tokens: suffix automata (any context length) or the N-gram trie")
+    ap.add_argument("--max-depth", type=int, default=16, help="suffix automata: deepest continuation node")
+    ap.add_argument("--window", type=int, default=13, help="trie: its window n (stored with the fit)")
+    ap.add_argument("--max-prefix", type=int, default=3, help="trie: its longest context Lp (stored with the fit)")
+    ap.add_argument("--outputs-mb", type=float, default=64.0,
+                    help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off)")
     ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers")
     args = ap.parse_args()
     from datastore import load_tokenizer
@@ -158,21 +168,24 @@ def main() -> None:
     t0 = time.perf_counter()
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     live = _cross_fit_layers(fit, args, tok)
-    trie = (args.window, args.max_prefix)
+    local: LocalStrategy = (SuffixMatching(args.max_depth) if args.local == "suffix"
+                            else TrieMatching(args.window, args.max_prefix))
+    settings = {"local": local, "outputs_bytes": int(args.outputs_mb * 2**20), "max_depth": args.max_depth}
     parts = [collect(half(refs[name], "fit"), sources[name], prior=args.prior, stride=args.stride,
-                     live=lambda r: live[r.id], trie=trie) for name in SETS]
+                     live=lambda r: live[r.id], **settings) for name in SETS]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     cal = Calibration.fit(x, y, prior=args.prior, meta={
         "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
         "fit_rows": int(len(y)),
         "sets": list(SETS), "half": "fit (even positions within each category)",
-        "trie": {"window": args.window, "max_prefix": args.max_prefix}})
+        "local": local.config(), "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": args.max_depth}})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
     report = {}
     fig_rows = []
     for name in SETS:
         held = half(refs[name], "report")
-        xr, yr, scored = collect(held, sources[name], prior=args.prior, calibration=cal, stride=args.stride, trie=trie)
+        xr, yr, scored = collect(held, sources[name], prior=args.prior, calibration=cal, stride=args.stride,
+                                 **settings)
         q = cal.conditional(xr.astype(np.float64))
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])

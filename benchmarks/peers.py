@@ -13,8 +13,8 @@ Every corpus-based drafter draws on the same corpus: ShareGPT for Spec-Bench (th
 Drafters (``--methods``):
 
 - ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
-  lookup (the datastore merged with the prompt n-gram trie); ``trie`` / ``datastore``: each source alone
-  (calibrated);
+  lookup: the datastore merged with the request's own suffix automaton and the index of the run's finished
+  outputs (as in vLLM); ``local``: ours without the datastore; ``datastore``: the datastore alone (calibrated);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
   the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
@@ -23,10 +23,14 @@ Drafters (``--methods``):
   next ``budget`` tokens; a chain);
 - ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index [--source code --path
   <stdlib>]``; contexts 16..2,
-  <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path.
+  <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path;
+- ``sglang-bfs`` / ``sglang-prob``: SGLang 0.5.23's NGRAM drafter, its own C++ (``benchmarks/sglang_ngram.py``),
+  BFS (recency) or PROB (frequency) mode, server defaults, its trie shared by the run's requests; a tree peer only
+  (SGLang verifies trees); ``sglang-bfs-corpus`` / ``sglang-prob-corpus``: the same with the corpus as its
+  external suffix automaton, given ``--sglang-corpus-share`` of the budget (SGLang's ``external_sam_budget``).
 
-A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference is optional
-(``bash scripts/setup-vllm.sh --arctic``): without it the ``suffix`` rows are left out.
+A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference and SGLang are
+optional (``bash scripts/setup-vllm.sh --arctic --sglang``): without them their rows are left out.
 
     bash scripts/peers.sh                                  # one command: installs and builds what is missing, then runs
     .venv/bin/python benchmarks/peers.py                   # every drafter, budgets 1 2 3 4 8 16 32 64
@@ -56,9 +60,11 @@ from decoder.drafters import RequestDrafter  # noqa: E402
 from decoder.simulate import replay  # noqa: E402
 
 CODE_PATH_HINT = " --path <the standard library>"
-PEERS = ("suffix", "suffix-warm", "ngram", "rest")
-OURS = ("merged", "trie", "datastore")
+SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
+PEERS = ("suffix", "suffix-warm", "ngram", "rest", *SGLANG)
+OURS = ("merged", "local", "datastore")
 CHAIN_ONLY = ("ngram",)
+TREE_ONLY = SGLANG
 
 
 class DatastoreOnly(RequestDrafter[deque]):
@@ -126,6 +132,13 @@ class SuffixDrafter(RequestDrafter[list]):
         return {"name": self.name}
 
 
+def _documents(tokens: np.ndarray, separator: int) -> list[np.ndarray]:
+    """A corpus token stream's documents (between separators)."""
+    cuts = np.flatnonzero(tokens == separator)
+    bounds = zip([0, *(cuts + 1).tolist()], [*cuts.tolist(), len(tokens)])
+    return [tokens[s:e] for s, e in bounds if e > s]
+
+
 def warm_suffix(cache, tokens: np.ndarray, separator: int) -> int:
     """Feed every document of a token stream to the global tree as one finished response; returns documents."""
     cuts = np.flatnonzero(tokens == separator)
@@ -156,16 +169,17 @@ def _make(method: str, name: str):
         from datastore import load_tokenizer
         from datastore.shared import SharedDatastore
         from decoder.calibration import Calibration
+        from decoder.core import default_core
         from decoder.drafters import DatastoreSource
         from decoder.service import DraftingService
 
         tok = load_tokenizer()
-        source = None if method == "trie" else DatastoreSource(
+        source = None if method == "local" else DatastoreSource(
             lambda: SharedDatastore.open(datastore, tokenizer=tok))
         cal = Calibration.load(args.calibration)
         if method == "datastore":
             return DatastoreOnly(source, cal)
-        return DraftingService(source, calibration=cal, min_score=args.node_cost)
+        return DraftingService(source, core=default_core(cal), min_score=args.node_cost)
     if method == "ngram":
         from decoder.drafters.pld import PromptLookupDrafter
 
@@ -175,6 +189,22 @@ def _make(method: str, name: str):
 
         index = _STATE["rest"][corpus]
         return RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
+    if method in SGLANG:
+        from sglang_ngram import SGLangCorpus, SGLangDrafter
+
+        mode = method.split("-")[1].upper()
+
+        def make(nodes: int) -> SGLangCorpus:
+            if not method.endswith("-corpus"):
+                return SGLangCorpus(nodes, mode)
+            share = max(1, min(nodes, round(args.sglang_corpus_share * nodes)))
+            made = SGLangCorpus(nodes, mode, external_sam_budget=share,
+                                external_corpus_max_tokens=int(_STATE["rest"][corpus].num_tokens) + 1)
+            index = _STATE["rest"][corpus]
+            made.load_corpus(corpus, _documents(np.asarray(index.tokens), index.separator))
+            return made
+
+        return SGLangDrafter(make, method)
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     return SuffixDrafter(_STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24))
@@ -213,12 +243,13 @@ def _cell(got: dict, m: str) -> str:
 
 
 def print_tables(rows: list[dict], methods: list[str]) -> None:
-    """Accept length per set, budget and form for every method, and merged / the best peer; then per
-    category (tree form) merged vs the best peer."""
+    """Accept length per set, budget and form for every method, merged / the best peer and, for trees, merged /
+    SGLang's best tree (either mode, with its external corpus); then per category (tree form) merged vs the best
+    peer."""
     top = [r for r in rows if r["category"] == "all"]
     peers = [m for m in methods if m in PEERS]
     print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods)
-          + "  merged/best peer")
+          + "  merged/best peer  merged/sglang+corpus")
     for name in dict.fromkeys(r["set"] for r in top):
         for budget in sorted({r["budget"] for r in top if r["set"] == name}):
             for form in ("tree", "chain"):
@@ -226,9 +257,12 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
                 got = {r["method"]: r["accept_length"] for r in at if r["form"] == form}
                 best = max([r["accept_length"] for r in at
                             if r["method"] in peers and (form == "tree" or r["form"] == form)], default=None)
+                sgl = max([r["accept_length"] for r in at if r["method"] in SGLANG and r["method"].endswith("-corpus")],
+                          default=None)
                 cells = "  ".join(f"{_cell(got, m):>15}" for m in methods)
                 ratio = f"{got['merged'] / best:.2f}" if best and "merged" in got else "-"
-                print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>6}")
+                vs_sgl = f"{got['merged'] / sgl:.2f}" if sgl and form == "tree" and "merged" in got else "-"
+                print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>16}  {vs_sgl:>20}")
     cats = [r for r in rows if r["category"] != "all" and r["form"] == "tree"]
     if not cats:
         return
@@ -250,7 +284,7 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
-    ap.add_argument("--methods", nargs="+", default=["merged", "trie", "datastore", *PEERS], choices=[*OURS, *PEERS])
+    ap.add_argument("--methods", nargs="+", default=["merged", "local", "datastore", *PEERS], choices=[*OURS, *PEERS])
     ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
     ap.add_argument("--code-datastore", default="code",
                     help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
@@ -258,6 +292,9 @@ def main() -> None:
     ap.add_argument("--node-cost", type=float, default=0.0,
                     help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
                          "node's acceptance probability falls below it (0: always fill the budget)")
+    ap.add_argument("--sglang-corpus-share", type=float, default=0.5,
+                    help="sglang-*-corpus: the share of the budget SGLang gives its external corpus "
+                         "(external_sam_budget; at least 1 node)")
     ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
     ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
@@ -275,10 +312,16 @@ def main() -> None:
     except ImportError:
         methods = [m for m in methods if not m.startswith("suffix")]
         print("arctic-inference is not installed (bash scripts/setup-vllm.sh --arctic): no `suffix` rows")
+    from sglang_ngram import available
+
+    missing = available()
+    if missing and any(m in SGLANG for m in methods):
+        methods = [m for m in methods if m not in SGLANG]
+        print(f"{missing}: no `sglang` rows")
     _STATE["args"] = args
     _STATE["refs"] = {name: half(load_references(name), args.half) for name in args.sets}
     info: dict[str, Any] = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
-    if "rest" in methods or "suffix-warm" in methods:
+    if {"rest", "suffix-warm", "sglang-bfs-corpus", "sglang-prob-corpus"} & set(methods):
         from datastore import SuffixIndex, load_tokenizer
         from datastore.suffix_index import default_index_dir
 
@@ -305,7 +348,7 @@ def main() -> None:
             print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
                   f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
     tasks = [(name, m, form, b) for name in args.sets for b in args.budgets for m in methods
-             for form in (("chain",) if m in CHAIN_ONLY else ("tree", "chain"))]
+             for form in (("chain",) if m in CHAIN_ONLY else ("tree",) if m in TREE_ONLY else ("tree", "chain"))]
     rows: list[dict] = []
     t0 = time.perf_counter()
     with mp.get_context("fork").Pool(args.workers, maxtasksperchild=1) as pool:

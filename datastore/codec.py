@@ -21,6 +21,10 @@ The encoder stores the payload uncompressed whenever compression would not
 make it smaller, so "zstd" means "zstd where it pays". Any corruption or
 truncation raises :class:`CodecError`: the header, lengths and CRC are all
 checked, and the decoded arrays must form a valid :class:`TokenTree`.
+
+The payload is parsed by the native core (:func:`crest_native.parse_tree_payload`, C++) where it is built, else
+by :func:`_parse_payload`, its Python reference; both accept and refuse the same payloads, with the same messages
+(``tests/test_native.py``).
 """
 
 from __future__ import annotations
@@ -249,6 +253,8 @@ def _uvarints(buf: bytes, pos: int, count: int) -> tuple[list[int], int]:
             pos += 1
             value |= (byte & 0x7F) << shift
             if byte < 0x80:
+                if value >> 64:
+                    raise CodecError("varint value exceeds 64 bits")
                 break
             shift += 7
             if shift > 63:
@@ -295,7 +301,13 @@ def decode_tree(blob: bytes) -> TokenTree:
         raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
     if zlib.crc32(raw, zlib.crc32(blob[:3])) != crc:
         raise CodecError("CRC mismatch: the blob is corrupt")
-    return _parse_payload(raw, width)
+    if _native_parse is None:
+        return _parse_payload(raw, width)
+    try:
+        tokens, parents, counts, root = _native_parse(raw, width)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    return TokenTree.trusted(tokens, parents, counts, root)
 
 
 def _parse_payload(p: bytes, width: int) -> TokenTree:
@@ -326,3 +338,8 @@ def _parse_payload(p: bytes, width: int) -> TokenTree:
 
 
 _TOKEN_DTYPES: dict[int, str] = {1: "u1", 2: "<u2", 4: "<u4"}
+
+try:
+    from crest_native import parse_tree_payload as _native_parse
+except ImportError:  # a checkout whose native core is not built: the Python reference parses
+    _native_parse = None

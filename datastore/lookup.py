@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -152,8 +153,10 @@ def check_tokenizer(info: DatastoreInfo, fingerprint: str) -> None:
 
 def suffix_keys(tail: Sequence[int], info: DatastoreInfo) -> list[bytes]:
     """Keys of the suffixes of ``tail`` (checked token ids, :func:`datastore.context.check_context`) of the
-    lengths the build holds, longest first."""
-    return [encode_key(tail[len(tail) - n:], info.key_width) for n in reversed(info.ns) if n <= len(tail)]
+    lengths the build holds, longest first: slices of the longest one's key (keys are fixed-width tokens)."""
+    longest = encode_key(tail[max(len(tail) - info.max_n, 0):], info.key_width)
+    w = info.key_width
+    return [longest[len(longest) - n * w:] for n in reversed(info.ns) if n * w <= len(longest)]
 
 
 def decode_match(info: DatastoreInfo, key: bytes, blob: bytes) -> Match:
@@ -213,7 +216,8 @@ class LookupClient(ABC):
     Attributes:
         info: the build being served (replaced when another is swapped in). cache: the tree cache.
         lookups: contexts looked up. answered_from_cache: those answered without a round trip.
-        round_trips: queries sent. swaps: builds followed. corrupt: stored trees that failed to decode.
+        round_trips: queries sent. query_s: seconds spent in them (sending, the server, receiving).
+        swaps: builds followed. corrupt: stored trees that failed to decode.
     """
 
     def __init__(self, info: DatastoreInfo, fingerprint: str, cache_bytes: int) -> None:
@@ -221,6 +225,7 @@ class LookupClient(ABC):
         self._fingerprint = fingerprint
         self.cache = TreeCache(cache_bytes)
         self.lookups = self.answered_from_cache = self.round_trips = self.swaps = self.corrupt = 0
+        self.query_s = 0.0
         self._stats_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
 
@@ -268,6 +273,7 @@ class LookupClient(ABC):
         Raises:
             datastore.errors.DatabaseUnavailable / LookupFailed: for a server-side failure.
         """
+        start = time.perf_counter()
         try:
             rows = self._execute(query, params)
         except psycopg.errors.UndefinedTable:
@@ -276,6 +282,7 @@ class LookupClient(ABC):
             raise server_error(info.name, exc) from exc
         with self._stats_lock:
             self.round_trips += 1
+            self.query_s += time.perf_counter() - start
         return rows
 
     def _retrying(self, op: Callable[[DatastoreInfo], T | None]) -> T:
@@ -417,7 +424,8 @@ class LookupClient(ABC):
         cache's own figures."""
         with self._stats_lock:
             return {"lookups": self.lookups, "cache_hit_rate": self.answered_from_cache / max(self.lookups, 1),
-                    "round_trips": self.round_trips, "swaps": self.swaps, "corrupt": self.corrupt,
+                    "round_trips": self.round_trips, "query_s": self.query_s, "swaps": self.swaps,
+                    "corrupt": self.corrupt,
                     "cache_entries": len(self.cache), "cache_bytes": self.cache.bytes,
                     "cache_evictions": self.cache.evictions}
 

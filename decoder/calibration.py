@@ -4,11 +4,12 @@ Count ratios rank a source's continuations well but are no probabilities (a coun
 accepted about 15% of the time). Here a logistic model (scikit-learn's ``LogisticRegression``) predicts
 the *conditional* acceptance of a node, given that its parent was accepted, from what the sources
 already know about it (:data:`FEATURES`). For each source of :data:`SOURCES` (the corpus datastore's
-tree, the live layer's: the model's earlier outputs, and the prompt trie's): whether the node is in it,
-its count ratio to its parent (smoothed), the parent's count, the matched context's length, and whether
-that source predicted other continuations of the parent and not this one; then how many sources agree,
-and the depth. A node's score is the product of the conditionals along its path, so scores fall along
-every path (the best nodes form a prefix-closed tree) and estimate ``P(node accepted)``.
+tree, the shared live layer's: every process's earlier outputs, the request's own tokens: its prompt and
+output so far, and this process's finished outputs): whether the node is in it, its count ratio to its
+parent (smoothed), the parent's count, the matched context's length (log), and whether that source
+predicted other continuations of the parent and not this one; then how many sources agree, and the depth.
+A node's score is the product of the conditionals along its path, so scores fall along every path (the
+best nodes form a prefix-closed tree) and estimate ``P(node accepted)``.
 
 Because at most one node per depth is accepted, a draft's expected accepted length (draft tokens; the
 bonus token adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over the candidate
@@ -22,6 +23,7 @@ other half; the parameters ship with the package (``decoder/data/calibration.jso
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +35,15 @@ from datastore.tree import Match, TokenTree
 
 from . import treeops
 from .draft import Draft, ScoreKind
+from .local import LocalStrategy, SuffixMatching, local_strategy
 
 __all__ = ["SOURCES", "FEATURES", "COLUMN", "Calibration", "NodeTable", "TreeColumns", "tree_columns", "node_table",
            "draft_from_candidates", "DEFAULT_PATH"]
 
-SOURCES = ("ds", "live", "trie")
-"""The sources a node table merges, in union order: the corpus datastore, the live layer, the prompt trie."""
-_BLOCK = ("on", "ratio", "log_parent", "ratio_x_log_parent", "n", "miss")
+SOURCES = ("ds", "live", "local", "outputs")
+"""The sources a node table merges, in union order: the corpus datastore, the shared live layer, the request's
+own tokens (:mod:`decoder.local`), this process's finished outputs (:mod:`decoder.output_index`)."""
+_BLOCK = ("on", "ratio", "log_parent", "ratio_x_log_parent", "log_n", "miss")
 FEATURES = tuple(f"{src}_{f}" for src in SOURCES for f in _BLOCK) + ("agree", "log_depth")
 COLUMN = {name: i for i, name in enumerate(FEATURES)}
 """Feature name -> its column in a node table's ``features``."""
@@ -62,6 +66,11 @@ class TreeColumns:
     log_parent: np.ndarray = field(repr=False)
 
 
+def _elementwise(f: Callable[[float], float], x: np.ndarray) -> np.ndarray:
+    """``f`` (a :mod:`math` function: the C library's, as the native core calls) on each element, float64."""
+    return np.fromiter((f(v) for v in x.tolist()), dtype=np.float64, count=len(x))
+
+
 def tree_columns(tree: TokenTree, prior: float) -> TreeColumns:
     """The :class:`TreeColumns` of ``tree`` with count ratios smoothed by ``prior`` (>= 0)."""
     counts = tree.counts.astype(np.float64)
@@ -69,7 +78,7 @@ def tree_columns(tree: TokenTree, prior: float) -> TreeColumns:
     root = float(tree.root_count or counts[par < 0].sum())
     parent_count = np.where(par >= 0, counts[np.maximum(par, 0)], root)
     return TreeColumns(tree, treeops.depths(par), treeops.children(tree.token_ids, par),
-                       counts / (parent_count + prior), np.log1p(parent_count))
+                       counts / (parent_count + prior), _elementwise(math.log1p, parent_count))
 
 
 @dataclass(frozen=True)
@@ -134,13 +143,13 @@ def node_table(matches: Mapping[str, Match | None], prior: float = 1.0,
         x[at, COLUMN[f"{src}_ratio"]] = c.ratio
         x[at, COLUMN[f"{src}_log_parent"]] = c.log_parent
         x[at, COLUMN[f"{src}_ratio_x_log_parent"]] = c.ratio * c.log_parent
-        x[at, COLUMN[f"{src}_n"]] = len(m.ngram)
+        x[at, COLUMN[f"{src}_log_n"]] = math.log1p(len(m.ngram))
         has_kids[:] = False
         has_kids[u.parents[at] + 1] = True
         on = x[:, COLUMN[f"{src}_on"]] > 0
         x[:, COLUMN[f"{src}_miss"]] = ~on & has_kids[u.parents + 1]  # it predicted other continuations of the parent
     x[:, COLUMN["agree"]] = np.maximum(sum(x[:, COLUMN[f"{s}_on"]] for s in SOURCES) - 1.0, 0.0)  # others that agree
-    x[:, COLUMN["log_depth"]] = np.log(u.depths)
+    x[:, COLUMN["log_depth"]] = _elementwise(math.log, u.depths.astype(np.float64))
     return NodeTable(u.tokens, u.parents, u.depths, x)
 
 
@@ -152,7 +161,8 @@ class Calibration:
     Attributes:
         coef: ``[len(FEATURES)]`` float64 weights (on raw features). intercept: the bias.
         prior: the count-ratio smoothing the features were computed with.
-        meta: provenance and held-out figures (prompts, rows, datastore, the trie settings fitted with ...).
+        meta: provenance and held-out figures (prompts, rows, datastores, ``local``: the local source's
+            :meth:`decoder.local.LocalStrategy.config` it was fitted with ...).
 
     Raises:
         ValueError: when ``coef`` does not match :data:`FEATURES`.
@@ -171,8 +181,15 @@ class Calibration:
             raise ValueError(f"calibration has {coef.shape} weights, expected {len(FEATURES)} ({FEATURES})")
 
     def conditional(self, features: np.ndarray) -> np.ndarray:
-        """``[N]`` float64 P(node accepted | parent accepted) for ``[N, len(FEATURES)]`` features."""
-        return 1.0 / (1.0 + np.exp(-(features @ self.coef + self.intercept)))
+        """``[N]`` float64 P(node accepted | parent accepted) for ``[N, len(FEATURES)]`` features.
+
+        The logit sums the terms in feature order and each exponential is the C library's, exactly as the
+        native core computes it, so both give the same bits.
+        """
+        z = np.full(len(features), self.intercept, dtype=np.float64)
+        for j, w in enumerate(self.coef.tolist()):
+            z += w * features[:, j]
+        return 1.0 / (1.0 + _elementwise(math.exp, -z))
 
     def scores(self, table: NodeTable) -> np.ndarray:
         """``[N]`` float64 P(node accepted): the product of the conditionals along each path."""
@@ -181,6 +198,15 @@ class Calibration:
             level = table.depths == depth
             p[level] *= p[table.parents[level]]
         return p
+
+    def local_strategy(self) -> LocalStrategy:
+        """The local source this calibration was fitted with (``meta["local"]``; default: :class:`SuffixMatching`).
+
+        Raises:
+            ValueError: when ``meta["local"]`` names no known strategy.
+        """
+        fitted = self.meta.get("local")
+        return SuffixMatching() if fitted is None else local_strategy(fitted)
 
     def columns(self, tree: TokenTree) -> TreeColumns:
         """A tree's :class:`TreeColumns` with this calibration's smoothing, to cache for a reused tree."""
@@ -286,12 +312,14 @@ def draft_from_candidates(
     Args:
         calibration: the node model.
         candidates: the datastore's matches, longest first (``[]`` or ``[None]``: no datastore match).
-        others: the other sources' matches (``"live"``, ``"trie"``), merged into every candidate's draft.
+        others: the other sources' matches (``"live"``, ``"local"``, ``"outputs"``), merged into every
+            candidate's draft.
         budget: most draft nodes (tree) or tokens (chain), >= 0.
         chain: return the best path (at most ``budget`` tokens) instead of a tree.
         min_score: drop nodes whose acceptance probability is below this (a node's verification cost in
             accepted tokens: the draft stops where the expected gain falls below it).
-        columns: ``tree -> TreeColumns`` cache for reused trees (the datastore's and the live layer's);
+        columns: ``tree -> TreeColumns`` cache for the trees a datastore client hands out again (the
+            corpus datastore's and the live layer's);
             ``None``: computed each call.
 
     Returns:
@@ -305,7 +333,7 @@ def draft_from_candidates(
         raise ValueError(f"budget={budget}: must be >= 0")
     cached: dict[str, TreeColumns] = {}
     if columns is not None:
-        cached = {src: columns(m.tree) for src, m in others.items() if m is not None and src != "trie" and len(m.tree)}
+        cached = {src: columns(m.tree) for src, m in others.items() if m is not None and src == "live" and len(m.tree)}
     best, best_gain, chosen = Draft.empty(ScoreKind.PROBABILITY), -1.0, -1
     for i, cand in enumerate(list(candidates) or [None]):
         if cand is not None and columns is not None and len(cand.tree):
@@ -320,7 +348,9 @@ def draft_from_candidates(
         else:
             order, parents = treeops.top_nodes(table.parents, table.depths, p, budget, min_score)
             draft = Draft(table.tokens[order], parents, p[order], ScoreKind.PROBABILITY)
-        gain = float(draft.scores.sum())
+        gain = 0.0
+        for score in draft.scores.tolist():  # in node order, as the native core adds them
+            gain += score
         if gain > best_gain:
             best, best_gain, chosen = draft, gain, (i if cand is not None else -1)
     return best, chosen

@@ -108,8 +108,10 @@ def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
                    help=f"one or more drafters, each measured against plain greedy (default: {shown})")
     p.add_argument("--datastore", type=datastore_name, default="sharegpt",
                    help="datastore name for datastore/merged (default: sharegpt)")
-    p.add_argument("--window", type=_positive, default=13, help="n-gram trie sliding window n (default: 13)")
-    p.add_argument("--max-prefix", type=_positive, default=3, help="n-gram trie longest matched suffix Lp (default: 3)")
+    p.add_argument("--window", type=_positive, default=13,
+                   help="the trie drafter's sliding window n (the N-Gram-Trie paper's; default: 13)")
+    p.add_argument("--max-prefix", type=_positive, default=3,
+                   help="the trie drafter's longest matched suffix Lp (default: 3)")
     p.add_argument("--rest-index", type=_rest_index, default=None,
                    help="REST suffix index folder for --drafter rest (default: the one `python -m ingest rest-index` "
                         "writes for ShareGPT)")
@@ -149,7 +151,7 @@ def make_drafters(args, tokenizer) -> list:
     """The drafters ``args.drafter`` names, sharing one fault-tolerant datastore source.
 
     The datastore is opened once first, so a wrong name, URL or tokenizer is a clear error
-    now; later faults make the drafters fall back to trie-only drafts.
+    now; later faults make the drafters draft without it.
 
     Raises:
         datastore.errors.DatastoreError: when the datastore cannot be opened.
@@ -176,7 +178,7 @@ def make_drafters(args, tokenizer) -> list:
         "none": lambda: NoDrafter(),
         "pld": lambda: PromptLookupDrafter(),
         "trie": lambda: TrieDrafter(args.window, args.max_prefix),
-        "merged": lambda: DraftingService(source, window=args.window, max_prefix=args.max_prefix),
+        "merged": lambda: DraftingService(source),
     }
     if source is not None:
         made["datastore"] = lambda: RetrievalDrafter(source)

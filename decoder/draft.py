@@ -130,6 +130,21 @@ class Draft:
                      self.score_kind, self.lookup_s, self.trie_s, self.merge_s)
 
     @classmethod
+    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, score_kind: ScoreKind,
+                lookup_s: float = 0.0, trie_s: float = 0.0, merge_s: float = 0.0) -> Draft:
+        """Wrap arrays the caller built valid (the native core's drafts): ``[N]`` int64 token ids, int32 parents
+        and float64 scores, 1-D and of equal length; not copied, made read-only. Skips the checks and
+        conversions of the constructor (a drafting step makes one draft per request)."""
+        for a in (token_ids, parents, scores):
+            a.setflags(write=False)
+        draft = object.__new__(cls)
+        for name, value in (("token_ids", token_ids), ("parents", parents), ("scores", scores),
+                            ("score_kind", score_kind), ("lookup_s", lookup_s), ("trie_s", trie_s),
+                            ("merge_s", merge_s)):
+            object.__setattr__(draft, name, value)
+        return draft
+
+    @classmethod
     def empty(cls, score_kind: ScoreKind = ScoreKind.NONE) -> Draft:
         """No nodes: the step verifies only the last committed token (plain decoding)."""
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64), score_kind)

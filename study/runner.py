@@ -6,7 +6,8 @@ decoding), the accept length on the corpus's evaluation set of:
 - ``rest``: REST over growing prefixes of the corpus (suffix array, bytes as REST counts them);
 - ``crest-single``: CREST datastores of one n-gram length over a top-t grid (CREST §5.3);
 - ``crest-combined``: an equal top-t for every n <= m (CREST §5.4);
-- ``merged``: each combined datastore merged with the per-prompt n-gram trie;
+- ``merged``: each combined datastore merged by our drafter (:class:`decoder.service.DraftingService`: with each
+  request's own tokens and the outputs of the requests replayed before it);
 - ``trie``: the trie alone (0 bytes: a reference line).
 
 Every point's cost (build and replay seconds) is recorded with it.

@@ -33,3 +33,14 @@ def test_no_fit_without_spread_and_bad_arguments():
     assert model.coefficients is None
     with pytest.raises(ValueError, match="window"):
         StepCostModel(window=2)
+
+
+def test_one_slow_step_does_not_move_the_fit():
+    """The first step of an engine (lazy initialisation) can take 5x a normal one: the fit drops it."""
+    model = StepCostModel(min_steps=8)
+    model.observe(3, 0.27)
+    for n in (1, 2, 4, 5, 15, 18, 20, 22, 19, 17, 25, 12):
+        model.observe(n, 0.035 + 0.0024 * n)
+    fit = model.coefficients
+    assert fit is not None
+    assert fit[0] == pytest.approx(0.035, rel=0.02) and fit[1] == pytest.approx(0.0024, rel=0.02)

@@ -105,6 +105,7 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
 def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
                                                            calibration_cache, monkeypatch):
     from datastore import Datastore
+    from decoder.core import default_core
     from decoder.drafters import DatastoreSource
     from decoder.replay_cli import CANDIDATE_BUDGETS, auto_budgets
     from decoder.service import DraftingService
@@ -122,8 +123,8 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
     assert isinstance(client, Datastore)
     assert saved["key"]["drafter"]["source"] == {"datastore": chat_datastore, "build": client.info.id}
     assert auto_budgets(args, target, [DraftingService(source)], console) == first and len(files()) == 1  # cached
-    auto_budgets(args, target, [DraftingService(source, max_prefix=2)], console)
-    assert len(files()) == 2  # another trie shape: chosen again, not read from the first drafter's cache
+    auto_budgets(args, target, [DraftingService(source, core=default_core(outputs_bytes=1 << 20))], console)
+    assert len(files()) == 2  # another output index: chosen again, not read from the first drafter's cache
     auto_budgets(argparse.Namespace(**{**vars(args), "max_new_tokens": 10}), target, [DraftingService(source)], console)
     assert len(files()) == 3  # other references
     console.file.close()

@@ -63,10 +63,10 @@ def test_every_drafter_is_lossless(target, eval_prompts, references, source, bud
 def test_replay_equals_real_runs(target, eval_prompts, references, source, name):
     makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: DraftingService(source), "trie": TrieDrafter,
                                                 "pld": PromptLookupDrafter}
-    d = makers[name]()
+    real_drafter, sim_drafter = makers[name](), makers[name]()  # each sees the same earlier outputs, in order
     for p in eval_prompts:
-        real = speculative_generate(target, p.token_ids, d, max_new_tokens=MAX_NEW, budget=8)
-        sim = replay(d, p.token_ids, references[p.id], 8)
+        real = speculative_generate(target, p.token_ids, real_drafter, max_new_tokens=MAX_NEW, budget=8)
+        sim = replay(sim_drafter, p.token_ids, references[p.id], 8)
         assert [s.accepted for s in sim.steps] == [s.accepted for s in real.steps], p.id
         assert [s.drafted for s in sim.steps] == [s.drafted for s in real.steps], p.id
         assert sim.output_ids == real.output_ids

@@ -1,6 +1,6 @@
 """The drafting service (the merged drafter): a batch drafts what each request drafts alone, in one round trip, on
-either client; chains that are the trees' most probable paths; trie-only drafts on every datastore fault; many
-threads at once. Real datastore, real tokens (evaluation prompts as the sequences; no model needed to check
+either client; chains that are the trees' most probable paths; drafts without the datastore on every datastore
+fault; many threads at once. Real datastore, real tokens (evaluation prompts as the sequences; no model needed to check
 drafts)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from datastore import Datastore
 from datastore.shared import SharedDatastore
 from decoder import Draft
+from decoder.core import default_core
 from decoder.draft import ScoreKind
 from decoder.drafters import DatastoreSource
 from decoder.service import DraftingService
@@ -102,17 +103,17 @@ def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
     assert longest >= 3  # multi-token chains happen
 
 
-def test_every_fault_gives_trie_only_drafts(eval_prompts, tokenizer, chat_datastore):
+def test_every_fault_gives_the_drafts_of_no_datastore(eval_prompts, tokenizer, chat_datastore):
     down = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                         database_url=UNREACHABLE), retry_s=3600)
     assert down.client is None and down.faults
-    faulty, trie_only = DraftingService(down), DraftingService(None)
-    for svc in (faulty, trie_only):
+    faulty, without = DraftingService(down), DraftingService(None)
+    for svc in (faulty, without):
         for i, p in enumerate(eval_prompts):
             svc.start_request(i, _steps(p.token_ids)[0])
     for chain in (False, True):
         batch = [(i, 5) for i in range(len(eval_prompts))]
-        a, b = faulty.propose(batch, chain=chain), trie_only.propose(batch, chain=chain)
+        a, b = faulty.propose(batch, chain=chain), without.propose(batch, chain=chain)
         assert all(_same(x, y) for x, y in zip(a, b)) and any(len(x) for x in a)
 
 
@@ -132,8 +133,9 @@ def test_threads_get_the_drafts_of_a_serial_run(shared_source, eval_prompts):
             service.stop_request(rid)
         return out
 
-    serial = run(DraftingService(shared_source), range(len(lives)))
-    shared = DraftingService(shared_source)
+    # no output index: with one, a request's drafts depend on which requests finished before it
+    serial = run(DraftingService(shared_source, core=default_core(outputs_bytes=0)), range(len(lives)))
+    shared = DraftingService(shared_source, core=default_core(outputs_bytes=0))
     results, errors = {}, []
 
     def work(ids) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from datastore.context import TokenIds
-from datastore.errors import DatastoreError
+from datastore.errors import DatastoreError, DatastoreNotFound
 from datastore.tree import Match
 
 __all__ = ["Retriever", "DatastoreSource"]
@@ -65,6 +65,8 @@ class DatastoreSource:
         reopen_in_background: reopen on a background thread, so that no lookup ever waits for a
             connection attempt (an engine's step must not stall while the server is down); the
             lookups answer ``None`` until the backend is open again. Default: reopen in the lookup.
+        optional: a datastore that is not built yet is expected (a live layer before its first compaction):
+            its absence is logged at INFO, not as a warning; every other fault still warns.
 
     Attributes:
         client: the open backend, or ``None`` while it is down.
@@ -75,12 +77,13 @@ class DatastoreSource:
     """
 
     def __init__(self, connect: Callable[[], Retriever], retry_s: float = 5.0, *,
-                 reopen_in_background: bool = False) -> None:
+                 reopen_in_background: bool = False, optional: bool = False) -> None:
         if retry_s < 0:
             raise ValueError(f"retry_s={retry_s}: must be >= 0")
         self._connect = connect
         self.retry_s = retry_s
         self._background = reopen_in_background
+        self._optional = optional
         self._reopening: threading.Thread | None = None
         self.client: Retriever | None = None
         self.faults: Counter = Counter()
@@ -93,7 +96,8 @@ class DatastoreSource:
     def _fault(self, exc: DatastoreError) -> None:
         self.faults[type(exc).__name__] += 1
         if not self._degraded:
-            log.warning("%s; drafting without the datastore until it is back (output is unaffected)", exc)
+            level = logging.INFO if self._optional and isinstance(exc, DatastoreNotFound) else logging.WARNING
+            log.log(level, "%s; drafting without the datastore until it is back (output is unaffected)", exc)
             self._degraded = True
         self.close()
         self._down_at = time.monotonic()
