@@ -8,9 +8,10 @@ HumanEval, in turn), chains of ``--budget`` tokens, and its output goes into the
 pass over the references shifts every token id by a different offset (modulo the vocabulary), so each pass
 feeds new sequences rather than repeats, which an automaton would store once.
 
-Printed every ``--every`` seconds: requests served, the index's size (its byte model, ``<= --outputs-mb``), the
-outputs it holds, its evictions, what its arrays hold allocated, the process's resident set (RSS) and the
-accept length of the last interval. At the end: the RSS growth from the first report after the first eviction to the last one.
+Printed every ``--every`` seconds: requests served, the index's size (its byte model, at most ``--outputs-mb``),
+the outputs it holds, its evictions, what its arrays hold allocated, the process's resident set (RSS) and the
+accept length of the last interval. At the end: the RSS growth from the first report after the first eviction to
+the last one.
 
     .venv/bin/python benchmarks/outputs_stream.py [--minutes 30] [--outputs-mb 64] [--budget 8]
 """

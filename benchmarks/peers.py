@@ -27,7 +27,9 @@ Drafters (``--methods``):
 - ``sglang-bfs`` / ``sglang-prob``: SGLang 0.5.23's NGRAM drafter, its own C++ (``benchmarks/sglang_ngram.py``),
   BFS (recency) or PROB (frequency) mode, server defaults, its trie shared by the run's requests; a tree peer only
   (SGLang verifies trees); ``sglang-bfs-corpus`` / ``sglang-prob-corpus``: the same with the corpus as its
-  external suffix automaton, given ``--sglang-corpus-share`` of the budget (SGLang's ``external_sam_budget``).
+  external suffix automaton (its first 10M tokens, SGLang's default cap: the whole standard library, a third of
+  ShareGPT; 6.1 GiB of RAM for the 9.1M-token standard library), given ``--sglang-corpus-share`` of the budget
+  (SGLang's ``external_sam_budget``).
 
 A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference and SGLang are
 optional (``bash scripts/setup-vllm.sh --arctic --sglang``): without them their rows are left out.
@@ -198,10 +200,10 @@ def _make(method: str, name: str):
             if not method.endswith("-corpus"):
                 return SGLangCorpus(nodes, mode)
             share = max(1, min(nodes, round(args.sglang_corpus_share * nodes)))
-            made = SGLangCorpus(nodes, mode, external_sam_budget=share,
-                                external_corpus_max_tokens=int(_STATE["rest"][corpus].num_tokens) + 1)
+            made = SGLangCorpus(nodes, mode, external_sam_budget=share)  # SGLang's default corpus cap: 10M tokens
             index = _STATE["rest"][corpus]
-            made.load_corpus(corpus, _documents(np.asarray(index.tokens), index.separator))
+            made.load_corpus(corpus, _documents(np.asarray(index.tokens), index.separator),
+                             max_tokens=made.max_corpus_tokens)
             return made
 
         return SGLangDrafter(make, method)

@@ -16,7 +16,8 @@ SGLang compiles the module at run time with its own JIT (``sglang/kernels/jit/ut
 environment (torch, GPU detection), so :func:`load_module` runs the same compiler commands on the same five
 sources, unmodified, and loads the result the same way (cached under ``~/.cache/crest-spec/sglang-ngram``).
 Defaults are the server's (``sglang/srt/arg_groups/fields/spec.py`` l.250-283): trie depth 18, breadth 1..10,
-capacity 10M nodes.
+external corpora of at most 10M tokens; the trie's capacity is 1M nodes (the server's 10M preallocates 2 GB, and a
+replayed set inserts about 0.3M), which changes nothing here: no node is ever evicted.
 """
 
 from __future__ import annotations
@@ -110,17 +111,20 @@ class SGLangCorpus:
     """
 
     def __init__(self, draft_nodes: int, mode: str = "BFS", *, max_trie_depth: int = 18, min_bfs_breadth: int = 1,
-                 max_bfs_breadth: int = 10, capacity: int = 10_000_000, external_sam_budget: int = 0,
+                 max_bfs_breadth: int = 10, capacity: int = 1_000_000, external_sam_budget: int = 0,
                  external_corpus_max_tokens: int = 10_000_000) -> None:
         cls = load_module()
         self.d = draft_nodes + 1  # SGLang's draft token count includes the root (the last committed token)
-        self.max_trie_depth = max_trie_depth
+        self.max_trie_depth, self.max_corpus_tokens = max_trie_depth, external_corpus_max_tokens
         self.obj = cls(capacity, max_trie_depth, min_bfs_breadth, max_bfs_breadth, self.d, MODES[mode],
                        external_sam_budget, external_corpus_max_tokens)
 
-    def load_corpus(self, corpus_id: str, documents: Sequence[np.ndarray], chunk: int = 4096) -> int:
+    def load_corpus(self, corpus_id: str, documents: Sequence[np.ndarray], chunk: int = 4096,
+                    max_tokens: int = 10_000_000) -> int:
         """Build an external corpus's suffix automaton from token documents (as ``external_corpus.py`` chunks a
-        corpus file: a separator before every document but the first, 4096-token chunks); returns its tokens."""
+        corpus file: a separator before every document but the first, 4096-token chunks), the documents in order
+        up to ``max_tokens`` (SGLang's ``external_corpus_max_tokens``: it refuses a larger corpus); returns the
+        tokens loaded."""
         self.obj.start_external_corpus_load()
         pending: list[np.ndarray] = []
         held = total = 0
@@ -128,6 +132,8 @@ class SGLangCorpus:
             part = np.asarray(doc, dtype=np.int32)
             if i:
                 part = np.concatenate([np.array([SEPARATOR], dtype=np.int32), part])
+            if total + held + len(part) > max_tokens:
+                break
             pending.append(part)
             held += len(part)
             if held >= chunk:

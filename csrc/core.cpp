@@ -32,38 +32,32 @@ SourceTree view(const Tree& t, int ngram_len) {
   return s;
 }
 
-// (merged parent + 1, token) -> merged node, open addressing; cleared per table.
-class ChildMap {
- public:
-  void reset(std::size_t capacity) {
-    std::size_t want = 16;
-    while (want < 2 * capacity) want <<= 1;
-    if (keys_.size() < want) {
-      keys_.assign(want, 0);
-      values_.assign(want, -1);
-    } else {
-      std::fill(values_.begin(), values_.end(), -1);
-    }
-    mask_ = keys_.size() - 1;
-  }
-  int32_t* find_or_slot(int64_t parent, uint32_t token, uint64_t& key) {
-    key = (static_cast<uint64_t>(parent + 1) << 32) | token;
-    for (std::size_t i = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> 40) & mask_;; i = (i + 1) & mask_) {
-      if (values_[i] < 0) {
-        keys_[i] = key;
-        return &values_[i];
-      }
-      if (keys_[i] == key) return &values_[i];
-    }
-  }
-
- private:
-  std::vector<uint64_t> keys_;
-  std::vector<int32_t> values_;
-  std::size_t mask_ = 0;
-};
-
 }  // namespace
+
+// ---- the union's child map -----------------------------------------------------------------------------------
+
+void ChildMap::reset(std::size_t capacity) {
+  std::size_t want = 16;
+  while (want < 2 * capacity) want <<= 1;
+  if (keys_.size() < want) {
+    keys_.assign(want, 0);
+    values_.assign(want, -1);
+  } else {
+    std::fill(values_.begin(), values_.end(), -1);
+  }
+  mask_ = keys_.size() - 1;
+}
+
+int32_t* ChildMap::find_or_slot(int64_t parent, uint32_t token) {
+  uint64_t key = (static_cast<uint64_t>(parent + 1) << 32) | token;
+  for (std::size_t i = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> 40) & mask_;; i = (i + 1) & mask_) {
+    if (values_[i] < 0) {
+      keys_[i] = key;
+      return &values_[i];
+    }
+    if (keys_[i] == key) return &values_[i];
+  }
+}
 
 // ---- the output index (decoder/output_index.py) -------------------------------------------------------------
 
@@ -166,36 +160,35 @@ std::vector<Drafted> Core::draft(const std::vector<StepInput>& inputs, bool chai
 
 void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_score, Drafted& out) {
   auto t0 = std::chrono::steady_clock::now();
+  Scratch& z = scratch_;
   const int nodes = std::max(in.budget, match_nodes_);
-  Tree local, earlier;
   bool has_local = false, has_earlier = false;
   int local_len = 0, earlier_len = 0;
   auto [state, len] = req.automaton.repeated_suffix();
+  z.local.clear();
   if (len > 0) {
-    req.automaton.continuations(state, nodes, local_depth_, 1, local);
-    has_local = !local.tokens.empty();
+    req.automaton.continuations(state, nodes, local_depth_, 1, z.local);
+    has_local = !z.local.tokens.empty();
     local_len = len;
   }
   {
     std::size_t n = std::min<std::size_t>(req.tokens.size(), static_cast<std::size_t>(context_tokens_));
-    has_earlier = outputs_.match(req.tokens.data() + req.tokens.size() - n, n, nodes, earlier, earlier_len);
+    has_earlier = outputs_.match(req.tokens.data() + req.tokens.size() - n, n, nodes, z.earlier, earlier_len);
   }
   out.local_s = seconds_since(t0);
   auto t1 = std::chrono::steady_clock::now();
 
-  std::vector<const SourceTree*> fixed(kSources, nullptr);  // live, local, outputs (ds per candidate)
-  SourceTree local_view = view(local, local_len), earlier_view = view(earlier, earlier_len);
+  const SourceTree* fixed[kSources] = {nullptr, nullptr, nullptr, nullptr};  // live, local, outputs; ds per candidate
+  SourceTree local_view = view(z.local, local_len), earlier_view = view(z.earlier, earlier_len);
   if (in.has_live && in.live.size) fixed[1] = &in.live;
   if (has_local) fixed[2] = &local_view;
   if (has_earlier) fixed[3] = &earlier_view;
 
-  std::vector<int64_t> mtok;
-  std::vector<int32_t> mpar, mdepth;
-  std::vector<double> x, score;
-  std::vector<uint8_t> has_kids;
-  std::vector<int32_t> at;
-  std::vector<std::vector<int32_t>> where(kSources);
-  ChildMap children;
+  auto& mtok = z.mtok;
+  auto& mpar = z.mpar;
+  auto& mdepth = z.mdepth;
+  auto& x = z.x;
+  auto& score = z.score;
   double best_gain = -1.0;
   out.chosen = -1;
   const std::size_t num_candidates = std::max<std::size_t>(in.candidates.size(), 1);
@@ -209,35 +202,26 @@ void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_s
     mtok.clear();
     mpar.clear();
     mdepth.clear();
-    children.reset(total);
+    z.children.reset(total);
     bool first = true;
     for (int k = 0; k < kSources; ++k) {
       const SourceTree* s = src[k];
       if (!s) continue;
-      auto& w = where[k];
+      auto& w = z.where[k];
       w.assign(s->size, 0);
       for (std::size_t i = 0; i < s->size; ++i) {
         int32_t p = s->parents[i];
         if (p < -1 || p >= static_cast<int32_t>(i)) throw std::invalid_argument("a source tree's parents are not a tree");
         int64_t up = p < 0 ? -1 : w[p];
-        uint64_t key;
-        int32_t* slot = children.find_or_slot(up, s->tokens[i], key);
-        if (first) {  // the base: every node its own, in order (a repeated sibling: the later one is found)
+        int32_t* slot = z.children.find_or_slot(up, s->tokens[i]);
+        if (first || *slot < 0) {  // the base keeps every node, in order (a repeated sibling: the later is found)
           int32_t node = static_cast<int32_t>(mtok.size());
           mtok.push_back(s->tokens[i]);
           mpar.push_back(static_cast<int32_t>(up));
           mdepth.push_back(up < 0 ? 1 : mdepth[up] + 1);
           *slot = node;
-          w[i] = node;
-        } else {
-          if (*slot < 0) {
-            *slot = static_cast<int32_t>(mtok.size());
-            mtok.push_back(s->tokens[i]);
-            mpar.push_back(static_cast<int32_t>(up));
-            mdepth.push_back(up < 0 ? 1 : mdepth[up] + 1);
-          }
-          w[i] = *slot;
         }
+        w[i] = *slot;
       }
       first = false;
     }
@@ -247,13 +231,13 @@ void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_s
     for (int k = 0; k < kSources; ++k) {
       const SourceTree* s = src[k];
       if (!s) continue;
-      const auto& w = where[k];
+      const auto& w = z.where[k];
       uint64_t root = s->root_count;
       if (root == 0)
         for (std::size_t i = 0; i < s->size; ++i)
           if (s->parents[i] < 0) root += s->counts[i];
       const double log_n = std::log1p(static_cast<double>(s->ngram_len));
-      has_kids.assign(n + 1, 0);
+      z.has_kids.assign(n + 1, 0);
       for (std::size_t i = 0; i < s->size; ++i) {
         int32_t p = s->parents[i];
         double pc = p < 0 ? static_cast<double>(root) : static_cast<double>(s->counts[p]);
@@ -265,11 +249,11 @@ void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_s
         row[2] = lp;
         row[3] = ratio * lp;
         row[4] = log_n;
-        has_kids[mpar[w[i]] + 1] = 1;
+        z.has_kids[mpar[w[i]] + 1] = 1;
       }
       for (std::size_t m = 0; m < n; ++m) {
         double* row = &x[m * kFeatures + k * kBlock];
-        row[5] = (row[0] == 0.0 && has_kids[mpar[m] + 1]) ? 1.0 : 0.0;
+        row[5] = (row[0] == 0.0 && z.has_kids[mpar[m] + 1]) ? 1.0 : 0.0;
       }
     }
     score.assign(n, 0.0);
@@ -279,45 +263,47 @@ void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_s
       for (int k = 0; k < kSources; ++k) on += row[k * kBlock];
       row[kAgree] = std::max(on - 1.0, 0.0);
       row[kLogDepth] = std::log(static_cast<double>(mdepth[m]));
-      double z = intercept_;
+      double zsum = intercept_;
       for (int j = 0; j < kFeatures; ++j) {
         double term = coef_[j] * row[j];
-        z = z + term;
+        zsum = zsum + term;
       }
-      double cond = 1.0 / (1.0 + std::exp(-z));
+      double cond = 1.0 / (1.0 + std::exp(-zsum));
       score[m] = mpar[m] < 0 ? cond : cond * score[mpar[m]];
     }
     // the cut (decoder.treeops.best_path / top_nodes)
-    std::vector<int64_t> ctok;
-    std::vector<int32_t> cpar;
-    std::vector<double> cscore;
+    Drafted& c = z.candidate;
+    c.tokens.clear();
+    c.parents.clear();
+    c.scores.clear();
     if (chain) {
-      std::vector<double> sum(n, 0.0);
-      std::vector<uint8_t> reached(n, 0);
+      z.sum.assign(n, 0.0);
+      z.reached.assign(n, 0);
       int64_t best = -1;
       double best_sum = 0.0;
       for (std::size_t m = 0; m < n; ++m) {
         if (!(score[m] >= min_score) || mdepth[m] > in.budget) continue;
         int32_t p = mpar[m];
-        if (p >= 0 && !reached[p]) continue;
-        double t = score[m] + (p < 0 ? 0.0 : sum[p]);
-        sum[m] = t;
-        reached[m] = 1;
+        if (p >= 0 && !z.reached[p]) continue;
+        double t = score[m] + (p < 0 ? 0.0 : z.sum[p]);
+        z.sum[m] = t;
+        z.reached[m] = 1;
         if (t > best_sum) {
           best = static_cast<int64_t>(m);
           best_sum = t;
         }
       }
-      std::vector<int64_t> path;
-      for (int64_t v = best; v >= 0; v = mpar[v]) path.push_back(v);
-      std::reverse(path.begin(), path.end());
-      for (std::size_t j = 0; j < path.size(); ++j) {
-        ctok.push_back(mtok[path[j]]);
-        cpar.push_back(static_cast<int32_t>(j) - 1);
-        cscore.push_back(score[path[j]]);
+      z.path.clear();
+      for (int64_t v = best; v >= 0; v = mpar[v]) z.path.push_back(v);
+      std::reverse(z.path.begin(), z.path.end());
+      for (std::size_t j = 0; j < z.path.size(); ++j) {
+        c.tokens.push_back(mtok[z.path[j]]);
+        c.parents.push_back(static_cast<int32_t>(j) - 1);
+        c.scores.push_back(score[z.path[j]]);
       }
     } else {
-      std::vector<int32_t> order(n);
+      auto& order = z.order;
+      order.resize(n);
       std::iota(order.begin(), order.end(), 0);
       std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
         if (score[a] != score[b]) return score[a] > score[b];
@@ -325,27 +311,24 @@ void Core::draft_one(Request& req, const StepInput& in, bool chain, double min_s
         return a < b;
       });
       if (order.size() > static_cast<std::size_t>(in.budget)) order.resize(in.budget);
-      if (min_score > 0) {
-        std::vector<int32_t> kept;
-        for (int32_t m : order)
-          if (score[m] >= min_score) kept.push_back(m);
-        order.swap(kept);
-      }
-      std::vector<int32_t> renumber(n, -1);
-      for (std::size_t j = 0; j < order.size(); ++j) renumber[order[j]] = static_cast<int32_t>(j);
+      if (min_score > 0)
+        order.erase(std::remove_if(order.begin(), order.end(), [&](int32_t m) { return !(score[m] >= min_score); }),
+                    order.end());
+      z.renumber.assign(n, -1);
+      for (std::size_t j = 0; j < order.size(); ++j) z.renumber[order[j]] = static_cast<int32_t>(j);
       for (int32_t m : order) {
-        ctok.push_back(mtok[m]);
-        cpar.push_back(mpar[m] < 0 ? -1 : renumber[mpar[m]]);
-        cscore.push_back(score[m]);
+        c.tokens.push_back(mtok[m]);
+        c.parents.push_back(mpar[m] < 0 ? -1 : z.renumber[mpar[m]]);
+        c.scores.push_back(score[m]);
       }
     }
     double gain = 0.0;
-    for (double s : cscore) gain += s;
+    for (double v : c.scores) gain += v;
     if (gain > best_gain) {
       best_gain = gain;
-      out.tokens.swap(ctok);
-      out.parents.swap(cpar);
-      out.scores.swap(cscore);
+      out.tokens = c.tokens;
+      out.parents = c.parents;
+      out.scores = c.scores;
       out.chosen = cand ? static_cast<int64_t>(ci) : -1;
     }
   }

@@ -68,6 +68,18 @@ class OutputIndex {
   Automaton automaton_;
 };
 
+// (merged parent + 1, token) -> merged node, open addressing; reset per node table, memory kept.
+class ChildMap {
+ public:
+  void reset(std::size_t capacity);
+  int32_t* find_or_slot(int64_t parent, uint32_t token);  // the node's slot (-1: not there yet, fill it)
+
+ private:
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  std::size_t mask_ = 0;
+};
+
 class Core {
  public:
   // coef: the calibration's weights (kNumFeatures), intercept, prior; local_depth: the requests' automata's deepest
@@ -93,6 +105,18 @@ class Core {
   Request& get(int64_t handle);
   void draft_one(Request& req, const StepInput& in, bool chain, double min_score, Drafted& out);
 
+  struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
+    Tree local, earlier;
+    std::vector<int64_t> mtok, path;
+    std::vector<int32_t> mpar, mdepth, order, renumber;
+    std::vector<double> x, score, sum;
+    std::vector<uint8_t> has_kids, reached;
+    std::vector<int32_t> where[4];
+    ChildMap children;
+    Drafted candidate;
+  };
+
+  Scratch scratch_;
   std::vector<double> coef_;
   double intercept_, prior_;
   int local_depth_, match_nodes_, context_tokens_;

@@ -68,6 +68,23 @@ class TreeCache:
             self.hits += 1
             return True, entry[0]
 
+    def get_many(self, build: int, keys: list[bytes]) -> list[tuple[bool, TokenTree | None]]:
+        """:meth:`get` for many keys under one lock (a lookup step asks for several suffixes of many contexts)."""
+        out: list[tuple[bool, TokenTree | None]] = []
+        with self._lock:
+            entries, move = self._entries, self._entries.move_to_end
+            for key in keys:
+                entry = entries.get((build, key))
+                if entry is None:
+                    out.append((False, None))
+                else:
+                    move((build, key))
+                    out.append((True, entry[0]))
+            hits = sum(found for found, _ in out)
+            self.hits += hits
+            self.misses += len(out) - hits
+        return out
+
     def put(self, build: int, key: bytes, tree: TokenTree | None) -> None:
         """Remember ``tree`` (or that the build does not hold ``key``), evicting the least recently used."""
         size = entry_bytes(key, tree)

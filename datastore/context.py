@@ -45,10 +45,11 @@ def check_context(context, vocab_size: int, tail: int, what: str = "context") ->
                              "of token ids (tokenize text first)")
     else:
         ids = list(context[max(len(context) - tail, 0):]) if tail else []
-        for t in ids:
-            if not isinstance(t, Integral) or isinstance(t, bool):
-                raise InvalidContext(f"{what} holds {t!r} ({type(t).__name__}); token ids are integers")
-        ids = [int(t) for t in ids]
+        if not all(type(t) is int for t in ids):  # Python ints pass at once; anything else is checked one by one
+            for t in ids:
+                if not isinstance(t, Integral) or isinstance(t, bool):
+                    raise InvalidContext(f"{what} holds {t!r} ({type(t).__name__}); token ids are integers")
+            ids = [int(t) for t in ids]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise InvalidContext(f"{what} holds token id {bad[0]}, outside the tokenizer's vocabulary [0, {vocab_size}); "

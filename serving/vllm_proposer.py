@@ -2,7 +2,7 @@
 
     LLM(model=..., speculative_config={"method": "custom_class",
                                        "model": "serving.vllm_proposer.CrestProposer",
-                                       "num_speculative_tokens": 5})
+                                       "num_speculative_tokens": 8})
 
 vLLM builds the class with its ``VllmConfig``, calls ``load_model(model)`` and then,
 after every step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
@@ -25,7 +25,8 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_DATASTORE``      datastore name (default ``sharegpt``);
 ``DATABASE_URL``         where it lives (default: the embedded server);
 ``CREST_MIN_SCORE``      a probability: chains stop before the first node whose calibrated acceptance probability
-                         (:mod:`decoder.calibration`) is below it (default 0.2);
+                         (:mod:`decoder.calibration`) is below it (default 0.1, with ``num_speculative_tokens``
+                         8: chosen on the fit half, ``benchmarks/choose_k.py``);
 ``CREST_ADAPTIVE``       ``1`` (default): also stop before the first node scoring below the step's
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
@@ -75,7 +76,7 @@ class ProposerConfig:
 
     datastore: str = "sharegpt"
     database_url: str | None = None
-    min_score: float = 0.2
+    min_score: float = 0.1
     adaptive: bool = True
     cache_mb: float = 64.0
     stats_path: str | None = None
@@ -109,7 +110,7 @@ class ProposerConfig:
             return value == "1"
 
         return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
-                   min_score=number("CREST_MIN_SCORE", 0.2), adaptive=flag("CREST_ADAPTIVE", "1"),
+                   min_score=number("CREST_MIN_SCORE", 0.1), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0),
                    stats_path=env.get("CREST_PROPOSER_STATS") or None,
                    live=flag("CREST_LIVE", "1"), live_url=env.get("CREST_LIVE_URL") or None,

@@ -198,14 +198,20 @@ def test_candidates_are_every_stored_suffix_longest_first(chat_datastore, databa
 def test_proposer_settings_from_the_environment(monkeypatch):
     from serving.vllm_proposer import ProposerConfig
 
-    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE"):
+    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE", "CREST_OUTPUTS_MB"):
         monkeypatch.delenv(var, raising=False)
     cfg = ProposerConfig.from_env()
-    assert not cfg.live and cfg.live_url is None and cfg.min_score == 0.2  # the live layer is opt-in
-    monkeypatch.setenv("CREST_LIVE", "1")
+    assert cfg.live and cfg.live_url is None and cfg.min_score == 0.1  # both output layers on by default
+    assert cfg.outputs_mb == 64.0 and cfg.adaptive
+    monkeypatch.setenv("CREST_LIVE", "0")
     monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
+    monkeypatch.setenv("CREST_OUTPUTS_MB", "0")
     cfg = ProposerConfig.from_env()
-    assert cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test"
+    assert not cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test" and cfg.outputs_mb == 0
+    monkeypatch.setenv("CREST_OUTPUTS_MB", "-1")
+    with pytest.raises(ValueError, match="CREST_OUTPUTS_MB=-1.0: must be >= 0"):
+        ProposerConfig.from_env()
+    monkeypatch.delenv("CREST_OUTPUTS_MB")
     monkeypatch.setenv("CREST_LIVE", "yes")
     with pytest.raises(ValueError, match="CREST_LIVE='yes': must be 0 or 1"):
         ProposerConfig.from_env()
