@@ -16,6 +16,7 @@ this machine (``--step-cost``; ``benchmarks/vllm_serving.py`` prints them).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def main() -> None:
           "throughput x no speculation (accept length, drafted per row and step)")
     best: dict[tuple[str, int], tuple[float, int, float]] = {}
     for name, ds in sets.items():
-        source = DatastoreSource(lambda ds=ds: SharedDatastore.open(ds, tokenizer=tok))
+        source = DatastoreSource(functools.partial(SharedDatastore.open, ds, tokenizer=tok))
         replayed: dict[tuple[int, float], tuple[float, float]] = {}  # (k, cut) -> (accept length, drafted per step)
         for c in args.concurrency:
             break_even = b * c / (a + b * c)

@@ -14,7 +14,8 @@ Drafters (``--methods``):
 
 - ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
   lookup: the datastore merged with the request's own suffix automaton and the index of the run's finished
-  outputs (as in vLLM); ``local``: ours without the datastore; ``datastore``: the datastore alone (calibrated);
+  outputs (as in vLLM); ``merged-no-index``: the same without the index of earlier outputs; ``local``: ours
+  without the datastore; ``datastore``: the datastore alone (calibrated);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
   the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
@@ -64,7 +65,7 @@ from decoder.simulate import replay  # noqa: E402
 CODE_PATH_HINT = " --path <the standard library>"
 SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
 PEERS = ("suffix", "suffix-warm", "ngram", "rest", *SGLANG)
-OURS = ("merged", "local", "datastore")
+OURS = ("merged", "merged-no-index", "local", "datastore")
 CHAIN_ONLY = ("ngram",)
 TREE_ONLY = SGLANG
 
@@ -171,7 +172,7 @@ def _make(method: str, name: str):
         from datastore import load_tokenizer
         from datastore.shared import SharedDatastore
         from decoder.calibration import Calibration
-        from decoder.core import default_core
+        from decoder.core import OUTPUTS_BYTES, default_core
         from decoder.drafters import DatastoreSource
         from decoder.service import DraftingService
 
@@ -181,7 +182,8 @@ def _make(method: str, name: str):
         cal = Calibration.load(args.calibration)
         if method == "datastore":
             return DatastoreOnly(source, cal)
-        return DraftingService(source, core=default_core(cal), min_score=args.node_cost)
+        outputs = 0 if method == "merged-no-index" else OUTPUTS_BYTES
+        return DraftingService(source, core=default_core(cal, outputs_bytes=outputs), min_score=args.node_cost)
     if method == "ngram":
         from decoder.drafters.pld import PromptLookupDrafter
 
@@ -286,7 +288,7 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
     ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
-    ap.add_argument("--methods", nargs="+", default=["merged", "local", "datastore", *PEERS], choices=[*OURS, *PEERS])
+    ap.add_argument("--methods", nargs="+", default=[*OURS, *PEERS], choices=[*OURS, *PEERS])
     ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
     ap.add_argument("--code-datastore", default="code",
                     help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")

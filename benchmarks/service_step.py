@@ -77,8 +77,11 @@ def main() -> None:
     datastores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
     for name, rs in refs.items():  # warm the server's buffers with the same lookups, untimed (a fresh client)
         with SharedDatastore.open(datastores[name], tokenizer=tok, cache_bytes=0) as warm:
-            run_set(DraftingService(DatastoreSource(lambda c=warm: c), min_score=args.min_score), rs, args.batch,
-                    args.budget, True)
+            def reuse(c: SharedDatastore = warm) -> SharedDatastore:
+                return c
+
+            run_set(DraftingService(DatastoreSource(reuse), min_score=args.min_score), rs, args.batch, args.budget,
+                    True)
     print(f"batch {args.batch}, budget {args.budget}, min score {args.min_score}")
     print(f"{'set':<11} {'form':<6} {'cache MiB':>9} {'steps':>6} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'lookup':>7} {'hits':>6} {'accept':>7}")

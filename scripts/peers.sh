@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The peer benchmark in one command: installs vLLM's CPU build and arctic-inference (SuffixDecoding), builds
+# The peer benchmark in one command: installs vLLM's CPU build, arctic-inference (SuffixDecoding) and SGLang's
+# wheel (its NGRAM drafter), builds
 # what is missing (the `sharegpt` and `code` datastores, REST's indexes of both corpora, the greedy references),
 # then prints the table (benchmarks/peers.py; extra flags are passed through). Each step is skipped when its
 # output exists. Without DATABASE_URL the datastores go to the embedded PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-vllm.sh --arctic
+bash scripts/setup-vllm.sh --arctic --sglang
 PY=.venv/bin/python
 STDLIB=$($PY -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 $PY -m datastore migrate

@@ -29,6 +29,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                     "study/__main__.py", "ingest/__main__.py", "decoder/__main__.py", "datastore/__main__.py"):
         assert shipped in names, shipped
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert any(n.startswith("crest_native/_core") and n.endswith(".so") for n in names), "the native core is built"
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True,
                    timeout=300)
@@ -40,8 +41,8 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
         return subprocess.run([sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True,
                               timeout=600)
 
-    where = run("-c", "import datastore, ingest, decoder, study; "
-                      "print(*(m.__file__ for m in (datastore, ingest, decoder, study)))")
+    where = run("-c", "import datastore, ingest, decoder, study, crest_native; "
+                      "print(*(m.__file__ for m in (datastore, ingest, decoder, study, crest_native)))")
     assert where.returncode == 0 and all(f.startswith(str(site)) for f in where.stdout.split()), where.stdout
     check = run("-m", "datastore", "migrate", "--check")
     assert check.returncode == 0, check.stderr
