@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 import pytest
@@ -35,11 +36,15 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                    timeout=300)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "DATABASE_URL": database_url}
+    # The dependencies come from this environment's site-packages, but not through `site`: its .pth files
+    # include the editable install's import hook, which would send `import datastore` back to the checkout.
+    paths = sysconfig.get_paths()
+    deps = dict.fromkeys([str(site), paths["purelib"], paths["platlib"]])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(deps), "DATABASE_URL": database_url}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run([sys.executable, "-S", *args], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=600)
 
     where = run("-c", "import datastore, ingest, decoder, study, crest_native; "
                       "print(*(m.__file__ for m in (datastore, ingest, decoder, study, crest_native)))")
