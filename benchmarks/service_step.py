@@ -11,7 +11,7 @@ sends every lookup to the server) and the server's buffers warmed by an untimed 
 Spec-Bench draws on ShareGPT, HumanEval on the code datastore. Time it alone: the two cores are shared with
 the server.
 
-    .venv/bin/python benchmarks/service_step.py [--batch 32] [--budget 4] [--cache-mb 64 0]
+    .venv/bin/python benchmarks/service_step.py [--batch 32] [--budget 8] [--min-score 0.1] [--cache-mb 64 0]
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
     ap.add_argument("--batch", type=int, default=32, help="requests in flight")
-    ap.add_argument("--budget", type=int, default=4, help="draft tokens per request (the proposer's k)")
-    ap.add_argument("--min-score", type=float, default=0.2, help="the cut (the proposer's CREST_MIN_SCORE)")
+    ap.add_argument("--budget", type=int, default=8, help="draft tokens per request (the proposer's k)")
+    ap.add_argument("--min-score", type=float, default=0.1, help="the cut (the proposer's CREST_MIN_SCORE)")
     ap.add_argument("--cache-mb", nargs="+", type=float, default=[64.0, 0.0], help="tree cache bounds to run")
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore")
