@@ -16,26 +16,21 @@ measure over a socket; the embedded server is socket-only.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 
 from datastore import Datastore, load_tokenizer
 from datastore.catalog import datastore_stats
 from datastore.connection import connect, resolve_database_url
-
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
+from decoder.prompts import load_prompts
 
 
 def _contexts(tokenizer, limit: int) -> list[list[int]]:
+    """Every 1..5-token context of Spec-Bench's first turns (the packaged set, chat template applied), in order."""
     out: list[list[int]] = []
-    for line in QUESTIONS.read_text().splitlines():
-        q = json.loads(line)
-        text = tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
-                                             add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+    for prompt in load_prompts("spec_bench", tokenizer):
+        ids = list(prompt.token_ids)
         out.extend(ids[max(0, i - 5):i] for i in range(1, len(ids) + 1))
         if len(out) >= limit:
             break

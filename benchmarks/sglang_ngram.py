@@ -8,7 +8,7 @@ path probability), plus optional external corpora as suffix automata (``suffix_a
 of the draft budget (``ngram.cpp``, ``Ngram::batchMatch``, l.144-207). Per decode step its worker
 (``sglang/srt/speculative/ngram_worker.py``, ``_prepare_draft_tokens`` l.250-295 and ``_update_ngram_corpus``
 l.396-420) matches the last ``max_trie_depth`` tokens of the request, drafts ``draft_token_num - 1`` nodes,
-then inserts that same window into the trie (the prompt itself is never inserted whole: its FIXME l.403-407).
+then inserts that same window into the trie (the prompt itself is never inserted whole: see its comment at l.403-407).
 
 ``bash scripts/setup-vllm.sh --sglang`` installs the ``sglang`` wheel (no dependencies) and ``apache-tvm-ffi``.
 SGLang compiles the module at run time with its own JIT (``sglang/kernels/jit/utils/compile``: ninja, ``c++
