@@ -144,17 +144,13 @@ def _documents(tokens: np.ndarray, separator: int) -> list[np.ndarray]:
 
 def warm_suffix(cache, tokens: np.ndarray, separator: int) -> int:
     """Feed every document of a token stream to the global tree as one finished response; returns documents."""
-    cuts = np.flatnonzero(tokens == separator)
-    start, docs = 0, 0
-    for end in [*cuts.tolist(), len(tokens)]:
-        if end > start:
-            cache_id = ("corpus", docs)
-            cache.start_request(cache_id, np.zeros(0, dtype=np.int32))
-            cache.add_active_response(cache_id, tokens[start:end].astype(np.int32))
-            cache.stop_request(cache_id)
-            docs += 1
-        start = end + 1
-    return docs
+    docs = _documents(tokens, separator)
+    for i, doc in enumerate(docs):
+        cache_id = ("corpus", i)
+        cache.start_request(cache_id, np.zeros(0, dtype=np.int32))
+        cache.add_active_response(cache_id, doc.astype(np.int32))
+        cache.stop_request(cache_id)
+    return len(docs)
 
 
 _STATE: dict = {}  # set in the parent before forking: references, warmed cache, arguments
