@@ -1,53 +1,54 @@
-"""Saved greedy references (``benchmarks/references.py``) and the fit / report halves of each set."""
+"""Saved greedy references (``benchmarks/references.py``, :mod:`evaluation.references`) checked against the prompts
+this checkout replays, and the fit / report halves of each set."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import argparse
+from functools import cache
 from pathlib import Path
+
+from evaluation.prompts import in_half
+from evaluation.references import Reference, expected, read_references
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCES = REPO / "results" / "references"
 
 
-@dataclass(frozen=True)
-class Reference:
-    """One prompt's plain-greedy output. category: Spec-Bench's, or ``humaneval``."""
+@cache
+def _tokenizer():
+    from toolkit import load_tokenizer
 
-    id: str
-    category: str
-    prompt: list[int]
-    output: list[int]
+    return load_tokenizer()
 
 
-def load_references(name: str, folder: Path = REFERENCES) -> list[Reference]:
-    """A set's references in file order.
+def references_option(parser: argparse.ArgumentParser) -> None:
+    """``--references DIR``: where the saved references are (every script that replays them takes it)."""
+    parser.add_argument("--references", type=Path, default=REFERENCES, metavar="DIR",
+                        help=f"the saved greedy references (default: {REFERENCES.relative_to(REPO)}).")
+
+
+def load_references(name: str, folder: Path = REFERENCES, max_new_tokens: int = 128) -> list[Reference]:
+    """A set's references in file order, checked against the set's prompts as this checkout reads them
+    (``CREST_EVAL_DATA`` or the packaged sets), the default model in fp32 and ``max_new_tokens``.
 
     Raises:
-        SystemExit: when the set was not generated yet (the message gives the command).
+        SystemExit: when the file is missing or was made from anything else (the message gives the command that
+            makes it).
     """
-    path = Path(folder) / f"{name}.jsonl"
-    if not path.exists():
-        raise SystemExit(f"{path} not found: generate the references first (.venv/bin/python benchmarks/references.py)")
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            category = "humaneval" if name == "humaneval" else r["id"].split("/")[0].rsplit("-", 1)[0]
-            out.append(Reference(r["id"], category, r["prompt_ids"], r["output_ids"]))
-    return out
+    try:
+        return read_references(Path(folder) / f"{name}.jsonl",
+                               expected(name, _tokenizer(), max_new_tokens=max_new_tokens))
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def half(refs: list[Reference], which: str) -> list[Reference]:
-    """``fit``: the even positions within each category; ``report``: the odd ones; ``all``: every one.
-    File order is kept."""
-    if which == "all":
-        return list(refs)
-    parity = {"fit": 0, "report": 1}[which]
+    """The references of one half (:func:`evaluation.prompts.in_half`: ``fit``, ``report`` or ``all``), file order
+    kept."""
     seen: dict[str, int] = {}
     out = []
     for r in refs:
-        i = seen[r.category] = seen.get(r.category, -1) + 1
-        if i % 2 == parity:
+        position = seen[r.category] = seen.get(r.category, -1) + 1
+        if in_half(position, which):
             out.append(r)
     return out

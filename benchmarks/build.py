@@ -10,6 +10,7 @@ included.
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import sys
@@ -18,14 +19,19 @@ from pathlib import Path
 from _child import run_sampled
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line; every other option goes to ``python -m ingest build``."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--name", default="sharegpt", help="the datastore built (default: sharegpt).")
+    ap.add_argument("--top-t", default="2M", help="n-grams kept per n (default: 2M).")
+    return ap
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    if "--name" not in args:
-        args += ["--name", "sharegpt"]
-    if "--top-t" not in args:
-        args += ["--top-t", "2M"]
-    out, wall, _, peak_tree = run_sampled([sys.executable, "-m", "ingest", "build", "--json", "--quiet", *args],
-                                          cwd=Path(__file__).resolve().parents[1])
+    args, extra = build_parser().parse_known_args()
+    command = [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", args.name, "--top-t",
+               args.top_t, *extra]
+    out, wall, _, peak_tree = run_sampled(command, cwd=Path(__file__).resolve().parents[1])
     if out.returncode != 0:
         sys.exit(f"build failed:\n{out.stderr[-4000:]}")
     r = json.loads(out.stdout)

@@ -1,11 +1,12 @@
-"""Fit the calibrated node scores (:mod:`decoder.calibration`) on one half of the public prompts and report
+"""Fit the calibrated node scores (:mod:`drafting.calibration`) on one half of the public prompts and report
 them on the other half, with the calibration curve as a plot.
 
 Every position of every reference output is visited (not only a drafter's steps, so the logs do not
-depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), the
-request's own match (prompt and output so far, :mod:`decoder.local`), the match in the outputs of the
-requests before it (this process's output index, :mod:`decoder.output_index`: the set's prompts run in file
-order, as a server would meet them), and for each candidate the union with the others. A node is accepted when its path
+depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), and for each
+candidate the native core's node table (:meth:`drafting.DraftingService.node_tables`): its union with the request's
+own match (prompt and output so far), the match in the outputs of the requests before it (this process's output
+index: the set's prompts run in file order, as a server would meet them) and the live layer's, with every node's
+features. A node is accepted when its path
 is what the target generated next. The conditional model is fitted on the nodes whose parent was
 accepted (Spec-Bench and HumanEval, even positions within each category); the held-out half (odd
 positions) reports predicted vs observed acceptance of every node, for the calibrated scores and for the
@@ -15,7 +16,11 @@ The live layer's features (the model's earlier outputs, :mod:`datastore.live`) a
 the fit half is split in two, each part's outputs compacted into a live layer that the other part's
 prompts look up (datastores ``calibfit-a.live`` and ``calibfit-b.live``, left in place for inspection).
 
-    .venv/bin/python benchmarks/calibrate.py [--datastore sharegpt] [--code-datastore code]
+With ``--heads`` the S4C heads (:mod:`s4c`) are a fifth source: at every position their candidate tree (from the
+target's hidden states over the reference, one forward pass per reference, cached) joins each union, and the fit
+weighs their features too; the result is the merged+S4C calibration (``drafting/data/calibration-heads.json``).
+
+    .venv/bin/python benchmarks/calibrate.py [--datastore sharegpt] [--code-datastore code] [--heads]
 """
 
 from __future__ import annotations
@@ -30,58 +35,100 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, Reference, half, load_references  # noqa: E402
-from decoder.accept import accepted_mask, reference_predictions  # noqa: E402
-from decoder.calibration import COLUMN, SOURCES, Calibration, node_table  # noqa: E402
-from decoder.core import MATCH_NODES  # noqa: E402
-from decoder.local import LocalStrategy, SuffixMatching, TrieMatching  # noqa: E402
-from decoder.output_index import OutputIndex  # noqa: E402
+from _refs import REPO, Reference, half, load_references, references_option  # noqa: E402
+from crest_native import FEATURES  # noqa: E402
+from drafting import Calibration, DraftingService  # noqa: E402
+from drafting.accept import accepted_mask, reference_predictions  # noqa: E402
+from drafting.calibration import HEADS_PATH, RETRIEVAL_SOURCES  # noqa: E402
+
+COLUMN = {name: i for i, name in enumerate(FEATURES)}
 
 SETS = ("spec_bench", "humaneval")
 
 
-def collect(refs, source, *, prior: float, local: LocalStrategy, outputs_bytes: int, max_depth: int,
-            calibration: Calibration | None = None, stride: int = 1, live=None):
-    """Replay logs: ``(features, accepted)`` of nodes whose parent was accepted (for fitting), and per
-    node of the longest candidate's union ``(calibrated score or nan, count-ratio score, accepted)``.
+class HeadTrees:
+    """The S4C heads' candidate tree at every position of a reference (``--heads``): an :class:`s4c.S4CDrafter` fed
+    the target's hidden states over the reference (one forward pass each, cached on disk)."""
+
+    def __init__(self, name: str | None) -> None:
+        from decoder.model import load_target
+        from s4c import S4CDrafter, load_heads
+        from s4c.features import target_fingerprint
+        from s4c.store import DEFAULT_HEADS
+
+        self.target = load_target(device="cpu")
+        self.drafter = S4CDrafter(load_heads(self.target, name or DEFAULT_HEADS))
+        self.fingerprint = target_fingerprint(self.target)
+
+    def start(self, r: Reference) -> None:
+        from s4c.features import reference_states
+
+        self.states = reference_states(self.target, list(r.prompt) + list(r.output), fingerprint=self.fingerprint)
+        self.drafter.start_request(r.id, list(r.prompt) + r.output[:1])
+        self.drafter.add_hidden_states(r.id, self.states[: len(r.prompt)])
+
+    def tree(self, r: Reference):
+        return self.drafter.trees(self.drafter.states([r.id]))[0]
+
+    def add(self, r: Reference, token: int, position: int) -> None:
+        """Append the reference token at ``position`` (the previous position's state with it)."""
+        self.drafter.add_tokens(r.id, [token])
+        self.drafter.add_hidden_states(r.id, self.states[position - 1: position])
+
+    def stop(self, r: Reference) -> None:
+        self.drafter.stop_request(r.id)
+
+
+def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
+            live=None, heads: HeadTrees | None = None):
+    """Replay logs: ``(features, accepted, conditional score)`` of nodes whose parent was accepted (for fitting; the
+    conditional is the node's score over its parent's), and per node of the longest candidate's union
+    ``(calibrated score, count-ratio score, accepted)``, from the native core's node tables under ``calibration``
+    (its prior sets the features; its weights the scores).
     ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
-    The requests' outputs go into one output index, each after its request (as a server's finish)."""
-    xs, ys, scored = [], [], []
-    outputs = OutputIndex(outputs_bytes, max_depth)
+    ``heads``: the S4C heads' trees, a fifth source (``None``: none).
+    The requests' outputs go into the core's output index, each after its request (as a server's finish)."""
+    xs, ys, conds, scored = [], [], [], []
+    core = DraftingService(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
+                           sources=calibration.sources)
     for r in refs:
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]
         ref = np.asarray(r.output, dtype=np.int64)
-        own = local.new()
-        own.extend(seq)
+        core.start_request(r.id, r.prompt)
+        core.add_tokens(r.id, r.output[:1])
+        if heads is not None:
+            heads.start(r)
         for pos in range(1, len(ref)):
             if pos % stride == 0:
                 cands = source.candidates_batch([seq[-8:]])[0]
-                others = {"local": own.match(MATCH_NODES), "outputs": outputs.match(seq, MATCH_NODES),
-                          "live": None if layer is None else layer.lookup(seq[-8:])}
-                for j, cand in enumerate(cands or [None]):
-                    table = node_table({"ds": cand, **others}, prior)
-                    if table is None:
-                        continue
+                tree = None if heads is None else heads.tree(r)
+                for j, table in enumerate(core.node_tables(r.id, cands, None if layer is None
+                                                           else layer.lookup(seq[-8:]), tree)):
                     ok = accepted_mask(table.tokens, table.parents, table.depths,
                                        reference_predictions(table.depths, ref, pos))
                     parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)
                     xs.append(table.features[parent_ok].astype(np.float32))
                     ys.append(ok[parent_ok])
+                    up = np.where(table.parents >= 0, table.scores[np.maximum(table.parents, 0)], 1.0)
+                    conds.append((table.scores / up)[parent_ok])
                     if j == 0:
-                        cal = calibration.scores(table) if calibration is not None else np.full(len(ok), np.nan)
-                        scored.append(np.column_stack([cal, _count_ratio(table), ok]))
+                        scored.append(np.column_stack([table.scores, _count_ratio(table), ok]))
             seq.append(int(ref[pos]))
-            own.extend([int(ref[pos])])
-        outputs.add(r.output)
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(scored)
+            core.add_tokens(r.id, [int(ref[pos])])
+            if heads is not None:
+                heads.add(r, int(ref[pos]), len(seq) - 1)
+        core.stop_request(r.id)
+        if heads is not None:
+            heads.stop(r)
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(conds), np.concatenate(scored)
 
 
 def _count_ratio(table) -> np.ndarray:
     """The uncalibrated baseline: per node, the largest over the sources holding it of the product of its count
-    ratios along the path (the source's own ranking, :meth:`decoder.Draft.from_tree` with the same prior)."""
+    ratios along the path (the source's own ranking, :meth:`drafting.Draft.from_tree` with the same prior)."""
     best = np.zeros(len(table.tokens))
-    for src in SOURCES:
+    for src in RETRIEVAL_SOURCES:
         p = table.features[:, COLUMN[f"{src}_ratio"]] * table.features[:, COLUMN[f"{src}_on"]]
         for depth in range(2, int(table.depths.max(initial=1)) + 1):
             level = table.depths == depth
@@ -98,7 +145,7 @@ def _cross_fit_layers(fit, args, tok) -> dict:
     from datastore.connection import connect, resolve_database_url
     from datastore.live import encode_output, live_name
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
+    from drafting import DatastoreSource
     from ingest.live import compact_live
 
     parts: dict[str, list[Reference]] = {"calibfit-a": [], "calibfit-b": []}
@@ -140,53 +187,67 @@ def reliability(pred: np.ndarray, obs: np.ndarray, bins: int = 10) -> tuple[np.n
     return mp, ob, n, ece
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (ShareGPT)")
-    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (Python code)")
-    ap.add_argument("--out", type=Path, default=REPO / "decoder" / "data" / "calibration.json")
-    ap.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "calibration.png")
-    ap.add_argument("--prior", type=float, default=1.0)
-    ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position")
-    ap.add_argument("--local", choices=("suffix", "trie"), default="suffix",
-                    help="the requests' own tokens: suffix automata (any context length) or the N-gram trie")
-    ap.add_argument("--max-depth", type=int, default=16, help="suffix automata: deepest continuation node")
-    ap.add_argument("--window", type=int, default=13, help="trie: its window n (stored with the fit)")
-    ap.add_argument("--max-prefix", type=int, default=3, help="trie: its longest context Lp (stored with the fit)")
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (ShareGPT).")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (Python code).")
+    ap.add_argument("--heads", nargs="?", const="", default=None, metavar="NAME",
+                    help="fit with the S4C heads as a fifth source: the heads NAME (default: the target's shipped "
+                         "heads); the parameters go to drafting/data/calibration-heads.json.")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the fitted parameters go (default: the shipped drafting/data/calibration.json, or "
+                         "calibration-heads.json with --heads).")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="where the calibration curve's PNG goes (default: docs/img/calibration.png, or "
+                         "calibration-heads.png with --heads).")
+    ap.add_argument("--prior", type=float, default=1.0,
+                    help="additive smoothing of the count ratios the features hold, >= 0 (default: 1.0).")
+    ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position.")
+    ap.add_argument("--max-depth", type=int, default=16, help="the requests' automata's deepest continuation node.")
     ap.add_argument("--outputs-mb", type=float, default=64.0,
-                    help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off)")
-    ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers")
-    args = ap.parse_args()
-    from datastore import load_tokenizer
+                    help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off).")
+    ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers.")
+    references_option(ap)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
+    from drafting import DatastoreSource
+    from toolkit import load_tokenizer
 
     tok = load_tokenizer()
+    heads = HeadTrees(args.heads or None) if args.heads is not None else None
+    weighed = (*RETRIEVAL_SOURCES, "heads") if heads is not None else RETRIEVAL_SOURCES
+    out = args.out or (HEADS_PATH if heads is not None else REPO / "drafting" / "data" / "calibration.json")
+    plot = args.plot or REPO / "docs" / "img" / ("calibration-heads.png" if heads is not None else "calibration.png")
     stores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
     sources = {name: DatastoreSource(partial(SharedDatastore.open, d, tokenizer=tok)) for name, d in stores.items()}
-    refs = {name: load_references(name) for name in SETS}
+    refs = {name: load_references(name, args.references) for name in SETS}
     t0 = time.perf_counter()
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     live = _cross_fit_layers(fit, args, tok)
-    local: LocalStrategy = (SuffixMatching(args.max_depth) if args.local == "suffix"
-                            else TrieMatching(args.window, args.max_prefix))
-    settings = {"local": local, "outputs_bytes": int(args.outputs_mb * 2**20), "max_depth": args.max_depth}
-    parts = [collect(half(refs[name], "fit"), sources[name], prior=args.prior, stride=args.stride,
-                     live=lambda r: live[r.id], **settings) for name in SETS]
+    local = {"kind": "suffix", "max_depth": args.max_depth}
+    features_only = Calibration(np.zeros(len(FEATURES)), 0.0, args.prior, {"local": local}, weighed)  # the features
+    settings = {"outputs_bytes": int(args.outputs_mb * 2**20), "vocab_size": len(tok), "stride": args.stride,
+                "heads": heads}
+    parts = [collect(half(refs[name], "fit"), sources[name], calibration=features_only, live=lambda r: live[r.id],
+                     **settings) for name in SETS]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    cal = Calibration.fit(x, y, prior=args.prior, meta={
+    cal = Calibration.fit(x, y, prior=args.prior, sources=weighed, meta={
         "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
         "fit_rows": int(len(y)),
         "sets": list(SETS), "half": "fit (even positions within each category)",
-        "local": local.config(), "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": args.max_depth}})
+        "local": local, "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": 16},
+        **({"heads": heads.drafter.config()} if heads is not None else {})})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
     report = {}
     fig_rows = []
     for name in SETS:
         held = half(refs[name], "report")
-        xr, yr, scored = collect(held, sources[name], prior=args.prior, calibration=cal, stride=args.stride,
-                                 **settings)
-        q = cal.conditional(xr.astype(np.float64))
+        _, yr, q, scored = collect(held, sources[name], calibration=cal, **settings)
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])
         old_curve = reliability(scored[:, 1], scored[:, 2])
@@ -201,11 +262,11 @@ def main() -> None:
         for lo, mp, ob, n, omp, oob, on in zip(np.linspace(0, 0.9, 10), *cal_curve[:3], *old_curve[:3]):
             print(f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
                   f"   count ratio: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})")
-    cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report})
-    cal.save(args.out)
-    print(f"wrote {args.out}")
-    _plot(fig_rows, args.plot)
-    print(f"wrote {args.plot}")
+    cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report}, cal.sources)
+    cal.save(out)
+    print(f"wrote {out}")
+    _plot(fig_rows, plot)
+    print(f"wrote {plot}")
     print(json.dumps(dict(zip(("features", "coef"),
                               (list(cal.to_json()["features"]), [round(c, 3) for c in cal.coef])))))
 

@@ -2,7 +2,7 @@
 the fit half, by replay and the engine's own cost model.
 
 For each ``k`` and floor, every fit-half prompt of both sets is replayed with the merged drafter's chains
-(:func:`decoder.simulate.replay`, exact for greedy decoding), cut where the proposer cuts them: below
+(:func:`evaluation.simulate.replay`, exact for greedy decoding), cut where the proposer cuts them: below
 ``max(floor, break-even)``, the break-even score of the batch size (:mod:`serving.cost`) under a step cost
 ``T(N) = a + b N`` for ``N`` verified tokens. With the replayed accept length ``L`` (tokens per step and row)
 and drafted tokens ``d`` per row and step, a batch of ``B`` rows makes ``B L`` tokens in ``a + b B (1 + d)``
@@ -21,29 +21,38 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import half, load_references  # noqa: E402
+from _refs import half, load_references, references_option  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--k", nargs="+", type=int, default=[4, 8, 12, 16],
+                    help="num_speculative_tokens values tried (default: 4 8 12 16).")
+    ap.add_argument("--floors", nargs="+", type=float, default=[0.02, 0.05, 0.1, 0.2],
+                    help="CREST_MIN_SCORE values tried, probabilities (default: 0.02 0.05 0.1 0.2).")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32],
+                    help="rows per step whose break-even cut is modelled (default: 1 8 32).")
+    ap.add_argument("--step-cost", nargs=2, type=float, default=[0.042, 0.0027], metavar=("A", "B"),
+                    help="seconds per step and per verified token (default: the proposer's fit in vLLM here).")
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
+    references_option(ap)
+    return ap
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--k", nargs="+", type=int, default=[4, 8, 12, 16])
-    ap.add_argument("--floors", nargs="+", type=float, default=[0.02, 0.05, 0.1, 0.2])
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
-    ap.add_argument("--step-cost", nargs=2, type=float, default=[0.042, 0.0027], metavar=("A", "B"),
-                    help="seconds per step and per verified token (default: the proposer's fit in vLLM here)")
-    ap.add_argument("--datastore", default="sharegpt")
-    ap.add_argument("--code-datastore", default="code")
-    args = ap.parse_args()
-    from datastore import load_tokenizer
+    args = build_parser().parse_args()
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
-    from decoder.service import DraftingService
-    from decoder.simulate import replay
+    from drafting import DatastoreSource
+    from drafting.service import DraftingService
+    from evaluation.simulate import replay
+    from toolkit import load_tokenizer
 
     a, b = args.step_cost
     tok = load_tokenizer()
     sets = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
-    refs = {name: half(load_references(name), "fit") for name in sets}
+    refs = {name: half(load_references(name, args.references), "fit") for name in sets}
     print(f"step cost a = {1e3 * a:.1f} ms, b = {1e3 * b:.2f} ms per verified token; fit half; "
           "throughput x no speculation (accept length, drafted per row and step)")
     best: dict[tuple[str, int], tuple[float, int, float]] = {}

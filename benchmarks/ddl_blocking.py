@@ -5,7 +5,7 @@ forgotten ``psql`` or a pooled connection that never committed would. Meanwhile 
 datastore and look up a context, again and again, and each round's seconds are recorded:
 
 - ``usual``: no DDL, the latency of a new client's open + lookup;
-- ``datastore drop`` (ours, :func:`datastore.catalog.drop_datastore`): the datastore leaves the registry at
+- ``datastore drop`` (ours, :func:`datastore.admin.catalog.drop_datastore`): the datastore leaves the registry at
   once, and the held table is reported and left for ``datastore vacuum``;
 - ``plain DROP TABLE``: what a drop without the registry step and ``lock_timeout`` does (Postgres's lock
   queue: the ``DROP`` waits behind the idle reader, every later lookup waits behind the ``DROP``), capped by
@@ -28,12 +28,13 @@ import time
 import psycopg
 from psycopg import sql
 
-from datastore import Datastore, load_tokenizer
-from datastore.catalog import datastore_stats, drop_datastore, vacuum_datastores
+from datastore import Datastore
+from datastore.admin.catalog import datastore_stats, drop_datastore, vacuum_datastores
 from datastore.connection import connect, resolve_database_url
 from datastore.errors import DatastoreError
 from ingest import BuildConfig, build_datastore
 from ingest.sources import default_sharegpt_path
+from toolkit import load_tokenizer
 
 NAME = "ddl-bench"
 
@@ -89,11 +90,16 @@ def _plain_drop(url: str, table: str) -> None:
             print("  plain DROP TABLE gave up after its 10 s cap (still behind the idle reader)")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--database-url", default=None, help="builder's URL (default: DATABASE_URL).")
+    ap.add_argument("--seconds", type=float, default=4.0, help="seconds of lookups per phase (default: 4).")
+    return ap
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--database-url", default=None, help="builder's URL (default: DATABASE_URL)")
-    ap.add_argument("--seconds", type=float, default=4.0, help="seconds of lookups per phase (default: 4)")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     url = resolve_database_url(args.database_url)
     tokenizer = load_tokenizer()
     context = tokenizer.encode("How do I sort a list in Python?")

@@ -1,6 +1,7 @@
-"""Draft assembly cost: n-gram trie build time per 1,000 prompt tokens, and per-step lookup + trie + merge.
+"""Draft assembly cost: the N-gram trie's build time per 1,000 prompt tokens, and the merged drafter's step (its
+``propose``; of it the round trip and the native core).
 
-Replays the saved plain-greedy outputs (``python -m decoder replay`` saves them)
+Replays the saved plain-greedy outputs (``python -m evaluation replay`` saves them)
 with the merged drafter, so only drafting is timed, no model forward passes.
 
     python benchmarks/draft_assembly.py [--datastore sharegpt] [--set spec_bench] [--limit 2]
@@ -14,22 +15,28 @@ import time
 
 import numpy as np
 
-from datastore import Datastore, load_tokenizer
-from decoder import DatastoreSource, DraftingService
-from decoder.ngram_trie import NGramTrie
-from decoder.prompts import load_prompts
-from decoder.replay_cli import reference_store  # references saved by `python -m decoder replay`
-from decoder.simulate import replay
+from datastore import Datastore
+from drafting import DatastoreSource, DraftingService
+from drafting.drafters.ngram_trie import NGramTrie
+from evaluation.prompts import load_prompts
+from evaluation.replay import reference_store  # references saved by `python -m evaluation replay`
+from evaluation.simulate import replay
+from toolkit import load_tokenizer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt).")
+    ap.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL or embedded).")
+    ap.add_argument("--set", dest="prompt_set", default="spec_bench", help="prompt set (default: spec_bench).")
+    ap.add_argument("--limit", type=int, default=2, help="prompts per category (default: 2).")
+    ap.add_argument("--budget", type=int, default=3, help="draft nodes per step (default: 3).")
+    return ap
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt)")
-    ap.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL or embedded)")
-    ap.add_argument("--set", dest="prompt_set", default="spec_bench", help="prompt set (default: spec_bench)")
-    ap.add_argument("--limit", type=int, default=2, help="prompts per category (default: 2)")
-    ap.add_argument("--budget", type=int, default=3, help="draft nodes per step (default: 3)")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
 
     tok = load_tokenizer()
     prompts = load_prompts(args.prompt_set, tok, limit=args.limit)
@@ -44,22 +51,20 @@ def main() -> None:
     store = reference_store("SmolLM2-135M-Instruct", "float32", args.prompt_set, 128)
     source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
     drafter = DraftingService(source)
-    lookup, trie, merge, total = [], [], [], []
+    total = []
     for p in prompts:
         ref = store.get(p.id, p.token_ids)
         if ref is None:
             continue
-        for step in replay(drafter, p.token_ids, ref, args.budget).steps:
-            lookup.append(step.lookup_s)
-            trie.append(step.trie_s)
-            merge.append(step.merge_s)
-            total.append(step.lookup_s + step.trie_s + step.merge_s)
+        total += [step.draft_s for step in replay(drafter, p.token_ids, ref, args.budget).steps]
     if not total:
-        raise SystemExit("no saved references: run `python -m decoder replay --set ...` first")
+        raise SystemExit("no saved references: run `python -m evaluation replay --set ...` first")
     q = lambda xs, f: 1e3 * float(np.quantile(xs, f))  # noqa: E731
+    st = drafter.stats
     print(f"draft assembly per step over {len(total)} steps (ms): "
-          f"p50 {q(total, .5):.3f}, p90 {q(total, .9):.3f}, p99 {q(total, .99):.3f}; "
-          f"lookup p50 {q(lookup, .5):.3f}, trie p50 {q(trie, .5):.3f}, merge p50 {q(merge, .5):.3f}")
+          f"p50 {q(total, .5):.3f}, p90 {q(total, .9):.3f}, p99 {q(total, .99):.3f}; of the mean "
+          f"{1e3 * st.step_s / st.steps:.3f}: round trip {1e3 * st.lookup_s / st.steps:.3f}, "
+          f"native core {1e3 * st.core_s / st.steps:.3f}")
 
 
 def _time_build(ids) -> float:

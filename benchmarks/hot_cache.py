@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import half, load_references  # noqa: E402
+from _refs import half, load_references, references_option  # noqa: E402
 
 SIZES = (10_000, 100_000, 1_000_000)
 
@@ -46,42 +46,48 @@ def sampled_counts(name: str, percent: float) -> tuple[np.ndarray, np.ndarray, i
             np.array([t.token_ids.nbytes + t.parents.nbytes + t.counts.nbytes + 200 for t in trees]), int(rows))
 
 
-def replay_counts(name: str, datastore: str) -> tuple[np.ndarray, float]:
+def replay_counts(name: str, datastore: str, references: Path) -> tuple[np.ndarray, float]:
     """Per replayed step, the root count of the context's longest stored n-gram (0: none); and the LRU hit rate."""
-    from datastore import load_tokenizer
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
-    from decoder.service import DraftingService
-    from decoder.simulate import replay
+    from drafting import DatastoreSource
+    from drafting.service import DraftingService
+    from evaluation.simulate import replay
+    from toolkit import load_tokenizer
 
     client = SharedDatastore.open(datastore, tokenizer=load_tokenizer())
     counts: list[int] = []
     source = DatastoreSource(lambda: client)
-    original = source.lookup_batch
+    original = source.retrieve_batch
 
-    def recording(contexts):
-        found = original(contexts)
-        counts.extend(m.tree.root_count if m is not None else 0 for m in found)
+    def recording(contexts, back_off):
+        found = original(contexts, back_off)
+        counts.extend(f.candidates[0].tree.root_count if f.candidates else 0 for f in found)
         return found
 
-    source.lookup_batch = recording  # type: ignore[method-assign]
+    source.retrieve_batch = recording  # type: ignore[method-assign]
     service = DraftingService(source)
-    for r in half(load_references(name), "fit"):
+    for r in half(load_references(name, references), "fit"):
         replay(service, r.prompt, r.output, 4, chain=True)
     hit = client.stats()["cache_hit_rate"]
     client.close()
     return np.array(counts), hit
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
+    ap.add_argument("--sample", type=float, default=1.0, help="percent of each datastore's rows sampled.")
+    references_option(ap)
+    return ap
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datastore", default="sharegpt")
-    ap.add_argument("--code-datastore", default="code")
-    ap.add_argument("--sample", type=float, default=1.0, help="percent of each datastore's rows sampled")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     for name, ds in (("spec_bench", args.datastore), ("humaneval", args.code_datastore)):
         roots, sizes, rows = sampled_counts(ds, args.sample)
-        steps, lru = replay_counts(name, ds)
+        steps, lru = replay_counts(name, ds, args.references)
         order = np.sort(roots)[::-1]
         print(f"{name} ({ds}, {rows:,} n-grams; {len(roots):,} sampled; {len(steps):,} steps, "
               f"{np.mean(steps > 0):.0%} with a stored match): LRU tree cache hit rate {lru:.1%}")

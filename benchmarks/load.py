@@ -14,7 +14,7 @@ load goes on at least 5 s past the swap. Printed: lookups/s, lookup and ``SELECT
 errors (lookups that raised), and how long after the swap's notification reached a listener each process
 served the new build (negative: before; a client whose lookup finds the old table gone follows at once).
 
-Phase ``restart`` (``--restart``): the clients draft through :class:`decoder.drafters.DatastoreSource`
+Phase ``restart`` (``--restart``): the clients draft through :class:`drafting.drafters.DatastoreSource`
 (fall back, then reopen every 0.5 s); at a third of the run Postgres restarts (``--restart-cmd``, default
 ``pg_ctlcluster 15 main restart``; the embedded server is restarted with its own ``pg_ctl``). Printed: steps
 that fell back, seconds from the server being back until each process drafts from the datastore again, errors.
@@ -67,7 +67,7 @@ def _contexts(n: int) -> list[list[int]]:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from lookup import _contexts as spec_bench_contexts
 
-    from datastore import load_tokenizer
+    from toolkit import load_tokenizer
 
     return spec_bench_contexts(load_tokenizer(), n)
 
@@ -79,9 +79,9 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
-    from datastore import load_tokenizer
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
+    from drafting import DatastoreSource
+    from toolkit import load_tokenizer
 
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # a restart's reconnect attempts: counted below
     tok = load_tokenizer()
@@ -240,21 +240,26 @@ def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedde
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     where = ap.add_mutually_exclusive_group(required=True)
-    where.add_argument("--database-url", help="a Postgres server (libpq URL)")
-    where.add_argument("--embedded", action="store_true", help="the embedded server (the default for new users)")
-    ap.add_argument("--clients", nargs="+", type=int, default=[16, 64], help="concurrent drafting clients")
-    ap.add_argument("--seconds", type=float, default=60.0, help="seconds of load per run")
-    ap.add_argument("--procs", type=int, default=4, help="client processes (clients are spread over them)")
-    ap.add_argument("--step-ms", type=float, default=10.0, help="ms each client waits between lookups")
-    ap.add_argument("--cache-mb", type=float, default=0.0, help="each process's tree cache, MiB (0: none)")
-    ap.add_argument("--limit", type=int, default=3000, help="ShareGPT conversations in the load datastore")
-    ap.add_argument("--restart", action="store_true", help="restart Postgres mid-run instead of rebuilding")
-    ap.add_argument("--restart-cmd", default="pg_ctlcluster 15 main restart", help="restarts the server")
-    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
-    args = ap.parse_args()
+    where.add_argument("--database-url", help="a Postgres server (libpq URL).")
+    where.add_argument("--embedded", action="store_true", help="the embedded server (the default for new users).")
+    ap.add_argument("--clients", nargs="+", type=int, default=[16, 64], help="concurrent drafting clients.")
+    ap.add_argument("--seconds", type=float, default=60.0, help="seconds of load per run.")
+    ap.add_argument("--procs", type=int, default=4, help="client processes (clients are spread over them).")
+    ap.add_argument("--step-ms", type=float, default=10.0, help="ms each client waits between lookups.")
+    ap.add_argument("--cache-mb", type=float, default=0.0, help="each process's tree cache, MiB (0: none).")
+    ap.add_argument("--limit", type=int, default=3000, help="ShareGPT conversations in the load datastore.")
+    ap.add_argument("--restart", action="store_true", help="restart Postgres mid-run instead of rebuilding.")
+    ap.add_argument("--restart-cmd", default="pg_ctlcluster 15 main restart", help="restarts the server.")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here.")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     from datastore.connection import resolve_database_url
 
     url = resolve_database_url(None if args.embedded else args.database_url)

@@ -20,10 +20,11 @@ import time
 
 import numpy as np
 
-from datastore import Datastore, load_tokenizer
-from datastore.catalog import datastore_stats
+from datastore import Datastore
+from datastore.admin.catalog import datastore_stats
 from datastore.connection import connect, resolve_database_url
-from decoder.prompts import load_prompts
+from evaluation.prompts import load_prompts
+from toolkit import load_tokenizer
 
 
 def _contexts(tokenizer, limit: int) -> list[list[int]]:
@@ -52,12 +53,17 @@ def _timed(call, items) -> list[float]:
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--name", default="sharegpt", help="datastore name")
-    p.add_argument("--database-url", default=None, help="libpq URL (default: $DATABASE_URL or the embedded server)")
-    p.add_argument("--lookups", type=int, default=5000, help="timed lookups")
-    args = p.parse_args()
+    p.add_argument("--name", default="sharegpt", help="datastore name.")
+    p.add_argument("--database-url", default=None, help="libpq URL (default: $DATABASE_URL or the embedded server).")
+    p.add_argument("--lookups", type=int, default=5000, help="timed lookups.")
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     url = resolve_database_url(args.database_url)
     tok = load_tokenizer()
     contexts = _contexts(tok, args.lookups)

@@ -1,7 +1,7 @@
 """The process-wide output index under a long request stream: its size stays within its bound and the process's
 resident memory stops growing.
 
-One :class:`decoder.service.DraftingService` (the native core, no datastore: only the request's own tokens and
+One :class:`drafting.service.DraftingService` (the native core, no datastore: only the request's own tokens and
 the index of finished outputs draft, so the memory measured is theirs) serves requests one after another for
 ``--minutes`` minutes: each replays a greedy reference (``benchmarks/references.py``: Spec-Bench turns 1 and 2,
 HumanEval, in turn), chains of ``--budget`` tokens, and its output goes into the index when it finishes. Every
@@ -27,25 +27,30 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import load_references  # noqa: E402
+from _refs import load_references, references_option  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's vocabulary
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=30.0, help="how long the stream runs")
-    ap.add_argument("--outputs-mb", type=float, default=64.0, help="the output index's bound, MiB")
-    ap.add_argument("--budget", type=int, default=8, help="chain length drafted per step")
-    ap.add_argument("--every", type=float, default=60.0, help="seconds between reports")
-    args = ap.parse_args()
-    from decoder.core import NativeCore
-    from decoder.service import DraftingService
-    from decoder.simulate import replay
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long the stream runs.")
+    ap.add_argument("--outputs-mb", type=float, default=64.0, help="the output index's bound, MiB.")
+    ap.add_argument("--budget", type=int, default=8, help="chain length drafted per step.")
+    ap.add_argument("--every", type=float, default=60.0, help="seconds between reports.")
+    references_option(ap)
+    return ap
 
-    refs = [r for name in ("spec_bench", "spec_bench_turn2", "humaneval") for r in load_references(name)]
-    core = NativeCore(outputs_bytes=int(args.outputs_mb * 2**20))
-    service = DraftingService(None, core=core)
+
+def main() -> None:
+    args = build_parser().parse_args()
+    from drafting import DraftingService
+    from evaluation.simulate import replay
+
+    refs = [r for name in ("spec_bench", "spec_bench_turn2", "humaneval")
+            for r in load_references(name, args.references)]
+    service = DraftingService(None, vocab_size=VOCAB, outputs_bytes=int(args.outputs_mb * 2**20))
     proc = psutil.Process()
     start = last = time.monotonic()
     served = tokens = steps = 0
@@ -65,7 +70,7 @@ def main() -> None:
             interval_steps += len(res.steps)
             now = time.monotonic()
             if now - last >= args.every or now - start >= 60 * args.minutes:
-                info = core.outputs_info()
+                info = service.outputs_info()
                 rss = proc.memory_info().rss / 2**20
                 if info["evictions"]:
                     rss_after_evict.append(rss)

@@ -1,7 +1,7 @@
 """The peer benchmark: accept length of every drafter by replay, at equal budgets, tree and chain, per
 category of Spec-Bench and on HumanEval, and ours / the best peer.
 
-Replay (:func:`decoder.simulate.replay`) against the target's saved greedy outputs
+Replay (:func:`evaluation.simulate.replay`) against the target's saved greedy outputs
 (``benchmarks/references.py``) gives exactly the steps of a lossless greedy run, free of engine noise.
 Reported on the held-out half of each set (odd positions within each category; the calibration was fitted
 on the even half), prompts one after another in file order, every drafter on the same prompts. Accept
@@ -12,10 +12,13 @@ Every corpus-based drafter draws on the same corpus: ShareGPT for Spec-Bench (th
 ``python -m ingest build --name code --source code --path <stdlib>``); neither holds evaluation text.
 Drafters (``--methods``):
 
-- ``merged``: ours, :class:`decoder.service.DraftingService` with the calibrated scores and the back-off
+- ``merged``: ours, :class:`drafting.DraftingService` with the calibrated scores and the back-off
   lookup: the datastore merged with the request's own suffix automaton and the index of the run's finished
   outputs (as in vLLM); ``merged-no-index``: the same without the index of earlier outputs; ``local``: ours
-  without the datastore; ``datastore``: the datastore alone (calibrated);
+  without the datastore; ``datastore``: the datastore alone (calibrated, backing off at every tree budget);
+- ``s4c``: the S4C heads alone (:mod:`s4c`, the shipped heads), their continuous verification tree cut by its path
+  probabilities; ``merged+s4c``: ours with the heads' tree as a fifth source under the calibration fitted with them
+  (both read the target's hidden states over each reference: one forward pass per reference, cached);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
   the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
@@ -54,44 +57,18 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collections import deque  # noqa: E402
-
-from _refs import REPO, half, load_references  # noqa: E402
-from decoder.calibration import draft_from_candidates  # noqa: E402
-from decoder.draft import Draft, ScoreKind  # noqa: E402
-from decoder.drafters import RequestDrafter  # noqa: E402
-from decoder.simulate import replay  # noqa: E402
+from _refs import REPO, half, load_references, references_option  # noqa: E402
+from drafting.draft import Draft, ScoreKind  # noqa: E402
+from drafting.lifecycle import RequestDrafter  # noqa: E402
+from evaluation.simulate import replay  # noqa: E402
 
 CODE_PATH_HINT = " --path <the standard library>"
 SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
 PEERS = ("suffix", "suffix-warm", "ngram", "rest", *SGLANG)
-OURS = ("merged", "merged-no-index", "local", "datastore")
+HEADS = ("s4c", "merged+s4c")
+OURS = ("merged", "merged-no-index", "local", "datastore", *HEADS)
 CHAIN_ONLY = ("ngram",)
 TREE_ONLY = SGLANG
-
-
-class DatastoreOnly(RequestDrafter[deque]):
-    """The calibrated back-off lookup alone (no prompt trie): the corpus datastore's share of ours."""
-
-    name = "datastore"
-    score_kind = ScoreKind.PROBABILITY
-
-    def __init__(self, source, calibration) -> None:
-        super().__init__()
-        self.source, self.calibration = source, calibration
-
-    def _start(self, prompt_ids) -> deque:
-        return deque((int(t) for t in prompt_ids[-8:]), maxlen=8)
-
-    def _extend(self, state: deque, tokens) -> None:
-        state.extend(int(t) for t in tokens)
-
-    def _propose(self, states, budgets, chain, min_score):
-        cands = self.source.candidates_batch([list(s) for s in states])
-        return [draft_from_candidates(self.calibration, c, {}, b, chain=chain)[0] for c, b in zip(cands, budgets)]
-
-    def config(self) -> dict:
-        return {"name": self.name}
 
 
 class SuffixDrafter(RequestDrafter[list]):
@@ -104,21 +81,21 @@ class SuffixDrafter(RequestDrafter[list]):
         super().__init__()
         self.cache, self.n = cache, 0
 
-    def _start(self, prompt_ids) -> list:
+    def _start(self, prompt_ids: np.ndarray) -> list:
         self.n += 1
-        seq = [("bench", self.n), list(prompt_ids)]
+        seq = [("bench", self.n), prompt_ids.tolist()]
         self.cache.start_request(seq[0], np.asarray(seq[1][:-1], dtype=np.int32))
         self.cache.add_active_response(seq[0], np.asarray(seq[1][-1:], dtype=np.int32))
         return seq
 
-    def _extend(self, state: list, tokens) -> None:
-        state[1] += list(tokens)
-        self.cache.add_active_response(state[0], np.asarray(list(tokens), dtype=np.int32))
+    def _extend(self, state: list, tokens: np.ndarray) -> None:
+        state[1] += tokens.tolist()
+        self.cache.add_active_response(state[0], tokens.astype(np.int32))
 
     def _stop(self, state: list) -> None:
         self.cache.stop_request(state[0])
 
-    def _propose(self, states, budgets, chain, min_score):
+    def _propose(self, states, contexts, budgets, chain, min_score):
         out = []
         for (key, seq), budget in zip(states, budgets):
             d = None
@@ -164,28 +141,30 @@ def corpus_of(name: str, args) -> tuple[str, str]:
 def _make(method: str, name: str):
     args = _STATE["args"]
     datastore, corpus = corpus_of(name, args)
+    if method in HEADS:
+        return _make_heads(method, datastore)
     if method in OURS:
-        from datastore import load_tokenizer
         from datastore.shared import SharedDatastore
-        from decoder.calibration import Calibration
-        from decoder.core import OUTPUTS_BYTES, default_core
-        from decoder.drafters import DatastoreSource
-        from decoder.service import DraftingService
+        from drafting import Calibration, DatastoreSource, DraftingService
+        from drafting.service import OUTPUTS_BYTES
+        from toolkit import load_tokenizer
 
         tok = load_tokenizer()
         source = None if method == "local" else DatastoreSource(
             lambda: SharedDatastore.open(datastore, tokenizer=tok))
-        cal = Calibration.load(args.calibration)
-        if method == "datastore":
-            return DatastoreOnly(source, cal)
+        settings: dict[str, Any] = {"vocab_size": len(tok), "calibration": Calibration.load(args.calibration),
+                                    "min_score": args.node_cost}
+        if method == "datastore":  # the datastore's share of ours: its calibrated tree, backing off at every budget
+            return DraftingService(source, sources=["ds"], back_off_min_budget=0, outputs_bytes=0, **settings)
         outputs = 0 if method == "merged-no-index" else OUTPUTS_BYTES
-        return DraftingService(source, core=default_core(cal, outputs_bytes=outputs), min_score=args.node_cost)
+        return DraftingService(source, outputs_bytes=outputs, **settings)
     if method == "ngram":
-        from decoder.drafters.pld import PromptLookupDrafter
+        from drafting.drafters.pld import PromptLookupDrafter
 
         return PromptLookupDrafter(max_ngram=4, max_tokens=10_000)
     if method == "rest":
-        from decoder.drafters import DatastoreSource, RetrievalDrafter
+        from drafting import DatastoreSource
+        from drafting.drafters import RetrievalDrafter
 
         index = _STATE["rest"][corpus]
         return RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
@@ -210,6 +189,41 @@ def _make(method: str, name: str):
     return SuffixDrafter(_STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24))
 
 
+def _make_heads(method: str, datastore: str):
+    """``s4c`` or ``merged+s4c`` over the heads loaded before the workers forked."""
+    import torch
+
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource
+    from drafting.service import OUTPUTS_BYTES
+    from s4c import MergedS4CDrafter, S4CDrafter, merged_service
+    from toolkit import load_tokenizer
+
+    torch.set_num_threads(1)  # the workers share the cores
+    heads = S4CDrafter(_STATE["heads"])
+    if method == "s4c":
+        return heads
+    tok = load_tokenizer()
+    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok))
+    return MergedS4CDrafter(merged_service(source, vocab_size=len(tok), outputs_bytes=OUTPUTS_BYTES,
+                                           min_score=_STATE["args"].node_cost), heads)
+
+
+def _load_heads(refs: dict) -> None:
+    """The shipped heads and the target's hidden states over every reference (one forward pass each, cached on
+    disk), before the workers fork."""
+    from decoder.model import load_target
+    from s4c import load_heads
+    from s4c.features import reference_states, target_fingerprint
+
+    target = load_target(device="cpu")
+    _STATE["heads"] = load_heads(target)
+    fingerprint = target_fingerprint(target)
+    _STATE["states"] = {(name, r.id): reference_states(target, list(r.prompt) + list(r.output),
+                                                       fingerprint=fingerprint)
+                        for name, rs in refs.items() for r in rs}
+
+
 def run_task(task: tuple[str, str, str, int]) -> list[dict]:
     """One (set, method, form, budget): a fresh drafter (in a forked child: a warmed tree's additions stay
     there) replayed over the set's held-out half; accept length per category."""
@@ -218,15 +232,19 @@ def run_task(task: tuple[str, str, str, int]) -> list[dict]:
     per: dict[str, list[int]] = {}
     t0 = time.perf_counter()
     for r in _STATE["refs"][name]:
-        res = replay(drafter, r.prompt, r.output, budget=budget, chain=form == "chain")
+        res = replay(drafter, r.prompt, r.output, budget=budget, chain=form == "chain",
+                     hidden=_STATE["states"][name, r.id] if method in HEADS else None)
         c = per.setdefault(r.category, [0, 0, 0, 0])
         c[0] += len(res.output_ids) - 1  # the prefill token is not a verification step's
         c[1] += len(res.steps)
         c[2] += sum(s.drafted for s in res.steps)
         c[3] += 1
     wall = time.perf_counter() - t0
-    source = getattr(drafter, "source", None)
-    if source is not None:
+    close = getattr(drafter, "close", None) if method in HEADS else None
+    source = getattr(drafter, "lookups", None) or getattr(drafter, "source", None)
+    if close is not None:
+        close()
+    elif source is not None:
         source.close()  # its connection pool
     tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())
     rows = [{"set": name, "category": "all", "method": method, "form": form, "budget": budget,
@@ -248,8 +266,12 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
     peer."""
     top = [r for r in rows if r["category"] == "all"]
     peers = [m for m in methods if m in PEERS]
+    ratios = "merged" in methods and bool(peers)  # the ratio columns of the methods that ran, no column of dashes
+    vs_corpus = "merged" in methods and any(m in SGLANG and m.endswith("-corpus") for m in methods)
+    vs_merged = "merged" in methods and "merged+s4c" in methods
     print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods)
-          + "  merged/best peer  merged/sglang+corpus")
+          + ("  merged/best peer" if ratios else "") + ("  merged/sglang+corpus" if vs_corpus else "")
+          + ("  merged+s4c/merged" if vs_merged else ""))
     for name in dict.fromkeys(r["set"] for r in top):
         for budget in sorted({r["budget"] for r in top if r["set"] == name}):
             for form in ("tree", "chain"):
@@ -259,51 +281,88 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
                             if r["method"] in peers and (form == "tree" or r["form"] == form)], default=None)
                 sgl = max([r["accept_length"] for r in at if r["method"] in SGLANG and r["method"].endswith("-corpus")],
                           default=None)
-                cells = "  ".join(f"{_cell(got, m):>15}" for m in methods)
-                ratio = f"{got['merged'] / best:.2f}" if best and "merged" in got else "-"
-                vs_sgl = f"{got['merged'] / sgl:.2f}" if sgl and form == "tree" and "merged" in got else "-"
-                print(f"{name:<11} {budget:>6}  {form:<5}  {cells}  {ratio:>16}  {vs_sgl:>20}")
-    cats = [r for r in rows if r["category"] != "all" and r["form"] == "tree"]
-    if not cats:
-        return
-    budgets = sorted({r["budget"] for r in cats})
-    print(f"\nper category (tree form): merged / best peer accept length at budgets {budgets}")
+                line = f"{name:<11} {budget:>6}  {form:<5}  " + "  ".join(f"{_cell(got, m):>15}" for m in methods)
+                if ratios:
+                    line += f"  {got['merged'] / best:>16.2f}" if best and "merged" in got else f"  {'-':>16}"
+                if vs_corpus:
+                    line += f"  {got['merged'] / sgl:>20.2f}" if sgl and form == "tree" and "merged" in got \
+                        else f"  {'-':>20}"
+                if vs_merged:
+                    line += f"  {got['merged+s4c'] / got['merged']:>17.2f}" if {"merged", "merged+s4c"} <= set(got) \
+                        else f"  {'-':>17}"
+                print(line)
+    cats = [r for r in rows if r["category"] != "all"]
+    trees = any(r["form"] == "tree" for r in cats)
+    if trees and "merged" in methods and set(HEADS) <= set(methods):
+        _by_category(cats, "merged / s4c / merged+s4c", 14, _merged_and_heads)
+    if trees and ratios:
+        _by_category(cats, "merged / best peer", 11, lambda at: _merged_and_best_peer(at, peers))
+
+
+def _tree(at: list[dict], method: str) -> float | None:
+    return next((r["accept_length"] for r in at if r["method"] == method and r["form"] == "tree"), None)
+
+
+def _merged_and_heads(at: list[dict]) -> str:
+    return "/".join("-" if (al := _tree(at, m)) is None else f"{al:.2f}" for m in ("merged", *HEADS))
+
+
+def _merged_and_best_peer(at: list[dict], peers: list[str]) -> str:
+    """Merged's tree against the best peer in either form (a chain-only peer counts)."""
+    ours = _tree(at, "merged")
+    best = max((r["accept_length"] for r in at if r["method"] in peers), default=None)
+    return "-" if ours is None or best is None else f"{ours:.2f}/{best:.2f}"
+
+
+def _by_category(cats: list[dict], what: str, width: int, cell) -> None:
+    """One line per set and category: ``cell(the rows of that set, category and budget)`` at each tree budget."""
+    budgets = sorted({r["budget"] for r in cats if r["form"] == "tree"})
+    print(f"\nper category (tree form): {what} accept length at budgets {budgets}")
     for name in dict.fromkeys(r["set"] for r in cats):
         for cat in dict.fromkeys(r["category"] for r in cats if r["set"] == name):
-            cat_cells = []
-            for b in budgets:
-                at = [r for r in rows if r["set"] == name and r["category"] == cat and r["budget"] == b]
-                ours = next((r["accept_length"] for r in at if r["method"] == "merged" and r["form"] == "tree"), None)
-                best = max((r["accept_length"] for r in at if r["method"] in peers), default=None)
-                cat_cells.append("-" if ours is None or best is None else f"{ours:.2f}/{best:.2f}")
-            print(f"{name:<11} {cat:<15} " + "  ".join(f"{c:>11}" for c in cat_cells))
+            cells = [cell([r for r in cats if r["set"] == name and r["category"] == cat and r["budget"] == b])
+                     for b in budgets]
+            print(f"{name:<11} {cat:<15} " + "  ".join(f"{c:>{width}}" for c in cells))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
+                    help="evaluation sets replayed (default: spec_bench humaneval).")
+    ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
+                    help="which prompts: the odd positions within each category (report), the even ones (fit, where "
+                         "settings are chosen) or all (default: report).")
+    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64],
+                    help="draft nodes (trees) or tokens (chains) per step (default: 1 2 3 4 8 16 32 64).")
+    ap.add_argument("--methods", nargs="+", default=[*OURS, *PEERS], choices=[*OURS, *PEERS],
+                    help="drafters replayed; peers that are not installed are left out (default: all).")
+    ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT).")
+    ap.add_argument("--code-datastore", default="code",
+                    help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...).")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="default: the shipped drafting/data/calibration.json.")
+    ap.add_argument("--node-cost", type=float, default=0.0,
+                    help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
+                         "node's acceptance probability falls below it (0: always fill the budget).")
+    ap.add_argument("--sglang-corpus-share", type=float, default=0.5,
+                    help="sglang-*-corpus: the share of the budget SGLang gives its external corpus "
+                         "(external_sam_budget; at least 1 node).")
+    ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes).")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json",
+                    help="the rows' JSON file (default: results/peers.json).")
+    ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out.")
+    references_option(ap)
+    return ap
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
-    ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
-    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64])
-    ap.add_argument("--methods", nargs="+", default=[*OURS, *PEERS], choices=[*OURS, *PEERS])
-    ap.add_argument("--datastore", default="sharegpt", help="the chat sets' datastore (ShareGPT)")
-    ap.add_argument("--code-datastore", default="code",
-                    help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...)")
-    ap.add_argument("--calibration", type=Path, default=None, help="default: the shipped decoder/data/calibration.json")
-    ap.add_argument("--node-cost", type=float, default=0.0,
-                    help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
-                         "node's acceptance probability falls below it (0: always fill the budget)")
-    ap.add_argument("--sglang-corpus-share", type=float, default=0.5,
-                    help="sglang-*-corpus: the share of the budget SGLang gives its external corpus "
-                         "(external_sam_budget; at least 1 node)")
-    ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes)")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json")
-    ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     if args.table:
         saved = json.loads(args.out.read_text())
         return print_tables(saved["rows"], saved["methods"])
     if args.calibration is None:
-        from decoder.calibration import DEFAULT_PATH
+        from drafting.calibration import DEFAULT_PATH
 
         args.calibration = DEFAULT_PATH
     methods = list(args.methods)
@@ -319,11 +378,13 @@ def main() -> None:
         methods = [m for m in methods if m not in SGLANG]
         print(f"{missing}: no `sglang` rows")
     _STATE["args"] = args
-    _STATE["refs"] = {name: half(load_references(name), args.half) for name in args.sets}
+    _STATE["refs"] = {name: half(load_references(name, args.references), args.half) for name in args.sets}
     info: dict[str, Any] = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
+    if set(HEADS) & set(methods):
+        _load_heads(_STATE["refs"])
     if {"rest", "suffix-warm", "sglang-bfs-corpus", "sglang-prob-corpus"} & set(methods):
-        from datastore import SuffixIndex, load_tokenizer
-        from datastore.suffix_index import default_index_dir
+        from ingest.suffix_index import SuffixIndex, default_index_dir
+        from toolkit import load_tokenizer
 
         _STATE["rest"] = {}
         for name in args.sets:

@@ -1,4 +1,4 @@
-"""One drafting step for a whole batch, outside any engine: :class:`decoder.service.DraftingService` with
+"""One drafting step for a whole batch, outside any engine: :class:`drafting.service.DraftingService` with
 ``--batch`` requests in flight (default 32), datastore included.
 
 The requests replay the greedy references (``benchmarks/references.py``; the held-out half of each set):
@@ -25,28 +25,31 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _refs import half, load_references, references_option  # noqa: E402
 
 
 def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget: int, chain: bool) -> dict:
-    """Replays ``refs[:batch]`` together, as :func:`decoder.simulate.replay` replays one; returns the step
+    """Replays ``refs[:batch]`` together, as :func:`evaluation.simulate.replay` replays one; returns the step
     times (s) and the accept length (tokens per request step, bonus included)."""
-    from decoder.accept import accept_greedy, reference_predictions
+    from drafting.accept import accept_greedy, reference_predictions
 
-    live: dict[int, list[Any]] = {}  # request id -> [reference, position]
+    live: dict[int, list[Any]] = {}  # request id -> [reference, position, the request's tokens so far]
     for rid, (prompt, out) in enumerate(refs[:batch]):
         service.start_request(rid, prompt + out[:1])  # the prefill committed out[0]
-        live[rid] = [np.asarray(out, dtype=np.int64), 1]  # reference, position
+        live[rid] = [np.asarray(out, dtype=np.int64), 1, prompt + out[:1]]
     times, steps, tokens = [], 0, 0
     while live:
         t = time.perf_counter()
-        drafts = service.propose([(rid, min(budget, len(ref) - pos - 1)) for rid, (ref, pos) in live.items()],
+        drafts = service.propose([(rid, seq, min(budget, len(ref) - pos - 1)) for rid, (ref, pos, seq) in live.items()],
                                  chain=chain)
         times.append(time.perf_counter() - t)
         for (rid, state), draft in zip(list(live.items()), drafts):
-            ref, pos = state
+            ref, pos, seq = state
             path, _ = accept_greedy(draft, reference_predictions(draft.depths, ref, pos))
             n = min(len(path) + 1, len(ref) - pos)
             service.add_tokens(rid, ref[pos:pos + n].tolist())
+            seq += ref[pos:pos + n].tolist()
             state[1] = pos + n
             steps, tokens = steps + 1, tokens + n
             if state[1] >= len(ref):
@@ -55,24 +58,30 @@ def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget
     return {"times": times, "accept": tokens / max(steps, 1)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
-    ap.add_argument("--batch", type=int, default=32, help="requests in flight")
-    ap.add_argument("--budget", type=int, default=8, help="draft tokens per request (the proposer's k)")
-    ap.add_argument("--min-score", type=float, default=0.1, help="the cut (the proposer's CREST_MIN_SCORE)")
-    ap.add_argument("--cache-mb", nargs="+", type=float, default=[64.0, 0.0], help="tree cache bounds to run")
-    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore")
-    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore")
-    args = ap.parse_args()
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from _refs import half, load_references
-    from datastore import load_tokenizer
-    from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
-    from decoder.service import DraftingService
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
+                    help="evaluation sets replayed, report half (default: spec_bench humaneval).")
+    ap.add_argument("--batch", type=int, default=32, help="requests in flight.")
+    ap.add_argument("--budget", type=int, default=8, help="draft tokens per request (the proposer's k).")
+    ap.add_argument("--min-score", type=float, default=0.1, help="the cut (the proposer's CREST_MIN_SCORE).")
+    ap.add_argument("--cache-mb", nargs="+", type=float, default=[64.0, 0.0], help="tree cache bounds to run.")
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore.")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore.")
+    references_option(ap)
+    return ap
 
-    refs = {name: [(r.prompt, r.output) for r in half(load_references(name), "report")] for name in args.sets}
+
+def main() -> None:
+    args = build_parser().parse_args()
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource
+    from drafting.service import DraftingService
+    from toolkit import load_tokenizer
+
+    refs = {name: [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
+            for name in args.sets}
     tok = load_tokenizer()
     datastores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
     for name, rs in refs.items():  # warm the server's buffers with the same lookups, untimed (a fresh client)

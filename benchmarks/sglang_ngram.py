@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder.draft import Draft, ScoreKind
-from decoder.drafters import RequestDrafter
+from drafting.draft import Draft, ScoreKind
+from drafting.lifecycle import RequestDrafter
 
 SGLANG_VERSION = "0.5.23"
 # the sources, in the order sglang/kernels/ops/speculative/ngram_corpus.py compiles them
@@ -196,18 +196,18 @@ class SGLangDrafter(RequestDrafter[list]):
         self.corpora: dict[int, SGLangCorpus] = {}
         self._ids = 0
 
-    def _start(self, prompt_ids) -> list:
+    def _start(self, prompt_ids: np.ndarray) -> list:
         self._ids += 1
-        return [self._ids, [int(t) for t in prompt_ids]]
+        return [self._ids, prompt_ids.tolist()]
 
-    def _extend(self, state: list, tokens) -> None:
-        state[1] += [int(t) for t in tokens]
+    def _extend(self, state: list, tokens: np.ndarray) -> None:
+        state[1] += tokens.tolist()
 
     def _stop(self, state: list) -> None:
         for corpus in self.corpora.values():
             corpus.obj.erase_match_state(np.array([state[0]], np.int64))
 
-    def _propose(self, states, budgets, chain, min_score):
+    def _propose(self, states, contexts, budgets, chain, min_score):
         out = []
         for (sid, seq), budget in zip(states, budgets):
             if budget < 1:

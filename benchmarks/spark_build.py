@@ -20,7 +20,7 @@ from typing import cast
 import psycopg
 
 from _child import run_sampled
-from datastore.catalog import drop_datastore
+from datastore.admin.catalog import drop_datastore
 from datastore.connection import resolve_database_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,14 +61,19 @@ def _compare(url: str, a: int, b: int) -> tuple[int, int, int, int]:
         )))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--masters", nargs="+", default=["local[2]"], help="Spark masters to time (default: local[2])")
-    p.add_argument("--path", default=None, help="ShareGPT JSON to build from (default: the packaged corpus)")
-    p.add_argument("--limit", default=None, help="documents to read (default: all)")
-    p.add_argument("--top-t", default="2M", help="n-grams kept per n (default: 2M)")
-    p.add_argument("--keep", action="store_true", help="keep the bench-* datastores")
-    args = p.parse_args()
+    p.add_argument("--masters", nargs="+", default=["local[2]"], help="Spark masters to time (default: local[2]).")
+    p.add_argument("--path", default=None, help="ShareGPT JSON to build from (default: the packaged corpus).")
+    p.add_argument("--limit", default=None, help="documents to read (default: all).")
+    p.add_argument("--top-t", default="2M", help="n-grams kept per n (default: 2M).")
+    p.add_argument("--keep", action="store_true", help="keep the bench-* datastores.")
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     url = resolve_database_url(None)
     os.environ["DATABASE_URL"] = url
     flags = (["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])

@@ -9,7 +9,7 @@ Streams (held-out halves, by replay of the saved greedy outputs, ``benchmarks/re
 - ``code``: the HumanEval prompts in order (they share helpers and idioms).
 
 Requests alternate between decoder process A and B. Every ``--window`` requests, each process hands its
-finished outputs to its :class:`datastore.live.LiveWriter` (an INSERT-only role would do), the stream
+finished outputs to its :class:`datastore.admin.live_writer.LiveWriter` (an INSERT-only role would do), the stream
 waits for the writes, and ``ingest.live.compact_live`` folds them into the live layer (the datastore
 ``<name>.live``), which both processes then read (as a periodic compaction job would). Drafters:
 
@@ -34,31 +34,32 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, half, load_references  # noqa: E402
-from decoder.simulate import replay  # noqa: E402
+from _refs import REPO, half, load_references, references_option  # noqa: E402
+from evaluation.simulate import replay  # noqa: E402
 from peers import SuffixDrafter  # noqa: E402
 
 
-def streams(which: str) -> dict[str, list]:
-    """The request streams: ``name -> [Reference, ...]`` in serving order."""
+def streams(which: str, references: Path) -> dict[str, list]:
+    """The request streams: ``name -> [Reference, ...]`` in serving order, from the references in ``references``."""
     out = {}
-    chat = half(load_references("spec_bench"), which)
-    second = {r.id.split("/")[0]: r for r in load_references("spec_bench_turn2")}
+    chat = half(load_references("spec_bench", references), which)
+    second = {r.id.split("/")[0]: r for r in load_references("spec_bench_turn2", references)}
     out["chat"] = [x for r in chat for x in ([r, second[r.id]] if r.id in second else [r])]
-    out["code"] = half(load_references("humaneval"), which)
+    out["code"] = half(load_references("humaneval", references), which)
     return out
 
 
 def _worker(conn, datastore: str, live_name_for: str | None) -> None:
     """One decoder process: a DraftingService (calibrated, optional live layer), replays what it is sent."""
-    from datastore import load_tokenizer
-    from datastore.live import LiveWriter, live_name
+    from datastore.admin.live_writer import LiveWriter
+    from datastore.live import live_name
     from datastore.shared import SharedDatastore
-    from decoder.drafters import DatastoreSource
-    from decoder.service import DraftingService
+    from drafting import DatastoreSource, DraftingService
+    from toolkit import load_tokenizer
 
     tok = load_tokenizer()
-    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok))
+    layer = None if live_name_for is None else live_name(live_name_for)  # read with the datastore, once it is built
+    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, live=layer))
     writer = None if live_name_for is None else LiveWriter(live_name_for, origin=f"stream-{live_name_for}")
     service = DraftingService(source, live_writer=writer)
     while True:
@@ -66,12 +67,9 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
         if msg is None:
             break
         kind, payload = msg
-        if kind == "live":  # the layer exists now (or was rebuilt): read it
-            if service.live is None:
-                assert live_name_for is not None  # "live" is sent only to a worker with a live layer
-                service.live = DatastoreSource(lambda: SharedDatastore.open(live_name(live_name_for), tokenizer=tok))
-            elif service.live.client is not None:
-                cast(SharedDatastore, service.live.client).refresh()
+        if kind == "live":  # the layer exists now (or was rebuilt): follow it before the next requests
+            if source.client is not None:
+                cast(SharedDatastore, source.client).refresh()
             conn.send(True)
             continue
         refs, budget, chain, record = payload
@@ -148,25 +146,38 @@ def _summary(got: list[tuple[int, int]], parts: int = 4) -> dict:
             "by_part": [sum(t for t, _ in q) / max(sum(s for _, s in q), 1) for q in quarters]}
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--budgets", nargs="+", type=int, default=[3, 8], help="draft nodes per step (default: 3 8).")
+    ap.add_argument("--forms", nargs="+", choices=("tree", "chain"), default=["tree", "chain"],
+                    help="draft forms replayed (default: tree chain).")
+    ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
+                    help="which prompts make the streams (default: report).")
+    ap.add_argument("--streams", nargs="+", choices=("chat", "code"), default=["chat", "code"],
+                    help="request streams: Spec-Bench's two turns, or HumanEval (default: chat code).")
+    ap.add_argument("--window", type=int, default=8, help="requests between two compactions of the live layer.")
+    ap.add_argument("--datastore", default="sharegpt", help="the chat stream's datastore.")
+    ap.add_argument("--code-datastore", default="code", help="the code stream's datastore.")
+    ap.add_argument("--live-top-t", type=int, default=200_000,
+                    help="n-grams per n kept by each compaction of the live layer (default: 200000).")
+    ap.add_argument("--live-max-bytes", type=int, default=256 << 20,
+                    help="the live layer's byte bound at compaction (default: 268435456).")
+    ap.add_argument("--methods", nargs="+", default=["ours", "ours+live", "ours+live-own", "suffix", "suffix-2proc"],
+                    help="drafters run on the streams (default: all five).")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "stream.json",
+                    help="the results' JSON file (default: results/stream.json).")
+    ap.add_argument("--table", action="store_true", help="only print an earlier run's --out.")
+    references_option(ap)
+    return ap
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", nargs="+", type=int, default=[3, 8])
-    ap.add_argument("--forms", nargs="+", choices=("tree", "chain"), default=["tree", "chain"])
-    ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
-    ap.add_argument("--streams", nargs="+", choices=("chat", "code"), default=["chat", "code"])
-    ap.add_argument("--window", type=int, default=8, help="requests between two compactions of the live layer")
-    ap.add_argument("--datastore", default="sharegpt", help="the chat stream's datastore")
-    ap.add_argument("--code-datastore", default="code", help="the code stream's datastore")
-    ap.add_argument("--live-top-t", type=int, default=200_000)
-    ap.add_argument("--live-max-bytes", type=int, default=256 << 20)
-    ap.add_argument("--methods", nargs="+", default=["ours", "ours+live", "ours+live-own", "suffix", "suffix-2proc"])
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "stream.json")
-    ap.add_argument("--table", action="store_true", help="only print an earlier run's --out")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     if args.table:
         return _print(json.loads(args.out.read_text()))
     rows = []
-    for name, stream in streams(args.half).items():
+    for name, stream in streams(args.half, args.references).items():
         if name not in args.streams:
             continue
         for budget in args.budgets:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from serving.engine import cpu_env
+from serving.server import cpu_env
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -48,14 +48,12 @@ PROMPTS = {1: 13, 8: 26, 32: 64}  # prompts per run by concurrency (the run keep
 
 
 def _prompts(name: str, half: str, count: int):
-    from datastore import load_tokenizer
-    from decoder.prompts import load_prompts
+    from evaluation.prompts import load_prompts
+    from toolkit import load_tokenizer
 
-    by_cat: dict[str, list] = {}
-    for p in load_prompts(name, load_tokenizer()):
-        by_cat.setdefault(p.category, []).append(p)
-    parity = {"fit": 0, "report": 1}.get(half)
-    halves = {c: [p for i, p in enumerate(ps) if parity is None or i % 2 == parity] for c, ps in by_cat.items()}
+    halves: dict[str, list] = {}
+    for p in load_prompts(name, load_tokenizer(), half=half):
+        halves.setdefault(p.category, []).append(p)
     out: list = []
     i = 0
     while len(out) < count and any(i < len(ps) for ps in halves.values()):
@@ -68,7 +66,7 @@ def _spec(method: str, k: int) -> dict | None:
     return {"none": None,
             "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
             "suffix": {"method": "suffix", "num_speculative_tokens": k},
-            "crest": {"method": "custom_class", "model": "serving.vllm_proposer.CrestProposer",
+            "crest": {"method": "custom_class", "model": "_proposer.InstrumentedProposer",
                       "num_speculative_tokens": k}}[method]
 
 
@@ -157,9 +155,9 @@ def child(args) -> None:
     llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
     if args.method == "crest":
-        from serving.vllm_proposer import CrestProposer
+        from _proposer import InstrumentedProposer
 
-        proposer = CrestProposer.newest()
+        proposer = InstrumentedProposer.last()
     result = {"method": args.method, "k": args.k, "concurrency": concurrency, "startup_s": startup, "sets": {}}
     for name in args.sets:
         prompts = _prompts(name, args.half, PROMPTS.get(concurrency, 2 * concurrency))
@@ -225,23 +223,34 @@ def _table(results: list[dict], sets: list[str]) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"])
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
-    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"])
-    ap.add_argument("--half", choices=("report", "fit", "all"), default="report")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default: per method)")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json")
-    ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left")
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"],
+                    help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four).")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32],
+                    help="requests running at once, one engine per value (default: 1 8 32).")
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
+                    help="evaluation sets served (default: spec_bench humaneval).")
+    ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
+                    help="which prompts are served (default: report).")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128).")
+    ap.add_argument("--k", type=int, default=None,
+                    help="num_speculative_tokens for every method (default: per method).")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json",
+                    help="the results' JSON file (default: results/vllm_serving.json).")
+    ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left.")
     ap.add_argument("--accounting", action="store_true",
-                    help="split each engine step into its phases and the threads' CPU time (see the docstring)")
+                    help="split each engine step into its phases and the threads' CPU time (see the docstring).")
     ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
-                    help="environment for ours (e.g. CREST_MIN_SCORE=0.3), passed to every engine")
+                    help="environment for ours (e.g. CREST_MIN_SCORE=0.3), passed to every engine.")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.child:
         child(args)
         return

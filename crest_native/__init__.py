@@ -1,11 +1,39 @@
 """The native drafting core (C++, nanobind), built by the package's own build (scikit-build-core, ``CMakeLists.txt``).
 
-Two names: :class:`Core` (each request's suffix automaton, the process-wide index of finished outputs and the
-calibrated merge, one call a step: :class:`decoder.core.NativeCore` drives it) and :func:`parse_tree_payload`
-(token-tree payloads, codec v1: :func:`datastore.codec.decode_tree` calls it). Each has a Python reference that
-computes the same results (``decoder.core.PythonCore``, ``datastore.codec._parse_payload``).
+:class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
+(suffix automaton, output index, merge, features, scores, chain cut, tree cut); :func:`chain_cut` and
+:func:`tree_cut` cut any scored tree; :func:`parse_tree_payload` parses token-tree payloads (codec v1);
+:data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order. The Python oracle
+of every stage is in ``tests/oracle/``.
+
+Importing this package fails with :class:`ImportError` naming the fix when the extension is not built, or when it was
+built from other sources than the ``csrc/`` beside it (a checkout changed since its last build).
 """
 
-from ._core import Core, parse_tree_payload
+from __future__ import annotations
 
-__all__ = ["Core", "parse_tree_payload"]
+import hashlib
+from pathlib import Path
+
+__all__ = ["Core", "FEATURES", "SOURCES", "chain_cut", "parse_tree_payload", "tree_cut"]
+
+_FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
+
+try:
+    from ._core import FEATURES, SOURCE_DIGEST, SOURCES, Core, chain_cut, parse_tree_payload, tree_cut
+except ImportError as exc:  # what a checkout that was never built sees
+    raise ImportError(f"the native drafting core (crest_native._core) is not built ({exc}); {_FIX}") from None
+
+
+def source_digest(csrc: Path) -> str:
+    """The digest ``CMakeLists.txt`` compiles into the module: SHA-256 of the concatenated hex SHA-256 of every file
+    of ``csrc``, in name order."""
+    files = sorted(p for p in csrc.iterdir() if p.is_file())
+    return hashlib.sha256("".join(hashlib.sha256(p.read_bytes()).hexdigest() for p in files).encode()).hexdigest()
+
+
+_CHECKOUT = Path(__file__).resolve().parent.parent  # in a checkout (an editable install), the sources are beside it
+_IN_CHECKOUT = (_CHECKOUT / "CMakeLists.txt").is_file() and (_CHECKOUT / "csrc").is_dir()
+if _IN_CHECKOUT and source_digest(_CHECKOUT / "csrc") != SOURCE_DIGEST:
+    raise ImportError(f"the native drafting core was built from other sources than {_CHECKOUT / 'csrc'} "
+                      f"(a stale build); {_FIX}")

@@ -1,6 +1,8 @@
-// The suffix automaton of token sequences with occurrence counts (Blumer et al. 1985; generalised to several
-// sequences). The native twin of decoder/suffix_automaton.py: the same construction, so the same states in
-// the same order, the same counts and the same best-first continuation trees.
+// Stage 1 of drafting: the suffix automaton of token sequences with occurrence counts (Blumer et al. 1985; generalised
+// to several sequences, as the output index shares one). A request's automaton of its own tokens answers its
+// longest repeated suffix (of any length) and that suffix's counted continuations, as SuffixDecoding's per-request
+// suffix tree does (Oliaro et al. 2024, https://arxiv.org/abs/2411.04975, section 3). Its Python oracle is
+// tests/oracle/suffix_automaton.py: the same construction, the same states in the same order.
 #pragma once
 
 #include <cstddef>
@@ -8,27 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "tree.hpp"
+
 namespace crest {
 
-// Bytes per state, transition and kept token: the size model both implementations bound an index by
-// (decoder.suffix_automaton.STATE_BYTES, TRANSITION_BYTES, TOKEN_BYTES).
+// Bytes per state, transition and kept token: the size model the output index is bounded by.
 constexpr std::size_t kStateBytes = 16;
 constexpr std::size_t kTransitionBytes = 24;
 constexpr std::size_t kTokenBytes = 4;
-
-// A counted continuation tree in flat form: parents[i] < i, -1 for a child of the root.
-struct Tree {
-  std::vector<uint32_t> tokens;
-  std::vector<int32_t> parents;
-  std::vector<uint32_t> counts;
-  uint64_t root_count = 0;
-  void clear() {
-    tokens.clear();
-    parents.clear();
-    counts.clear();
-    root_count = 0;
-  }
-};
 
 class Automaton {
  public:

@@ -1,11 +1,11 @@
-// Token-tree payload parsing (codec v1, docs/tree-format.md): the native twin of
-// datastore.codec._parse_payload. The caller has checked the header, decompressed the body and checked the CRC.
+// Token-tree payload parsing (codec v1, docs/tree-format.md), what datastore.codec.decode_tree calls once it has
+// checked the header, decompressed the body and checked the CRC. Its Python oracle is tests/oracle/codec.py.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "automaton.hpp"
+#include "tree.hpp"
 
 namespace crest {
 

@@ -1,100 +1,89 @@
-// The drafting core: each request's suffix automaton, the process-wide index of finished outputs, and each step's
-// calibrated merge of every source's tree, cut to a tree or the best chain. The native twin of decoder.core.PythonCore
-// (decoder/local.py, decoder/output_index.py, decoder/calibration.py, decoder/treeops.py): the same arithmetic in the
-// same order, so the same drafts, bit for bit.
+// The drafting core: the merged drafter's request table and its step. A request is keyed by the caller's id and holds
+// its tokens and their suffix automaton (stage 1); the core also holds this process's output index (stage 2). A step
+// drafts each request of a batch from its sources: the caller's datastore candidates, live-layer tree and draft heads'
+// tree (S4C), the request's own match and the output index's, merged (stage 3), featured (stage 4), scored (stage 5)
+// and cut to a chain (stage 6) or a tree (stage 7); among the datastore's candidate n-grams (its stored suffixes of the
+// context, longest first) the one whose draft has the largest expected accepted length wins (the back-off lookup).
+//
+// Not thread-safe: drafting.DraftingService holds one lock around every call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "automaton.hpp"
+#include "cut.hpp"
+#include "features.hpp"
+#include "merge.hpp"
+#include "output_index.hpp"
+#include "scores.hpp"
 
 namespace crest {
 
-// A source's tree as the merge reads it (borrowed arrays).
-struct SourceTree {
-  int ngram_len = 0;
-  const uint32_t* tokens = nullptr;
-  const int32_t* parents = nullptr;
-  const uint32_t* counts = nullptr;
-  std::size_t size = 0;
-  uint64_t root_count = 0;
+using RequestKey = std::variant<int64_t, std::string>;
+
+struct Options {
+  uint64_t vocab_size = 1ULL << 32;  // token ids are below this (checked where they enter)
+  int local_depth = 16;          // the requests' automata's deepest continuation node
+  int match_nodes = 64;          // nodes of the local and output matches (at least the budget)
+  std::size_t outputs_bytes = 0;  // the output index's bound (0: off)
+  int outputs_depth = 16;
+  int context_tokens = 64;        // trailing tokens of a request matched against the outputs
+  bool sources[kNumSources] = {true, true, true, true, true};  // the sources drafted from
 };
 
-// One request's inputs to a step: the datastore's candidates (longest first) and the live layer's match.
+// One request's inputs to a step: the datastore's candidate trees (longest n-gram first; empty: none), the live
+// layer's tree and the draft heads' tree with its probabilities (size 0: none).
 struct StepInput {
-  int64_t handle = 0;
+  RequestKey key;
   int budget = 0;
   std::vector<SourceTree> candidates;
-  bool has_live = false;
   SourceTree live;
+  SourceTree heads;
 };
 
 struct Drafted {
   std::vector<int64_t> tokens;
   std::vector<int32_t> parents;
   std::vector<double> scores;
-  int64_t chosen = -1;
-  double local_s = 0.0;
-  double merge_s = 0.0;
-};
-
-// Finished outputs in one generalised automaton, bounded in bytes; evicts in halves (decoder/output_index.py).
-class OutputIndex {
- public:
-  OutputIndex(std::size_t max_bytes, int max_depth) : max_bytes_(max_bytes), max_depth_(max_depth) {}
-  void add(const std::vector<uint32_t>& tokens);
-  // The longest suffix of `context` found, and its continuations; false when none.
-  bool match(const uint32_t* context, std::size_t n, int budget, Tree& out, int& length) const;
-  std::size_t nbytes() const { return automaton_.nbytes(); }
-  std::size_t allocated() const {  // the automaton's arrays and the kept outputs, as allocated
-    std::size_t kept = 0;
-    for (const auto& o : outputs_) kept += o.capacity() * sizeof(uint32_t);
-    return automaton_.allocated() + kept;
+  int64_t chosen = -1;  // the datastore candidate drafted from (-1: none)
+  void clear() {
+    tokens.clear();
+    parents.clear();
+    scores.clear();
+    chosen = -1;
   }
-  std::size_t num_outputs() const { return outputs_.size(); }
-  std::size_t max_bytes() const { return max_bytes_; }
-  int64_t evictions = 0;
-  int64_t evicted = 0;
-
- private:
-  void evict();
-  std::size_t max_bytes_;
-  int max_depth_;
-  std::deque<std::vector<uint32_t>> outputs_;
-  Automaton automaton_;
 };
 
-// (merged parent + 1, token) -> merged node, open addressing; reset per node table, memory kept.
-class ChildMap {
- public:
-  void reset(std::size_t capacity);
-  int32_t* find_or_slot(int64_t parent, uint32_t token);  // the node's slot (-1: not there yet, fill it)
-
- private:
-  std::vector<uint64_t> keys_;
-  std::vector<int32_t> values_;
-  std::size_t mask_ = 0;
+// A merged node table with its features and scores, per datastore candidate (what fitting the calibration reads).
+struct NodeTable {
+  Union shape;
+  std::vector<double> features;  // [size, kNumFeatures]
+  std::vector<double> scores;
 };
 
 class Core {
  public:
-  // coef: the calibration's weights (kNumFeatures), intercept, prior; local_depth: the requests' automata's deepest
-  // continuation; match_nodes: nodes of the local and output matches (at least the budget); outputs_bytes: the
-  // output index's bound (0: off); outputs_depth; context_tokens: trailing tokens matched against the outputs.
-  Core(const std::vector<double>& coef, double intercept, double prior, int local_depth, int match_nodes,
-       std::size_t outputs_bytes, int outputs_depth, int context_tokens);
+  Core(Calibration calibration, Options options);
 
-  int64_t start(const std::vector<uint32_t>& prompt);
-  void extend(int64_t handle, const std::vector<uint32_t>& tokens);
-  std::vector<uint32_t> stop(int64_t handle);  // the output, added to the output index
-  std::vector<uint32_t> context(int64_t handle, std::size_t n) const;  // the last n tokens
-  std::vector<Drafted> draft(const std::vector<StepInput>& inputs, bool chain, double min_score);
+  void start(const RequestKey& key, const uint32_t* prompt, std::size_t n);  // invalid_argument: already active
+  void extend(const RequestKey& key, const uint32_t* tokens, std::size_t n);  // out_of_range: not active
+  bool follow(const RequestKey& key, const uint32_t* tokens, std::size_t n);  // extend when its tokens prefix these
+  bool stop(const RequestKey& key, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
+  bool active(const RequestKey& key) const { return requests_.count(key) > 0; }
+  std::vector<RequestKey> keys() const;
+
+  // One step: a draft per input; a request not active (stopped meanwhile) gets an empty draft.
+  void draft(const std::vector<StepInput>& inputs, bool chain, double min_score, std::vector<Drafted>& out);
+  // The node table of every candidate (or of none) of one active request, as a step would merge it.
+  void tables(const StepInput& input, std::vector<NodeTable>& out);
+
   const OutputIndex& outputs() const { return outputs_; }
-  std::size_t active() const { return requests_.size(); }
+  const Options& options() const { return options_; }
 
  private:
   struct Request {
@@ -102,27 +91,35 @@ class Core {
     std::size_t prompt_len = 0;
     Automaton automaton;
   };
-  Request& get(int64_t handle);
-  void draft_one(Request& req, const StepInput& in, bool chain, double min_score, Drafted& out);
+  struct KeyHash {
+    std::size_t operator()(const RequestKey& k) const { return std::hash<RequestKey>()(k); }
+  };
+  Request& get(const RequestKey& key);
+  // The sources of one step but the datastore's: the live tree, the request's own match, the output index's and the
+  // heads' tree.
+  void gather(Request& r, const StepInput& in, int nodes);
+  bool score_candidate(const SourceTree* candidate);
+  void cut(bool chain, int budget, double min_score, Drafted& out);
+  void draft_one(Request& r, const StepInput& in, bool chain, double min_score, Drafted& out);
 
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
     Tree local, earlier;
-    std::vector<int64_t> mtok, path;
-    std::vector<int32_t> mpar, mdepth, order, renumber;
-    std::vector<double> x, score, sum;
-    std::vector<uint8_t> has_kids, reached;
-    std::vector<int32_t> where[4];
+    SourceTree local_view, earlier_view;
+    std::vector<const SourceTree*> sources;
     ChildMap children;
+    Union merged;
+    std::vector<double> x, score;
+    std::vector<uint8_t> has_kids;
+    CutScratch cut;
+    std::vector<int32_t> picked, picked_parents;
     Drafted candidate;
   };
 
-  Scratch scratch_;
-  std::vector<double> coef_;
-  double intercept_, prior_;
-  int local_depth_, match_nodes_, context_tokens_;
+  Scratch z_;
+  Calibration calibration_;
+  Options options_;
   OutputIndex outputs_;
-  std::unordered_map<int64_t, Request> requests_;
-  int64_t next_handle_ = 1;
+  std::unordered_map<RequestKey, Request, KeyHash> requests_;
 };
 
 }  // namespace crest

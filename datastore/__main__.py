@@ -1,7 +1,7 @@
-"""``python -m datastore``: see :mod:`datastore.cli`."""
+"""``python -m datastore``: administration, see :mod:`datastore.admin.cli`."""
 
 import sys
 
-from .cli import main
+from .admin.cli import main
 
 sys.exit(main())

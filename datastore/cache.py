@@ -16,8 +16,6 @@ from collections import OrderedDict
 
 from .tree import TokenTree
 
-__all__ = ["TreeCache", "entry_bytes"]
-
 _ENTRY_OVERHEAD = 200  # dict slot, key tuple and bytes object, TokenTree and three ndarray headers (measured ~190 B)
 
 

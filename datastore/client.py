@@ -12,12 +12,11 @@ from collections.abc import Sequence
 
 import psycopg
 
+from toolkit.tokenizer import tokenizer_fingerprint
+
 from .connection import connect, resolve_database_url
 from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .schema import require_schema
-from .tokenizer import tokenizer_fingerprint
-
-__all__ = ["Datastore"]
 
 
 class Datastore(LookupClient):
@@ -29,13 +28,15 @@ class Datastore(LookupClient):
     checking its tokenizer).
     """
 
-    def __init__(self, conn: psycopg.Connection, info: DatastoreInfo, fingerprint: str) -> None:
-        super().__init__(info, fingerprint, cache_bytes=0)
+    def __init__(self, conn: psycopg.Connection, info: DatastoreInfo, fingerprint: str,
+                 live_name: str | None = None) -> None:
+        super().__init__(info, fingerprint, cache_bytes=0, live_name=live_name)
         self._conn = conn
+        self.live = self._read_live()
 
     @classmethod
-    def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None,
-             database_url: str | None = None) -> Datastore:
+    def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None, database_url: str | None = None,
+             live: str | None = None) -> Datastore:
         """Connect to the ready datastore ``name``; never writes.
 
         Args:
@@ -43,6 +44,9 @@ class Datastore(LookupClient):
             tokenizer: the caller's tokenizer; its fingerprint must match the build's.
             fingerprint: the caller's tokenizer fingerprint, instead of ``tokenizer``.
             database_url: libpq URL; default ``DATABASE_URL`` or the embedded server.
+            live: the live layer's datastore (:func:`datastore.live.live_name`), answered with ``name`` by
+                :meth:`retrieve_batch`; ``None``: none. This client reads it at open and at every rebuild it
+                follows (:class:`datastore.shared.SharedDatastore` follows it at once).
 
         Raises:
             ValueError: when neither ``tokenizer`` nor ``fingerprint`` is given.
@@ -68,13 +72,13 @@ class Datastore(LookupClient):
         except BaseException:
             conn.close()
             raise
-        return cls(conn, info, fingerprint)
+        return cls(conn, info, fingerprint, live)
 
     def _execute(self, query: str, params: Sequence) -> list:
         return self._conn.execute(query, params, prepare=True, binary=True).fetchall()
 
-    def _read_registry(self) -> DatastoreInfo:
-        return resolve_build(self._conn, self.info.name)
+    def _read_registry(self, name: str) -> DatastoreInfo:
+        return resolve_build(self._conn, name)
 
     def close(self) -> None:
         """Close the connection."""

@@ -22,9 +22,8 @@ make it smaller, so "zstd" means "zstd where it pays". Any corruption or
 truncation raises :class:`CodecError`: the header, lengths and CRC are all
 checked, and the decoded arrays must form a valid :class:`TokenTree`.
 
-The payload is parsed by the native core (:func:`crest_native.parse_tree_payload`, C++) where it is built, else
-by :func:`_parse_payload`, its Python reference; both accept and refuse the same payloads, with the same messages
-(``tests/test_native.py``).
+The payload is parsed by the native core (:func:`crest_native.parse_tree_payload`, C++); its Python oracle
+(``tests/oracle/codec.py``) accepts and refuses the same payloads, with the same messages.
 """
 
 from __future__ import annotations
@@ -39,11 +38,13 @@ import lz4.block
 import numpy as np
 import zstandard
 
+from crest_native import parse_tree_payload
+
 from .errors import CodecError
 from .tree import TokenTree
 from .varint import encode_varints, varint_lengths, zigzag
 
-__all__ = ["CodecError", "TreeBatch", "encode_tree", "encode_trees", "decode_tree", "Compression", "FORMAT_VERSION"]
+__all__ = ["TreeBatch", "encode_trees", "decode_tree", "Compression"]
 
 MAGIC = 0xC7
 FORMAT_VERSION = 1
@@ -301,45 +302,8 @@ def decode_tree(blob: bytes) -> TokenTree:
         raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
     if zlib.crc32(raw, zlib.crc32(blob[:3])) != crc:
         raise CodecError("CRC mismatch: the blob is corrupt")
-    if _native_parse is None:
-        return _parse_payload(raw, width)
     try:
-        tokens, parents, counts, root = _native_parse(raw, width)
+        tokens, parents, counts, root = parse_tree_payload(raw, width)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     return TokenTree.trusted(tokens, parents, counts, root)
-
-
-def _parse_payload(p: bytes, width: int) -> TokenTree:
-    (n, root), pos = _uvarints(p, 0, 2)
-    if pos + n * width > len(p):
-        raise CodecError(f"payload too short for {n} token ids")
-    if width in (1, 2, 4):
-        tokens = np.frombuffer(p, dtype=_TOKEN_DTYPES[width], count=n, offset=pos).astype(np.uint32)
-    else:
-        b = np.frombuffer(p, dtype=np.uint8, count=n * width, offset=pos).reshape(n, width).astype(np.uint32)
-        tokens = b[:, 0] | (b[:, 1] << np.uint32(8)) | (b[:, 2] << np.uint32(16))
-    pos += n * width
-    codes, pos = _uvarints(p, pos, n)
-    counts, pos = _uvarints(p, pos, n)
-    if pos != len(p):
-        raise CodecError(f"{len(p) - pos} trailing bytes after the tree payload")
-    parents = []
-    prev = 0
-    for i, code in enumerate(codes):
-        prev += (code >> 1) ^ -(code & 1)  # unzigzag, then undo the delta on parent + 1
-        parent = prev - 1
-        if not -1 <= parent < i:
-            raise CodecError(f"decoded arrays are not a valid tree: node {i} has parent {parent}")
-        if counts[i] > 0xFFFFFFFF or (parent >= 0 and counts[i] > counts[parent]):
-            raise CodecError(f"decoded arrays are not a valid tree: node {i} counts more than its parent")
-        parents.append(parent)
-    return TokenTree.trusted(tokens, np.array(parents, dtype=np.int32), np.array(counts, dtype=np.uint32), root)
-
-
-_TOKEN_DTYPES: dict[int, str] = {1: "u1", 2: "<u2", 4: "<u4"}
-
-try:
-    from crest_native import parse_tree_payload as _native_parse
-except ImportError:  # a checkout whose native core is not built: the Python reference parses
-    _native_parse = None

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import psycopg
 
-from .errors import BadDatabaseUrl, DatabaseUnavailable, clause
-from .settings import Settings
+from toolkit.console import clause
+from toolkit.settings import Settings, check_libpq, redacted
 
-__all__ = ["APPLICATION_NAME", "resolve_database_url", "embedded_data_dir", "connect", "check_database_url",
-           "one_row", "engine_for", "redacted", "restart_embedded", "embedded_settings"]
+from .errors import BadDatabaseUrl, DatabaseUnavailable
+
+__all__ = ["APPLICATION_NAME", "resolve_database_url", "connect", "one_row", "restart_embedded"]
 
 APPLICATION_NAME = "crest-spec"
 """What this package's sessions are called in ``pg_stat_activity`` (a suffix says which part: reader, build ...)."""
@@ -30,7 +31,7 @@ _embedded_servers: dict[Path, object] = {}
 
 
 def embedded_data_dir() -> Path:
-    """The embedded server's data directory: ``CREST_PGDATA``, else :func:`datastore.settings.default_pgdata`
+    """The embedded server's data directory: ``CREST_PGDATA``, else :func:`toolkit.settings.default_pgdata`
     (``/var/lib/crest-spec/postgres`` as root, ``~/.local/share/crest-spec/postgres`` otherwise)."""
     return Settings.from_env().pgdata
 
@@ -85,7 +86,7 @@ def embedded_settings(ram_bytes: int | None = None) -> dict[str, str]:
     - ``effective_cache_size``: half of RAM;
     - ``shared_preload_libraries = pg_prewarm`` with ``pg_prewarm.autoprewarm``: the buffers come back
       warm after a restart, and each build is loaded into them when it is swapped in
-      (:mod:`datastore.writer`).
+      (:mod:`datastore.admin.writer`).
     """
     import psutil
 
@@ -163,26 +164,6 @@ def resolve_database_url(database_url: str | None = None) -> str:
     return check_database_url(url.replace("postgresql+psycopg://", "postgresql://", 1))
 
 
-def engine_for(url: str):
-    """A SQLAlchemy engine (psycopg 3 driver) whose connections come from :func:`connect`, so every libpq
-    form works: ``postgresql://`` URLs and ``host=... dbname=...`` key/value strings alike. Dispose of it
-    when done."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-
-    return create_engine("postgresql+psycopg://", creator=lambda: connect(url), poolclass=NullPool)
-
-
-def redacted(url: str) -> str:
-    """The connection string without its password, for error messages."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return _masked(url)
-    params.pop("password", None)
-    return psycopg.conninfo.make_conninfo("", **params)
-
-
 def one_row(conn: psycopg.Connection, query, params=None) -> tuple:
     """The one row of a query that always returns one (an aggregate, a function call, ``SELECT 1``).
 
@@ -214,23 +195,12 @@ def connect(url: str, *, application_name: str = APPLICATION_NAME, **kwargs) -> 
 
 
 def check_database_url(url: str) -> str:
-    """``url`` when it parses as a libpq connection string (a ``postgresql://`` URL or ``key=value`` pairs).
+    """``url`` when it parses as a libpq connection string (:func:`toolkit.settings.check_libpq`).
 
     Raises:
         BadDatabaseUrl: naming the URL (its password hidden) and the forms that work.
     """
     try:
-        psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise BadDatabaseUrl(
-            f"database URL {_masked(url)!r} is not a libpq connection string ({clause(exc)}); write "
-            "postgresql://user[:password]@host[:port]/database or 'host=... dbname=... user=...' in DATABASE_URL "
-            "or --database-url") from exc
-    return url
-
-
-def _masked(url: str) -> str:
-    """``url`` with anything that looks like a password replaced by ``***`` (for URLs that do not parse)."""
-    import re
-
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", re.sub(r"(password\s*=\s*)\S+", r"\1***", url))
+        return check_libpq(url)
+    except ValueError as exc:
+        raise BadDatabaseUrl(str(exc)) from None

@@ -11,8 +11,7 @@ context that is not a sequence of token ids of the tokenizer's vocabulary, and i
 
 from __future__ import annotations
 
-__all__ = ["DatastoreError", "DatabaseUnavailable", "BadDatabaseUrl", "DatastoreNotFound", "TokenizerMismatch",
-           "SchemaMismatch", "CodecError", "LookupFailed", "BuildConflict", "InvalidContext", "clause"]
+__all__ = ["DatastoreError", "BadDatabaseUrl", "DatastoreNotFound", "TokenizerMismatch", "BuildConflict"]
 
 
 class DatastoreError(Exception):
@@ -54,10 +53,3 @@ class BuildConflict(DatastoreError, RuntimeError):
 class InvalidContext(ValueError):
     """A lookup's context is not a sequence of token ids in the tokenizer's vocabulary (a caller's bug, not a
     datastore fault: it is raised, never turned into "no draft")."""
-
-
-def clause(exc: BaseException) -> str:
-    """An exception's message as a clause to embed in another message: one line, no trailing punctuation (so
-    that ``f"...: {clause(exc)}; ..."`` never doubles a full stop)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text.rstrip(".;:, ")

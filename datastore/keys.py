@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["key_width_for", "encode_key", "encode_keys", "decode_key"]
+__all__ = ["key_width_for", "encode_keys"]
 
 _DTYPES = {2: ">u2", 4: ">u4"}
 _STRUCT = {2: "H", 4: "I"}

@@ -1,5 +1,5 @@
 """The lookup core under both clients: the longest stored suffix n-gram of a context, or all of them, in one
-round trip for a whole batch of contexts.
+round trip for a whole batch of contexts, with the live layer's longest match in the same round trip.
 
 CREST §3 (Ho et al., https://arxiv.org/abs/2408.04678): the drafter takes the last ``max_n`` .. 1 tokens of
 the sequence and uses the tree of the longest of those suffixes that the datastore holds. Only the n-gram
@@ -10,8 +10,10 @@ parameters of prepared statements:
   executor stops at the first (longest) hit and only that tree crosses the wire;
 - many contexts, and the back-off lookup's candidates (every stored suffix): one ``key = ANY(...)`` query
   of every key the cache cannot answer; the client keeps each context's longest stored key (and decodes only
-  that tree). For 32 contexts this takes half the time of a ``DISTINCT ON`` query that would return only the
-  longest keys (1.5 vs 2.9 ms p50 here: the server's join and sort cost more than the extra rows).
+  that tree), which is faster than a ``DISTINCT ON`` query that would return only the longest keys (the
+  server's join and sort cost more than the extra rows, when this was measured);
+- a drafting step (:meth:`LookupClient.retrieve_batch`): the datastore's keys and its live layer's (the model's own
+  earlier outputs, :mod:`datastore.live`) in one query, a ``UNION ALL`` of the two ``key = ANY(...)`` probes.
 
 A :class:`~datastore.cache.TreeCache` answers what it can first (decoded trees and absent keys, keyed by
 build), so a lookup it answers costs no round trip. A corrupt tree is served as absent (counted, one
@@ -30,29 +32,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
+from toolkit.console import clause
+
 from .cache import TreeCache
 from .codec import decode_tree
 from .context import TokenIds, check_batch, check_context
-from .errors import (
-    CodecError,
-    DatabaseUnavailable,
-    DatastoreError,
-    DatastoreNotFound,
-    LookupFailed,
-    TokenizerMismatch,
-    clause,
-)
+from .errors import CodecError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
 from .tree import Match, TokenTree
 
-__all__ = ["DatastoreInfo", "LookupClient", "LOOKUP_TIMEOUT_S", "READER_APPLICATION", "configure_reader",
-           "resolve_build", "check_tokenizer", "suffix_keys", "decode_match", "longest_match_sql", "server_error"]
+__all__ = ["LookupClient", "Retrieval"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,7 +55,7 @@ T = TypeVar("T")
 LOOKUP_TIMEOUT_S = 2.0
 """``statement_timeout`` of a lookup connection: a lookup never waits longer (a timeout is a fault: the
 caller drafts without the datastore). Lookups take about a millisecond; DDL never makes them queue
-(:mod:`datastore.ddl`)."""
+(:mod:`datastore.admin.ddl`)."""
 READER_APPLICATION = "crest-spec reader"
 """The ``application_name`` of lookup connections (``pg_stat_activity``)."""
 
@@ -193,35 +188,126 @@ def longest_match_sql(table: str, k: int) -> str:
 
 
 @lru_cache(maxsize=256)
-def _all_keys_sql(table: str) -> str:
-    """Every stored key among the given ones: rows ``(key, tree)``."""
-    return sql.SQL("SELECT key, tree FROM {} WHERE key = ANY(%b)").format(sql.Identifier(table)).as_string(None)
+def _any_keys_sql(tables: tuple[str, ...]) -> str:
+    """Every stored key among the given ones, in each of ``tables``: rows ``(layer, key, tree)``, ``layer`` the
+    table's index; one parameter (a ``bytea[]``) per table."""
+    probe = sql.SQL("SELECT {}::int2, key, tree FROM {} WHERE key = ANY(%b)")
+    return sql.SQL(" UNION ALL ").join(
+        probe.format(sql.Literal(i), sql.Identifier(t)) for i, t in enumerate(tables)).as_string(None)
+
+
+class Retrieval(NamedTuple):
+    """What one drafting step retrieves for one context: ``candidates``, the datastore's trees of the context's
+    stored suffixes, longest first (only the longest unless backing off; ``[]``: none), and ``live``, the live
+    layer's longest match (``None``: none, or no live layer)."""
+
+    candidates: list[Match]
+    live: Match | None
+
+
+class _Longest:
+    """One batch's longest-match plan on one build: what the cache answered and the keys to ask, each context's
+    longest first; :meth:`finish` reads a query's rows."""
+
+    def __init__(self, client: LookupClient, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> None:
+        self.client, self.info = client, info
+        self.out: list[Match | None] = [None] * len(contexts)
+        self.ask_keys: list[bytes] = []  # keys the cache cannot answer ...
+        self.ask_ctx: list[int] = []     # ... and the context each belongs to
+        wanted = [suffix_keys(context, info) for context in contexts]
+        cached = iter(client.cache.get_many(info.id, [k for keys in wanted for k in keys]))  # one lock for the batch
+        for i, keys in enumerate(wanted):
+            answers = [next(cached) for _ in keys]
+            for j, k in enumerate(keys):  # longest first
+                found, tree = answers[j]
+                if not found:  # ask for it and every shorter one
+                    self.ask_keys += keys[j:]
+                    self.ask_ctx += [i] * (len(keys) - j)
+                    break
+                if tree is not None:
+                    self.out[i] = Match(decode_key(k, info.key_width), tree)
+                    break
+
+    def finish(self, stored: dict[bytes, bytes]) -> list[Match | None]:
+        """Each context's longest stored match, given the stored rows among the asked keys."""
+        info, cache = self.info, self.client.cache
+        decoded: dict[bytes, Match | None] = {}  # each key decoded once a batch
+        done = -1  # the context whose longest stored key was found (its shorter keys are not needed)
+        for k, i in zip(self.ask_keys, self.ask_ctx):  # each context's keys, longest first
+            if i == done:
+                continue
+            blob = stored.get(k)
+            if blob is None:
+                cache.put(info.id, k, None)  # longer than the context's longest stored key
+                continue
+            if k not in decoded:
+                match = decoded[k] = self.client._decode(info, k, blob)
+                cache.put(info.id, k, None if match is None else match.tree)
+            self.out[i], done = decoded[k], i
+        self.client._counted(len(self.out), len(self.out) - len(set(self.ask_ctx)))
+        return self.out
+
+
+class _All:
+    """One batch's plan for every stored suffix on one build (the back-off lookup's candidates)."""
+
+    def __init__(self, client: LookupClient, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> None:
+        self.client, self.info = client, info
+        self.wanted = [suffix_keys(context, info) for context in contexts]
+        self.known: dict[bytes, TokenTree | None] = {}
+        self.ask_keys: list[bytes] = []
+        distinct = list(dict.fromkeys(k for keys in self.wanted for k in keys))
+        for k, (found, tree) in zip(distinct, client.cache.get_many(info.id, distinct)):  # one lock for the batch
+            if found:
+                self.known[k] = tree
+            else:
+                self.ask_keys.append(k)
+
+    def finish(self, stored: dict[bytes, bytes]) -> list[list[Match]]:
+        """Each context's stored suffixes, longest first, given the stored rows among the asked keys."""
+        info, known = self.info, self.known
+        for k in self.ask_keys:
+            match = self.client._decode(info, k, stored[k]) if k in stored else None
+            known[k] = None if match is None else match.tree
+            self.client.cache.put(info.id, k, known[k])
+        asked = set(self.ask_keys)
+        self.client._counted(len(self.wanted), sum(not any(k in asked for k in keys) for keys in self.wanted))
+        return [[Match(decode_key(k, info.key_width), tree) for k in keys if (tree := known[k]) is not None]
+                for keys in self.wanted]
 
 
 class LookupClient(ABC):
-    """Longest-match and candidate lookups in one ready datastore, with a tree cache: the core of both clients.
+    """Longest-match and candidate lookups in one ready datastore and, optionally, its live layer, with a tree cache:
+    the core of both clients.
 
     Subclasses say how a query runs (:meth:`_execute`) and how the registry is read (:meth:`_read_registry`).
 
     Args:
         info: the ready build. fingerprint: the caller's tokenizer fingerprint (checked on every refresh).
         cache_bytes: the tree cache's bound, bytes (0: no cache).
+        live_name: the live layer's datastore (:func:`datastore.live.live_name`), answered with the datastore in
+            :meth:`retrieve_batch`; ``None``: no live layer. A layer not built yet is no fault: it is read from the
+            registry at every :meth:`refresh`.
 
     Attributes:
-        info: the build being served (replaced when another is swapped in). cache: the tree cache.
+        info: the build being served (replaced when another is swapped in). live: the live layer's build, or
+        ``None`` while there is none. cache: the tree cache.
         lookups: contexts looked up. answered_from_cache: those answered without a round trip.
         round_trips: queries sent. query_s: seconds spent in them (sending, the server, receiving).
         swaps: builds followed. corrupt: stored trees that failed to decode.
     """
 
-    def __init__(self, info: DatastoreInfo, fingerprint: str, cache_bytes: int) -> None:
+    def __init__(self, info: DatastoreInfo, fingerprint: str, cache_bytes: int, live_name: str | None = None) -> None:
         self.info = info
+        self.live_name = live_name
+        self.live: DatastoreInfo | None = None
         self._fingerprint = fingerprint
         self.cache = TreeCache(cache_bytes)
         self.lookups = self.answered_from_cache = self.round_trips = self.swaps = self.corrupt = 0
         self.query_s = 0.0
         self._stats_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
+        self._live_refused = False
 
     @abstractmethod
     def _execute(self, query: str, params: Sequence) -> list:
@@ -233,36 +319,67 @@ class LookupClient(ABC):
         """
 
     @abstractmethod
-    def _read_registry(self) -> DatastoreInfo:
-        """The datastore's ready build now (:func:`resolve_build`)."""
+    def _read_registry(self, name: str) -> DatastoreInfo:
+        """Datastore ``name``'s ready build now (:func:`resolve_build`)."""
 
     def _raise_fault(self) -> None:  # noqa: B027 - a hook: most clients know of no fault before a query
         """Raise a fault the client already knows of (a listener saw the datastore dropped), before querying."""
 
     def identity(self) -> dict:
-        """What this client serves: the datastore's name and build id (a rebuild changes it)."""
-        return {"datastore": self.info.name, "build": self.info.id}
+        """What this client serves: the datastore's name and build id (a rebuild changes it), and its live layer's."""
+        out: dict = {"datastore": self.info.name, "build": self.info.id}
+        if self.live_name is not None:
+            out["live"] = {"datastore": self.live_name, "build": None if self.live is None else self.live.id}
+        return out
+
+    def _read_live(self) -> DatastoreInfo | None:
+        """The live layer's ready build, or ``None`` when it is not built (or was built with another tokenizer:
+        logged once)."""
+        if self.live_name is None:
+            return None
+        try:
+            info = self._read_registry(self.live_name)
+            check_tokenizer(info, self._fingerprint)
+        except DatastoreNotFound:
+            return None
+        except TokenizerMismatch as exc:
+            if not self._live_refused:
+                log.warning("%s; drafting without the live layer", exc)
+                self._live_refused = True
+            return None
+        return info
+
+    def _follow(self, old: DatastoreInfo | None, new: DatastoreInfo | None) -> bool:
+        """Serve ``new`` instead of ``old`` (one layer); returns whether the build changed."""
+        if (old and old.id) == (new and new.id):
+            return False
+        if old is not None:
+            self.cache.drop_build(old.id)
+        if new is not None:
+            self.swaps += 1
+            log.info("datastore %r: now serving build %d (was %s)", new.name, new.id, old and old.id)
+        return True
 
     def refresh(self) -> bool:
-        """Re-read the registry and follow a swapped-in build; returns whether the build changed.
+        """Re-read the registry and follow a swapped-in build of the datastore or its live layer; returns whether
+        either changed.
 
         Raises:
-            datastore.errors.DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, LookupFailed.
+            datastore.errors.DatastoreNotFound, TokenizerMismatch, DatabaseUnavailable, LookupFailed: about the
+            datastore (the live layer's absence is no fault).
         """
         with self._refresh_lock:
-            info = self._read_registry()
+            info = self._read_registry(self.info.name)
             check_tokenizer(info, self._fingerprint)
-            old = self.info
-            if info.id == old.id:
-                return False
+            live = self._read_live()
+            changed = self._follow(self.info, info)
             self.info = info
-            self.cache.drop_build(old.id)
-            self.swaps += 1
-            log.info("datastore %r: now serving build %d (was %d)", info.name, info.id, old.id)
-            return True
+            changed = self._follow(self.live, live) or changed
+            self.live = live
+            return changed
 
     def _query(self, info: DatastoreInfo, query: str, params: Sequence) -> list | None:
-        """One round trip; ``None`` when the build's table is gone (replaced or dropped under us).
+        """One round trip; ``None`` when a build's table is gone (replaced or dropped under us).
 
         Raises:
             datastore.errors.DatabaseUnavailable / LookupFailed: for a server-side failure.
@@ -280,15 +397,15 @@ class LookupClient(ABC):
         return rows
 
     def _retrying(self, op: Callable[[DatastoreInfo], T | None]) -> T:
-        """Run ``op`` on the current build; if its table is gone, follow the registry once and run it again."""
+        """Run ``op`` on the current builds; if a table is gone, follow the registry once and run it again."""
         for attempt in (0, 1):
             self._raise_fault()
             info = self.info
             out = op(info)
             if out is not None:
                 return out
-            if attempt == 0 and self.info.id == info.id and not self.refresh():  # raises when it was dropped
-                raise LookupFailed(f"the tree table of datastore {info.name!r} is missing although its build "
+            if attempt == 0 and not self.refresh():  # raises when the datastore was dropped
+                raise LookupFailed(f"a tree table of datastore {info.name!r} is missing although its build "
                                    f"{info.id} is ready; rebuild it")
         raise DatastoreNotFound(f"datastore {self.info.name!r} keeps being replaced; try again")
 
@@ -308,6 +425,26 @@ class LookupClient(ABC):
             self.lookups += contexts
             self.answered_from_cache += answered
 
+    def _stored(self, info: DatastoreInfo, asks: Sequence[tuple[DatastoreInfo, _Longest | _All]]) -> list[dict] | None:
+        """One round trip for every layer's asked keys: per layer, ``key -> tree blob`` of the stored ones; ``None``
+        when a table is gone. No query when nothing is asked. One layer asking for one context's longest match
+        probes its keys longest first, and the server stops at the first stored one."""
+        asking = [i for i, (_, plan) in enumerate(asks) if plan.ask_keys]
+        out: list[dict] = [{} for _ in asks]
+        if not asking:
+            return out
+        if len(asking) == 1 and isinstance(plan := asks[asking[0]][1], _Longest) and len(set(plan.ask_ctx)) == 1:
+            rows = self._query(info, longest_match_sql(asks[asking[0]][0].table, len(plan.ask_keys)), plan.ask_keys)
+            rows = None if rows is None else [(0, key, blob) for key, blob in rows]
+        else:
+            rows = self._query(info, _any_keys_sql(tuple(asks[i][0].table for i in asking)),
+                               [list(dict.fromkeys(asks[i][1].ask_keys)) for i in asking])
+        if rows is None:
+            return None
+        for at, key, blob in rows:
+            out[asking[at]][bytes(key)] = blob
+        return out
+
     def lookup(self, context: TokenIds) -> Match | None:
         """:meth:`lookup_batch` for one context.
 
@@ -316,7 +453,7 @@ class LookupClient(ABC):
             the errors of :meth:`lookup_batch`.
         """
         info = self.info
-        return self._retrying(lambda i: self._longest(i, [check_context(context, info.vocab_size, info.max_n)]))[0]
+        return self._longest([check_context(context, info.vocab_size, info.max_n)])[0]
 
     def lookup_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[Match | None]:
         """For each context, the tree of its longest stored suffix (n in ``info.ns``), or ``None``; one round
@@ -334,50 +471,15 @@ class LookupClient(ABC):
                 with another tokenizer.
             datastore.errors.LookupFailed: for any other server-side refusal.
         """
-        info = self.info
-        tails = check_batch(contexts, info.vocab_size, max(info.max_n, 8))
-        return self._retrying(lambda i: self._longest(i, tails))
+        return self._longest(self._tails(contexts))
 
-    def _longest(self, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> list[Match | None] | None:
-        out: list[Match | None] = [None] * len(contexts)
-        ask_keys: list[bytes] = []  # keys the cache cannot answer ...
-        ask_ctx: list[int] = []     # ... and the context each belongs to
-        wanted = [suffix_keys(context, info) for context in contexts]
-        cached = iter(self.cache.get_many(info.id, [k for keys in wanted for k in keys]))  # one lock for the batch
-        for i, keys in enumerate(wanted):
-            answers = [next(cached) for _ in keys]
-            for j, k in enumerate(keys):  # longest first
-                found, tree = answers[j]
-                if not found:  # ask for it and every shorter one
-                    ask_keys += keys[j:]
-                    ask_ctx += [i] * (len(keys) - j)
-                    break
-                if tree is not None:
-                    out[i] = Match(decode_key(k, info.key_width), tree)
-                    break
-        if ask_keys:
-            if ask_ctx[0] == ask_ctx[-1]:  # one context: probe its keys one by one, stop at the first stored
-                rows = self._query(info, longest_match_sql(info.table, len(ask_keys)), ask_keys)
-            else:  # every stored one among the asked keys
-                rows = self._query(info, _all_keys_sql(info.table), [list(dict.fromkeys(ask_keys))])
-            if rows is None:
-                return None
-            stored = {bytes(key): blob for key, blob in rows}
-            decoded: dict[bytes, Match | None] = {}  # each key decoded once a batch
-            done = -1  # the context whose longest stored key was found (its shorter keys are not needed)
-            for k, i in zip(ask_keys, ask_ctx):  # each context's keys, longest first
-                if i == done:
-                    continue
-                blob = stored.get(k)
-                if blob is None:
-                    self.cache.put(info.id, k, None)  # longer than the context's longest stored key
-                    continue
-                if k not in decoded:
-                    match = decoded[k] = self._decode(info, k, blob)
-                    self.cache.put(info.id, k, None if match is None else match.tree)
-                out[i], done = decoded[k], i
-        self._counted(len(contexts), len(contexts) - len(set(ask_ctx)))
-        return out
+    def _longest(self, tails: list[list[int]]) -> list[Match | None]:
+        def op(info: DatastoreInfo) -> list[Match | None] | None:
+            plan = _Longest(self, info, tails)
+            stored = self._stored(info, [(info, plan)])
+            return None if stored is None else plan.finish(stored[0])
+
+        return self._retrying(op)
 
     def candidates_batch(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[list[Match]]:
         """For each context, the trees of ALL its stored suffixes (n in ``info.ns``), longest first: the
@@ -386,33 +488,45 @@ class LookupClient(ABC):
         Raises:
             the errors of :meth:`lookup_batch`.
         """
-        info = self.info
-        tails = check_batch(contexts, info.vocab_size, max(info.max_n, 8))
-        return self._retrying(lambda i: self._all(i, tails))
+        tails = self._tails(contexts)
 
-    def _all(self, info: DatastoreInfo, contexts: Sequence[Sequence[int]]) -> list[list[Match]] | None:
-        wanted = [suffix_keys(context, info) for context in contexts]
-        known: dict[bytes, TokenTree | None] = {}
-        ask: list[bytes] = []
-        distinct = list(dict.fromkeys(k for keys in wanted for k in keys))
-        for k, (found, tree) in zip(distinct, self.cache.get_many(info.id, distinct)):  # one lock for the batch
-            if found:
-                known[k] = tree
-            else:
-                ask.append(k)
-        if ask:
-            rows = self._query(info, _all_keys_sql(info.table), [ask])
-            if rows is None:
+        def op(info: DatastoreInfo) -> list[list[Match]] | None:
+            plan = _All(self, info, tails)
+            stored = self._stored(info, [(info, plan)])
+            return None if stored is None else plan.finish(stored[0])
+
+        return self._retrying(op)
+
+    def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: bool) -> list[Retrieval]:
+        """A drafting step's lookups in one round trip: per context, the datastore's candidates (every stored
+        suffix, longest first, when ``back_off``; else the longest only) and the live layer's longest match.
+
+        Raises:
+            the errors of :meth:`lookup_batch` (about the datastore: the live layer's absence is no fault).
+        """
+        tails = self._tails(contexts)
+
+        def op(info: DatastoreInfo) -> list[Retrieval] | None:
+            live = self.live
+            plan: _All | _Longest = _All(self, info, tails) if back_off else _Longest(self, info, tails)
+            asks: list[tuple[DatastoreInfo, _All | _Longest]] = [(info, plan)]
+            if live is not None:
+                asks.append((live, _Longest(self, live, tails)))
+            stored = self._stored(info, asks)
+            if stored is None:
                 return None
-            blobs = {bytes(k): blob for k, blob in rows}
-            for k in ask:
-                match = self._decode(info, k, blobs[k]) if k in blobs else None
-                known[k] = None if match is None else match.tree
-                self.cache.put(info.id, k, known[k])
-        asked = set(ask)
-        self._counted(len(contexts), sum(not any(k in asked for k in keys) for keys in wanted))
-        return [[Match(decode_key(k, info.key_width), tree) for k in keys if (tree := known[k]) is not None]
-                for keys in wanted]
+            if isinstance(plan, _All):
+                cands = plan.finish(stored[0])
+            else:
+                cands = [[m] if m is not None else [] for m in plan.finish(stored[0])]
+            lives = asks[1][1].finish(stored[1]) if live is not None else [None] * len(tails)
+            return [Retrieval(c, m) for c, m in zip(cands, lives)]  # type: ignore[arg-type]
+
+        return self._retrying(op)
+
+    def _tails(self, contexts: Sequence[TokenIds] | np.ndarray) -> list[list[int]]:
+        info = self.info
+        return check_batch(contexts, info.vocab_size, max(info.max_n, 8))
 
     def stats(self) -> dict:
         """Lookups, the share answered from the cache, round trips, swaps followed, corrupt trees and the

@@ -8,14 +8,14 @@ threads at once:
   build and n-gram and bounded in bytes; a lookup the cache can answer costs no
   round trip;
 - ``lookup_batch`` sends the suffix keys the cache cannot answer, for every context of
-  a batch, in **one** query on a connection from a ``psycopg_pool`` pool; the server
-  returns each context's longest stored key only (``DISTINCT ON``), so one tree per
-  context crosses the wire and is decoded, and the longer keys are learned as absent;
+  a batch, in **one** query on a connection from a ``psycopg_pool`` pool; each context's
+  longest stored key is decoded, and the longer keys are learned as absent;
+  ``retrieve_batch`` asks the live layer's keys in the same query;
 - a build swap is pushed, not polled: every build (and every drop) sends
   ``NOTIFY crest_datastores, '<name>'`` in the transaction that swaps it in, and a
-  listener thread follows the new build at once and drops the old build's cache
-  entries. A datastore dropped, or rebuilt with another tokenizer, makes lookups
-  raise until it is back, so that :class:`decoder.drafters.DatastoreSource` falls back.
+  listener thread follows the new build (of the datastore or its live layer) at once and drops the old
+  build's cache entries. A datastore dropped, or rebuilt with another tokenizer, makes lookups
+  raise until it is back, so that :class:`drafting.drafters.DatastoreSource` falls back.
 
 Only ``SELECT`` and ``LISTEN`` are used: a reader role (``python -m datastore
 grant-reader``) is enough.
@@ -30,12 +30,14 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from toolkit.console import clause
+from toolkit.tokenizer import tokenizer_fingerprint
+
 from .connection import connect, resolve_database_url
-from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch, clause
+from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .registry import SWAP_CHANNEL
 from .schema import require_schema
-from .tokenizer import tokenizer_fingerprint
 
 __all__ = ["SharedDatastore"]
 
@@ -48,14 +50,15 @@ class SharedDatastore(LookupClient):
     """
 
     def __init__(self, url: str, info: DatastoreInfo, fingerprint: str, *, pool_size: int, cache_bytes: int,
-                 listen: bool, connect_timeout_s: float) -> None:
-        super().__init__(info, fingerprint, cache_bytes)
+                 listen: bool, connect_timeout_s: float, live_name: str | None) -> None:
+        super().__init__(info, fingerprint, cache_bytes, live_name)
         self._url = url
         self._fault: DatastoreError | None = None
         self._timeout = connect_timeout_s
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, configure=configure_reader,
                                     kwargs={"autocommit": True, "application_name": READER_APPLICATION},
                                     name=f"crest-{info.name}", open=True)
+        self.live = self._read_live()
         self._closing = threading.Event()
         self._listening = threading.Event()
         self._listener = None
@@ -66,7 +69,7 @@ class SharedDatastore(LookupClient):
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None, database_url: str | None = None,
              pool_size: int = 4, cache_bytes: int = 64 << 20, listen: bool = True,
-             connect_timeout_s: float = 2.0) -> SharedDatastore:
+             connect_timeout_s: float = 2.0, live: str | None = None) -> SharedDatastore:
         """Check and open the ready datastore ``name``; never writes.
 
         Args:
@@ -78,6 +81,8 @@ class SharedDatastore(LookupClient):
             listen: follow build swaps as they are notified (a thread and one more connection).
             connect_timeout_s: seconds a lookup waits for a pooled connection before the server
                 counts as unreachable.
+            live: the live layer's datastore (:func:`datastore.live.live_name`), answered with ``name`` in one
+                round trip by :meth:`retrieve_batch`; ``None``: none. It may be built later: the listener picks it up.
 
         Raises:
             ValueError: when neither ``tokenizer`` nor ``fingerprint`` is given, or ``pool_size < 1``.
@@ -95,14 +100,14 @@ class SharedDatastore(LookupClient):
             info = resolve_build(conn, name)
         check_tokenizer(info, fingerprint)
         return cls(url, info, fingerprint, pool_size=pool_size, cache_bytes=cache_bytes, listen=listen,
-                   connect_timeout_s=connect_timeout_s)
+                   connect_timeout_s=connect_timeout_s, live_name=live)
 
     # -- build swaps ------------------------------------------------------------------------------------------
 
-    def _read_registry(self) -> DatastoreInfo:
+    def _read_registry(self, name: str) -> DatastoreInfo:
         try:
             with self._pool.connection(timeout=self._timeout) as conn:
-                return resolve_build(conn, self.info.name)
+                return resolve_build(conn, name)
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"datastore {self.info.name!r} is unreachable: {clause(exc)}") from exc
 
@@ -124,7 +129,7 @@ class SharedDatastore(LookupClient):
                     self._listening.set()
                     while not self._closing.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload == self.info.name:
+                            if note.payload in (self.info.name, self.live_name):
                                 self._on_notice()
             except (psycopg.Error, DatastoreError):
                 self._listening.clear()

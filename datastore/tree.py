@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TokenTree", "TreeError", "Match"]
+__all__ = ["TokenTree", "Match"]
 
 
 class TreeError(ValueError):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["varint_lengths", "encode_varints", "zigzag"]
-
 _MAX_BYTES = 10  # 64-bit values need at most ten 7-bit groups
 
 

@@ -1,14 +1,13 @@
-"""The decoder: the merged drafter (datastore + live layer + prompt trie, calibrated node scores), tree
-verification, the HF decoding loop, replay and benchmarks.
+"""The decoder: speculative decoding with tree verification in the HF loop (our own decoding loop, batch size 1),
+lossless for greedy decoding and for sampling, against the plain greedy loop it is measured by.
 
-Public API: :class:`DraftingService` (the merged drafter: request-keyed, batched, thread-safe), its scorer
-:class:`Calibration`, the fault-tolerant :class:`DatastoreSource` it draws on, the :class:`Draft` every
-drafter proposes (and its :class:`ScoreKind`), and the HF loop: :func:`load_target`,
-:func:`speculative_generate` (lossless; greedy or sampled) and :func:`greedy_generate` (the baseline).
-The papers' own drafters are in ``decoder.drafters``; the replay simulator in ``decoder.simulate``.
+Public API: :func:`load_target` (the target model: SmolLM2-135M-Instruct's GGUF by default),
+:func:`speculative_generate` (any :class:`drafting.Drafter`; greedy or sampled, token-identical to
+:func:`greedy_generate` when greedy) and
+:func:`greedy_generate`, and the :class:`GenerationResult` they return (which the replay simulator returns too).
 
-Names are imported on first use: drafting needs numpy and the datastore client only; the HF loop (torch,
-transformers: the ``hf`` extra) loads when one of its names is used.
+The loop needs the ``hf`` extra (torch, transformers); its names are imported on first use, so
+:mod:`decoder.result` loads without it.
 """
 
 from __future__ import annotations
@@ -16,29 +15,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Calibration", "DatastoreSource", "Draft", "DraftingService", "ScoreKind", "greedy_generate",
-           "load_target", "speculative_generate"]
+__all__ = ["GenerationResult", "greedy_generate", "load_target", "speculative_generate"]
 
-_WHERE = {"Calibration": ".calibration", "DatastoreSource": ".drafters.source", "Draft": ".draft",
-          "ScoreKind": ".draft", "DraftingService": ".service", "greedy_generate": ".generate",
-          "speculative_generate": ".generate", "load_target": ".model"}
-_HF = frozenset({".generate", ".model"})
+_WHERE = {"GenerationResult": ".result", "greedy_generate": ".generate", "speculative_generate": ".generate",
+          "load_target": ".model"}
 
 if TYPE_CHECKING:
-    from .calibration import Calibration
-    from .draft import Draft, ScoreKind
-    from .drafters.source import DatastoreSource
     from .generate import greedy_generate, speculative_generate
     from .model import load_target
-    from .service import DraftingService
+    from .result import GenerationResult
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'decoder' has no attribute {name!r}")
-    if module in _HF:
-        from datastore.extras import require
+    if module != ".result":
+        from toolkit.extras import require
 
         require("torch", "hf", f"decoder.{name} (the HF decoding loop)")
     value = getattr(importlib.import_module(module, __name__), name)

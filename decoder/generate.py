@@ -9,14 +9,16 @@ every committed token but the last, whose KV is computed in the next pass.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
-from .accept import accept_greedy
-from .draft import Draft
-from .drafters.base import Drafter
+from drafting.accept import accept_greedy
+from drafting.draft import Draft
+from drafting.lifecycle import Drafter, ReadsHiddenStates
+
 from .model import TargetModel
 from .result import GenerationResult, StepRecord
 from .verify import accept_sampled, keep_accepted_kv, tree_attention_inputs
@@ -31,13 +33,17 @@ def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Gener
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _prefill(target: TargetModel, prompt_ids: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
+def _prefill(target: TargetModel, prompt_ids: Sequence[int],
+             hidden: bool = False) -> tuple[DynamicCache, torch.Tensor, torch.Tensor | None]:
+    """The prompt's KV cache, the logits after it (``[vocab_size]``) and, when ``hidden``, the last hidden state of
+    every prompt position (``[prompt_len, hidden_size]``)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; generation needs at least one prompt token (e.g. BOS)")
     cache = DynamicCache(config=target.model.config)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)  # [1, prompt_len]
-    logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    return cache, logits[0, -1]  # [vocab_size]
+    out = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                       output_hidden_states=hidden)
+    return cache, out.logits[0, -1], out.hidden_states[-1][0] if hidden else None
 
 
 def _commit(out: list[int], new: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
@@ -78,9 +84,12 @@ def speculative_generate(
     Args:
         target: the loaded model.
         prompt_ids: ``[prompt_len]`` token ids (chat template already applied).
-        drafter: any :class:`decoder.drafters.Drafter` (the merged one is
-            :class:`decoder.service.DraftingService`); this call is one request of it
-            (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``).
+        drafter: any :class:`drafting.Drafter` (the merged one is :class:`drafting.DraftingService`); this call is
+            one request of it
+            (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``). A drafter that reads hidden states
+            (:class:`drafting.lifecycle.ReadsHiddenStates`, S4C's) is also handed the target's last hidden state of
+            every committed position verification computed: the prompt's after the prefill, the accepted path's after
+            each step.
         max_new_tokens: most tokens generated, >= 1.
         budget: most draft nodes verified per step, >= 0 (0: plain decoding through this loop).
         chain: verify the drafter's best path only (as chain verifiers such as vLLM do).
@@ -102,48 +111,57 @@ def speculative_generate(
         if seed is not None:
             gen.manual_seed(seed)
     eos = target.eos_token_ids
+    reads = drafter if isinstance(drafter, ReadsHiddenStates) else None
     start = time.perf_counter()
-    cache, logits = _prefill(target, prompt_ids)
+    cache, logits, hidden = _prefill(target, prompt_ids, reads is not None)
     out: list[int] = []
     _commit(out, [_next_token(logits, temperature, gen)], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)
-    req = object()  # this request's key in the drafter
-    drafter.start_request(req, list(prompt_ids) + out)
+    req = f"generate-{uuid.uuid4().hex}"  # this request's key in the drafter
+    seq = list(prompt_ids) + out  # the request's tokens, as the drafter is shown them
+    drafter.start_request(req, seq)
     past_len = len(prompt_ids)  # cached tokens: all committed but the last
     try:
+        if reads is not None:
+            reads.add_hidden_states(req, hidden)
         while not _done(out, eos, max_new_tokens):
-            draft = drafter.propose([(req, budget)], chain=chain)[0]
             t0 = time.perf_counter()
-            path, bonus = _verify(target, cache, past_len, out[-1], draft, temperature, gen)
+            draft = drafter.propose([(req, seq, budget)], chain=chain)[0]
+            t1 = time.perf_counter()
+            path, bonus, states = _verify(target, cache, past_len, out[-1], draft, temperature, gen, reads is not None)
             new = [int(draft.token_ids[i]) for i in path] + [bonus]
             kept = _commit(out, new, eos, max_new_tokens)
             past_len += len(path) + 1
-            result.steps.append(StepRecord(len(draft), len(kept), draft.lookup_s, draft.trie_s, draft.merge_s,
-                                           time.perf_counter() - t0))
+            result.steps.append(StepRecord(len(draft), len(kept), t1 - t0, time.perf_counter() - t1))
+            seq += kept
             drafter.add_tokens(req, kept)
+            if reads is not None and states is not None:  # the last committed token's and the accepted nodes' states
+                reads.add_hidden_states(req, states[[0] + [1 + i for i in path]])
     finally:
         drafter.stop_request(req)
     result.wall_s = time.perf_counter() - start
     return result
 
 
-def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, draft: Draft,
-            temperature: float, gen: torch.Generator | None) -> tuple[list[int], int]:
-    """One tree-attention forward pass over ``[last] + draft``; returns the accepted path and bonus token."""
+def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, draft: Draft, temperature: float,
+            gen: torch.Generator | None, hidden: bool = False) -> tuple[list[int], int, torch.Tensor | None]:
+    """One tree-attention forward pass over ``[last] + draft``; returns the accepted path, the bonus token and, when
+    ``hidden``, the last hidden state of every query (``[1 + N, hidden_size]``)."""
     ids = torch.tensor([[last] + draft.token_ids.tolist()], device=target.device)  # [1, 1 + N]
     if len(draft):
         mask, positions = tree_attention_inputs(draft, past_len, dtype=target.dtype, device=target.device)
-        logits = target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                              past_key_values=cache, use_cache=True).logits[0]  # [1 + N, vocab_size]
+        out = target.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                           use_cache=True, output_hidden_states=hidden)
     else:
-        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [1, vocab_size]
+        out = target.model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden)
+    logits = out.logits[0]  # [1 + N, vocab_size]
     if temperature <= 0.0:
         path, bonus = accept_greedy(draft, logits.argmax(-1).cpu().numpy())
     else:
         probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)  # [1 + N, vocab_size]
         path, bonus = accept_sampled(draft, probs, gen)
     keep_accepted_kv(cache, past_len, path)
-    return path, bonus
+    return path, bonus, out.hidden_states[-1][0] if hidden else None
 
 
 @torch.inference_mode()
@@ -157,7 +175,7 @@ def greedy_generate(target: TargetModel, prompt_ids: Sequence[int], *, max_new_t
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     eos = target.eos_token_ids
     start = time.perf_counter()
-    cache, logits = _prefill(target, prompt_ids)
+    cache, logits, _ = _prefill(target, prompt_ids)
     out: list[int] = []
     _commit(out, [int(logits.argmax())], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)
@@ -166,6 +184,6 @@ def greedy_generate(target: TargetModel, prompt_ids: Sequence[int], *, max_new_t
         ids = torch.tensor([[out[-1]]], device=target.device)
         logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
         _commit(out, [int(logits.argmax())], eos, max_new_tokens)
-        result.steps.append(StepRecord(0, 1, 0.0, 0.0, 0.0, time.perf_counter() - t0))
+        result.steps.append(StepRecord(0, 1, 0.0, time.perf_counter() - t0))
     result.wall_s = time.perf_counter() - start
     return result

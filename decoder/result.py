@@ -15,15 +15,13 @@ class StepRecord:
         drafted: draft tree nodes verified.
         accepted: tokens committed (accepted draft tokens + the bonus token,
             less any cut at EOS or ``max_new_tokens``).
-        lookup_s, trie_s, merge_s: draft assembly seconds (see :class:`decoder.Draft`).
+        draft_s: seconds the drafter's ``propose`` took (lookups and merge; the drafter's own figures split it).
         verify_s: seconds for the forward pass, acceptance and KV compaction (0 in replay).
     """
 
     drafted: int
     accepted: int
-    lookup_s: float
-    trie_s: float
-    merge_s: float
+    draft_s: float
     verify_s: float
 
 

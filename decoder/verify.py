@@ -7,7 +7,7 @@ prefix, the last committed token, its ancestors and itself, and sits at position
 ``past_len + depth``. The logits at query ``0`` (the last committed token) score
 the root's children; the logits at query ``1 + i`` score node ``i``'s children.
 
-Greedy acceptance is :mod:`decoder.accept` (the one accept rule, shared with
+Greedy acceptance is :mod:`drafting.accept` (the one accept rule, shared with
 replay). Sampled acceptance is SpecInfer's multi-step speculative
 sampling for deterministic drafts (SpecInfer §4.3; S4C §3.2), which keeps the
 target's distribution exact. Only the accepted path's KV entries are kept.
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .draft import Draft
+from drafting.draft import Draft
 
-__all__ = ["ancestor_matrix", "tree_attention_inputs", "accept_sampled", "keep_accepted_kv"]
+__all__ = ["tree_attention_inputs"]
 
 
 def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
@@ -88,7 +88,7 @@ def accept_sampled(draft: Draft, probs: torch.Tensor,
         generator: optional ``torch.Generator`` on ``probs``' device, for reproducible draws.
 
     Returns:
-        ``(path, bonus)`` as for :func:`decoder.accept.accept_greedy`.
+        ``(path, bonus)`` as for :func:`drafting.accept.accept_greedy`.
     """
     kids = draft.children
     path: list[int] = []

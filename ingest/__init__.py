@@ -6,7 +6,7 @@ Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`Build
 ``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``).
 """
 
-from datastore.extras import require_all
+from toolkit.extras import require_all
 
 require_all(("duckdb", "pyarrow", "ijson", "tqdm", "sqlalchemy", "alembic"), "ingest", "building datastores (ingest)")
 

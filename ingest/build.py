@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from datastore.admin.writer import DatastoreWriter
 from datastore.connection import resolve_database_url
 from datastore.keys import encode_keys, key_width_for
-from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
-from datastore.writer import DatastoreWriter
+from toolkit.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 from .config import BuildConfig, BuildResult
 from .counting import KeptNgrams, count_top_t
@@ -41,7 +41,7 @@ from .sources import SourceReport, iter_documents, resolve_paths
 from .tokens import TokenStreamWriter, check_corpus, open_stream
 from .workers import TreeJob, exit_with_parent, run_tree_job
 
-__all__ = ["BuildConfig", "BuildResult", "TokenizedCorpus", "build_datastore", "tokenize_corpus", "tokenize_source"]
+__all__ = ["BuildConfig", "TokenizedCorpus", "build_datastore", "tokenize_corpus"]
 
 
 @dataclass(frozen=True)

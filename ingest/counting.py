@@ -22,8 +22,6 @@ import pyarrow as pa
 
 from .tokens import SEPARATOR
 
-__all__ = ["KeptNgrams", "count_top_t", "ngram_windows"]
-
 _CHUNK = 1 << 23  # window start positions per Arrow batch
 
 

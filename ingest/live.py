@@ -32,7 +32,7 @@ from datastore.schema import require_schema
 from .build import BuildConfig, BuildResult, TokenizedCorpus, build_datastore
 from .tokens import TokenStreamWriter
 
-__all__ = ["compact_live", "CompactionResult"]
+__all__ = ["compact_live"]
 
 
 class CompactionResult:

@@ -17,8 +17,6 @@ import numpy as np
 
 from .counting import KeptNgrams, ngram_windows
 
-__all__ = ["ngram_hash", "kept_index", "tag_occurrences", "tag_into", "partition_plan", "partition", "partitions"]
-
 _MUL = np.uint64(0x9E3779B97F4A7C15)
 _MAX_SEEDS = 16
 

@@ -2,7 +2,7 @@
 
 ``python -m ingest rest-index`` writes it to a folder that a decoder memory-maps
 (:meth:`datastore.SuffixIndex.load`); by default the folder is
-:func:`datastore.suffix_index.default_index_dir`, where ``python -m decoder
+:func:`ingest.suffix_index.default_index_dir`, where ``python -m evaluation
 --drafter rest`` looks for it. The index is written to a temporary folder and
 renamed into place, so an interrupted run never leaves a half-written index.
 """
@@ -14,13 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from datastore.suffix_index import SuffixIndex
-from datastore.tokenizer import load_tokenizer
+from ingest.suffix_index import SuffixIndex
+from toolkit.tokenizer import load_tokenizer
 
 from .build import BuildConfig, tokenize_corpus
 from .tokens import open_stream
-
-__all__ = ["build_rest_index"]
 
 
 def build_rest_index(config: BuildConfig, out: Path, progress: bool = True) -> tuple[SuffixIndex, dict]:

@@ -2,7 +2,7 @@
 
 Sources:
     sharegpt  A ShareGPT JSON file: a list of ``{id, conversations: [{from, value}]}``.
-              Each conversation is rendered by :func:`datastore.tokenizer.render_chat`
+              Each conversation is rendered by :func:`toolkit.tokenizer.render_chat`
               (roles human/user -> user, gpt/chatgpt/bing/bard/assistant -> assistant,
               system -> system), the function the decoder renders prompts with. A file cut off part-way
               yields every complete record and reports what was lost.
@@ -31,10 +31,9 @@ import ijson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datastore.tokenizer import render_chat
+from toolkit.tokenizer import render_chat
 
-__all__ = ["SOURCES", "SourceReport", "SourceError", "iter_documents", "default_sharegpt_path", "flatten_conversation",
-           "check_text", "document_digest", "list_files", "truncation_note", "resolve_paths", "python_source_roots"]
+__all__ = ["default_sharegpt_path"]
 
 SOURCES = ("sharegpt", "code", "jsonl", "parquet")
 BATCH_SIZE = 512

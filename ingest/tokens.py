@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.continuations import SEPARATOR
+from ingest.continuations import SEPARATOR
 
-__all__ = ["SEPARATOR", "TokenStreamWriter", "check_corpus", "open_stream"]
+__all__ = ["SEPARATOR", "open_stream"]
 
 
 class TokenStreamWriter:

@@ -15,12 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from datastore.codec import Compression, encode_trees
-from datastore.continuations import build_trees
+from ingest.continuations import build_trees
 
 from .occurrences import partition
 from .tokens import open_stream
-
-__all__ = ["TreeJob", "TreeJobResult", "run_tree_job", "exit_with_parent"]
 
 
 @dataclass(frozen=True)

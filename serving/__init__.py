@@ -1,8 +1,9 @@
-"""Serving: our drafter inside inference engines, an application of decoder and datastore.
+"""Serving: our drafter inside inference engines, an application of drafting and datastore.
 
 Public API: :class:`CrestProposer` (vLLM's ``custom_class`` speculative proposer,
 ``"serving.vllm_proposer.CrestProposer"``) and :class:`RowTracker` (keys an engine's batch rows to
-drafting requests by their tokens). Importing this package does not import vLLM.
+drafting requests by their tokens). ``python -m serving`` (:mod:`serving.server`) serves an OpenAI-compatible endpoint
+with it. Importing this package does not import vLLM.
 """
 
 from .rows import RowTracker

@@ -26,8 +26,6 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["StepCostModel"]
-
 
 class StepCostModel:
     """A robust fit of ``step seconds = a + b * tokens`` over the last ``window`` steps (least squares without

@@ -5,7 +5,7 @@ Public API: :class:`StudyGrid` (the points measured) and :func:`run_corpus` (mea
 the stages live in their modules (``study.corpus``, ``study.crest``, ``study.summary``, ``study.plots``).
 """
 
-from datastore.extras import require_all
+from toolkit.extras import require_all
 
 require_all(("matplotlib", "duckdb", "torch"), "study", "the storage study (study)")
 

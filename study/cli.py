@@ -20,28 +20,19 @@ from rich.console import Console
 from rich.table import Table
 
 from datastore.connection import resolve_database_url
-from datastore.console import EXIT_USAGE, error, run, table_console
-from datastore.errors import BadDatabaseUrl, DatastoreNotFound
-from datastore.extras import MissingExtra
-from datastore.options import database_options, datastore_name, existing_dir, int_in, model_spec
-from datastore.tokenizer import DEFAULT_MODEL, load_tokenizer
-from decoder.prompts import MT_BENCH, load_prompts
-from decoder.replay_cli import reference_store
+from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound
+from evaluation.prompts import MT_BENCH, load_prompts
+from evaluation.replay import reference_store
 from ingest.cli import parse_count
+from toolkit.console import EXIT_USAGE, error, run, table_console
+from toolkit.extras import MissingExtra
+from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec
+from toolkit.tokenizer import DEFAULT_MODEL, load_tokenizer
 
 from .corpus import CORPORA, EVAL_SETS, prepare_corpus
 from .plots import plot_storage, plot_tree_sizes
 from .runner import StudyGrid, StudyRow, run_corpus
 from .summary import assess
-
-__all__ = ["main", "build_parser"]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
-    return value
 
 
 def _fraction(text: str) -> float:
@@ -59,43 +50,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m study", description="Studies over datastore configurations.")
     kinds = parser.add_subparsers(dest="study", required=True)
     s = kinds.add_parser("storage", parents=[database_options()],
-                         help="accept length against bytes on disk: REST, CREST single-n/combined, merged",
+                         help="accept length against bytes on disk: REST, CREST single-n/combined, merged.",
                          description=__doc__)
     d = StudyGrid()
     s.add_argument("--corpus", nargs="+", choices=CORPORA, default=list(CORPORA),
                    help="corpora: sharegpt (scored on Spec-Bench's MT-Bench categories) and code (the interpreter's "
-                        "stdlib + site-packages, scored on HumanEval) (default: both)")
+                        "stdlib + site-packages, scored on HumanEval) (default: both).")
     s.add_argument("--top-t", nargs="+", type=parse_count, default=list(d.combined_top_t),
-                   help="top-t grid of the combined datastores, n <= --max-n (CREST §5.4; default: 1K 2K ... 512K)")
+                   help="top-t grid of the combined datastores, n <= --max-n (CREST §5.4; default: 1K 2K ... 512K).")
     s.add_argument("--single-top-t", nargs="*", type=parse_count, default=list(d.single_top_t),
-                   help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K)")
+                   help="top-t grid of the single-n datastores (CREST §5.3; default: 1K 4K 16K 64K 256K).")
     s.add_argument("--single-n", nargs="*", type=int_in(1, 8), default=list(d.single_n),
-                   help="n of the single-n datastores (default: 1 2 3 4 5)")
+                   help="n of the single-n datastores (default: 1 2 3 4 5).")
     s.add_argument("--combined-m", nargs="*", type=int_in(2, 8), default=list(d.combined_m),
-                   help="m of the combined lines (n <= m), each 2..8; the largest is also merged with the trie "
-                        "(CREST §5.4; default: 2 3 5)")
+                   help="m of the combined lines (n <= m), each 2..8; the largest is also drafted from by the merged "
+                        "drafter (CREST §5.4; default: 2 3 5).")
     s.add_argument("--rest-fractions", nargs="+", type=_fraction, default=list(d.rest_fractions),
-                   help="corpus prefixes indexed for REST, e.g. 1%% 2%% or 0.5 (default: 1%% 2%% 4%% ... 64%% 100%%)")
+                   help="corpus prefixes indexed for REST, e.g. 1%% 2%% or 0.5 (default: 1%% 2%% 4%% ... 64%% 100%%).")
     s.add_argument("--budget", type=int_in(1, 1024), default=d.budget,
-                   help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size)")
-    s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line")
-    s.add_argument("--limit", type=_positive, default=None, help="prompts per category (default: all)")
+                   help="draft nodes verified per step, 1..1024 (default: 64, REST's and CREST's tree size).")
+    s.add_argument("--no-merged", action="store_true", help="skip the merged drafter's line.")
+    s.add_argument("--limit", type=int_in(1), default=None, help="prompts per category (default: all).")
     s.add_argument("--corpus-limit", type=parse_count, default=None,
-                   help="index only the corpus's first N documents, e.g. 2K (default: all; for quick looks)")
+                   help="index only the corpus's first N documents, e.g. 2K (default: all; for quick looks).")
     s.add_argument("--workdir", type=Path, default=None,
-                   help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study)")
+                   help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study).")
     s.add_argument("--name-prefix", type=datastore_name, default="study",
-                   help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s)")
-    s.add_argument("--max-new-tokens", type=_positive, default=128, help="reference length, tokens (default: 128)")
-    s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results)")
+                   help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s).")
+    s.add_argument("--max-new-tokens", type=int_in(1), default=128, help="reference length, tokens (default: 128).")
+    s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results).")
     s.add_argument("--model", type=model_spec, default=None,
-                   help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+                   help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct).")
     s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="dtype of the reference runs (default: float32)")
+                   help="dtype of the reference runs (default: float32).")
     s.add_argument("--data-dir", type=existing_dir, default=None,
                    help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
-                        "in the package)")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
+                        "in the package).")
+    s.add_argument("--quiet", action="store_true", help="no progress bars.")
     return parser
 
 
@@ -105,7 +96,7 @@ def _references(args, spec: str, eval_set: str, prompts, console: Console) -> li
     missing = [p for p in prompts if store.get(p.id, p.token_ids) is None]
     if missing:
         from decoder.model import load_target
-        from decoder.replay_cli import references_for
+        from evaluation.replay import references_for
 
         console.print(f"generating {len(missing)} plain-greedy references for {eval_set} (cached for later runs)")
         target = load_target(args.model, dtype=args.dtype)
@@ -176,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = table_console()
 
-    return run(lambda: _run(args, console), usage=(BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra))
+    return run(lambda: _run(args, console), usage=(BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra),
+               failures=(DatastoreError,))
 
 
 def _run(args, console: Console) -> int:

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.suffix_index import SuffixIndex
-from datastore.tokenizer import cache_dir, tokenizer_fingerprint
 from ingest.build import BuildConfig, TokenizedCorpus, tokenize_corpus
+from ingest.suffix_index import SuffixIndex
 from ingest.tokens import SEPARATOR, open_stream
-
-__all__ = ["CORPORA", "EVAL_SETS", "StudyCorpus", "prepare_corpus", "prefix_end", "rest_index"]
+from toolkit.tokenizer import cache_dir, tokenizer_fingerprint
 
 CORPORA = ("sharegpt", "code")
 EVAL_SETS = {"sharegpt": "spec_bench", "code": "humaneval"}

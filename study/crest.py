@@ -5,7 +5,7 @@ top-t, so the datastore for any (set of n, top-t) point is exactly the rows of a
 build at the grid's largest top-t whose n-gram is among the first top-t of its n.
 The study builds that full datastore once (its ranking cached by
 :class:`ingest.ranking.RankingCache`), then materializes each point as a datastore
-of its own with one server-side copy (:meth:`datastore.writer.DatastoreWriter.copy_from`),
+of its own with one server-side copy (:meth:`datastore.admin.writer.DatastoreWriter.copy_from`),
 hash index and all, and measures its real bytes on disk.
 
 Points follow CREST: single n (§5.3: only n-grams of one length) and combined
@@ -20,18 +20,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from datastore.catalog import datastore_stats
+from datastore.admin.catalog import datastore_stats
+from datastore.admin.writer import DatastoreWriter
 from datastore.connection import connect, one_row
 from datastore.errors import DatastoreNotFound
 from datastore.keys import encode_keys
-from datastore.tokenizer import tokenizer_fingerprint
-from datastore.writer import DatastoreWriter
 from ingest.build import BuildConfig, build_datastore
 from ingest.ranking import RankingCache, stream_digest
+from toolkit.tokenizer import tokenizer_fingerprint
 
 from .corpus import StudyCorpus
-
-__all__ = ["CrestPoint", "FullBuild", "Materialized", "effective_sizes", "full_build", "materialize"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +171,7 @@ def materialize(full: FullBuild, point: CrestPoint, name: str, *, url: str, toke
 
     Raises:
         ValueError: when the point is outside the full build.
-        datastore.writer.BuildConflict: when another build of ``name`` is running.
+        datastore.admin.writer.BuildConflict: when another build of ``name`` is running.
     """
     t0 = time.perf_counter()
     sizes = effective_sizes(full, point)

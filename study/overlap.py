@@ -13,10 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from datastore.suffix_index import SuffixIndex
-from decoder.prompts import Prompt
-
-__all__ = ["Overlap", "longest_run", "prompt_overlaps"]
+from evaluation.prompts import Prompt
+from ingest.suffix_index import SuffixIndex
 
 
 @dataclass(frozen=True)

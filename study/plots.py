@@ -13,10 +13,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .runner import StudyRow  # noqa: E402
 
-__all__ = ["plot_storage", "plot_tree_sizes"]
-
 _STYLE = {"rest": ("REST (corpus fraction)", "tab:red", "s", 2.0),
-          "merged": ("merged (CREST combined n<={m} + prompt trie)", "tab:green", "^", 2.0)}
+          "merged": ("merged (CREST combined n<={m} + each request's own tokens)", "tab:green", "^", 2.0)}
 
 
 def _bytes_label(x: float, _pos) -> str:
@@ -55,7 +53,7 @@ def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
                 label=f"CREST single n={n}")
     trie = [r.accept_length for r in rows if r.method == "trie"]
     if trie:
-        ax.axhline(trie[0], color="gray", ls=":", lw=1.2, label="prompt trie alone (0 bytes)")
+        ax.axhline(trie[0], color="gray", ls=":", lw=1.2, label="the N-gram trie alone (0 bytes)")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
     ax.set_xlabel("datastore bytes on disk (log scale)")

@@ -6,9 +6,9 @@ decoding), the accept length on the corpus's evaluation set of:
 - ``rest``: REST over growing prefixes of the corpus (suffix array, bytes as REST counts them);
 - ``crest-single``: CREST datastores of one n-gram length over a top-t grid (CREST §5.3);
 - ``crest-combined``: an equal top-t for every n <= m (CREST §5.4);
-- ``merged``: each combined datastore merged by our drafter (:class:`decoder.service.DraftingService`: with each
+- ``merged``: each combined datastore merged by our drafter (:class:`drafting.service.DraftingService`: with each
   request's own tokens and the outputs of the requests replayed before it);
-- ``trie``: the trie alone (0 bytes: a reference line).
+- ``trie``: the N-Gram-Trie paper's drafter alone (0 bytes: a reference line).
 
 Every point's cost (build and replay seconds) is recorded with it.
 """
@@ -22,19 +22,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from datastore import Datastore
-from datastore.catalog import drop_datastore
+from datastore.admin.catalog import drop_datastore
 from datastore.errors import DatastoreNotFound
-from datastore.tokenizer import tokenizer_fingerprint
-from decoder.drafters import DatastoreSource, Drafter, RetrievalDrafter, TrieDrafter
-from decoder.prompts import Prompt
-from decoder.service import DraftingService
-from decoder.simulate import replay
+from drafting import DatastoreSource, Drafter
+from drafting.drafters import RetrievalDrafter, TrieDrafter
+from drafting.service import DraftingService
+from evaluation.prompts import Prompt
+from evaluation.simulate import replay
+from toolkit.tokenizer import tokenizer_fingerprint
 
 from .corpus import StudyCorpus, rest_index
 from .crest import CrestPoint, effective_sizes, full_build, materialize
 from .overlap import prompt_overlaps
-
-__all__ = ["StudyGrid", "StudyRow", "Replayed", "run_corpus", "replay_accept_length"]
 
 _K = 1000
 
@@ -49,10 +48,10 @@ class StudyGrid:
         single_top_t: top-t values of the single-n datastores.
         single_n: the n of the single-n lines, each in 1..8.
         combined_m: the m of the combined lines (CREST §5.4 varies it), each in 2..8; the
-            largest is the default datastore's configuration and the one merged with the trie.
+            largest is the default datastore's configuration and the one the merged drafter drafts from.
         rest_fractions: corpus prefixes indexed for REST, each in (0, 1].
         budget: draft tree nodes verified per step, 1..1024 (REST and CREST trees hold <= 64).
-        merged: also replay each combined datastore merged with the prompt trie.
+        merged: also replay each combined datastore with the merged drafter (its own tokens and outputs too).
 
     Raises:
         ValueError: when a value is out of range.
@@ -86,7 +85,7 @@ class StudyGrid:
 
     @property
     def merged_m(self) -> int:
-        """The m whose combined datastores are also merged with the prompt trie (the largest)."""
+        """The m whose combined datastores are also drafted from by the merged drafter (the largest)."""
         return max(self.combined_m, default=0)
 
     @property

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from .runner import StudyRow
 
-__all__ = ["Verdict", "assess", "best_within", "interpolate"]
-
 
 @dataclass(frozen=True)
 class Verdict:

@@ -1,9 +1,11 @@
-"""Shared fixtures: the real Postgres, the real SmolLM2 tokenizer, real corpus samples."""
+"""Shared fixtures: a fresh database on the real Postgres, the real SmolLM2 tokenizer, real corpus samples, the real
+target model. Each test creates what it needs from these; none reads another's leftovers."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,44 +13,49 @@ import psycopg
 import pytest
 
 from datastore.connection import connect, resolve_database_url
-from datastore.tokenizer import load_tokenizer
+from support import with_params
+from toolkit.tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-@pytest.fixture(scope="session")
-def database_url() -> str:
-    """The Postgres the tests use: $DATABASE_URL, else a server on 127.0.0.1:5432 (database
-    test), else the embedded server. Never skipped: the tests need a real database."""
+def _server_url() -> str:
+    """The server the tests use: $DATABASE_URL, else one on 127.0.0.1:5432 (database test), else the embedded one."""
     url = os.environ.get("DATABASE_URL")
-    if not url:
-        try:
-            with psycopg.connect(DEFAULT_TEST_URL, connect_timeout=3):
-                url = DEFAULT_TEST_URL
-        except psycopg.OperationalError:
-            url = resolve_database_url(None)
-    with connect(url) as conn:
-        conn.execute("SELECT 1")
-    return url
+    if url:
+        return url
+    try:
+        with psycopg.connect(DEFAULT_TEST_URL, connect_timeout=3):
+            return DEFAULT_TEST_URL
+    except psycopg.OperationalError:
+        return resolve_database_url(None)
 
 
-def build_small(url: str, name: str, sample: Path) -> int:
-    """Build datastore ``name`` from the first 10 conversations of the ShareGPT sample (top-t 50, n <= 2);
-    returns its build id. A few seconds: for tests that rebuild or drop datastores."""
-    from ingest import BuildConfig, build_datastore
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A database created for this test session on the server (:func:`_server_url`), migrated to this package's
+    registry revision, and dropped at the end: the tests never read what an earlier run or another process left.
+    Never skipped: the tests need a real database. A role that may not create databases tests in its own database
+    (migrated first)."""
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
 
-    return build_datastore(BuildConfig(name=name, path=sample, limit=10, top_t=50, max_n=2, database_url=url),
-                           progress=False).build_id
+    from datastore.admin.migrate import upgrade
 
-
-def with_params(url: str, **changes) -> str:
-    """``url`` as a libpq key/value string with some parameters changed (and no password)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    params = conninfo_to_dict(url)
-    params.pop("password", None)
-    return make_conninfo(**(params | changes))
+    server = _server_url()
+    name = f"crest_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with connect(server, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.errors.InsufficientPrivilege:
+        upgrade(server)
+        yield server
+        return
+    url = with_params(server, dbname=name, **{k: v for k, v in conninfo_to_dict(server).items() if k == "password"})
+    upgrade(url)
+    yield url
+    with connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture
@@ -74,7 +81,7 @@ def tokenizer():
 @pytest.fixture
 def ds_name(database_url):
     """A unique datastore name, dropped after the test."""
-    from datastore.catalog import drop_datastore
+    from datastore.admin.catalog import drop_datastore
     from datastore.errors import DatastoreNotFound
 
     name = f"test-{uuid.uuid4().hex[:10]}"
@@ -134,7 +141,7 @@ def target():
 def chat_datastore(database_url, sharegpt_sample, tokenizer):
     """A real datastore built from the ShareGPT sample's first 200 conversations (no evaluation data in it);
     dropped after the session."""
-    from datastore.catalog import drop_datastore
+    from datastore.admin.catalog import drop_datastore
     from ingest.build import BuildConfig, build_datastore
 
     name = f"test-chat-{uuid.uuid4().hex[:8]}"
@@ -147,8 +154,39 @@ def chat_datastore(database_url, sharegpt_sample, tokenizer):
 @pytest.fixture(scope="session")
 def eval_prompts(tokenizer):
     """A handful of real evaluation prompts: two chat prompts (rag, writing) and one HumanEval prompt."""
-    from decoder.prompts import load_prompts
+    from evaluation.prompts import load_prompts
 
     chat = load_prompts("spec_bench", tokenizer, limit=1, categories=("rag", "writing"))
     code = load_prompts("humaneval", tokenizer, limit=1)
     return chat + code
+
+
+@pytest.fixture
+def live_ds(database_url):
+    """A unique datastore name whose live outputs and layer are removed afterwards."""
+    name = f"test-live-{uuid.uuid4().hex[:8]}"
+    yield name
+    from datastore.admin.catalog import drop_datastore
+    from datastore.errors import DatastoreNotFound
+    from datastore.live import live_name
+
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
+    for n in (name, live_name(name)):
+        try:
+            drop_datastore(database_url, n)
+        except DatastoreNotFound:
+            pass
+
+
+@pytest.fixture
+def fresh_database(database_url):
+    """A new, empty database on the same server (dropped afterwards) and its URL."""
+    from psycopg import sql
+
+    name = f"crest_schema_{uuid.uuid4().hex[:8]}"
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield with_params(database_url, dbname=name)
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -1,4 +1,5 @@
-"""The project as a library: a real wheel, installed apart from the checkout, runs from any directory."""
+"""The project as a library: a real wheel, installed apart from the checkout, runs from any directory; it ships the
+native drafting core and no Python copy of it; the core install drafts without torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import zipfile
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +24,27 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                    check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("crest_spec-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for shipped in ("datastore/migrations/env.py", "datastore/migrations/script.py.mako",
-                    "datastore/migrations/versions/0001_registry.py",
-                    "datastore/migrations/versions/0002_reader_grants.py",
-                    "datastore/migrations/versions/0003_live_outputs.py", "decoder/data/calibration.json",
-                    "study/__main__.py", "ingest/__main__.py", "decoder/__main__.py", "datastore/__main__.py"):
+    for shipped in ("datastore/admin/migrations/env.py", "datastore/admin/migrations/script.py.mako",
+                    "datastore/admin/migrations/versions/0001_registry.py",
+                    "datastore/admin/migrations/versions/0002_reader_grants.py",
+                    "datastore/admin/migrations/versions/0003_live_outputs.py", "drafting/data/calibration.json",
+                    "drafting/data/calibration-heads.json", "s4c/data/SmolLM2-135M-Instruct.safetensors",
+                    "s4c/__main__.py",
+                    "toolkit/data/smollm2/tokenizer.json.gz", "evaluation/data/eval/spec_bench/questions.jsonl",
+                    "study/__main__.py", "ingest/__main__.py", "evaluation/__main__.py", "datastore/__main__.py"):
         assert shipped in names, shipped
-    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "csrc/")) for n in names)
     assert any(n.startswith("crest_native/_core") and n.endswith(".so") for n in names), "the native core is built"
+    # no Python drafting core ships: the automata, the merge, the features, the scores and the cuts are native only
+    # (their Python oracle is tests/oracle)
+    python = [n for n in names if n.endswith(".py")]
+    for name in python:
+        source = zipfile.ZipFile(wheel).read(name).decode()
+        for marker in ("class SuffixAutomaton", "class OutputIndex", "def node_table(", "def union(", "def top_nodes(",
+                       "def best_path(", "def _parse_payload", "class PythonCore", "def conditional("):
+            # the oracle's module-level functions and classes (a method of that name, e.g. Draft.best_path over the
+            # native chain cut, is not a second implementation)
+            assert f"\n{marker}" not in source, (name, marker)
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True,
                    timeout=300)
@@ -46,19 +60,20 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
         return subprocess.run([sys.executable, "-S", *args], cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=600)
 
-    where = run("-c", "import datastore, ingest, decoder, study, crest_native; "
-                      "print(*(m.__file__ for m in (datastore, ingest, decoder, study, crest_native)))")
+    where = run("-c", "import toolkit, datastore, ingest, drafting, decoder, evaluation, study, crest_native; "
+                      "print(*(m.__file__ for m in (toolkit, datastore, ingest, drafting, decoder, evaluation, study, "
+                      "crest_native)))")
     assert where.returncode == 0 and all(f.startswith(str(site)) for f in where.stdout.split()), where.stdout
     check = run("-m", "datastore", "migrate", "--check")
     assert check.returncode == 0, check.stderr
     built = run("-m", "ingest", "build", "--name", ds_name, "--path", str(sharegpt_sample), "--limit", "5",
                 "--top-t", "50", "--max-n", "2", "--quiet")
     assert built.returncode == 0, built.stderr[-2000:]
-    looked = run("-c", "from datastore import Datastore, load_tokenizer\n"
+    looked = run("-c", "from datastore import Datastore\nfrom toolkit import load_tokenizer\n"
                        f"tok = load_tokenizer()\nwith Datastore.open({ds_name!r}, tokenizer=tok) as ds:\n"
                        "    print('MATCH', ds.lookup(tok.encode('<|im_start|>user', add_special_tokens=False)).ngram)")
     assert looked.returncode == 0 and "MATCH" in looked.stdout, looked.stderr[-2000:]
-    for module in ("decoder", "study"):
+    for module in ("evaluation", "study", "s4c"):
         helped = run("-m", module, "--help")
         assert helped.returncode == 0 and f"python -m {module}" in helped.stdout
 

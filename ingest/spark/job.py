@@ -14,8 +14,8 @@ Stages (seconds of each are recorded with the build, as the single-node build re
               bucket's trees are built and encoded by the single-node tree builder and codec
               (:func:`ingest.spark.kernels.bucket_trees`) and written as Parquet (key, tree)
     load      the Parquet files, binary COPY over parallel connections
-              (:meth:`datastore.writer.DatastoreWriter.load_parquet`)
-    index     ANALYZE, the hash index and the atomic swap (:meth:`datastore.writer.DatastoreWriter.finish`)
+              (:meth:`datastore.admin.writer.DatastoreWriter.load_parquet`)
+    index     ANALYZE, the hash index and the atomic swap (:meth:`datastore.admin.writer.DatastoreWriter.finish`)
 
 Nothing is visible to readers before ``index`` commits: a failed job marks its build failed
 and drops its table, and a killed one leaves a ``building`` row that the next build of the
@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as ds
 
+from datastore.admin.writer import DatastoreWriter
 from datastore.connection import resolve_database_url
 from datastore.keys import key_width_for
-from datastore.tokenizer import load_tokenizer, tokenizer_fingerprint
-from datastore.writer import DatastoreWriter
+from toolkit.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 from ..config import BuildConfig, BuildResult
 from ..occurrences import partition_plan
@@ -61,8 +61,6 @@ from .records import RECORD_DDL, parse_records
 from .selection import select, thresholds
 from .session import spark_session
 from .sources import read_records
-
-__all__ = ["build_with_spark"]
 
 _TARGET_PARTITION_BYTES = 32 << 20  # source bytes per partition of a one-split source
 _TOKENS_PER_REDUCER = 4_000_000  # corpus tokens per count reducer (bounds a reducer's distinct n-grams)

@@ -2,7 +2,7 @@
 
 Each runs inside Spark's Python workers on Arrow batches and needs no Spark. They call the
 single-node build's own code (:func:`ingest.counting.ngram_windows`, :func:`ingest.occurrences.tag_into`,
-:func:`datastore.continuations.build_trees`, :func:`datastore.codec.encode_trees`), so the two
+:func:`ingest.continuations.build_trees`, :func:`datastore.codec.encode_trees`), so the two
 engines cannot drift apart: there is one tree builder and one codec. Counting groups with DuckDB
 (one thread per task, as Spark runs one task per core), the single-node build's counting engine.
 
@@ -27,16 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 from datastore.codec import Compression, encode_trees
-from datastore.continuations import build_trees
 from datastore.keys import encode_keys
+from ingest.continuations import build_trees
 
 from ..counting import KeptNgrams, ngram_windows
 from ..occurrences import kept_index, ngram_hash, tag_into
 from ..tokens import SEPARATOR
-
-__all__ = ["COUNT_SCHEMA", "COUNT_DDL", "HISTOGRAM_DDL", "OCCURRENCE_SCHEMA", "OCCURRENCE_DDL", "TREE_SCHEMA",
-           "TREE_DDL", "KeptSet", "partition_stream", "partial_counts", "merge_counts", "count_histogram",
-           "count_candidates", "unpack_counts", "gather_occurrences", "bucket_trees"]
 
 COUNT_SCHEMA = pa.schema([("n", pa.int32()), ("reducer", pa.int32()), ("ngrams", pa.binary()), ("counts", pa.binary())])
 COUNT_DDL = "n int, reducer int, ngrams binary, counts binary"

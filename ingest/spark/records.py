@@ -32,9 +32,6 @@ import pyarrow as pa
 
 from ..sources import check_text, document_digest, flatten_conversation, truncation_note
 
-__all__ = ["RECORD_SCHEMA", "RECORD_DDL", "ELEMENT_SCHEMA", "ELEMENT_DDL", "split_json_arrays", "parse_records",
-           "tokenizer_for"]
-
 RECORD_SCHEMA = pa.schema([("o1", pa.int64()), ("o2", pa.int64()), ("o3", pa.int64()), ("reason", pa.string()),
                            ("digest", pa.binary()), ("ids", pa.list_(pa.int32())), ("note", pa.string())])
 RECORD_DDL = "o1 long, o2 long, o3 long, reason string, digest binary, ids array<int>, note string"
@@ -80,8 +77,8 @@ def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
 
 @functools.lru_cache(maxsize=2)
 def tokenizer_for(spec: str):
-    """The target tokenizer, loaded once per worker process (:func:`datastore.tokenizer.load_tokenizer`)."""
-    from datastore.tokenizer import load_tokenizer
+    """The target tokenizer, loaded once per worker process (:func:`toolkit.tokenizer.load_tokenizer`)."""
+    from toolkit.tokenizer import load_tokenizer
 
     return load_tokenizer(spec)
 

@@ -21,8 +21,6 @@ import pyarrow as pa
 
 from ..counting import KeptNgrams
 
-__all__ = ["NgramHistogram", "thresholds", "select"]
-
 
 @dataclass(frozen=True)
 class NgramHistogram:

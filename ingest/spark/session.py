@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkUnavailable", "spark_problem", "spark_session"]
-
 MIN_JAVA = 17
 _LOCAL_DEFAULTS = {"spark.driver.memory": "6g",  # local masters run every executor inside the driver JVM
                    "spark.sql.shuffle.partitions": "32"}

@@ -22,8 +22,6 @@ from urllib.parse import unquote, urlparse
 from ..sources import SourceError, list_files
 from .records import ELEMENT_DDL, split_json_arrays
 
-__all__ = ["read_records"]
-
 
 def _with_order(df, spark, files: list[Path]):
     """Add ``o1`` (the file's index in ``files``), ``o2`` (the split's start byte), ``o3`` (row id)."""

@@ -1,0 +1,96 @@
+#include "features.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace crest {
+
+std::vector<std::string> feature_names() {
+  std::vector<std::string> names;
+  for (int k = 0; k < kNumSources; ++k)
+    for (const char* column : k == kHeads ? kProbBlockNames : kBlockNames)
+      names.push_back(std::string(kSourceNames[k]) + "_" + column);
+  names.push_back("agree");
+  names.push_back("log_depth");
+  return names;
+}
+
+namespace {
+
+// Column 5 of source k's block: the source predicted other continuations of this node's parent and not this one.
+void miss_column(int k, const Union& u, std::vector<double>& x, const std::vector<uint8_t>& has_kids) {
+  for (std::size_t m = 0; m < u.size(); ++m) {
+    double* row = &x[m * kNumFeatures + k * kBlock];
+    row[5] = (row[0] == 0.0 && has_kids[u.parents[m] + 1]) ? 1.0 : 0.0;
+  }
+}
+
+// A probability source's block (the draft heads'): columns 0-4 of its nodes.
+void prob_block(int k, const SourceTree& s, const std::vector<int32_t>& where, const Union& u, std::vector<double>& x,
+                std::vector<uint8_t>& has_kids) {
+  has_kids.assign(u.size() + 1, 0);
+  std::vector<double> path(s.size);
+  std::vector<double> best(s.size + 1, -1.0);  // per parent (+1), its most likely child's probability
+  for (std::size_t i = 0; i < s.size; ++i) best[s.parents[i] + 1] = std::max(best[s.parents[i] + 1], s.probs[i]);
+  for (std::size_t i = 0; i < s.size; ++i) {
+    int32_t p = s.parents[i];
+    double prob = s.probs[i];
+    path[i] = (p < 0 ? 1.0 : path[p]) * prob;
+    double* row = &x[static_cast<std::size_t>(where[i]) * kNumFeatures + k * kBlock];
+    row[0] = 1.0;
+    row[1] = prob;
+    row[2] = std::log(std::max(prob, 1e-6));
+    row[3] = path[i];
+    row[4] = prob >= best[p + 1] ? 1.0 : 0.0;
+    has_kids[u.parents[where[i]] + 1] = 1;
+  }
+}
+
+// A counted source's block: columns 0-4 of its nodes.
+void source_block(int k, const SourceTree& s, const std::vector<int32_t>& where, const Union& u, double prior,
+                  std::vector<double>& x, std::vector<uint8_t>& has_kids) {
+  uint64_t root = s.root_count;
+  if (root == 0)
+    for (std::size_t i = 0; i < s.size; ++i)
+      if (s.parents[i] < 0) root += s.counts[i];
+  const double log_n = std::log1p(static_cast<double>(s.ngram_len));
+  has_kids.assign(u.size() + 1, 0);
+  for (std::size_t i = 0; i < s.size; ++i) {
+    int32_t p = s.parents[i];
+    double pc = p < 0 ? static_cast<double>(root) : static_cast<double>(s.counts[p]);
+    double ratio = static_cast<double>(s.counts[i]) / (pc + prior);
+    double lp = std::log1p(pc);
+    double* row = &x[static_cast<std::size_t>(where[i]) * kNumFeatures + k * kBlock];
+    row[0] = 1.0;
+    row[1] = ratio;
+    row[2] = lp;
+    row[3] = ratio * lp;
+    row[4] = log_n;
+    has_kids[u.parents[where[i]] + 1] = 1;
+  }
+}
+
+}  // namespace
+
+void features(const std::vector<const SourceTree*>& sources, const Union& u, double prior, std::vector<double>& x,
+              std::vector<uint8_t>& has_kids) {
+  x.assign(u.size() * kNumFeatures, 0.0);
+  for (int k = 0; k < kNumSources; ++k) {
+    const SourceTree* s = sources[k];
+    if (!s || !s->size) continue;
+    if (s->probs)
+      prob_block(k, *s, u.where[k], u, x, has_kids);
+    else
+      source_block(k, *s, u.where[k], u, prior, x, has_kids);
+    miss_column(k, u, x, has_kids);
+  }
+  for (std::size_t m = 0; m < u.size(); ++m) {
+    double* row = &x[m * kNumFeatures];
+    double on = 0.0;
+    for (int k = 0; k < kNumSources; ++k) on += row[k * kBlock];
+    row[kAgree] = std::max(on - 1.0, 0.0);
+    row[kLogDepth] = std::log(static_cast<double>(u.depths[m]));
+  }
+}
+
+}  // namespace crest

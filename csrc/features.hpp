@@ -1,0 +1,48 @@
+// Stage 4 of drafting: the features of every node of the merged table, what the calibration scores (the merged
+// drafter's own method; docs/drafter-quality.md section 1). The sources, in union order, and the columns are named
+// here once: the calibration file is checked against these names when it loads (crest_native.FEATURES).
+//
+// Per source, a block of six columns. A counted source's (the datastore's, the live layer's, the request's own, the
+// outputs'): whether the node is in it, its count ratio to its parent (smoothed by the prior), the parent's count
+// (log1p), their product, the matched context's length (log1p) and whether the source predicted other continuations
+// of the node's parent and not this one. The draft heads' (S4C, whose tree carries probabilities, not counts): whether
+// the node is in it, the heads' probability of the node given its parent, its log, the product of those along the
+// node's path, whether it is its parent's most likely child there, and the same miss column. Then how many other
+// sources agree and the node's depth (log). Its Python oracle is tests/oracle/calibration.py `node_table`.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "merge.hpp"
+#include "tree.hpp"
+
+namespace crest {
+
+// The merged drafter's sources, in union order.
+enum Source : int {
+  kDatastore = 0,  // the corpus datastore's tree of the chosen n-gram (CREST)
+  kLive = 1,       // the shared live layer's: every process's earlier outputs, compacted
+  kLocal = 2,      // the request's own tokens (stage 1)
+  kOutputs = 3,    // this process's finished outputs (stage 2)
+  kHeads = 4,      // the draft heads' tree (S4C), with probabilities
+  kNumSources = 5,
+};
+constexpr const char* kSourceNames[kNumSources] = {"ds", "live", "local", "outputs", "heads"};
+constexpr int kBlock = 6;
+constexpr const char* kBlockNames[kBlock] = {"on", "ratio", "log_parent", "ratio_x_log_parent", "log_n", "miss"};
+constexpr const char* kProbBlockNames[kBlock] = {"on", "prob", "log_prob", "path_prob", "top", "miss"};
+constexpr int kNumFeatures = kNumSources * kBlock + 2;
+constexpr int kAgree = kNumSources * kBlock;
+constexpr int kLogDepth = kAgree + 1;
+
+// "ds_on", "ds_ratio", ... "outputs_miss", "agree", "log_depth": column j's name.
+std::vector<std::string> feature_names();
+
+// The features of `u`'s nodes, row-major [u.size(), kNumFeatures], from its sources (one per Source; nullptr or
+// no nodes: absent). `prior` smooths the count ratios; `has_kids` is scratch.
+void features(const std::vector<const SourceTree*>& sources, const Union& u, double prior, std::vector<double>& x,
+              std::vector<uint8_t>& has_kids);
+
+}  // namespace crest

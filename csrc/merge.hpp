@@ -1,0 +1,41 @@
+// Stage 3 of drafting: the merge. The sources' trees below the same root (the sequence's last token) become one
+// node table: the first present source whole, in its node order, then each later source's nodes not yet present,
+// each after its parent (the union of retrieved token trees, as REST's and CREST's drafters merge the trees of
+// several matches: REST section 3.2, https://arxiv.org/abs/2311.08252; CREST section 3,
+// https://arxiv.org/abs/2408.04678). Its Python oracle is tests/oracle/treeops.py `union`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tree.hpp"
+
+namespace crest {
+
+// (merged parent + 1, token) -> merged node, open addressing; reset per merge, its memory kept.
+class ChildMap {
+ public:
+  void reset(std::size_t capacity);
+  int32_t* find_or_slot(int64_t parent, uint32_t token);  // the node's slot (-1: not there yet, fill it)
+
+ private:
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  std::size_t mask_ = 0;
+};
+
+// The merged node table's shape: tokens, parents (-1: a child of the root; parents first) and depths (1 for a child
+// of the root); `where[k]`: the merged node of each node of source k.
+struct Union {
+  std::vector<int64_t> tokens;
+  std::vector<int32_t> parents, depths;
+  std::vector<std::vector<int32_t>> where;
+  std::size_t size() const { return tokens.size(); }
+};
+
+// Merge `sources` (one entry per source; nullptr or no nodes: absent) into `out`; false when no source has a node.
+// Throws std::invalid_argument when a source's parents are not a tree (parents[i] in -1..i-1).
+bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out);
+
+}  // namespace crest

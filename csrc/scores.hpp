@@ -1,0 +1,24 @@
+// Stage 5 of drafting: the calibrated scores. A logistic model of a node's acceptance given its parent's (fitted by
+// benchmarks/calibrate.py, shipped in drafting/data/calibration.json) scores each node's features; a node's score is
+// the product of the conditionals along its path, its estimated probability of being accepted, so scores never rise
+// along a path and a draft's expected accepted length is the sum of its scores. Its Python oracle is
+// tests/oracle/calibration.py `scores`: the terms summed in feature order, the C library's exp, the same bits.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "merge.hpp"
+
+namespace crest {
+
+struct Calibration {
+  std::vector<double> coef;  // [kNumFeatures], by crest_native.FEATURES
+  double intercept = 0.0;
+  double prior = 1.0;  // the count-ratio smoothing the features are computed with
+};
+
+// Each node's P(accepted): `x` is the [u.size(), kNumFeatures] feature table of `u`.
+void scores(const Calibration& cal, const Union& u, const std::vector<double>& x, std::vector<double>& out);
+
+}  // namespace crest

@@ -1,0 +1,127 @@
+"""The live layer's writer: finished outputs appended to ``live_outputs`` from a background thread, never on the
+decoding path (the layer itself: :mod:`datastore.live`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Sequence
+
+import psycopg
+
+from ..connection import APPLICATION_NAME, connect, resolve_database_url
+from ..errors import DatastoreError
+from ..live import encode_output
+
+__all__ = ["LiveWriter"]
+
+APPENDER_APPLICATION = f"{APPLICATION_NAME} live appender"
+"""The ``application_name`` of the live writer's connections (``pg_stat_activity``)."""
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class LiveWriter:
+    """Appends finished outputs to the live layer of datastore ``name`` from a background thread.
+
+    :meth:`append` only enqueues (microseconds); a daemon thread batches the queue into one ``COPY`` per
+    batch. A fault (server down, grant revoked) drops that batch with one warning and is retried with the
+    next one: output never depends on the live layer.
+
+    Args:
+        name: the datastore the outputs feed (the layer is :func:`datastore.live.live_name` of it).
+        database_url: a role with ``INSERT`` on ``live_outputs`` (``None``: ``DATABASE_URL`` or the embedded server).
+        max_pending_bytes: most bytes of outputs queued; an output that does not fit is dropped (counted).
+        origin: provenance tag stored with each output (default ``host:pid``).
+        min_tokens: outputs shorter than this are not appended (nothing to learn from them).
+
+    Attributes:
+        appended / dropped / written / failed: outputs enqueued, dropped (queue full or too short),
+        stored, and lost to a fault.
+
+    Raises:
+        ValueError: when ``max_pending_bytes < 4`` or ``min_tokens < 1``.
+    """
+
+    def __init__(self, name: str, database_url: str | None = None, *, max_pending_bytes: int = 8 << 20,
+                 origin: str | None = None, min_tokens: int = 2) -> None:
+        if max_pending_bytes < 4 or min_tokens < 1:
+            raise ValueError(f"max_pending_bytes={max_pending_bytes} must be >= 4 and min_tokens={min_tokens} >= 1")
+        self.name = name
+        self.url = resolve_database_url(database_url)
+        self.max_pending_bytes, self.min_tokens = max_pending_bytes, min_tokens
+        self.origin = origin if origin is not None else f"{socket.gethostname()}:{os.getpid()}"
+        self.appended = self.dropped = self.written = self.failed = 0
+        self._pending_bytes = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._warned = False
+        self._thread = threading.Thread(target=self._run, name="crest-live-writer", daemon=True)
+        self._thread.start()
+
+    def append(self, tokens: Sequence[int]) -> bool:
+        """Enqueue one finished output (its generated tokens, not the prompt); returns whether it was kept."""
+        if len(tokens) < self.min_tokens:
+            self.dropped += 1
+            return False
+        blob = encode_output(tokens)
+        with self._lock:
+            if self._pending_bytes + len(blob) > self.max_pending_bytes:
+                self.dropped += 1
+                return False
+            self._pending_bytes += len(blob)
+            self.appended += 1
+            self._idle.clear()
+        self._queue.put(blob)
+        return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything enqueued so far is written or dropped; returns whether it was."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(b is _STOP for b in batch)
+            blobs = [b for b in batch if b is not _STOP]
+            if blobs:
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self.url, autocommit=True, application_name=APPENDER_APPLICATION)
+                    with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+                        for b in blobs:
+                            cp.write_row((self.name, b, len(b) // 4, self.origin))
+                    self.written += len(blobs)
+                except (psycopg.Error, DatastoreError) as exc:
+                    self.failed += len(blobs)
+                    if not self._warned:
+                        log.warning("live layer: %d outputs not appended (%s); decoding is unaffected", len(blobs), exc)
+                        self._warned = True
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+            with self._lock:
+                self._pending_bytes -= sum(len(b) for b in blobs)
+                if self._queue.empty():
+                    self._idle.set()
+            if stop:
+                if conn is not None:
+                    conn.close()
+                return

@@ -1,0 +1,206 @@
+"""Calibrated node scores: the parameters of each draft node's probability of being accepted by verification.
+
+Count ratios rank a source's continuations well but are no probabilities (a count ratio of 0.5 was
+accepted about 15% of the time). The native core (``csrc/features.cpp``, ``csrc/scores.cpp``) scores each node of a
+merged draft with a logistic model of its *conditional* acceptance, given that its parent was accepted, over
+features the sources already know (:data:`FEATURES`, named by the core): per source (the corpus datastore's tree,
+the shared live layer's, the request's own tokens, this process's finished outputs), whether the node is in it, its
+count ratio to its parent (smoothed), the parent's count, the matched context's length, and whether that source
+predicted other continuations of the parent and not this one; then how many sources agree, and the depth. A node's
+score is the product of the conditionals along its path, so scores fall along every path (the best nodes form a
+prefix-closed tree) and estimate ``P(node accepted)``.
+
+Because at most one node per depth is accepted, a draft's expected accepted length (draft tokens; the bonus token
+adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over the candidate n-grams and what a
+node's verification cost is weighed against.
+
+:class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``benchmarks/calibrate.py``,
+reading the core's node tables: :meth:`drafting.DraftingService.node_tables`) on one half of the public prompts,
+reported on the other half, and ships with the package (``drafting/data/calibration.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from crest_native import FEATURES, SOURCES
+from toolkit.extras import require
+
+__all__ = ["DEFAULT_PATH", "HEADS_PATH", "RETRIEVAL_SOURCES"]
+
+DEFAULT_PATH = Path(__file__).with_name("data") / "calibration.json"
+"""The merged drafter's calibration (the retrieval sources)."""
+HEADS_PATH = Path(__file__).with_name("data") / "calibration-heads.json"
+"""The merged drafter's calibration with the S4C heads as a fifth source (:mod:`s4c`), fitted with them."""
+RETRIEVAL_SOURCES = ("ds", "live", "local", "outputs")
+"""The sources every calibration weighs; the ``heads`` source is weighed only by one fitted with it."""
+_SHARED = ("agree", "log_depth")
+
+
+def source_features(source: str) -> list[str]:
+    """The feature names of one source's block."""
+    return [name for name in FEATURES if name.startswith(f"{source}_")]
+
+
+def features_of(sources: tuple[str, ...]) -> list[str]:
+    """The features a calibration over ``sources`` weighs, in :data:`FEATURES` order."""
+    return [name for name in FEATURES if name in _SHARED or name.split("_", 1)[0] in sources]
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """One datastore candidate's merged node table, as the native core scores it (what fitting reads).
+
+    Attributes:
+        tokens: ``[N]`` int64. parents: ``[N]`` int32 (``-1``: a child of the root; parents first).
+        depths: ``[N]`` int32 (1 for a child of the root). features: ``[N, len(FEATURES)]`` float64.
+        scores: ``[N]`` float64, each node's P(accepted) under the scoring calibration.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    features: np.ndarray
+    scores: np.ndarray
+
+
+def _by_name(names: list, weights: list, source: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The weights in :data:`FEATURES` order (0 for a source the file does not weigh) and the sources it weighs.
+
+    Raises:
+        ValueError: naming the first feature the file and the native core do not share.
+    """
+    if len(names) != len(weights) or len(set(names)) != len(names):
+        raise ValueError(f"{source}: its features and weights do not pair up ({len(names)} names, {len(weights)} "
+                         "weights); refit it with benchmarks/calibrate.py")
+    given = dict(zip(names, weights))
+    weighed = tuple(s for s in SOURCES if s in RETRIEVAL_SOURCES or any(n in given for n in source_features(s)))
+    for name in features_of(weighed):
+        if name not in given:
+            raise ValueError(f"{source} has no weight for feature {name!r}, which the native core computes; "
+                             "refit it with benchmarks/calibrate.py")
+    for name in names:
+        if name not in FEATURES:
+            raise ValueError(f"{source} weighs feature {name!r}, which the native core does not compute "
+                             f"(it computes {', '.join(FEATURES)}); refit it with benchmarks/calibrate.py")
+    return np.array([float(given.get(name, 0.0)) for name in FEATURES], dtype=np.float64), weighed
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted logistic model of a node's conditional acceptance, and how it was fitted: the merged drafter's scorer.
+
+    Attributes:
+        coef: ``[len(FEATURES)]`` float64 weights (on raw features), in :data:`FEATURES` order.
+        intercept: the bias. prior: the count-ratio smoothing the features are computed with (>= 0).
+        meta: provenance and held-out figures (prompts, rows, datastores, ``local``: the requests' automata's
+            ``max_depth`` it was fitted with ...).
+        sources: the sources it weighs (:data:`RETRIEVAL_SOURCES`, plus ``heads`` when fitted with the S4C heads);
+            the features of the others have weight 0 and a drafter that uses one is refused.
+
+    Raises:
+        ValueError: when ``coef`` does not have one weight per feature, ``prior < 0``, a source is unknown, or a
+            source it does not weigh has a non-zero weight.
+    """
+
+    coef: np.ndarray
+    intercept: float
+    prior: float = 1.0
+    meta: dict = field(default_factory=dict)
+    sources: tuple[str, ...] = RETRIEVAL_SOURCES
+
+    def __post_init__(self) -> None:
+        coef = np.array(self.coef, dtype=np.float64)
+        coef.setflags(write=False)
+        object.__setattr__(self, "coef", coef)
+        if coef.shape != (len(FEATURES),):
+            raise ValueError(f"calibration has {coef.shape} weights, expected {len(FEATURES)} ({FEATURES})")
+        if not self.prior >= 0:
+            raise ValueError(f"prior={self.prior}: must be >= 0")
+        object.__setattr__(self, "sources", tuple(self.sources))
+        if not set(RETRIEVAL_SOURCES) <= set(self.sources) <= set(SOURCES):
+            raise ValueError(f"sources={self.sources}: a calibration weighs {RETRIEVAL_SOURCES}, and may add "
+                             f"{tuple(s for s in SOURCES if s not in RETRIEVAL_SOURCES)}")
+        weighed = set(features_of(self.sources))
+        if any(w != 0.0 for name, w in zip(FEATURES, coef.tolist()) if name not in weighed):
+            raise ValueError(f"a calibration over {self.sources} has non-zero weights for another source's features")
+
+    @property
+    def local_depth(self) -> int:
+        """The requests' automata's deepest continuation node this calibration was fitted with (default 16)."""
+        return int(self.meta.get("local", {}).get("max_depth", 16))
+
+    def digest(self) -> str:
+        """A short hash of the parameters (caches of anything the scores decide key on it)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        """The parameters as a JSON-ready dict (the format :meth:`load` reads)."""
+        names = features_of(self.sources)
+        column = {name: j for j, name in enumerate(FEATURES)}
+        return {"version": 1, "features": names, "coef": [float(self.coef[column[n]]) for n in names],
+                "intercept": self.intercept, "prior": self.prior, "meta": self.meta}
+
+    def save(self, path: str | Path) -> None:
+        """Write the parameters as JSON."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_PATH) -> Calibration:
+        """Read parameters written by :meth:`save` (default: the ones shipped with the package), weights matched to
+        the native core's features by name.
+
+        Raises:
+            FileNotFoundError: when the file is missing (fit one: ``benchmarks/calibrate.py``).
+            ValueError: naming the feature, when the file weighs a feature the core does not compute or lacks one
+                it does.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no calibration at {path}: fit one with benchmarks/calibrate.py")
+        raw = json.loads(path.read_text())
+        coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), str(path))
+        return cls(coef, float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}), sources)
+
+    @classmethod
+    def fit(cls, features: np.ndarray, accepted: np.ndarray, *, prior: float = 1.0, meta: dict | None = None,
+            regularization: float = 1.0, sources: tuple[str, ...] = RETRIEVAL_SOURCES) -> Calibration:
+        """Fit the conditional model on nodes whose parent was accepted (needs the ``fit`` extra: scikit-learn).
+
+        Args:
+            features: ``[rows, len(FEATURES)]`` float64, from the core's node tables (:class:`NodeTable`).
+            accepted: ``[rows]`` bool, the node's token was the target's choice.
+            prior: the smoothing the features were computed with.
+            regularization: scikit-learn's ``C`` (inverse L2 strength) on standardized features.
+            sources: the sources weighed; the other sources' features are left out of the fit (weight 0).
+
+        Raises:
+            ValueError: when the shapes differ or only one class is present.
+            ModuleNotFoundError: when scikit-learn is missing (the message names the extra).
+        """
+        require("sklearn", "fit", "fitting the calibration")
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.preprocessing import StandardScaler
+
+        features = np.asarray(features, dtype=np.float64)
+        accepted = np.asarray(accepted, dtype=bool)
+        if features.ndim != 2 or features.shape != (len(accepted), len(FEATURES)):
+            raise ValueError(f"features {features.shape} and accepted {accepted.shape} do not match "
+                             f"[rows, {len(FEATURES)}] and [rows]")
+        if accepted.all() or not accepted.any():
+            raise ValueError("accepted holds one class only: replay more prompts")
+        used = np.array([name in set(features_of(tuple(sources))) for name in FEATURES])
+        x = features[:, used]
+        scaler = StandardScaler().fit(x)
+        scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
+        model = LogisticRegression(C=regularization, max_iter=2000).fit((x - scaler.mean_) / scale, accepted)
+        coef = np.zeros(len(FEATURES))
+        coef[used] = model.coef_[0] / scale  # back to raw features
+        intercept = float(model.intercept_[0] - (coef[used] * scaler.mean_).sum())
+        return cls(coef, intercept, prior, dict(meta or {}), tuple(sources))

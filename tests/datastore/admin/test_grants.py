@@ -1,0 +1,82 @@
+"""Reader grants (:mod:`datastore.admin.grants`): a least-privilege role opens a datastore, looks up and decodes
+losslessly, keeps reading across rebuilds and is refused every write, and may read only what it was granted."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from datastore import Datastore
+from datastore.admin.catalog import datastore_stats, drop_datastore
+from datastore.admin.writer import DatastoreWriter
+from datastore.errors import LookupFailed
+from decoder import greedy_generate, speculative_generate
+from drafting import DatastoreSource, DraftingService
+from support import build_small, run_module
+
+
+def test_read_only_role_decodes_losslessly_and_cannot_write(database_url, reader, ds_name, sharegpt_sample, tokenizer,
+                                                            target, eval_prompts):
+    role, reader_url = reader
+    build_small(database_url, ds_name, sharegpt_sample)
+    granted = run_module("datastore", "grant-reader", role, "--name", ds_name, "--create", "--database-url",
+                         database_url)
+    assert granted.returncode == 0, granted.stderr
+    assert datastore_stats(database_url, ds_name)["table"] in granted.stdout
+
+    prompt = eval_prompts[0]
+    source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url))
+    assert source.lookup(list(prompt.token_ids)) is not None
+    out = speculative_generate(target, prompt.token_ids, DraftingService(source), max_new_tokens=24, budget=8)
+    assert out.output_ids == greedy_generate(target, prompt.token_ids, max_new_tokens=24).output_ids
+    assert not source.faults  # every lookup went through as the reader
+    source.close()
+
+    table = datastore_stats(database_url, ds_name)["table"]
+    writes: list[str | sql.Composed] = [
+        "INSERT INTO datastores (name, trees_table, tokenizer, tokenizer_fingerprint, key_width) "
+        "VALUES ('x', 'token_trees_0', 'x', 'x', 2)",
+        "UPDATE datastores SET state = 'failed'",
+        sql.SQL("UPDATE {} SET tree = tree").format(sql.Identifier(table)),
+        sql.SQL("DELETE FROM {}").format(sql.Identifier(table)),
+        sql.SQL("DROP TABLE {}").format(sql.Identifier(table)),
+        "CREATE TABLE crest_reader_probe (a int)",
+        "INSERT INTO reader_grants (role) VALUES ('x')",
+        "UPDATE alembic_version SET version_num = '0001'",
+    ]
+    with psycopg.connect(reader_url, autocommit=True) as conn:
+        for statement in writes:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        DatastoreWriter.begin(reader_url, ds_name, tokenizer="x", tokenizer_fingerprint="0" * 64, key_width=2,
+                              corpus={}, params={})
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        drop_datastore(reader_url, ds_name)
+    dropped = run_module("datastore", "drop", ds_name, "--database-url", reader_url)
+    assert dropped.returncode == 1 and "may not drop" in dropped.stderr
+
+    rebuilt = build_small(database_url, ds_name, sharegpt_sample)  # the grant follows the name to the new build
+    with Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url) as ds:
+        assert ds.info.id == rebuilt and ds.lookup(list(prompt.token_ids)) is not None
+
+
+def test_reader_of_one_datastore_is_refused_another(database_url, reader, ds_name, sharegpt_sample, tokenizer):
+    role, reader_url = reader
+    other = f"{ds_name}-other"
+    build_small(database_url, ds_name, sharegpt_sample)
+    build_small(database_url, other, sharegpt_sample)
+    try:
+        granted = run_module("datastore", "grant-reader", role, "--name", ds_name, "--create", "--database-url",
+                             database_url)
+        assert granted.returncode == 0
+        with (Datastore.open(other, tokenizer=tokenizer, database_url=reader_url) as ds,
+              pytest.raises(LookupFailed, match=f"grant-reader ROLE --name {other}")):
+            ds.lookup([1, 2])
+        missing_role = run_module("datastore", "grant-reader", f"{role}_missing", "--database-url", database_url)
+        assert missing_role.returncode == 2 and "does not exist" in missing_role.stderr
+    finally:
+        drop_datastore(database_url, other)
+
+

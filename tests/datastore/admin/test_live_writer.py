@@ -1,0 +1,58 @@
+"""The live layer's writer (:mod:`datastore.admin.live_writer`): an appender role may only ``INSERT`` outputs; the
+queue is bounded in bytes, and a server that is down loses the outputs, nothing else."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from datastore.admin.grants import grant_appender
+from datastore.admin.live_writer import LiveWriter
+from datastore.connection import connect
+from datastore.live import decode_output
+from support import UNREACHABLE, with_params
+
+
+def test_appender_role_may_only_insert(database_url, live_ds):
+    role = f"crest_appender_{uuid.uuid4().hex[:8]}"
+    grant_appender(database_url, role, create=True)
+    try:
+        url = with_params(database_url, user=role)
+        writer = LiveWriter(live_ds, url, origin="pytest")
+        # an int array is a token sequence to append (encode_output takes any 1-D array of ids)
+        assert writer.append([5, 6, 7, 8]) and writer.append(cast(Sequence[int], np.arange(100, 164)))
+        assert not writer.append([1])  # too short to learn from
+        assert writer.flush(30)
+        writer.close()
+        assert (writer.appended, writer.written, writer.failed, writer.dropped) == (2, 2, 0, 1)
+        with connect(database_url) as conn:
+            got = conn.execute("SELECT tokens, origin FROM live_outputs WHERE name = %s ORDER BY id",
+                               [live_ds]).fetchall()
+        assert [decode_output(bytes(t)).tolist() for t, _ in got] == [[5, 6, 7, 8], list(range(100, 164))]
+        assert {o for _, o in got} == {"pytest"}
+        with psycopg.connect(url, autocommit=True) as conn:
+            for stmt in ("SELECT * FROM live_outputs", "DELETE FROM live_outputs",
+                         "UPDATE live_outputs SET origin = ''", "SELECT * FROM datastores"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(stmt)
+    finally:
+        with connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_writer_is_bounded_and_a_down_server_loses_nothing_but_the_outputs():
+    writer = LiveWriter("nowhere", UNREACHABLE, max_pending_bytes=64)
+    kept = [writer.append(list(range(10))) for _ in range(50)]  # 40 bytes each: the queue holds one at a time
+    assert writer.flush(30)
+    writer.close()
+    assert writer.appended == sum(kept) and writer.dropped == 50 - sum(kept) and writer.dropped > 0
+    assert writer.written == 0 and writer.failed == writer.appended
+    with pytest.raises(ValueError):
+        LiveWriter("x", UNREACHABLE, max_pending_bytes=1)

@@ -1,0 +1,60 @@
+"""The embedded PostgreSQL: started when no URL is given, reused, and serving a real build."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from support import REPO
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+
+def test_build_and_lookup_on_embedded_server(sharegpt_sample):
+    pgdata = Path("/var/tmp") / f"crest-embedded-test-{uuid.uuid4().hex[:8]}"  # never under a home folder
+    script = f"""
+import os, sys
+os.environ.pop("DATABASE_URL", None)
+os.environ["CREST_PGDATA"] = {str(pgdata)!r}
+from datastore import Datastore
+from toolkit import load_tokenizer
+from datastore.connection import resolve_database_url
+from ingest import BuildConfig, build_datastore
+url = resolve_database_url()
+assert "host=" in url, url  # unix socket only
+r = build_datastore(BuildConfig(name="emb", path={str(sharegpt_sample)!r}, limit=5, top_t=100, max_n=2), progress=False)
+tok = load_tokenizer()
+with Datastore.open("emb", tokenizer=tok) as ds:
+    m = ds.lookup(tok.encode("<|im_start|>user", add_special_tokens=False))
+    print("MATCH", m.ngram, len(m.tree))
+import psycopg
+from datastore.connection import embedded_settings, untuned_settings
+with psycopg.connect(url) as conn:  # tuned once for lookups, with pg_prewarm
+    assert untuned_settings(conn, embedded_settings()) == {{}}
+    assert untuned_settings(conn, {{"shared_buffers": "64MB"}}) == {{"shared_buffers": "64MB"}}
+    assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_prewarm'").fetchone()
+    print("TUNED")
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "MATCH" in out.stdout and "TUNED" in out.stdout
+        assert (pgdata / "PG_VERSION").exists()
+        # a second process reuses the same data directory and finds the build
+        again = subprocess.run([sys.executable, "-m", "datastore", "list"], cwd=REPO, capture_output=True, text=True,
+                               timeout=120, env={**_env(), "CREST_PGDATA": str(pgdata)})
+        assert again.returncode == 0 and "emb" in again.stdout, again.stderr[-2000:]
+    finally:
+        subprocess.run(["rm", "-rf", str(pgdata)], check=False)
+
+
+def _env():
+    import os
+
+    env = dict(os.environ)
+    env.pop("DATABASE_URL", None)
+    return env

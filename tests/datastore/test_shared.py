@@ -1,0 +1,145 @@
+"""The shared datastore client on the real Postgres: the same answers as the plain client, one round trip per
+batch, a byte-bounded cache, build swaps followed as they are notified, and many threads at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from datastore import Datastore
+from datastore.admin.catalog import drop_datastore
+from datastore.cache import TreeCache
+from datastore.errors import DatastoreNotFound
+from datastore.shared import SharedDatastore
+from drafting import DatastoreSource
+from support import build_small
+
+
+def _contexts(prompts, width: int = 5, step: int = 3) -> list[list[int]]:
+    """Every ``step``-th window of ``width`` tokens of the prompts: real contexts, some stored, some not."""
+    out = []
+    for p in prompts:
+        ids = list(p.token_ids)
+        out += [ids[i:i + width] for i in range(0, len(ids) - width, step)]
+    return out
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return (a.ngram == b.ngram and np.array_equal(a.tree.token_ids, b.tree.token_ids)
+            and np.array_equal(a.tree.parents, b.tree.parents) and np.array_equal(a.tree.counts, b.tree.counts))
+
+
+@pytest.fixture
+def shared(chat_datastore, database_url, tokenizer):
+    with SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url) as client:
+        yield client
+
+
+def test_answers_equal_the_plain_client_in_one_round_trip(shared, chat_datastore, database_url, tokenizer,
+                                                          eval_prompts):
+    contexts = _contexts(eval_prompts)
+    with Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url) as plain:
+        expected = [plain.lookup(c) for c in contexts]
+    assert sum(m is not None for m in expected) > len(contexts) // 2  # the check means something
+    assert {len(m.ngram) for m in expected if m is not None} > {1}
+
+    got = shared.lookup_batch(contexts)  # cold: one round trip for the whole batch
+    assert shared.round_trips == 1
+    assert all(_same(a, b) for a, b in zip(got, expected))
+
+    again = shared.lookup_batch(contexts)  # warm: answered from the cache, the same tree objects
+    assert shared.round_trips == 1
+    assert all(a is None and b is None or a.tree is b.tree for a, b in zip(again, got))
+    stats = shared.stats()
+    assert stats["lookups"] == 2 * len(contexts) and stats["cache_hit_rate"] == pytest.approx(0.5)
+    assert [shared.lookup(c) is None for c in contexts[:5]] == [m is None for m in expected[:5]]
+
+
+def test_cache_bound_and_disabled_cache(chat_datastore, database_url, tokenizer, eval_prompts):
+    contexts = _contexts(eval_prompts)
+    with SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url,
+                              cache_bytes=0) as uncached:
+        first = uncached.lookup_batch(contexts)
+        uncached.lookup_batch(contexts)
+        assert uncached.round_trips == 2 and len(uncached.cache) == 0
+    bound = 20_000
+    with SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url,
+                              cache_bytes=bound) as small:
+        second = small.lookup_batch(contexts)
+        assert 0 < small.cache.bytes <= bound and small.cache.evictions > 0
+    assert all(_same(a, b) for a, b in zip(first, second))
+    with pytest.raises(ValueError, match="max_bytes"):
+        TreeCache(-1)
+
+
+def test_threads_share_one_client(shared, eval_prompts):
+    contexts = _contexts(eval_prompts)
+    expected = shared.lookup_batch(contexts)
+    shared.cache.drop_build(shared.info.id)  # make the threads go to the server too
+    results, errors = {}, []
+
+    def work(t: int) -> None:
+        try:
+            part = contexts[t % 4::4]
+            results[t] = [shared.lookup_batch(part[i:i + 7]) for i in range(0, len(part), 7)]
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for t in range(8):
+        got = [m for batch in results[t] for m in batch]
+        assert all(_same(a, b) for a, b in zip(got, expected[t % 4::4]))
+
+
+def test_swap_is_followed_when_notified_and_a_drop_faults(database_url, tokenizer, sharegpt_sample, ds_name,
+                                                          eval_prompts):
+    first = build_small(database_url, ds_name, sharegpt_sample)
+    contexts = _contexts(eval_prompts, width=2, step=1)
+    with SharedDatastore.open(ds_name, tokenizer=tokenizer, database_url=database_url) as client:
+        assert client.wait_listening()
+        before = client.lookup_batch(contexts)
+        assert client.info.id == first and len(client.cache) > 0
+        second = build_small(database_url, ds_name, sharegpt_sample)  # the same name, rebuilt and swapped in
+        deadline = time.monotonic() + 5
+        while client.info.id != second and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.info.id == second and client.swaps == 1
+        assert len(client.cache) == 0  # the old build's entries are gone
+        trips = client.round_trips
+        after = client.lookup_batch(contexts)
+        assert client.round_trips == trips + 1  # nothing stale answered from the cache
+        assert all(_same(a, b) for a, b in zip(after, before))  # same corpus, same parameters
+
+        drop_datastore(database_url, ds_name)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                client.lookup_batch(contexts[:3])
+            except DatastoreNotFound:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("lookups kept answering from a dropped datastore")
+
+        source = DatastoreSource(lambda: client, retry_s=3600)  # the fault becomes "no draft"
+        assert source.lookup_batch(contexts[:3]) == [None] * 3
+        assert source.faults["DatastoreNotFound"] == 1
+
+
+def test_open_refuses_bad_arguments(chat_datastore, database_url, tokenizer):
+    with pytest.raises(ValueError, match="tokenizer"):
+        SharedDatastore.open(chat_datastore, database_url=database_url)
+    with pytest.raises(ValueError, match="pool_size"):
+        SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, pool_size=0)
+    with pytest.raises(DatastoreNotFound):
+        SharedDatastore.open("no-such-datastore", tokenizer=tokenizer, database_url=database_url)

@@ -1,0 +1,196 @@
+"""The calibration (:mod:`drafting.calibration`) and the native core's node tables it is fitted on: a known answer of
+the features and scores the core computes, the fit on data with a known answer, weights matched to the core's features
+by name (a mismatch names the feature), the shipped parameters, and the back-off lookup on a real datastore."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from crest_native import SOURCES
+from datastore.tree import Match
+from drafting import DraftingService
+from drafting.calibration import DEFAULT_PATH, FEATURES, HEADS_PATH, Calibration
+from oracle.calibration import COLUMN, conditional, draft_from_candidates, node_table, scores
+from support import tree_from_paths
+
+F = COLUMN
+
+
+def test_the_core_node_table_known_answer():
+    """Two datastore candidates and a live tree below a request whose own tokens predict nothing yet: the core's
+    tables (one per candidate), the features by name and the scores of the shipped calibration."""
+    cal = Calibration.load()
+    service = DraftingService(None, vocab_size=100, outputs_bytes=0, calibration=cal)
+    service.start_request("r", [1, 2, 3])  # no repeated suffix: no local match
+    ds = Match((1, 2, 3), tree_from_paths({(5,): 10, (6,): 3, (5, 7): 8}, root=14))
+    shorter = Match((3,), tree_from_paths({(8,): 4}, root=9))
+    live = Match((3,), tree_from_paths({(5,): 2, (5, 9): 1, (8,): 1}, root=3))
+    tables = service.node_tables("r", [ds, shorter], live)
+    assert len(tables) == 2
+    t = tables[0]
+    paths = [(5,), (6,), (5, 7), (5, 9), (8,)]  # the first candidate whole, then the live tree's new nodes
+    assert t.tokens.tolist() == [5, 6, 7, 9, 8] and t.parents.tolist() == [-1, -1, 0, 0, -1]
+    assert t.depths.tolist() == [1, 1, 2, 2, 1] and t.features.shape == (5, len(FEATURES))
+    x = t.features
+    assert x[0, F["ds_ratio"]] == pytest.approx(10 / 15) and x[0, F["live_ratio"]] == pytest.approx(2 / 4)
+    assert x[2, F["ds_ratio"]] == pytest.approx(8 / 11) and x[2, F["ds_log_parent"]] == pytest.approx(np.log1p(10))
+    assert x[:, F["ds_on"]].tolist() == [1, 1, 1, 0, 0] and x[:, F["live_on"]].tolist() == [1, 0, 0, 1, 1]
+    assert np.allclose(x[:, F["ds_log_n"]], np.log1p(3) * np.array([1, 1, 1, 0, 0]))
+    assert x[:, F["ds_miss"]].tolist() == [0, 0, 0, 1, 1] and x[:, F["live_miss"]].tolist() == [0, 1, 1, 0, 0]
+    assert x[:, F["agree"]].tolist() == [1, 0, 0, 0, 0]
+    assert x[:, F["local_on"]].sum() == x[:, F["outputs_on"]].sum() == 0
+    assert np.allclose(x[:, F["log_depth"]], np.log([1, 1, 2, 2, 1]))
+    oracle = node_table({"ds": ds, "live": live}, cal.prior)  # the oracle's table of the same sources
+    assert oracle is not None and np.array_equal(oracle.features, x) and len(paths) == len(oracle.tokens)
+    assert t.scores.tobytes() == scores(cal, oracle).tobytes()  # P(node) = product of conditionals, the same bits
+    assert tables[1].tokens.tolist() == [8, 5, 9]  # the shorter candidate's union
+    with pytest.raises(KeyError, match="'q' is not active"):
+        service.node_tables("q", [ds], None)
+
+
+def test_fit_recovers_a_known_model():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40_000, len(FEATURES)))
+    w = np.zeros(len(FEATURES))
+    w[F["ds_ratio"]], w[F["local_ratio"]], w[F["log_depth"]] = 2.0, 3.0, -1.0
+    y = rng.random(len(x)) < 1 / (1 + np.exp(-(x @ w - 0.5)))
+    cal = Calibration.fit(x[:30_000], y[:30_000], meta={"what": "synthetic"})
+    held = conditional(cal, x[30_000:])
+    truth = 1 / (1 + np.exp(-(x[30_000:] @ w - 0.5)))
+    assert np.abs(held - truth).mean() < 0.02
+    assert cal.coef[F["local_ratio"]] == pytest.approx(3.0, abs=0.2)
+    with pytest.raises(ValueError, match="one class"):
+        Calibration.fit(x[:10], np.ones(10, bool))
+    with pytest.raises(ValueError, match="do not match"):
+        Calibration.fit(x[:10, :3], y[:10])
+
+
+def test_save_load_round_trip_and_refusals(tmp_path):
+    cal = Calibration(np.arange(len(FEATURES), dtype=float), 0.25, 1.0, {"fit_prompts": 3}, SOURCES)
+    cal.save(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json")
+    assert np.array_equal(back.coef, cal.coef) and back.intercept == 0.25 and back.meta == {"fit_prompts": 3}
+    with pytest.raises(FileNotFoundError, match="calibrate.py"):
+        Calibration.load(tmp_path / "missing.json")
+    raw = json.loads((tmp_path / "c.json").read_text())
+    raw["features"], raw["coef"] = raw["features"][::-1], raw["coef"][::-1]  # the same weights, listed otherwise
+    (tmp_path / "reordered.json").write_text(json.dumps(raw))
+    assert np.array_equal(Calibration.load(tmp_path / "reordered.json").coef, cal.coef)  # matched by name
+    renamed = dict(raw, features=[f if f != "ds_ratio" else "ds_share" for f in raw["features"]])
+    (tmp_path / "renamed.json").write_text(json.dumps(renamed))
+    with pytest.raises(ValueError, match="no weight for feature 'ds_ratio'.*refit"):
+        Calibration.load(tmp_path / "renamed.json")
+    extra = dict(raw, features=raw["features"] + ["s4c_prob"], coef=raw["coef"] + [1.0])
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    with pytest.raises(ValueError, match="weighs feature 's4c_prob', which the native core does not compute"):
+        Calibration.load(tmp_path / "extra.json")
+
+
+def test_a_calibration_weighs_the_heads_only_when_fitted_with_them(tmp_path):
+    """A file without the heads' block (the merged drafter's) loads with their weights 0 and refuses a drafter that
+    uses them; half a block is an error that names the missing feature; weights for a source not weighed are
+    refused at construction."""
+    retrieval = Calibration.load(DEFAULT_PATH)
+    assert retrieval.sources == ("ds", "live", "local", "outputs")
+    assert not any(retrieval.coef[F[n]] for n in FEATURES if n.startswith("heads_"))
+    assert retrieval.to_json()["features"] == json.loads(DEFAULT_PATH.read_text())["features"]  # saved as it was
+    heads = Calibration.load(HEADS_PATH)
+    assert heads.sources == SOURCES and heads.meta["heads"]["name"] == "s4c"
+    raw = heads.to_json()
+    half_block = {**raw, "features": [f for f in raw["features"] if f != "heads_top"],
+                  "coef": [c for f, c in zip(raw["features"], raw["coef"]) if f != "heads_top"]}
+    (tmp_path / "half.json").write_text(json.dumps(half_block))
+    with pytest.raises(ValueError, match="no weight for feature 'heads_top'"):
+        Calibration.load(tmp_path / "half.json")
+    with pytest.raises(ValueError, match="non-zero weights for another source"):
+        Calibration(heads.coef, 0.0)  # the heads' weights under a retrieval-only calibration
+    for name in ("spec_bench", "humaneval"):
+        rep = heads.meta["report"][name]
+        assert rep["ece_calibrated"] < rep["ece_count_ratio"] and rep["prompts"] > 0
+    # a node the heads give probability 0.9 (their top token) beats one they give 0.1
+    likely = np.zeros(len(FEATURES))
+    likely[[F["heads_on"], F["heads_prob"], F["heads_log_prob"], F["heads_path_prob"], F["heads_top"]]] = [
+        1, 0.9, np.log(0.9), 0.9, 1]
+    unlikely = likely.copy()
+    unlikely[[F["heads_prob"], F["heads_log_prob"], F["heads_path_prob"], F["heads_top"]]] = [0.1, np.log(0.1), 0.1, 0]
+    assert conditional(heads, likely[None])[0] > conditional(heads, unlikely[None])[0]
+
+
+def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other():
+    cal = Calibration.load()
+    meta = cal.meta
+    assert meta["half"].startswith("fit") and meta["fit_prompts"] > 100 and meta["fit_rows"] > 10_000
+    for name in ("spec_bench", "humaneval"):
+        rep = meta["report"][name]
+        uncalibrated = rep.get("ece_count_ratio", rep.get("ece_noisy_or"))  # the baseline it was reported against
+        assert rep["prompts"] > 0 and rep["ece_calibrated"] < uncalibrated
+    assert cal.meta["local"] == {"kind": "suffix", "max_depth": cal.local_depth}
+    assert cal.meta["outputs"]["max_bytes"] > 0
+    # a node both the corpus and the request itself predict, with a high ratio, beats one only the corpus predicts
+    both = np.zeros(len(FEATURES))
+    both[[F["ds_on"], F["local_on"]]] = 1
+    both[[F["ds_ratio"], F["local_ratio"]]] = 0.8
+    both[F["agree"]] = 1
+    alone = both.copy()
+    alone[[F["local_on"], F["local_ratio"], F["agree"]]] = 0
+    assert conditional(cal, both[None])[0] > conditional(cal, alone[None])[0]
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_calibrated_back_off_drafts_are_lossless(target, eval_prompts, chat_datastore, database_url, tokenizer, chain):
+    from datastore.shared import SharedDatastore
+    from decoder import greedy_generate, speculative_generate
+    from drafting import DatastoreSource
+
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url))
+    service = DraftingService(source)
+    saved = 0
+    try:
+        for p in eval_prompts:
+            want = greedy_generate(target, p.token_ids, max_new_tokens=32).output_ids
+            res = speculative_generate(target, p.token_ids, service, max_new_tokens=32, budget=4, chain=chain)
+            assert res.output_ids == want, p.id
+            assert all(s.drafted <= 4 for s in res.steps)
+            saved += len(res.output_ids) - 1 - len(res.steps)
+    finally:
+        source.close()
+    assert saved > 0 and service.stats.steps > 0
+
+
+def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, database_url, tokenizer):
+    """The service's drafts are the oracle's merge of the same candidates: every stored suffix for large trees, the
+    longest one for chains and small trees."""
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource
+    from oracle.core import MATCH_NODES
+    from oracle.local import RequestAutomaton
+
+    cal = Calibration.load()
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url))
+    service = DraftingService(source, outputs_bytes=0)
+    differs = 0
+    try:
+        for p in eval_prompts:
+            ids = list(p.token_ids)
+            for cut in range(8, len(ids), 9):
+                service.start_request("r", ids[:cut])
+                own = RequestAutomaton(cal.local_depth)
+                own.extend(ids[:cut])
+                cands = source.candidates_batch([ids[:cut]])[0]
+                for budget, chain, pool in ((64, False, cands), (8, False, cands[:1]), (64, True, cands[:1])):
+                    got = service.propose([("r", ids[:cut], budget)], chain=chain)[0]
+                    want, _ = draft_from_candidates(cal, pool, {"local": own.match(max(budget, MATCH_NODES))}, budget,
+                                                    chain=chain)
+                    assert got.token_ids.tolist() == want.token_ids.tolist()
+                    assert got.scores.tobytes() == want.scores.tobytes()
+                longest, _ = draft_from_candidates(cal, cands[:1], {"local": own.match(MATCH_NODES)}, 64)
+                differs += longest.token_ids.tolist() != service.propose([("r", ids[:cut], 64)])[0].token_ids.tolist()
+                service.stop_request("r")
+    finally:
+        source.close()
+    assert differs > 0  # the back-off chose a shorter n-gram somewhere

@@ -1,0 +1,152 @@
+"""The native drafting core against its Python oracle (``tests/oracle``): the same drafts, bit for bit, on random
+request streams, random datastore trees and random calibrations (hypothesis), and on the evaluation sets' prompts
+drafted from a real datastore; the feature names it exports are the calibration's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import crest_native
+from datastore.tree import Match
+from drafting.calibration import FEATURES, Calibration
+from drafting.service import CONTEXT_TOKENS, MATCH_NODES, OUTPUTS_BYTES, OUTPUTS_DEPTH
+from oracle.core import PythonCore
+from support import random_head_tree, random_tree
+
+
+def native_core(cal: Calibration, outputs_bytes: int, vocab: int, sources=crest_native.SOURCES) -> crest_native.Core:
+    return crest_native.Core(cal.coef, cal.intercept, cal.prior, vocab, 16, MATCH_NODES, outputs_bytes,
+                             OUTPUTS_DEPTH, CONTEXT_TOKENS, list(sources))
+
+
+def tree(m: Match | None):
+    return None if m is None else (len(m.ngram), m.tree.token_ids, m.tree.parents, m.tree.counts, m.tree.root_count)
+
+
+def same_bits(want, got) -> None:
+    """A draft of the oracle and the native core's arrays for it: the same tokens, parents and score bits."""
+    tokens, parents, scores = got
+    assert np.array_equal(want.token_ids, tokens) and np.array_equal(want.parents, parents)
+    assert want.scores.tobytes() == np.asarray(scores, np.float64).tobytes(), (want.scores, scores)
+
+
+def heads_tree(t):
+    return None if t is None else t.native()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.booleans(), st.sampled_from([0.0, 0.05, 0.3]),
+       st.sampled_from([0, 600, 1 << 20]),
+       st.sampled_from([crest_native.SOURCES, ("ds",), ("live", "local"), ("ds", "heads"), ("heads",)]))
+def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outputs_bytes, sources):
+    rng = np.random.default_rng(seed)
+    vocab = 2 + vocab_bits * 3
+    cal = Calibration(rng.normal(scale=0.7, size=len(FEATURES)), float(rng.normal()), float(rng.choice([0.0, 1.0])),
+                      sources=crest_native.SOURCES)
+    oracle, native = PythonCore(cal, outputs_bytes, sources=sources), native_core(cal, outputs_bytes, vocab, sources)
+    active: list[int] = []
+    for step in range(40):
+        roll = rng.random()
+        if roll < 0.2 or not active:  # a new request
+            prompt = rng.integers(0, vocab, size=int(rng.integers(1, 40))).tolist()
+            key = step * 7 + int(rng.integers(7))
+            oracle.start(key, prompt)
+            native.start(key, np.asarray(prompt, np.int64))
+            active.append(key)
+        elif roll < 0.3:  # one finishes: its output feeds the output index of both
+            key = active.pop(int(rng.integers(len(active))))
+            assert oracle.stop(key) == native.stop(key).tolist()
+        else:  # a step for every active request: random datastore candidates and live trees
+            budgets = [int(rng.integers(1, 20)) for _ in active]
+            stored = [[Match(tuple(range(n)), random_tree(rng, vocab, int(rng.integers(0, 30))))
+                       for n in range(int(rng.integers(0, 4)), 0, -1)] for _ in active]
+            live = [Match((1, 2), random_tree(rng, vocab, int(rng.integers(0, 20)))) if rng.random() < 0.4 else None
+                    for _ in active]
+            heads = [random_head_tree(rng, vocab, int(rng.integers(0, 16))) if rng.random() < 0.6 else None
+                     for _ in active]
+            want = oracle.draft(active, budgets, stored, live, chain, min_score, heads)
+            tokens, parents, scores, offsets, chosen = native.draft(
+                list(active), np.asarray(budgets, np.int64), [[tree(m) for m in c] for c in stored],
+                [tree(m) for m in live], [heads_tree(t) for t in heads], chain, min_score)
+            for j, (draft, c) in enumerate(want):
+                s, e = offsets[j], offsets[j + 1]
+                same_bits(draft, (tokens[s:e], parents[s:e], scores[s:e]))
+                assert c == chosen[j]
+            for key in active:  # the target commits a few tokens
+                toks = rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
+                oracle.extend(key, toks)
+                native.extend(key, np.asarray(toks, np.int64))
+    info = native.outputs_info()
+    o = oracle.outputs
+    assert (info["outputs"], info["bytes"], info["evictions"]) == (o.num_outputs, o.nbytes, o.evictions)
+
+
+def test_the_native_features_are_the_calibrations_by_name():
+    assert crest_native.FEATURES == FEATURES and len(FEATURES) == 5 * 6 + 2
+    assert FEATURES[:2] == ("ds_on", "ds_ratio") and FEATURES[-2:] == ("agree", "log_depth")
+    assert FEATURES[24:30] == ("heads_on", "heads_prob", "heads_log_prob", "heads_path_prob", "heads_top", "heads_miss")
+    assert crest_native.SOURCES == ("ds", "live", "local", "outputs", "heads")
+
+
+def test_native_core_refuses_what_it_cannot_draft():
+    cal = Calibration(np.zeros(len(FEATURES)), 0.0)
+    with pytest.raises(ValueError, match="unknown source 'corpus'"):
+        native_core(cal, 0, 100, ["ds", "corpus"])
+    core = native_core(cal, 0, 100)
+    with pytest.raises(ValueError, match="prompt_ids holds token id 100, outside the tokenizer's vocabulary"):
+        core.start(1, np.array([5, 100], np.int64))
+    with pytest.raises(TypeError, match="not an int or a str"):
+        core.start(1.5, np.array([5], np.int64))
+    core.start("a", np.array([5, 6], np.int64))
+    with pytest.raises(ValueError, match="already active"):
+        core.start("a", np.array([5], np.int64))
+    with pytest.raises(KeyError, match="'b' is not active"):
+        core.extend("b", np.array([5], np.int64))
+    assert core.stop("b") is None and core.stop("a").tolist() == [] and len(core) == 0
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain, chat_datastore, database_url,
+                                                                         tokenizer):
+    """Request streams made of real evaluation prompts (Spec-Bench's every category, HumanEval), each request's
+    second half committed a few tokens at a time, drafted from a real datastore by the service (the native core) and
+    by the oracle core given the same lookups: the same drafts at every step, and the same output index after every
+    request (both learn each finished output)."""
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource, DraftingService
+    from evaluation.prompts import load_prompts
+
+    prompts = load_prompts("spec_bench", tokenizer, limit=1) + load_prompts("humaneval", tokenizer, limit=6)
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url))
+    service = DraftingService(source, vocab_size=len(tokenizer))
+    oracle = PythonCore(service.calibration, OUTPUTS_BYTES)
+    compared = nonempty = 0
+    try:
+        for i, p in enumerate(prompts):
+            ids = [int(t) for t in p.token_ids]
+            cut = max(4, len(ids) // 2)
+            service.start_request(i, ids[:cut])
+            oracle.start(i, ids[:cut])
+            for pos in range(cut, len(ids), 3):
+                budget = (3, 8, 40)[pos % 3]
+                got = service.propose([(i, ids[:pos], budget)], chain=chain, min_score=0.05)[0]
+                back_off = not chain and budget >= service.back_off_min_budget
+                found = source.retrieve_batch([ids[:pos][-16:]], back_off)[0]
+                cands = found.candidates if back_off else found.candidates[:1]
+                want, _ = oracle.draft([i], [budget], [cands], [found.live], chain, 0.05)[0]
+                same_bits(want, (got.token_ids, got.parents, got.scores))
+                compared += 1
+                nonempty += len(got) > 0
+                service.add_tokens(i, ids[pos:pos + 3])
+                oracle.extend(i, ids[pos:pos + 3])
+            service.stop_request(i)
+            oracle.stop(i)
+            info = service.outputs_info()
+            assert (info["outputs"], info["bytes"]) == (oracle.outputs.num_outputs, oracle.outputs.nbytes)
+    finally:
+        source.close()
+    assert compared > 300 and nonempty > compared // 2 and service.outputs_info()["outputs"] == len(prompts)

@@ -1,0 +1,339 @@
+"""The drafting service (the merged drafter, :mod:`drafting.service`): a batch drafts what each request drafts alone,
+in one round trip, the live layer's lookups in it; chains that are the trees' most probable paths; drafts without the
+datastore on every datastore fault; its contract under threads (only the documented exceptions, a request stopped
+meanwhile gets an empty draft) and under bad input (refused at the door, naming it, no row failing another's). Real
+datastore, real tokens (evaluation prompts as the sequences; no model needed to check drafts)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from datastore import Datastore
+from datastore.admin.live_writer import LiveWriter
+from datastore.errors import InvalidContext
+from datastore.live import live_name
+from datastore.shared import SharedDatastore
+from drafting import DatastoreSource, Draft, DraftingService, ScoreKind
+from drafting.lifecycle import MAX_BUDGET
+from ingest.live import compact_live
+from support import UNREACHABLE, build_small
+
+BUDGETS = (1, 3, 8, 32)
+VOCAB = 49_152
+
+
+def _steps(prompt_ids, split: float = 0.5, chunk: int = 2):
+    """A request's life from a real token sequence: its first half as the prompt, the rest committed
+    ``chunk`` tokens at a time."""
+    ids = [int(t) for t in prompt_ids]
+    cut = max(4, int(len(ids) * split))
+    return ids[:cut], [ids[i:i + chunk] for i in range(cut, len(ids), chunk)]
+
+
+def _same(a: Draft, b: Draft) -> bool:
+    return (np.array_equal(a.token_ids, b.token_ids) and np.array_equal(a.parents, b.parents)
+            and a.scores.tobytes() == b.scores.tobytes())
+
+
+@pytest.fixture
+def shared_source(chat_datastore, database_url, tokenizer):
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url))
+    yield source
+    source.close()
+
+
+def test_a_batch_drafts_what_each_request_drafts_alone(shared_source, chat_datastore, database_url, tokenizer,
+                                                      eval_prompts):
+    """Batched through the shared client (one round trip a step) = one request at a time through the plain client."""
+    service = DraftingService(shared_source)
+    plain = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    alone = DraftingService(plain)
+    seqs, lives = [], []
+    for i, p in enumerate(eval_prompts):
+        prompt, chunks = _steps(p.token_ids)
+        service.start_request(i, prompt)
+        alone.start_request(i, prompt)
+        seqs.append(list(prompt))
+        lives.append(chunks)
+    budgets = itertools.cycle(BUDGETS)
+    compared = nonempty = 0
+    for step in range(max(map(len, lives))):
+        live = [i for i in range(len(lives)) if step < len(lives[i])]
+        batch = [(i, seqs[i], next(budgets)) for i in live]
+        trips = shared_source.client.round_trips
+        drafts = service.propose(batch)
+        assert shared_source.client.round_trips - trips <= 1  # one round trip for the whole batch
+        for (i, seq, budget), draft in zip(batch, drafts):
+            assert len(draft) <= budget and draft.score_kind is ScoreKind.PROBABILITY
+            assert _same(draft, alone.propose([(i, seq, budget)])[0])
+            compared += 1
+            nonempty += len(draft) > 0
+            for s in (service, alone):
+                s.add_tokens(i, lives[i][step])
+            seqs[i] += lives[i][step]
+    assert compared > 100 and nonempty > compared // 2
+    assert service.stats.steps == max(map(len, lives)) and service.stats.lookup_s > 0 and service.stats.core_s > 0
+    plain.close()
+
+
+def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
+    tree_service = DraftingService(shared_source, back_off_min_budget=10**9)  # the longest match, as chains use
+    chain_service = DraftingService(shared_source, min_score=0.1)
+    prompt, chunks = _steps(eval_prompts[-1].token_ids)  # code: long copies from the prompt
+    for svc in (tree_service, chain_service):
+        svc.start_request("r", prompt)
+    seq = list(prompt)
+    longest = exact = steps = 0
+    for chunk in chunks:
+        tree = tree_service.propose([("r", seq, MAX_BUDGET)])[0]
+        for k in (1, 3, 5):
+            chain = chain_service.propose([("r", seq, k)], chain=True)[0]
+            assert np.array_equal(chain.parents, np.arange(-1, len(chain) - 1))
+            assert len(chain) <= k and (chain.scores >= 0.1).all()
+            node = 0  # the chain is a root path of the merged tree ...
+            for t in chain.token_ids.tolist():
+                node = tree.children[node][t] + 1
+            best = tree.best_path(k, 0.1).scores.sum()  # ... and, up to the trie's own top-k cut, its best one
+            assert chain.scores.sum() <= best + 1e-9
+            exact += bool(np.isclose(chain.scores.sum(), best))
+            steps += 1
+            longest = max(longest, len(chain))
+        for svc in (tree_service, chain_service):
+            svc.add_tokens("r", chunk)
+        seq += chunk
+    assert exact >= 0.9 * steps
+    assert longest >= 3  # multi-token chains happen
+
+
+def test_every_fault_gives_the_drafts_of_no_datastore(eval_prompts, tokenizer, chat_datastore):
+    down = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                        database_url=UNREACHABLE), retry_s=3600)
+    assert down.client is None and down.faults
+    faulty, without = DraftingService(down, vocab_size=VOCAB), DraftingService(None, vocab_size=VOCAB)
+    prompts = [_steps(p.token_ids)[0] for p in eval_prompts]
+    for svc in (faulty, without):
+        for i, prompt in enumerate(prompts):
+            svc.start_request(i, prompt)
+    for chain in (False, True):
+        batch = [(i, prompt, 5) for i, prompt in enumerate(prompts)]
+        a, b = faulty.propose(batch, chain=chain), without.propose(batch, chain=chain)
+        assert all(_same(x, y) for x, y in zip(a, b)) and any(len(x) for x in a)
+
+
+def test_threads_get_the_drafts_of_a_serial_run(shared_source, eval_prompts):
+    lives = [_steps(p.token_ids) for p in eval_prompts for _ in range(3)]  # 9 requests, 3 per prompt
+
+    def run(service: DraftingService, ids) -> dict:
+        out: dict[int, list[list[int]]] = {}
+        for rid in ids:
+            prompt, chunks = lives[rid]
+            service.start_request(rid, prompt)
+            seq = list(prompt)
+            out[rid] = []
+            for chunk in chunks:
+                d = service.propose([(rid, seq, 4)], chain=True)[0]
+                out[rid].append(d.token_ids.tolist())
+                service.add_tokens(rid, chunk)
+                seq += chunk
+            service.stop_request(rid)
+        return out
+
+    # no output index: with one, a request's drafts depend on which requests finished before it
+    serial = run(DraftingService(shared_source, outputs_bytes=0), range(len(lives)))
+    shared = DraftingService(shared_source, outputs_bytes=0)
+    results, errors = {}, []
+
+    def work(ids) -> None:
+        try:
+            results.update(run(shared, ids))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(range(t, len(lives), 3),)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and results == serial and not shared.active_requests
+
+
+def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_is_documented(shared_source,
+                                                                                            eval_prompts):
+    """Two threads draft for 8 requests while a third stops, restarts and extends them, for 15 s: a call raises only
+    the documented ``KeyError`` (a request not active when the call starts), and a row whose request is stopped while
+    its lookups run gets an empty draft."""
+    service = DraftingService(shared_source)
+    seqs = [list(_steps(p.token_ids)[0]) for p in eval_prompts]
+    keys = list(range(8))
+    for k in keys:
+        service.start_request(k, seqs[k % len(seqs)])
+    stop = threading.Event()
+    counts = {"drafts": 0, "key_errors": 0, "lifecycle": 0}
+    unexpected: list[BaseException] = []
+    lock = threading.Lock()
+
+    def drafting(chain: bool) -> None:
+        while not stop.is_set():
+            try:
+                drafts = service.propose([(k, seqs[k % len(seqs)], 8) for k in keys], chain=chain)
+                with lock:
+                    counts["drafts"] += len(drafts)
+            except KeyError as exc:
+                assert "is not active; start_request it first" in str(exc)
+                with lock:
+                    counts["key_errors"] += 1
+            except BaseException as exc:  # noqa: BLE001 - every other exception is a failure, reported below
+                unexpected.append(exc)
+                return
+
+    def lifecycle() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            k = int(rng.integers(len(keys)))
+            try:
+                service.stop_request(k)
+                service.start_request(k, seqs[k % len(seqs)])
+                service.add_tokens(k, [int(t) for t in rng.integers(0, 1000, 2)])
+            except BaseException as exc:  # noqa: BLE001 - nothing may fail here: one thread owns the starts
+                unexpected.append(exc)
+                return
+            with lock:
+                counts["lifecycle"] += 1
+
+    threads = [threading.Thread(target=drafting, args=(c,)) for c in (False, True)]
+    threads.append(threading.Thread(target=lifecycle))
+    for th in threads:
+        th.start()
+    time.sleep(15)
+    stop.set()
+    for th in threads:
+        th.join(30)
+    assert not unexpected, unexpected[:3]
+    assert counts["drafts"] > 100 and counts["lifecycle"] > 100
+    assert counts["key_errors"] + service.stats.stopped_meanwhile > 0  # the race was met, and answered as documented
+
+
+@pytest.fixture
+def started(shared_source, eval_prompts):
+    service = DraftingService(shared_source)
+    prompt = _steps(eval_prompts[0].token_ids)[0]
+    service.start_request("a", prompt)
+    return service, prompt
+
+
+BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the error, what its message names)
+    (lambda s, p: s.start_request("v", [49_152]), ValueError, "prompt_ids holds token id 49152"),
+    (lambda s, p: s.start_request("v", [10**9]), ValueError, "outside the tokenizer's vocabulary [0, 49152)"),
+    (lambda s, p: s.start_request("v", np.array([1.5])), InvalidContext, "float64"),
+    (lambda s, p: s.start_request("v", [-3]), InvalidContext, "-3"),
+    (lambda s, p: s.start_request(cast(Any, None), p), TypeError, "req_id None"),
+    (lambda s, p: s.start_request("a", p), ValueError, "'a' is already active"),
+    (lambda s, p: s.add_tokens("a", [10**9]), ValueError, "tokens holds token id 1000000000"),
+    (lambda s, p: s.add_tokens("a", "abc"), InvalidContext, "str"),
+    (lambda s, p: s.add_tokens("b", [1]), KeyError, "'b' is not active"),
+    (lambda s, p: s.propose([("b", p, 3)]), KeyError, "'b' is not active"),
+    (lambda s, p: s.propose([("a", p, 2.5)]), TypeError, "batch[0] budget 2.5"),
+    (lambda s, p: s.propose([("a", p, "3")]), TypeError, "batch[0] budget '3'"),
+    (lambda s, p: s.propose([("a", p, True)]), TypeError, "batch[0] budget True"),
+    (lambda s, p: s.propose([("a", p, 2**63)]), ValueError, f"batch[0] budget {2**63} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.propose([("a", p, float("nan"))]), TypeError, "batch[0] budget nan"),
+    (lambda s, p: s.propose([("a", p, -1)]), ValueError, f"outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.propose([("a", p, 3), ("a", p[:-1] + [10**9], 3)]), InvalidContext, "batch[1] context"),
+    (lambda s, p: s.propose([("a", 3)]), TypeError, "batch[0]"),
+    (lambda s, p: s.propose([("a", p, 3)], min_score=-0.1), ValueError, "min_score=-0.1"),
+    (lambda s, p: s.propose([("a", p, 3)], min_score=float("nan")), ValueError, "min_score=nan"),
+    (lambda s, p: s.propose([("a", p, 3)], min_score=cast(Any, "0.1")), TypeError, "min_score '0.1'"),
+    (lambda s, p: s.follow("a", np.array([[1, 2]])), InvalidContext, "2-D"),
+]
+
+
+@pytest.mark.parametrize("call,error,named", BAD, ids=[f"{e.__name__}: {n}" for _, e, n in BAD])
+def test_bad_input_is_refused_at_the_door_and_fails_no_other_row(started, call, error, named):
+    service, prompt = started
+    with pytest.raises(error, match=re.escape(named)):
+        call(service, prompt)
+    assert service.active_requests == {"a"}  # nothing half-done, nothing lost
+    service.start_request("c", prompt)  # another request, and this one, still draft
+    drafts = service.propose([("a", prompt, 8), ("c", prompt, 8)])
+    assert len(drafts[0]) > 0 and _same(drafts[0], drafts[1])
+
+
+def test_settings_are_checked_where_the_service_is_built(shared_source):
+    for kwargs, named in (({"min_score": 2.0}, "min_score=2.0"), ({"back_off_min_budget": -1}, "back_off_min_budget"),
+                          ({"outputs_bytes": -1}, "outputs_bytes"), ({"sources": ["ds", "corpus"]}, "'corpus'")):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            DraftingService(shared_source, **kwargs)
+    with pytest.raises(ValueError, match="vocab_size"):
+        DraftingService(None)  # nothing tells the vocabulary: it must be given
+
+
+def test_budget_zero_drafts_nothing_and_a_stopped_request_is_forgotten(started):
+    service, prompt = started
+    assert len(service.propose([("a", prompt, 0)])[0]) == 0
+    service.stop_request("a")
+    service.stop_request("a")  # ignored
+    assert not service.active_requests
+
+
+def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, live_ds, sharegpt_sample, eval_prompts):
+    build_small(database_url, live_ds, sharegpt_sample)
+    writer = LiveWriter(live_ds, database_url)
+    seqs = [list(p.token_ids) for p in eval_prompts]
+    for s in seqs:
+        writer.append(s)
+    assert writer.flush(30)
+    writer.close()
+    compact_live(live_ds, top_t=1000, database_url=database_url)
+    service = DraftingService.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0)
+    try:
+        assert service.lookups is not None
+        client = cast(SharedDatastore, service.lookups.client)
+        assert client is not None and client.live is not None  # the layer is served with the datastore
+        for i, s in enumerate(seqs):
+            service.start_request(i, s[:10])
+        for step in range(10, 40):
+            trips = client.round_trips
+            drafts = service.propose([(i, s[:step], 8) for i, s in enumerate(seqs)])
+            assert client.round_trips - trips == 1  # the datastore and the live layer: one query
+            assert any(len(d) for d in drafts)
+            for i, s in enumerate(seqs):
+                service.add_tokens(i, s[step:step + 1])
+    finally:
+        service.close()
+
+
+def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tokenizer, live_ds, sharegpt_sample):
+    writer = LiveWriter(live_ds, database_url)
+    service = DraftingService(None, vocab_size=VOCAB, live_writer=writer)
+    output = [900, 901, 902, 903, 904, 905, 906, 907]
+    service.start_request("a", [1, 2, 3])
+    service.add_tokens("a", output[:3])
+    service.add_tokens("a", output[3:])
+    service.stop_request("a")
+    assert writer.flush(30)
+    writer.close()
+    compact_live(live_ds, top_t=1000, database_url=database_url)
+    build_small(database_url, live_ds, sharegpt_sample)
+    layered = DatastoreSource(lambda: SharedDatastore.open(live_ds, tokenizer=tokenizer, database_url=database_url,
+                                                           live=live_name(live_ds)))
+    plain = DatastoreSource(lambda: SharedDatastore.open(live_ds, tokenizer=tokenizer, database_url=database_url))
+    try:
+        with_live = DraftingService(layered, sources=["live"])  # the live layer's drafts alone
+        without = DraftingService(plain, sources=["live"])
+        context = [7, 8, 900, 901, 902]
+        for s in (with_live, without):
+            s.start_request("b", context)
+        draft = with_live.propose([("b", context, 4)], chain=True)[0]
+        assert draft.token_ids.tolist() == output[3:7]  # the model's earlier output continues the context
+        assert len(without.propose([("b", context, 4)], chain=True)[0]) == 0  # no layer, no draft
+    finally:
+        layered.close()
+        plain.close()

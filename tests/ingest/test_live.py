@@ -1,0 +1,69 @@
+"""``python -m ingest compact-live`` (:mod:`ingest.live`) on the real Postgres: compaction by the corpus build's own
+rule (the same rows as a build of the same tokens) and eviction by bytes, newest outputs kept."""
+
+from __future__ import annotations
+
+import numpy as np
+from psycopg import sql
+
+from datastore.connection import connect
+from datastore.live import decode_output, encode_output, live_name
+from ingest.build import BuildConfig, TokenizedCorpus, build_datastore
+from ingest.live import compact_live
+from ingest.tokens import SEPARATOR, TokenStreamWriter
+
+
+def _documents(stream: np.ndarray, count: int) -> list[np.ndarray]:
+    cuts = np.flatnonzero(stream == SEPARATOR)
+    docs = np.split(stream, cuts)
+    return [d[d != SEPARATOR] for d in docs if len(d[d != SEPARATOR]) > 1][:count]
+
+
+def _append(url: str, name: str, docs) -> None:
+    with connect(url, autocommit=True) as conn, conn.cursor().copy(
+            "COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+        for d in docs:
+            cp.write_row((name, encode_output(d), len(d), "test"))
+
+
+def _rows(url: str, name: str) -> dict[bytes, bytes]:
+    with connect(url) as conn:
+        row = conn.execute("SELECT trees_table FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
+        assert row is not None
+        table = row[0]
+        return {bytes(k): bytes(v)
+                for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))}
+
+
+def test_compaction_equals_a_build_of_the_same_outputs(database_url, real_stream, live_ds, ds_name, tmp_path):
+    docs = _documents(real_stream, 30)
+    _append(database_url, live_ds, docs)
+    res = compact_live(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
+    assert (res.outputs, res.tokens, res.evicted) == (len(docs), sum(map(len, docs)), 0)
+    path = tmp_path / "s.u32"
+    with TokenStreamWriter(path) as w:
+        w.write(docs)
+    build_datastore(BuildConfig(name=ds_name, top_t=500, database_url=database_url),
+                    progress=False, corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token,
+                                                          {"path": str(path), "malformed": {}}))
+    assert _rows(database_url, live_name(live_ds)) == _rows(database_url, ds_name)  # same rule, same trees
+    with connect(database_url) as conn:
+        row = conn.execute("SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'",
+                           [live_name(live_ds)]).fetchone()
+        assert row is not None
+        corpus = row[0]
+    assert corpus["source"] == "outputs"  # provenance of every tree of the layer
+
+
+def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url, real_stream, live_ds):
+    docs = _documents(real_stream, 12)
+    _append(database_url, live_ds, docs)
+    budget_tokens = sum(map(len, docs[-4:]))  # room for exactly the 4 newest
+    res = compact_live(live_ds, top_t=100, max_bytes=2 * 4 * budget_tokens + 1, database_url=database_url)
+    assert res.outputs == 4 and res.evicted == len(docs) - 4
+    with connect(database_url) as conn:
+        left = [decode_output(bytes(t)).tolist() for (t,) in conn.execute(
+            "SELECT tokens FROM live_outputs WHERE name = %s ORDER BY id", [live_ds])]
+    assert left == [d.tolist() for d in docs[-4:]]
+
+

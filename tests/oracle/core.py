@@ -1,0 +1,75 @@
+"""The Python oracle of the native drafting core (``csrc/core.cpp``, ``crest_native.Core``): the same request table
+and the same step, written with the other oracles; driven call for call like the native core, it drafts the same
+bits (``tests/drafting/test_native.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from datastore.tree import Match
+from drafting.calibration import Calibration
+from drafting.draft import Draft
+from drafting.heads import HeadTree
+
+from .calibration import draft_from_candidates
+from .local import RequestAutomaton
+from .output_index import OutputIndex
+
+MATCH_NODES = 64
+CONTEXT_TOKENS = 64
+
+
+@dataclass
+class _Request:
+    local: RequestAutomaton
+    tokens: list[int]
+    prompt_len: int
+
+
+class PythonCore:
+    """The oracle core: ``start`` / ``extend`` / ``stop`` keyed by the caller's id, ``draft`` a batch.
+
+    Args:
+        calibration: the node scorer. outputs_bytes: the output index's bound (0: none). local_depth /
+        outputs_depth: the automata's deepest continuation node. sources: the sources drafted from.
+    """
+
+    def __init__(self, calibration: Calibration, outputs_bytes: int, local_depth: int = 16, outputs_depth: int = 16,
+                 sources: Sequence[str] = ("ds", "live", "local", "outputs")) -> None:
+        self.calibration, self.local_depth, self.sources = calibration, local_depth, set(sources)
+        self.outputs = OutputIndex(outputs_bytes, outputs_depth)
+        self.requests: dict = {}
+
+    def start(self, key, prompt: list[int]) -> None:
+        local = RequestAutomaton(self.local_depth)
+        local.extend(prompt)
+        self.requests[key] = _Request(local, list(prompt), len(prompt))
+
+    def extend(self, key, tokens: list[int]) -> None:
+        r = self.requests[key]
+        r.local.extend(tokens)
+        r.tokens += tokens
+
+    def stop(self, key) -> list[int]:
+        r = self.requests.pop(key)
+        output = r.tokens[r.prompt_len:]
+        self.outputs.add(output)
+        return output
+
+    def draft(self, keys: Sequence, budgets: Sequence[int], stored: Sequence[Sequence[Match]],
+              live: Sequence[Match | None], chain: bool, min_score: float,
+              heads: Sequence[HeadTree | None] | None = None) -> list[tuple[Draft, int]]:
+        out = []
+        for key, budget, cands, live_match, tree in zip(keys, budgets, stored, live, heads or [None] * len(keys)):
+            r = self.requests[key]
+            nodes = max(budget, MATCH_NODES)
+            others = {"live": live_match if "live" in self.sources else None,
+                      "heads": tree if "heads" in self.sources else None,
+                      "local": r.local.match(nodes) if "local" in self.sources else None,
+                      "outputs": self.outputs.match(r.tokens[-CONTEXT_TOKENS:], nodes)
+                      if "outputs" in self.sources else None}
+            cands = list(cands) if "ds" in self.sources else []
+            out.append(draft_from_candidates(self.calibration, cands, others, budget, chain=chain,
+                                             min_score=min_score))
+        return out

@@ -1,0 +1,132 @@
+"""``python -m serving`` (:mod:`serving.server`) as a user meets it, with the ``openai`` client: chat completions at
+concurrency 4, a streamed completion, greedy output identical to the same server without speculation, a bad request
+answered with 400 after which the server still answers, and a clean shutdown. Runs where the ``vllm`` extra is
+installed (``bash scripts/setup-vllm.sh``; CI installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from support import REPO
+
+NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
+QUESTIONS = ["How do I sort a list of tuples by their second item in Python?", "What is the capital of France?",
+             "Write a haiku about the sea.", "Explain recursion to a child in two sentences."]
+MAX_TOKENS = 40
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m serving ARGS`` in a process of its own, answered at ``url`` once healthy."""
+
+    def __init__(self, args: list[str], env: dict, log) -> None:
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc = subprocess.Popen([sys.executable, "-m", "serving", *args, "--port", str(self.port),
+                                      "--max-model-len", "2048"], cwd=REPO, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the server stopped while starting"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(2)
+        raise AssertionError("the server did not answer /health in time")
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGINT (a user's Ctrl-C), then the exit code; the whole process group must be gone by then."""
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return code
+            time.sleep(0.5)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        raise AssertionError("the server left processes behind after its shutdown")
+
+
+@pytest.fixture
+def served(tmp_path, database_url, chat_datastore) -> Iterator:
+    env = dict(os.environ, DATABASE_URL=database_url, CREST_DATASTORE=chat_datastore)
+    servers: list[Server] = []
+
+    def start(*args: str) -> Server:
+        log = open(tmp_path / f"server-{len(servers)}.log", "w")  # noqa: SIM115 - the server's own log, kept
+        server = Server(list(args), env, log)
+        servers.append(server)
+        server.wait_healthy()
+        return server
+
+    yield start
+    for s in servers:
+        if s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+
+
+def _ask(client, question: str) -> str:
+    out = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=MAX_TOKENS,
+                                         messages=[{"role": "user", "content": question}])
+    return out.choices[0].message.content
+
+
+@pytest.mark.slow
+@NEEDS_VLLM
+def test_the_served_endpoint_answers_any_openai_client(served):
+    from openai import BadRequestError, OpenAI
+
+    plain = served("--speculative-tokens", "0")
+    want = [_ask(OpenAI(base_url=plain.url, api_key="none"), q) for q in QUESTIONS]
+    assert plain.stop() == 0
+
+    ours = served()  # the proposer, 8 draft tokens a step
+    client = OpenAI(base_url=ours.url, api_key="none")
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda q: _ask(client, q), QUESTIONS))
+    assert got == want and all(len(g) > 20 for g in got)  # greedy, token for token the server without speculation
+    chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=MAX_TOKENS,
+                                                 messages=[{"role": "user", "content": QUESTIONS[0]}], stream=True))
+    assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want[0]
+    with pytest.raises(BadRequestError) as bad:
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=-5,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert bad.value.status_code == 400 and "max_tokens" in str(bad.value)
+    assert _ask(client, QUESTIONS[1]) == want[1]  # still serving
+    assert ours.stop() == 0
+
+
+def test_bad_options_are_refused_before_anything_starts(capsys):
+    from serving.server import main
+
+    assert main(["--speculative-tokens", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "--speculative-tokens 99 is outside 0..64" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["--speculative-tokens", "many"])
+    assert exc.value.code == 2 and "'many'" in capsys.readouterr().err

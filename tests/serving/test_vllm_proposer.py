@@ -1,0 +1,80 @@
+"""Our proposer inside vLLM (the ``vllm`` extra; skipped without it): vLLM's fp32 greedy output equals our
+own greedy decoding on the exported checkpoint, and equals itself with our proposer drafting from a real
+datastore, batched. Each engine runs in a child process started with :func:`serving.server.cpu_env`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decoder import greedy_generate
+from serving.server import cpu_env
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                 reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")]
+MAX_NEW = 48
+HERE = Path(__file__).resolve().parent
+
+
+def _vllm(prompts, k: int, env: dict | None = None) -> dict:
+    job = json.dumps({"prompts": [list(map(int, p.token_ids)) for p in prompts], "k": k, "max_tokens": MAX_NEW})
+    proc = subprocess.run([sys.executable, str(HERE / "vllm_generate.py"), job], capture_output=True, text=True,
+                          env=cpu_env(env, in_process=True), cwd=HERE.parent, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def plain_vllm(eval_prompts):
+    return _vllm(eval_prompts, k=0)["outputs"]
+
+
+def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
+    ours = [greedy_generate(target, p.token_ids, max_new_tokens=MAX_NEW).output_ids for p in eval_prompts]
+    assert [list(map(int, o)) for o in ours] == plain_vllm
+    assert all(len(set(o)) > 5 for o in plain_vllm)  # real text, not one token repeated
+
+
+def test_crest_proposer_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datastore, database_url):
+    import os
+
+    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url)
+    got = _vllm(eval_prompts, k=3, env=env)
+    assert got["outputs"] == plain_vllm
+    stats = got["stats"]
+    assert stats["steps"] > 0 and stats["tokens_proposed"] > 0 and got["accepted"] > 0
+    assert stats["datastore"]["round_trips"] <= stats["steps"]  # at most one round trip a step
+    assert stats["rows_started"] >= len(eval_prompts) and not stats["faults"]
+
+
+def test_proposer_settings_from_the_environment(monkeypatch):
+    from serving.vllm_proposer import ProposerConfig
+
+    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE", "CREST_OUTPUTS_MB"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = ProposerConfig.from_env()
+    assert cfg.live and cfg.live_url is None and cfg.min_score == 0.1  # both output layers on by default
+    assert cfg.outputs_mb == 64.0 and cfg.adaptive
+    monkeypatch.setenv("CREST_LIVE", "0")
+    monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
+    monkeypatch.setenv("CREST_OUTPUTS_MB", "0")
+    cfg = ProposerConfig.from_env()
+    assert not cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test" and cfg.outputs_mb == 0
+    monkeypatch.setenv("CREST_OUTPUTS_MB", "-1")
+    with pytest.raises(ValueError, match="CREST_OUTPUTS_MB=-1.0: must be >= 0"):
+        ProposerConfig.from_env()
+    monkeypatch.delenv("CREST_OUTPUTS_MB")
+    monkeypatch.setenv("CREST_LIVE", "yes")
+    with pytest.raises(ValueError, match="CREST_LIVE='yes': must be 0 or 1"):
+        ProposerConfig.from_env()
+    monkeypatch.setenv("CREST_LIVE", "0")
+    monkeypatch.setenv("CREST_MIN_SCORE", "1.5")
+    with pytest.raises(ValueError, match="CREST_MIN_SCORE=1.5: must be"):
+        ProposerConfig.from_env()

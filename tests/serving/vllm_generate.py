@@ -1,0 +1,44 @@
+"""Run by tests/serving/test_vllm_proposer.py in a child process (vLLM's CPU build needs its own environment, see
+serving.server.cpu_env): greedy fp32 generation in vLLM, with or without our proposer; prints JSON."""
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from vllm import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # benchmarks/_proposer.py
+
+from decoder.model import export_checkpoint  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.metrics.reader import Counter
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    spec = None
+    if job["k"]:
+        spec = {"method": "custom_class", "model": "_proposer.InstrumentedProposer",
+                "num_speculative_tokens": job["k"]}
+    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=2048, seed=0,
+              max_num_seqs=len(job["prompts"]), speculative_config=spec, disable_log_stats=False)
+    prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=job["max_tokens"]), use_tqdm=False)
+    result: dict[str, Any] = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
+    if spec:
+        from _proposer import InstrumentedProposer
+
+        proposer = InstrumentedProposer.last()
+        assert proposer is not None  # vLLM runs in this process (test_vllm_proposer.py: cpu_env(in_process=True))
+        result["stats"] = proposer.stats()
+        # the accepted-token metric is a counter
+        result["accepted"] = sum(cast("Counter", m).value for m in llm.get_metrics()
+                                 if m.name == "vllm:spec_decode_num_accepted_tokens")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Helpers the tests share (fixtures are in ``conftest.py``): the repository's root, a small real build, URLs with
+other parameters, and running an entry point in-process."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from hypothesis import strategies as st
+
+from datastore.tree import TokenTree
+
+REPO = Path(__file__).resolve().parents[1]
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
+"""A server no test can reach."""
+NO_SUCH = "/no/such/path-0f3a"
+
+
+def call(main, argv: list[str], capsys) -> tuple[int, str]:
+    """Run an entry point in-process: ``(exit code, everything it printed)``."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    printed = capsys.readouterr()
+    return int(code or 0), printed.out + printed.err
+
+
+def check_refusal(main, argv, code: int, names: tuple[str, ...], capsys) -> None:
+    """Run an entry point with bad input: it exits ``code`` with a message naming each of ``names``, no traceback, no
+    password, no doubled punctuation, within 30 s."""
+    t0 = time.monotonic()
+    got, text = call(main, argv, capsys)
+    assert got == code, (argv, got, text[-2000:])
+    assert "Traceback" not in text, (argv, text[-2000:])
+    for needle in names:
+        assert needle in text, (argv, needle, text[-2000:])
+    assert "hunter2" not in text  # a password is never echoed
+    # no doubled punctuation ("1..8" is a range, "..." an ellipsis)
+    assert not re.search(r"(?<![\d.])\.\.(?![\d.])|;;|::\s|, ,", text), (argv, text)
+    assert time.monotonic() - t0 < 30, argv  # nothing hangs: bad input is refused at once
+
+
+def build_small(url: str, name: str, sample: Path) -> int:
+    """Build datastore ``name`` from the first 10 conversations of the ShareGPT sample (top-t 50, n <= 2);
+    returns its build id. A few seconds: for tests that rebuild or drop datastores."""
+    from ingest import BuildConfig, build_datastore
+
+    return build_datastore(BuildConfig(name=name, path=sample, limit=10, top_t=50, max_n=2, database_url=url),
+                           progress=False).build_id
+
+
+def with_params(url: str, **changes) -> str:
+    """``url`` as a libpq key/value string with some parameters changed (and no password)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params.pop("password", None)
+    return make_conninfo(**(params | changes))
+
+
+def run_module(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m ARGS...`` in the repository's root, its output captured."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def random_tree(rng: np.random.Generator, vocab: int, size: int) -> TokenTree:
+    """A valid token tree: siblings differ, counts never rise along a path."""
+    toks: list[int] = []
+    parents: list[int] = []
+    counts: list[int] = []
+    kids: dict[int, set] = {}
+    for i in range(size):
+        p = int(rng.integers(-1, i)) if i else -1
+        t = int(rng.integers(0, vocab))
+        if t in kids.setdefault(p, set()):
+            continue
+        kids[p].add(t)
+        toks.append(t)
+        parents.append(p if p < len(toks) - 1 else -1)
+        counts.append(int(rng.integers(1, 50)) if parents[-1] < 0 else int(rng.integers(1, counts[parents[-1]] + 1)))
+    top = sum(c for c, p in zip(counts, parents) if p < 0)
+    return TokenTree(np.array(toks, np.uint32), np.array(parents, np.int32), np.array(counts, np.uint32),
+                     int(rng.integers(top, top + 20)) if rng.random() < 0.8 else 0)
+
+
+def random_head_tree(rng: np.random.Generator, vocab: int, size: int):
+    """A valid heads tree (:class:`drafting.heads.HeadTree`): siblings differ, probabilities in [0, 1] (ties
+    among siblings included)."""
+    from drafting.heads import HeadTree
+
+    tree = random_tree(rng, vocab, size)
+    probs = rng.choice([0.0, 0.25, 0.5, 1.0, rng.random()], size=len(tree.token_ids))
+    return HeadTree(tree.token_ids.astype(np.int64), tree.parents, probs)
+
+
+def drawn_tree(draw, vocab: int, max_nodes: int) -> TokenTree:
+    n = draw(st.integers(0, max_nodes))
+    toks: list[int] = []
+    pars: list[int] = []
+    cnts: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    for i in range(n):
+        p = draw(st.integers(-1, i - 1))
+        t = draw(st.integers(0, vocab - 1))
+        if (p, t) in seen:
+            continue
+        seen.add((p, t))
+        # remap to the compacted index space
+        p = -1 if p < 0 or p >= len(toks) else p
+        if (p, t) in {(a, b) for a, b in zip(pars, toks)}:
+            continue
+        cap = cnts[p] if p >= 0 else 50
+        toks.append(t)
+        pars.append(p)
+        cnts.append(draw(st.integers(1, cap)))
+    root = max([c for c, p in zip(cnts, pars) if p < 0], default=0) + draw(st.integers(0, 20))
+    return TokenTree(np.array(toks, np.uint32), np.array(pars, np.int32), np.array(cnts, np.uint32), root)
+
+
+@st.composite
+def trees(draw):
+    return drawn_tree(draw, vocab=4, max_nodes=30)
+
+
+def tree_paths(tree) -> list[tuple[int, ...]]:
+    """Each node's path from the root (a :class:`TokenTree` or a draft)."""
+    paths: list[tuple[int, ...]] = []
+    for tok, par in zip(tree.token_ids.tolist(), tree.parents.tolist()):
+        paths.append((paths[par] if par >= 0 else ()) + (tok,))
+    return paths
+
+
+def tree_from_paths(paths: dict[tuple, int], root: int = 0) -> TokenTree:
+    """A token tree from ``path -> count`` (parents listed before children)."""
+    index: dict[tuple, int] = {}
+    toks: list[int] = []
+    pars: list[int] = []
+    cnts: list[int] = []
+    for path, c in paths.items():
+        index[path] = len(toks)
+        toks.append(path[-1])
+        pars.append(index[path[:-1]] if len(path) > 1 else -1)
+        cnts.append(c)
+    return TokenTree(np.array(toks), np.array(pars), np.array(cnts), root)
+
+
+def tiny_heads(target, seed: int = 0, num_heads: int = 2):
+    """Untrained S4C heads of the target's width with one attention head and a narrow MLP (seconds to train)."""
+    import dataclasses
+
+    import torch
+
+    from s4c.features import target_weights
+    from s4c.heads import HeadsConfig, S4CHeads
+
+    config = dataclasses.replace(HeadsConfig.of_target(target.model.config), num_attention_heads=1,
+                                 num_key_value_heads=1, intermediate_size=64, num_heads=num_heads)
+    torch.manual_seed(seed)
+    return S4CHeads(config, *target_weights(target))

@@ -1,0 +1,112 @@
+"""Command-line options shared by every entry point (argparse parents and argument types), declared once.
+
+Every option is checked by the parser, before any model, tokenizer or corpus is loaded: a bad value exits 2
+with argparse's own message naming the option, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from .settings import check_libpq
+
+__all__ = ["database_options", "datastore_name", "existing_path", "existing_dir", "int_in", "model_spec",
+           "positive_float"]
+
+NAME_RULE = "1..200 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def check_name(name: str, what: str = "datastore name") -> str:
+    """``name`` when it is a valid datastore name (:data:`NAME_RULE`).
+
+    Raises:
+        ValueError: naming the value and the rule.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{what} {name!r} is not valid: use {NAME_RULE}")
+    return name
+
+
+def datastore_name(text: str) -> str:
+    """argparse type: a valid datastore name."""
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def database_url(text: str) -> str:
+    """argparse type: a libpq connection string (its password is never echoed)."""
+    try:
+        return check_libpq(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def existing_path(text: str) -> Path:
+    """argparse type: a file or directory that exists."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return path
+
+
+def existing_dir(text: str) -> Path:
+    """argparse type: a directory that exists."""
+    path = existing_path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a directory")
+    return path
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer in ``low..high`` (no upper bound when ``high`` is ``None``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if high is None and value < low:
+            raise argparse.ArgumentTypeError(f"{value}: must be >= {low}")
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0 (a rate, a scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
+    return value
+
+
+def model_spec(text: str) -> str:
+    """argparse type: a model or tokenizer spec that resolves here (:func:`toolkit.tokenizer.check_model_spec`):
+    a local folder, a ``.gguf`` file, the default model, or a hub id that is cached or reachable (a hub that
+    cannot be reached is refused within seconds, with the offline options)."""
+    from .tokenizer import check_model_spec
+
+    try:
+        return check_model_spec(text)
+    except (ValueError, FileNotFoundError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def database_options() -> argparse.ArgumentParser:
+    """``--database-url``: where the datastores live (a parent parser for ``argparse``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--database-url", type=database_url, default=None, metavar="URL",
+                   help="libpq URL, e.g. postgresql://user@host:5432/db (default: $DATABASE_URL, else an embedded "
+                        "PostgreSQL in a per-user data directory).")
+    return p
