@@ -40,6 +40,7 @@ from crest_native import FEATURES  # noqa: E402
 from drafting import Calibration, DraftingService  # noqa: E402
 from drafting.accept import accepted_mask, reference_predictions  # noqa: E402
 from drafting.calibration import HEADS_PATH, RETRIEVAL_SOURCES  # noqa: E402
+from toolkit.options import float_in, int_in  # noqa: E402
 
 COLUMN = {name: i for i, name in enumerate(FEATURES)}
 
@@ -201,13 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", type=Path, default=None,
                     help="where the calibration curve's PNG goes (default: docs/img/calibration.png, or "
                          "calibration-heads.png with --heads).")
-    ap.add_argument("--prior", type=float, default=1.0,
+    ap.add_argument("--prior", type=float_in(0), default=1.0,
                     help="additive smoothing of the count ratios the features hold, >= 0 (default: 1.0).")
-    ap.add_argument("--stride", type=int, default=1, help="visit every stride-th position.")
-    ap.add_argument("--max-depth", type=int, default=16, help="the requests' automata's deepest continuation node.")
-    ap.add_argument("--outputs-mb", type=float, default=64.0,
+    ap.add_argument("--stride", type=int_in(1), default=1, help="visit every stride-th position.")
+    ap.add_argument("--max-depth", type=int_in(1), default=16,
+                    help="the requests' automata's deepest continuation node.")
+    ap.add_argument("--outputs-mb", type=float_in(0), default=64.0,
                     help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off).")
-    ap.add_argument("--live-top-t", type=int, default=200_000, help="top-t of the cross-fitted live layers.")
+    ap.add_argument("--live-top-t", type=int_in(1), default=200_000, help="top-t of the cross-fitted live layers.")
     references_option(ap)
     return ap
 

@@ -22,18 +22,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import half, load_references, references_option  # noqa: E402
+from toolkit.options import float_in, int_in  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--k", nargs="+", type=int, default=[4, 8, 12, 16],
+    ap.add_argument("--k", nargs="+", type=int_in(1), default=[4, 8, 12, 16],
                     help="num_speculative_tokens values tried (default: 4 8 12 16).")
-    ap.add_argument("--floors", nargs="+", type=float, default=[0.02, 0.05, 0.1, 0.2],
+    ap.add_argument("--floors", nargs="+", type=float_in(0, 1), default=[0.02, 0.05, 0.1, 0.2],
                     help="CREST_MIN_SCORE values tried, probabilities (default: 0.02 0.05 0.1 0.2).")
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32],
+    ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="rows per step whose break-even cut is modelled (default: 1 8 32).")
-    ap.add_argument("--step-cost", nargs=2, type=float, default=[0.042, 0.0027], metavar=("A", "B"),
+    ap.add_argument("--step-cost", nargs=2, type=float_in(0), default=[0.042, 0.0027], metavar=("A", "B"),
                     help="seconds per step and per verified token (default: the proposer's fit in vLLM here).")
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")

@@ -35,6 +35,7 @@ from datastore.errors import DatastoreError
 from ingest import BuildConfig, build_datastore
 from ingest.sources import default_sharegpt_path
 from toolkit import load_tokenizer
+from toolkit.options import positive_float
 
 NAME = "ddl-bench"
 
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--database-url", default=None, help="builder's URL (default: DATABASE_URL).")
-    ap.add_argument("--seconds", type=float, default=4.0, help="seconds of lookups per phase (default: 4).")
+    ap.add_argument("--seconds", type=positive_float, default=4.0, help="seconds of lookups per phase (default: 4).")
     return ap
 
 

@@ -18,10 +18,12 @@ import numpy as np
 from datastore import Datastore
 from drafting import DatastoreSource, DraftingService
 from drafting.drafters.ngram_trie import NGramTrie
+from drafting.lifecycle import MAX_BUDGET
 from evaluation.prompts import load_prompts
 from evaluation.replay import reference_store  # references saved by `python -m evaluation replay`
 from evaluation.simulate import replay
 from toolkit import load_tokenizer
+from toolkit.options import int_in
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--datastore", default="sharegpt", help="datastore name (default: sharegpt).")
     ap.add_argument("--database-url", default=None, help="libpq URL (default: DATABASE_URL or embedded).")
     ap.add_argument("--set", dest="prompt_set", default="spec_bench", help="prompt set (default: spec_bench).")
-    ap.add_argument("--limit", type=int, default=2, help="prompts per category (default: 2).")
-    ap.add_argument("--budget", type=int, default=3, help="draft nodes per step (default: 3).")
+    ap.add_argument("--limit", type=int_in(1), default=2, help="prompts per category (default: 2).")
+    ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=3, help="draft nodes per step (default: 3).")
     return ap
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import half, load_references, references_option  # noqa: E402
+from toolkit.options import percent  # noqa: E402
 
 SIZES = (10_000, 100_000, 1_000_000)
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
-    ap.add_argument("--sample", type=float, default=1.0, help="percent of each datastore's rows sampled.")
+    ap.add_argument("--sample", type=percent, default=1.0, help="percent of each datastore's rows sampled.")
     references_option(ap)
     return ap
 

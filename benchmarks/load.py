@@ -40,6 +40,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from toolkit.options import float_in, int_in, positive_float
+
 NAME = "crest-load"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -246,12 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--database-url", help="a Postgres server (libpq URL).")
     where.add_argument("--embedded", action="store_true", help="the embedded server (the default for new users).")
-    ap.add_argument("--clients", nargs="+", type=int, default=[16, 64], help="concurrent drafting clients.")
-    ap.add_argument("--seconds", type=float, default=60.0, help="seconds of load per run.")
-    ap.add_argument("--procs", type=int, default=4, help="client processes (clients are spread over them).")
-    ap.add_argument("--step-ms", type=float, default=10.0, help="ms each client waits between lookups.")
-    ap.add_argument("--cache-mb", type=float, default=0.0, help="each process's tree cache, MiB (0: none).")
-    ap.add_argument("--limit", type=int, default=3000, help="ShareGPT conversations in the load datastore.")
+    ap.add_argument("--clients", nargs="+", type=int_in(1), default=[16, 64], help="concurrent drafting clients.")
+    ap.add_argument("--seconds", type=positive_float, default=60.0, help="seconds of load per run.")
+    ap.add_argument("--procs", type=int_in(1), default=4, help="client processes (clients are spread over them).")
+    ap.add_argument("--step-ms", type=float_in(0), default=10.0, help="ms each client waits between lookups.")
+    ap.add_argument("--cache-mb", type=float_in(0), default=0.0, help="each process's tree cache, MiB (0: none).")
+    ap.add_argument("--limit", type=int_in(1), default=3000, help="ShareGPT conversations in the load datastore.")
     ap.add_argument("--restart", action="store_true", help="restart Postgres mid-run instead of rebuilding.")
     ap.add_argument("--restart-cmd", default="pg_ctlcluster 15 main restart", help="restarts the server.")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here.")

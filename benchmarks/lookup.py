@@ -25,6 +25,7 @@ from datastore.admin.catalog import datastore_stats
 from datastore.connection import connect, resolve_database_url
 from evaluation.prompts import load_prompts
 from toolkit import load_tokenizer
+from toolkit.options import int_in
 
 
 def _contexts(tokenizer, limit: int) -> list[list[int]]:
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", default="sharegpt", help="datastore name.")
     p.add_argument("--database-url", default=None, help="libpq URL (default: $DATABASE_URL or the embedded server).")
-    p.add_argument("--lookups", type=int, default=5000, help="timed lookups.")
+    p.add_argument("--lookups", type=int_in(1), default=5000, help="timed lookups.")
     return p
 
 

@@ -28,6 +28,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import load_references, references_option  # noqa: E402
+from drafting.lifecycle import MAX_BUDGET  # noqa: E402
+from toolkit.options import float_in, int_in, positive_float  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's vocabulary
 
@@ -35,10 +37,10 @@ VOCAB = 49152  # SmolLM2's vocabulary
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--minutes", type=float, default=30.0, help="how long the stream runs.")
-    ap.add_argument("--outputs-mb", type=float, default=64.0, help="the output index's bound, MiB.")
-    ap.add_argument("--budget", type=int, default=8, help="chain length drafted per step.")
-    ap.add_argument("--every", type=float, default=60.0, help="seconds between reports.")
+    ap.add_argument("--minutes", type=positive_float, default=30.0, help="how long the stream runs.")
+    ap.add_argument("--outputs-mb", type=float_in(0), default=64.0, help="the output index's bound, MiB.")
+    ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8, help="chain length drafted per step.")
+    ap.add_argument("--every", type=positive_float, default=60.0, help="seconds between reports.")
     references_option(ap)
     return ap
 

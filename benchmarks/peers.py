@@ -59,8 +59,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references, references_option  # noqa: E402
 from drafting.draft import Draft, ScoreKind  # noqa: E402
-from drafting.lifecycle import RequestDrafter  # noqa: E402
+from drafting.lifecycle import MAX_BUDGET, RequestDrafter  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
+from toolkit.options import float_in, int_in  # noqa: E402
 
 CODE_PATH_HINT = " --path <the standard library>"
 SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts: the odd positions within each category (report), the even ones (fit, where "
                          "settings are chosen) or all (default: report).")
-    ap.add_argument("--budgets", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 32, 64],
+    ap.add_argument("--budgets", nargs="+", type=int_in(1, MAX_BUDGET), default=[1, 2, 3, 4, 8, 16, 32, 64],
                     help="draft nodes (trees) or tokens (chains) per step (default: 1 2 3 4 8 16 32 64).")
     ap.add_argument("--methods", nargs="+", default=[*OURS, *PEERS], choices=[*OURS, *PEERS],
                     help="drafters replayed; peers that are not installed are left out (default: all).")
@@ -342,13 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="HumanEval's datastore (Python code: python -m ingest build --name code --source code ...).")
     ap.add_argument("--calibration", type=Path, default=None,
                     help="default: the shipped drafting/data/calibration.json.")
-    ap.add_argument("--node-cost", type=float, default=0.0,
+    ap.add_argument("--node-cost", type=float_in(0, 1), default=0.0,
                     help="ours: a node's verification cost in accepted tokens; the draft stops where the next "
                          "node's acceptance probability falls below it (0: always fill the budget).")
-    ap.add_argument("--sglang-corpus-share", type=float, default=0.5,
+    ap.add_argument("--sglang-corpus-share", type=float_in(0, 1), default=0.5,
                     help="sglang-*-corpus: the share of the budget SGLang gives its external corpus "
                          "(external_sam_budget; at least 1 node).")
-    ap.add_argument("--workers", type=int, default=2, help="replays run at once (forked processes).")
+    ap.add_argument("--workers", type=int_in(1), default=2, help="replays run at once (forked processes).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json",
                     help="the rows' JSON file (default: results/peers.json).")
     ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out.")

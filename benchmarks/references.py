@@ -28,6 +28,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from toolkit.options import int_in
+
 REPO = Path(__file__).resolve().parents[1]
 SETS = ("spec_bench", "spec_bench_turn2", "humaneval")
 
@@ -78,10 +80,10 @@ def _current(path: Path, want) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt.")
+    ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens generated per prompt.")
     ap.add_argument("--out-dir", type=Path, default=REPO / "results" / "references",
                     help="where each set's references go (default: results/references).")
-    ap.add_argument("--max-num-seqs", type=int, default=32, help="vLLM batch (requests running at once).")
+    ap.add_argument("--max-num-seqs", type=int_in(1), default=32, help="vLLM batch (requests running at once).")
     return ap
 
 

@@ -27,6 +27,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _refs import half, load_references, references_option  # noqa: E402
+from drafting.lifecycle import MAX_BUDGET  # noqa: E402
+from toolkit.options import float_in, int_in  # noqa: E402
 
 
 def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget: int, chain: bool) -> dict:
@@ -63,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
                     help="evaluation sets replayed, report half (default: spec_bench humaneval).")
-    ap.add_argument("--batch", type=int, default=32, help="requests in flight.")
-    ap.add_argument("--budget", type=int, default=8, help="draft tokens per request (the proposer's k).")
-    ap.add_argument("--min-score", type=float, default=0.1, help="the cut (the proposer's CREST_MIN_SCORE).")
-    ap.add_argument("--cache-mb", nargs="+", type=float, default=[64.0, 0.0], help="tree cache bounds to run.")
+    ap.add_argument("--batch", type=int_in(1), default=32, help="requests in flight.")
+    ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8,
+                    help="draft tokens per request (the proposer's k).")
+    ap.add_argument("--min-score", type=float_in(0, 1), default=0.1, help="the cut (the proposer's CREST_MIN_SCORE).")
+    ap.add_argument("--cache-mb", nargs="+", type=float_in(0), default=[64.0, 0.0], help="tree cache bounds to run.")
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore.")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore.")
     references_option(ap)

@@ -35,8 +35,10 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references, references_option  # noqa: E402
+from drafting.lifecycle import MAX_BUDGET  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
 from peers import SuffixDrafter  # noqa: E402
+from toolkit.options import int_in  # noqa: E402
 
 
 def streams(which: str, references: Path) -> dict[str, list]:
@@ -149,19 +151,20 @@ def _summary(got: list[tuple[int, int]], parts: int = 4) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--budgets", nargs="+", type=int, default=[3, 8], help="draft nodes per step (default: 3 8).")
+    ap.add_argument("--budgets", nargs="+", type=int_in(1, MAX_BUDGET), default=[3, 8],
+                    help="draft nodes per step (default: 3 8).")
     ap.add_argument("--forms", nargs="+", choices=("tree", "chain"), default=["tree", "chain"],
                     help="draft forms replayed (default: tree chain).")
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts make the streams (default: report).")
     ap.add_argument("--streams", nargs="+", choices=("chat", "code"), default=["chat", "code"],
                     help="request streams: Spec-Bench's two turns, or HumanEval (default: chat code).")
-    ap.add_argument("--window", type=int, default=8, help="requests between two compactions of the live layer.")
+    ap.add_argument("--window", type=int_in(1), default=8, help="requests between two compactions of the live layer.")
     ap.add_argument("--datastore", default="sharegpt", help="the chat stream's datastore.")
     ap.add_argument("--code-datastore", default="code", help="the code stream's datastore.")
-    ap.add_argument("--live-top-t", type=int, default=200_000,
+    ap.add_argument("--live-top-t", type=int_in(1), default=200_000,
                     help="n-grams per n kept by each compaction of the live layer (default: 200000).")
-    ap.add_argument("--live-max-bytes", type=int, default=256 << 20,
+    ap.add_argument("--live-max-bytes", type=int_in(1), default=256 << 20,
                     help="the live layer's byte bound at compaction (default: 268435456).")
     ap.add_argument("--methods", nargs="+", default=["ours", "ours+live", "ours+live-own", "suffix", "suffix-2proc"],
                     help="drafters run on the streams (default: all five).")

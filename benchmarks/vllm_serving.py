@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from serving.server import cpu_env
+from toolkit.options import int_in
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -228,14 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"],
                     help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four).")
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32],
+    ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="requests running at once, one engine per value (default: 1 8 32).")
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
                     help="evaluation sets served (default: spec_bench humaneval).")
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts are served (default: report).")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128).")
-    ap.add_argument("--k", type=int, default=None,
+    ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens generated per prompt (default: 128).")
+    ap.add_argument("--k", type=int_in(1), default=None,
                     help="num_speculative_tokens for every method (default: per method).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json",
                     help="the results' JSON file (default: results/vllm_serving.json).")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+import pytest
+
 from support import REPO
 
 BENCHMARKS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
@@ -117,3 +119,39 @@ def test_every_default_is_what_help_says():
 # -- the lookup API -------------------------------------------------------------------------------------------------
 
 
+
+
+def _numbers(parser: argparse.ArgumentParser):
+    """The options of ``parser`` that take numbers: ``(flag, type, default)``."""
+    for action in parser._actions:
+        if action.type in (int, float) or getattr(action.type, "__name__", "") in ("integer", "number",
+                                                                                    "positive_float", "percent"):
+            yield "/".join(action.option_strings), action.type, action.default
+
+
+def test_every_benchmark_number_is_checked_by_range_and_its_default_is_in_it(capsys):
+    """No benchmark option takes a bare ``int`` or ``float`` (argparse would take ``--workers 0`` or ``--seconds nan``
+    and fail later, or not at all): each takes a :mod:`toolkit.options` type, and its default is a value that type
+    accepts. A value outside the range exits 2 naming the option."""
+    import importlib
+
+    checked = 0
+    for name in BENCHMARKS:
+        module = importlib.import_module(name)
+        if not hasattr(module, "build_parser"):
+            continue
+        parser = module.build_parser()
+        for flag, parse, default in _numbers(parser):
+            assert parse not in (int, float), (name, flag)
+            for value in default if isinstance(default, list) else [] if default is None else [default]:
+                assert parse(str(value)) == value, (name, flag, value)
+                checked += 1
+    assert checked > 40
+    import peers
+
+    for bad, named in ((["--workers", "0"], "--workers: 0: must be >= 1"),
+                       (["--node-cost", "1.5"], "--node-cost: 1.5 is outside [0, 1]"),
+                       (["--budgets", "4", "nan"], "--budgets: 'nan' is not an integer")):
+        with pytest.raises(SystemExit) as exit_:
+            peers.build_parser().parse_args(bad)
+        assert exit_.value.code == 2 and named in capsys.readouterr().err

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .settings import check_libpq
 
-__all__ = ["database_options", "datastore_name", "existing_path", "existing_dir", "int_in", "model_spec",
-           "positive_float"]
+__all__ = ["database_options", "datastore_name", "existing_path", "existing_dir", "float_in", "int_in", "model_spec",
+           "percent", "positive_float"]
 
 NAME_RULE = "1..200 letters, digits, '.', '_' or '-', starting with a letter or digit"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -80,15 +80,43 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number above 0 (a rate, a scale)."""
+def _number(text: str) -> float:
+    """``text`` as a float; argparse's error when it is not a number."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0 (a rate, a scale, seconds)."""
+    value = _number(text)
     if not 0.0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
     return value
+
+
+def percent(text: str) -> float:
+    """argparse type: a share in percent, a number in (0, 100]."""
+    value = _number(text)
+    if not 0.0 < value <= 100.0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a percentage in (0, 100]")
+    return value
+
+
+def float_in(low: float, high: float | None = None) -> Callable[[str], float]:
+    """argparse type: a finite number in ``[low, high]`` (no upper bound when ``high`` is ``None``), e.g.
+    ``float_in(0, 1)`` for a probability, ``float_in(0)`` for a size where 0 turns a feature off."""
+    def parse(text: str) -> float:
+        value = _number(text)
+        if high is None and not low <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number >= {low:g}")
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}]")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def model_spec(text: str) -> str:

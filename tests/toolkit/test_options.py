@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from toolkit.options import int_in, positive_float
+from toolkit.options import float_in, int_in, percent, positive_float
 
 
 @pytest.mark.parametrize(("parse", "text", "value"), [
@@ -27,5 +27,25 @@ def test_accepted(parse, text, value):
     (positive_float, "fast", "'fast' is not a number"),
 ])
 def test_refused_with_the_reason(parse, text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        parse(text)
+
+
+@pytest.mark.parametrize(("parse", "text", "value"), [
+    (float_in(0), "0", 0.0), (float_in(0), "64", 64.0), (float_in(0, 1), "1", 1.0), (float_in(0, 1), "0.1", 0.1),
+    (percent, "100", 100.0), (percent, "0.5", 0.5),
+])
+def test_ranges_accept_their_ends(parse, text, value):
+    assert parse(text) == value
+
+
+@pytest.mark.parametrize(("parse", "text", "message"), [
+    (float_in(0), "-1", "-1: must be a finite number >= 0"), (float_in(0), "inf", "must be a finite number >= 0"),
+    (float_in(0), "nan", "nan: must be a finite number"), (float_in(0, 1), "1.01", r"1.01 is outside \[0, 1\]"),
+    (float_in(0, 1), "nan", r"nan is outside \[0, 1\]"), (float_in(0, 1), "x", "'x' is not a number"),
+    (percent, "0", r"0: must be a percentage in \(0, 100\]"), (percent, "101", "must be a percentage"),
+    (percent, "nan", "must be a percentage"),
+])
+def test_ranges_refuse_with_the_reason(parse, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         parse(text)
