@@ -7,7 +7,6 @@ to the heads shipped in the package, ``s4c/data/<name>.safetensors``. The defaul
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from decoder.model import TargetModel
+from toolkit.options import checked
 from toolkit.tokenizer import cache_dir
 
 from .features import target_fingerprint, target_weights
@@ -51,10 +51,7 @@ def check_heads_name(name: str) -> str:
 
 def heads_name(text: str) -> str:
     """argparse type: :func:`check_heads_name`, its error raised as argparse's (``python -m s4c``, ``evaluation``)."""
-    try:
-        return check_heads_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked(check_heads_name, text)
 
 
 def heads_path(name: str = DEFAULT_HEADS) -> Path:

@@ -10,11 +10,14 @@ import argparse
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .settings import check_libpq
 
-__all__ = ["database_options", "datastore_name", "existing_path", "existing_dir", "float_in", "int_in", "model_spec",
-           "percent", "positive_float"]
+__all__ = ["checked", "database_options", "datastore_name", "existing_path", "existing_dir", "float_in", "int_in",
+           "model_spec", "percent", "positive_float"]
+
+T = TypeVar("T")
 
 NAME_RULE = "1..200 letters, digits, '.', '_' or '-', starting with a letter or digit"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -31,20 +34,23 @@ def check_name(name: str, what: str = "datastore name") -> str:
     return name
 
 
+def checked(check: Callable[[str], T], text: str, errors: tuple[type[Exception], ...] = (ValueError,)) -> T:
+    """``check(text)``, its ``errors`` raised as argparse's error with the message unchanged: how a library's check
+    becomes an argparse type (argparse then names the option and exits 2)."""
+    try:
+        return check(text)
+    except errors as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def datastore_name(text: str) -> str:
     """argparse type: a valid datastore name."""
-    try:
-        return check_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked(check_name, text)
 
 
 def database_url(text: str) -> str:
     """argparse type: a libpq connection string (its password is never echoed)."""
-    try:
-        return check_libpq(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked(check_libpq, text)
 
 
 def existing_path(text: str) -> Path:
@@ -125,10 +131,7 @@ def model_spec(text: str) -> str:
     cannot be reached is refused within seconds, with the offline options)."""
     from .tokenizer import check_model_spec
 
-    try:
-        return check_model_spec(text)
-    except (ValueError, FileNotFoundError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked(check_model_spec, text, (ValueError, FileNotFoundError))
 
 
 def database_options() -> argparse.ArgumentParser:

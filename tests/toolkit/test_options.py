@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from toolkit.options import float_in, int_in, percent, positive_float
+from toolkit.options import checked, float_in, int_in, percent, positive_float
 
 
 @pytest.mark.parametrize(("parse", "text", "value"), [
@@ -49,3 +49,20 @@ def test_ranges_accept_their_ends(parse, text, value):
 def test_ranges_refuse_with_the_reason(parse, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=message):
         parse(text)
+
+
+def test_checked_raises_only_the_named_errors_as_argparse_errors_with_their_messages():
+    def check(text: str) -> str:
+        if text == "bad":
+            raise ValueError("bad: use a good one")
+        if text == "missing":
+            raise FileNotFoundError("missing: no such file")
+        return text
+
+    assert checked(check, "ok") == "ok"
+    with pytest.raises(argparse.ArgumentTypeError, match="^bad: use a good one$"):
+        checked(check, "bad")
+    with pytest.raises(FileNotFoundError):  # not named: not argparse's, a caller's bug shows as itself
+        checked(check, "missing")
+    with pytest.raises(argparse.ArgumentTypeError, match="^missing: no such file$"):
+        checked(check, "missing", (ValueError, FileNotFoundError))
