@@ -24,18 +24,26 @@ def _path(i: int) -> list[int]:
     return out[::-1]
 
 
-@torch.inference_mode()
-def test_tree_logits_equal_per_path_causal_forwards(target, tokenizer):
+def _tree_pass(target, ids: list[int]):
+    """The prompt ``ids`` but its last token prefilled, then one verification pass of the last token and
+    :data:`DRAFT`'s nodes: ``(cache, past, mask, pos, logits [1 + nodes, vocab])``."""
     model = target.model
-    ids = tokenizer.encode("The capital of France is Paris. The capital of Italy is", add_special_tokens=False)
     cache = DynamicCache(config=model.config)
     model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache)
     past = len(ids) - 1
     mask, pos = tree_attention_inputs(DRAFT, past, dtype=torch.float32, device=target.device)
+    query = torch.tensor([[ids[-1]] + TOKENS.tolist()])
+    logits = model(input_ids=query, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[0]
+    return cache, past, mask, pos, logits
+
+
+@torch.inference_mode()
+def test_tree_logits_equal_per_path_causal_forwards(target, tokenizer):
+    model = target.model
+    ids = tokenizer.encode("The capital of France is Paris. The capital of Italy is", add_special_tokens=False)
+    _, past, mask, pos, tree_logits = _tree_pass(target, ids)
     assert mask.shape == (1, 1, 1 + len(TOKENS), past + 1 + len(TOKENS))
     assert pos.tolist() == [[past, past + 1, past + 2, past + 3, past + 2, past + 1]]
-    query = torch.tensor([[ids[-1]] + TOKENS.tolist()])
-    tree_logits = model(input_ids=query, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[0]
     ref_root = model(input_ids=torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(tree_logits[0], ref_root, atol=2e-4, rtol=1e-4)
     for node in range(len(TOKENS)):
@@ -49,12 +57,7 @@ def test_kv_keeps_only_the_accepted_path(target, tokenizer):
     """After accepting a path that skips nodes, the next pass sees exactly prompt + path + bonus."""
     model = target.model
     ids = tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache)
-    past = len(ids) - 1
-    mask, pos = tree_attention_inputs(DRAFT, past, dtype=torch.float32, device=target.device)
-    query = torch.tensor([[ids[-1]] + TOKENS.tolist()])
-    model(input_ids=query, attention_mask=mask, position_ids=pos, past_key_values=cache)
+    cache, past, *_ = _tree_pass(target, ids)
     path = [0, 3]  # root -> a -> d: not contiguous in node order
     keep_accepted_kv(cache, past, path)
     assert cache.get_seq_length() == past + 1 + len(path)
