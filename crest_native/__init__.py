@@ -1,13 +1,19 @@
-"""The native drafting core (C++, nanobind), built by the package's own build (scikit-build-core, ``CMakeLists.txt``).
+"""The native core (C++, nanobind), built by the package's own build (scikit-build-core, ``CMakeLists.txt``): the
+lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas) and :mod:`drafting` (the step).
 
-:class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
-(suffix automaton, output index, merge, features, scores, chain cut, tree cut); :func:`chain_cut` and
-:func:`tree_cut` cut any scored tree; :func:`parse_tree_payload` parses token-tree payloads (codec v1);
-:data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order. The Python oracle
-of every stage is in ``tests/oracle/``.
+- :class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
+  (suffix automaton, output index, merge, features, scores, chain cut, tree cut), its datastore trees read from
+  host-local replicas (:class:`Replica`) or given by a round trip; its settings are keyword arguments whose defaults are
+  :data:`DEFAULTS`; :data:`MAX_BUDGET` is the one limit on a budget;
+- :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
+  :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
+- :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs (codec v1,
+  ``docs/tree-format.md``); :func:`chain_cut` and :func:`tree_cut` cut any scored tree;
+- :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order.
 
-Importing this package fails with :class:`ImportError` naming the fix when the extension is not built, or when it was
-built from other sources than the ``csrc/`` beside it (a checkout changed since its last build).
+The Python oracle of every stage is in ``tests/oracle/``. Importing this package fails with :class:`ImportError`
+naming the fix when the extension is not built, or when it was built from other sources than the ``csrc/`` beside it
+(a checkout changed since its last build).
 """
 
 from __future__ import annotations
@@ -15,12 +21,29 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["Core", "FEATURES", "SOURCES", "chain_cut", "parse_tree_payload", "tree_cut"]
+__all__ = ["Core", "DEFAULTS", "FEATURES", "MAX_BUDGET", "Replica", "ReplicaError", "ReplicaWriter", "SOURCES",
+           "blob_header", "chain_cut", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
 
 try:
-    from ._core import FEATURES, SOURCE_DIGEST, SOURCES, Core, chain_cut, parse_tree_payload, tree_cut
+    from ._core import (
+        DEFAULTS,
+        FEATURES,
+        MAX_BUDGET,
+        SOURCE_DIGEST,
+        SOURCES,
+        Core,
+        Replica,
+        ReplicaError,
+        ReplicaWriter,
+        blob_header,
+        chain_cut,
+        key_hash,
+        parse_blob,
+        parse_tree_payload,
+        tree_cut,
+    )
 except ImportError as exc:  # what a checkout that was never built sees
     raise ImportError(f"the native drafting core (crest_native._core) is not built ({exc}); {_FIX}") from None
 

@@ -1,7 +1,6 @@
 #include "automaton.hpp"
 
 #include <algorithm>
-#include <queue>
 
 namespace crest {
 
@@ -97,22 +96,29 @@ std::pair<int32_t, int32_t> Automaton::repeated_suffix() const {
   return {s, states_[s].len};
 }
 
+void Automaton::step(int32_t& state, int32_t& matched, uint32_t token) const {
+  int32_t e;
+  while ((e = find(state, token)) < 0 && state > 0) {  // one lookup a state: the last one's edge is kept
+    state = states_[state].link;
+    matched = states_[state].len;
+  }
+  if (e < 0) {
+    state = matched = 0;
+  } else {
+    state = edges_[e].target;
+    matched += 1;
+  }
+}
+
+void Automaton::clamp(int32_t& state, int32_t& matched, int32_t max_len) const {
+  if (matched <= max_len) return;
+  matched = max_len;
+  while (states_[state].link > 0 && states_[states_[state].link].len >= max_len) state = states_[state].link;
+}
+
 std::pair<int32_t, int32_t> Automaton::match(const uint32_t* context, std::size_t n) const {
   int32_t state = 0, matched = 0;
-  for (std::size_t k = 0; k < n; ++k) {
-    uint32_t t = context[k];
-    while (state > 0 && find(state, t) < 0) {
-      state = states_[state].link;
-      matched = states_[state].len;
-    }
-    int32_t e = find(state, t);
-    if (e < 0) {
-      state = matched = 0;
-    } else {
-      state = edges_[e].target;
-      matched += 1;
-    }
-  }
+  for (std::size_t k = 0; k < n; ++k) step(state, matched, context[k]);
   return {state, matched};
 }
 
@@ -135,21 +141,38 @@ struct Worse {  // the priority queue's top is the best: the highest count, then
 
 void Automaton::continuations(int32_t state, int budget, int max_depth, uint32_t own, Tree& out) const {
   out.clear();
-  std::priority_queue<Candidate, std::vector<Candidate>, Worse> heap;
-  for (int32_t e = states_[state].head; e >= 0; e = edges_[e].next)
-    heap.push({states_[edges_[e].target].count, -1, edges_[e].token, edges_[e].target, 1});
+  thread_local std::vector<Candidate> heap, kids;  // scratch, reused
+  heap.clear();
+  const Worse worse;
+  // Push the `room` best children of `from` (count desc, then token asc: the heap's order among siblings). A worse one
+  // can never be taken: its `room` better siblings are taken first, and at most `room` more nodes are taken.
+  auto push_children = [&](int32_t from, int32_t parent, int32_t depth, std::size_t room) {
+    kids.clear();
+    for (int32_t e = states_[from].head; e >= 0; e = edges_[e].next)
+      kids.push_back({states_[edges_[e].target].count, parent, edges_[e].token, edges_[e].target, depth});
+    if (kids.size() > room) {
+      std::nth_element(kids.begin(), kids.begin() + static_cast<std::ptrdiff_t>(room), kids.end(),
+                       [&](const Candidate& a, const Candidate& b) { return worse(b, a); });
+      kids.resize(room);
+    }
+    for (const Candidate& c : kids) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), worse);
+    }
+  };
+  if (budget > 0) push_children(state, -1, 1, static_cast<std::size_t>(budget));
   uint64_t top = 0;
   while (!heap.empty() && static_cast<int>(out.tokens.size()) < budget) {
-    Candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    Candidate c = heap.back();
+    heap.pop_back();
     int32_t idx = static_cast<int32_t>(out.tokens.size());
     out.tokens.push_back(c.token);
     out.parents.push_back(c.parent);
     out.counts.push_back(c.count);
     if (c.parent < 0) top += c.count;
-    if (c.depth < max_depth)
-      for (int32_t e = states_[c.state].head; e >= 0; e = edges_[e].next)
-        heap.push({states_[edges_[e].target].count, idx, edges_[e].token, edges_[e].target, c.depth + 1});
+    std::size_t room = static_cast<std::size_t>(budget) - out.tokens.size();
+    if (c.depth < max_depth && room > 0) push_children(c.state, idx, c.depth + 1, room);
   }
   int64_t mine = static_cast<int64_t>(states_[state].count) - static_cast<int64_t>(own);
   out.root_count = std::max<int64_t>(mine, static_cast<int64_t>(top));

@@ -29,8 +29,14 @@ class Automaton {
   void extend(const uint32_t* tokens, std::size_t n);
   // (state, length) of the longest suffix of the current sequence that also occurs earlier; (0, 0): none.
   std::pair<int32_t, int32_t> repeated_suffix() const;
-  // (state, length) of the longest suffix of `context` that occurs in the sequences; (0, 0): none.
+  // (state, length) of the longest suffix of `context` that occurs in the sequences; (0, 0): none. The state is the one
+  // holding that suffix (a transition maps every string of a state to the same state).
   std::pair<int32_t, int32_t> match(const uint32_t* context, std::size_t n) const;
+  // One token of that match: (state, matched) of a text becomes that of the text followed by `token`.
+  void step(int32_t& state, int32_t& matched, uint32_t token) const;
+  // The match of the text's last `max_len` tokens, from the match of the text: the state holding the suffix of
+  // `max_len` tokens, when the match is longer.
+  void clamp(int32_t& state, int32_t& matched, int32_t max_len) const;
   // The most frequent continuations below `state`, best-first (count desc; ties: earlier parent, smaller
   // token), at most `budget` nodes no deeper than `max_depth`; root_count: occurrences less `own`.
   void continuations(int32_t state, int budget, int max_depth, uint32_t own, Tree& out) const;

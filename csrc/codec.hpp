@@ -1,16 +1,56 @@
-// Token-tree payload parsing (codec v1, docs/tree-format.md), what datastore.codec.decode_tree calls once it has
-// checked the header, decompressed the body and checked the CRC. Its Python oracle is tests/oracle/codec.py.
+// Token-tree blobs, codec v1 (docs/tree-format.md): the header, the CRC and the payload, checked and parsed here once.
+// datastore.codec.decode_tree reads the header here, decompresses the body in Python (zstd, lz4) and hands the payload
+// back for its length, CRC and parse; a replica's records (replica.hpp) are plain (uncompressed) v1 blobs decoded here
+// whole. Its Python oracle is tests/oracle/codec.py.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tree.hpp"
 
 namespace crest {
 
+constexpr uint8_t kBlobMagic = 0xC7;
+constexpr uint8_t kBlobVersion = 1;
+constexpr std::size_t kBlobFixedHeader = 7;  // magic, version, flags, CRC-32
+constexpr uint64_t kMaxPayload = 1ULL << 24;  // guards decompression bombs
+
+// A blob's header: compression id (0 none, 1 zstd, 2 lz4), token width, CRC-32, the payload's length and where the
+// body starts.
+struct BlobHeader {
+  int compression = 0;
+  int width = 0;
+  uint32_t crc = 0;
+  uint64_t raw_len = 0;
+  std::size_t body = 0;
+};
+
+// The header of `blob`. Throws std::invalid_argument with datastore.codec's messages (too short, magic, version,
+// token width, length varint, payload limit, compression id).
+BlobHeader parse_blob_header(const uint8_t* blob, std::size_t size);
+
+// CRC-32 (zlib's) of a header's first three bytes followed by a payload: what the header's CRC field holds.
+uint32_t blob_crc(const uint8_t* header3, const uint8_t* payload, std::size_t size);
+
+// The payload of the blob whose header is `h` (its first three bytes at `header3`), checked against the header's length
+// and CRC, parsed into `out`. Throws std::invalid_argument with datastore.codec's messages.
+void parse_checked(const uint8_t* header3, const BlobHeader& h, const uint8_t* payload, std::size_t size, Tree& out);
+
+// A whole uncompressed blob (compression id 0), checked and parsed. Throws std::invalid_argument as above, and for a
+// compressed blob.
+void decode_plain(const uint8_t* blob, std::size_t size, Tree& out);
+
+// Append the uncompressed blob of a payload whose token ids are `width` bytes wide to `out`.
+void append_plain_blob(int width, const uint8_t* payload, std::size_t size, std::vector<uint8_t>& out);
+
 // Parse an uncompressed payload with token ids `width` (1..4) bytes wide into `out`.
 // Throws std::invalid_argument with datastore.codec's own message when the payload is not a valid tree.
 void parse_payload(const uint8_t* data, std::size_t size, int width, Tree& out);
+
+// An unsigned LEB128 varint at data[pos], advancing pos. Throws std::invalid_argument when it is cut off or too long.
+uint64_t read_varint(const uint8_t* data, std::size_t size, std::size_t& pos);
+void append_varint(uint64_t value, std::vector<uint8_t>& out);
 
 }  // namespace crest

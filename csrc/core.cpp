@@ -2,18 +2,48 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace crest {
 
-namespace {
+// -- retrieval strategies ------------------------------------------------------------------------------------------
 
-std::string describe(const RequestKey& key) {
-  if (const auto* i = std::get_if<int64_t>(&key)) return std::to_string(*i);
-  return "'" + std::get<std::string>(key) + "'";
+StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, std::vector<Tree>* scratch)
+    : stores_{datastore, live}, trees_(scratch) {}
+
+bool StoredTrees::intact() {
+  for (int k = 0; k < 2; ++k)
+    if (stores_[k] && !stores_[k]->unchanged()) {
+      damaged = k;
+      return false;
+    }
+  return true;
 }
 
-}  // namespace
+bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) {
+  out.candidates.clear();
+  out.live = SourceTree{};
+  for (int k = 0; k < 2; ++k) {  // the datastore's candidates (every stored suffix when backing off), the live match
+    if (!stores_[k]) continue;
+    std::size_t found = 0;
+    if (!stored_suffixes(*stores_[k], tokens, n, k == 0 && back_off, trees_[k], lengths_, found)) {
+      damaged = k;
+      return false;
+    }
+    for (std::size_t j = 0; j < found; ++j) {
+      SourceTree tree = SourceTree::of(trees_[k][j], lengths_[j]);
+      if (k == 0)
+        out.candidates.push_back(tree);
+      else
+        out.live = tree;
+    }
+  }
+  return true;
+}
+
+// -- the request table ---------------------------------------------------------------------------------------------
 
 Core::Core(Calibration calibration, Options options)
     : calibration_(std::move(calibration)), options_(options), outputs_(options.outputs_bytes, options.outputs_depth) {
@@ -21,82 +51,141 @@ Core::Core(Calibration calibration, Options options)
     throw std::invalid_argument("the calibration has " + std::to_string(calibration_.coef.size()) +
                                 " weights, the native core's features are " + std::to_string(kNumFeatures));
   const Options& o = options_;
-  if (o.local_depth < 1 || o.outputs_depth < 1 || o.match_nodes < 1 || o.context_tokens < 1 || calibration_.prior < 0)
-    throw std::invalid_argument("depths, match nodes and context tokens must be >= 1 and the prior >= 0");
+  if (o.local_depth < 1 || o.outputs_depth < 1 || o.match_nodes < 1 || o.context_tokens < 1 ||
+      o.back_off_min_budget < 0 || calibration_.prior < 0)
+    throw std::invalid_argument(
+        "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget >= 0 and the "
+        "calibration's prior >= 0");
   z_.sources.assign(kNumSources, nullptr);
 }
 
-Core::Request& Core::get(const RequestKey& key) {
-  auto it = requests_.find(key);
-  if (it == requests_.end()) throw std::out_of_range("request " + describe(key) + " is not active");
-  return it->second;
+Core::Request* Core::find(Handle h) {
+  uint64_t slot = static_cast<uint64_t>(h) & 0xFFFFFFFFULL;
+  if (h < 0 || slot >= slots_.size()) return nullptr;
+  Request& r = slots_[slot];
+  return r.active && r.generation == static_cast<uint64_t>(h) >> 32 ? &r : nullptr;
 }
 
-void Core::start(const RequestKey& key, const uint32_t* prompt, std::size_t n) {
-  if (requests_.count(key)) throw std::invalid_argument("request " + describe(key) + " is already active");
-  Request& r = requests_[key];
+const Core::Request* Core::find(Handle h) const { return const_cast<Core*>(this)->find(h); }
+
+Handle Core::start(const uint32_t* prompt, std::size_t n) {
+  uint32_t slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  Request& r = slots_[slot];
+  r.generation = (r.generation + 1) & 0x7FFFFFFF;
+  r.active = true;
   r.tokens.assign(prompt, prompt + n);
   r.prompt_len = n;
+  r.automaton = Automaton();
   r.automaton.extend(prompt, n);
+  r.outputs_match = OutputMatch{};
+  return static_cast<Handle>(static_cast<uint64_t>(r.generation) << 32 | slot);
 }
 
-void Core::extend(const RequestKey& key, const uint32_t* tokens, std::size_t n) {
-  Request& r = get(key);
-  r.tokens.insert(r.tokens.end(), tokens, tokens + n);
-  r.automaton.extend(tokens, n);
+void Core::extend(Handle h, const uint32_t* tokens, std::size_t n) {
+  Request* r = find(h);
+  if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
+  r->tokens.insert(r->tokens.end(), tokens, tokens + n);
+  r->automaton.extend(tokens, n);
 }
 
-bool Core::follow(const RequestKey& key, const uint32_t* tokens, std::size_t n) {
-  auto it = requests_.find(key);
-  if (it == requests_.end()) return false;
-  Request& r = it->second;
-  std::size_t have = r.tokens.size();
-  if (have > n || (have && std::memcmp(r.tokens.data(), tokens, have * sizeof(uint32_t)) != 0)) return false;
-  r.tokens.insert(r.tokens.end(), tokens + have, tokens + n);
-  r.automaton.extend(tokens + have, n - have);
+bool Core::follow(Handle h, const int32_t* tokens, std::size_t n) {
+  Request* r = find(h);
+  if (!r) return false;
+  const std::size_t have = r->tokens.size();
+  // one compare of the request's tokens with the row's (ids are non-negative: int32 and uint32 share their bits)
+  if (have > n || (have && std::memcmp(r->tokens.data(), tokens, have * sizeof(uint32_t)) != 0)) return false;
+  const uint32_t* fresh = reinterpret_cast<const uint32_t*>(tokens + have);
+  r->tokens.insert(r->tokens.end(), fresh, fresh + (n - have));
+  r->automaton.extend(fresh, n - have);
   return true;
 }
 
-bool Core::stop(const RequestKey& key, std::vector<uint32_t>& output) {
-  auto it = requests_.find(key);
-  if (it == requests_.end()) return false;
-  const auto& t = it->second.tokens;
-  output.assign(t.begin() + static_cast<std::ptrdiff_t>(it->second.prompt_len), t.end());
-  requests_.erase(it);
+template <class T>
+void Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
+                       const int64_t* index, const T* lengths, std::size_t pairs, uint8_t* followed) {
+  std::vector<uint8_t>& row_taken = z_.row_taken;
+  std::vector<uint8_t>& request_taken = z_.request_taken;  // by slot
+  row_taken.assign(num_rows, 0);
+  request_taken.assign(slots_.size(), 0);
+  std::vector<int32_t>& narrow = z_.narrow;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    followed[i] = 0;
+    const auto row = static_cast<std::size_t>(index[i]);
+    const uint64_t slot = static_cast<uint64_t>(handles[i]) & 0xFFFFFFFFULL;
+    if (row_taken[row] || !find(handles[i]) || request_taken[slot]) continue;
+    const T* at = rows + row * width;
+    const auto n = static_cast<std::size_t>(lengths[row]);
+    const int32_t* ids;
+    if constexpr (sizeof(T) == sizeof(int32_t)) {
+      ids = reinterpret_cast<const int32_t*>(at);
+    } else {
+      narrow.assign(at, at + n);
+      ids = narrow.data();
+    }
+    if (follow(handles[i], ids, n)) followed[i] = row_taken[row] = request_taken[slot] = 1;
+  }
+}
+
+template void Core::follow_rows<int32_t>(const Handle*, const int32_t*, std::size_t, std::size_t, const int64_t*,
+                                         const int32_t*, std::size_t, uint8_t*);
+template void Core::follow_rows<int64_t>(const Handle*, const int64_t*, std::size_t, std::size_t, const int64_t*,
+                                         const int64_t*, std::size_t, uint8_t*);
+
+bool Core::stop(Handle h, std::vector<uint32_t>& output) {
+  Request* r = find(h);
+  if (!r) return false;
+  output.assign(r->tokens.begin() + static_cast<std::ptrdiff_t>(r->prompt_len), r->tokens.end());
+  r->active = false;
+  std::vector<uint32_t>().swap(r->tokens);
+  r->automaton = Automaton();
+  free_.push_back(static_cast<uint32_t>(static_cast<uint64_t>(h) & 0xFFFFFFFFULL));
   outputs_.add(output);
   return true;
 }
 
-std::vector<RequestKey> Core::keys() const {
-  std::vector<RequestKey> out;
-  out.reserve(requests_.size());
-  for (const auto& kv : requests_) out.push_back(kv.first);
-  return out;
+std::size_t Core::count(Handle h) const {
+  const Request* r = find(h);
+  return r ? r->tokens.size() : 0;
 }
 
-void Core::gather(Request& r, const StepInput& in, int nodes) {
+void Core::tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const {
+  const Request* r = find(h);
+  out.clear();
+  if (r && from < r->tokens.size()) out.assign(r->tokens.begin() + static_cast<std::ptrdiff_t>(from), r->tokens.end());
+}
+
+// -- the step --------------------------------------------------------------------------------------------------------
+
+void Core::gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes) {
   const bool* on = options_.sources;
   auto& src = z_.sources;
   std::fill(src.begin(), src.end(), nullptr);
   if (on[kLive] && in.live.size) src[kLive] = &in.live;
-  if (on[kHeads] && in.heads.size) src[kHeads] = &in.heads;
+  if (on[kHeads] && heads.size) src[kHeads] = &heads;
   auto [state, len] = r.automaton.repeated_suffix();
   z_.local.clear();
   if (on[kLocal] && len > 0) r.automaton.continuations(state, nodes, options_.local_depth, 1, z_.local);
   z_.local_view = SourceTree::of(z_.local, len);
   if (z_.local_view.size) src[kLocal] = &z_.local_view;
-  std::size_t n = std::min<std::size_t>(r.tokens.size(), static_cast<std::size_t>(options_.context_tokens));
   int earlier_len = 0;
-  if (on[kOutputs] && outputs_.match(r.tokens.data() + r.tokens.size() - n, n, nodes, z_.earlier, earlier_len))
+  if (on[kOutputs] && outputs_.follow(r.outputs_match, r.tokens.data(), r.tokens.size(),
+                                      static_cast<std::size_t>(options_.context_tokens), nodes, z_.earlier, earlier_len))
     src[kOutputs] = &z_.earlier_view;
   z_.earlier_view = SourceTree::of(z_.earlier, earlier_len);
 }
 
-bool Core::score_candidate(const SourceTree* candidate) {
+bool Core::score_candidate(const SourceTree* candidate, int max_depth) {
   z_.sources[kDatastore] = candidate && candidate->size ? candidate : nullptr;
-  if (!merge(z_.sources, z_.children, z_.merged)) return false;
+  if (!merge(z_.sources, z_.children, z_.merged, max_depth)) return false;
   features(z_.sources, z_.merged, calibration_.prior, z_.x, z_.has_kids);
-  scores(calibration_, z_.merged, z_.x, z_.score);
+  scores(calibration_, z_.sources, z_.merged, z_.x, z_.score);
   return true;
 }
 
@@ -116,15 +205,16 @@ void Core::cut(bool chain, int budget, double min_score, Drafted& out) {
   }
 }
 
-void Core::draft_one(Request& r, const StepInput& in, bool chain, double min_score, Drafted& out) {
-  gather(r, in, std::max(in.budget, options_.match_nodes));
+void Core::draft_one(Request& r, const Retrieved& in, const SourceTree& heads, int budget, bool chain,
+                     double min_score, Drafted& out) {
+  gather(r, in, heads, std::max(budget, options_.match_nodes));
   out.clear();
   double best_gain = -1.0;
   const std::size_t given = options_.sources[kDatastore] ? in.candidates.size() : 0;
   for (std::size_t c = 0; c < std::max<std::size_t>(given, 1); ++c) {  // no candidate: the other sources
     const SourceTree* candidate = c < given ? &in.candidates[c] : nullptr;
-    if (!score_candidate(candidate)) continue;
-    cut(chain, in.budget, min_score, z_.candidate);
+    if (!score_candidate(candidate, budget)) continue;  // no node deeper than the budget can be drafted
+    cut(chain, budget, min_score, z_.candidate);
     double gain = 0.0;  // the draft's expected accepted length
     for (double v : z_.candidate.scores) gain += v;
     if (gain > best_gain) {
@@ -135,25 +225,47 @@ void Core::draft_one(Request& r, const StepInput& in, bool chain, double min_sco
   }
 }
 
-void Core::draft(const std::vector<StepInput>& inputs, bool chain, double min_score, std::vector<Drafted>& out) {
-  out.resize(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    auto it = requests_.find(inputs[i].key);
-    if (it == requests_.end())
-      out[i].clear();  // stopped while its lookups ran: no draft for its row
-    else
-      draft_one(it->second, inputs[i], chain, min_score, out[i]);
+bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& budgets,
+                 const std::vector<SourceTree>& heads, Retrieval& retrieval, bool chain, double min_score,
+                 std::vector<Drafted>& out) {
+  out.resize(handles.size());
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    Request* r = find(handles[i]);
+    out[i].clear();
+    if (!r || budgets[i] <= 0) continue;  // stopped while its lookups ran, or no draft asked: an empty draft
+    if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budgets[i], chain), z_.retrieved))
+      return false;
+    draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budgets[i], chain, min_score, out[i]);
+  }
+  return true;
+}
+
+void Core::plan(const std::vector<Handle>& handles, const std::vector<int>& budgets, bool chain, std::size_t tail,
+                uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const {
+  back_off.assign(handles.size(), 0);
+  tails.assign(handles.size(), {});
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    const Request* r = find(handles[i]);
+    if (!r || budgets[i] <= 0) continue;
+    back_off[i] = backs_off(budgets[i], chain);
+    std::size_t n = std::min(tail, r->tokens.size());
+    auto begin = r->tokens.end() - static_cast<std::ptrdiff_t>(n);
+    for (auto it = begin; it != r->tokens.end(); ++it)  // a key holding an id outside the keys' vocabulary is stored
+      if (*it >= limit) begin = it + 1;                   // nowhere: only the tokens after the last such id are asked
+    tails[i].assign(begin, r->tokens.end());
   }
 }
 
-void Core::tables(const StepInput& input, std::vector<NodeTable>& out) {
-  Request& r = get(input.key);
-  gather(r, input, std::max(input.budget, options_.match_nodes));
+void Core::tables(Handle h, const Retrieved& given, const SourceTree& heads, std::vector<NodeTable>& out) {
+  Request* r = find(h);
+  if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
+  gather(*r, given, heads, options_.match_nodes);
   out.clear();
-  const std::size_t given = options_.sources[kDatastore] ? input.candidates.size() : 0;
-  for (std::size_t c = 0; c < std::max<std::size_t>(given, 1); ++c) {
-    const SourceTree* candidate = c < given ? &input.candidates[c] : nullptr;
-    if (!score_candidate(candidate)) continue;
+  const std::size_t count = options_.sources[kDatastore] ? given.candidates.size() : 0;
+  for (std::size_t c = 0; c < std::max<std::size_t>(count, 1); ++c) {
+    const SourceTree* candidate = c < count ? &given.candidates[c] : nullptr;
+    if (!score_candidate(candidate, std::numeric_limits<int>::max())) continue;  // every node: what a fit reads
+    zero_absent(z_.sources, z_.x);
     out.push_back({z_.merged, z_.x, z_.score});
   }
 }

@@ -1,18 +1,18 @@
-// The drafting core: the merged drafter's request table and its step. A request is keyed by the caller's id and holds
-// its tokens and their suffix automaton (stage 1); the core also holds this process's output index (stage 2). A step
-// drafts each request of a batch from its sources: the caller's datastore candidates, live-layer tree and draft heads'
-// tree (S4C), the request's own match and the output index's, merged (stage 3), featured (stage 4), scored (stage 5)
-// and cut to a chain (stage 6) or a tree (stage 7); among the datastore's candidate n-grams (its stored suffixes of the
-// context, longest first) the one whose draft has the largest expected accepted length wins (the back-off lookup).
+// The drafting core: the merged drafter's request table and its step. A request (a handle: a slot of the table and its
+// generation) holds its tokens and their suffix automaton (stage 1); the core also holds this process's output index
+// (stage 2). A step drafts each request of a batch from its sources: the datastore's candidate trees and the live
+// layer's tree, which a Retrieval strategy supplies (a host-local replica probed here with the request's last tokens,
+// or the trees a round trip fetched), the draft heads' tree (S4C), the request's own match and the output index's,
+// merged (stage 3), featured (stage 4), scored (stage 5) and cut to a chain (stage 6) or a tree (stage 7); among the
+// datastore's candidate n-grams (its stored suffixes of the context, longest first) the one whose draft has the
+// largest expected accepted length wins (the back-off lookup, for trees of at least `back_off_min_budget` nodes).
 //
-// Not thread-safe: drafting.DraftingService holds one lock around every call.
+// Input is trusted: drafting.door checks it at the public API. Not thread-safe: drafting.DraftingService holds one
+// lock around every call (a step runs with the GIL released).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <unordered_map>
-#include <variant>
 #include <vector>
 
 #include "automaton.hpp"
@@ -20,30 +20,66 @@
 #include "features.hpp"
 #include "merge.hpp"
 #include "output_index.hpp"
+#include "replica.hpp"
 #include "scores.hpp"
 
 namespace crest {
 
-using RequestKey = std::variant<int64_t, std::string>;
+constexpr int kMaxBudget = 1024;  // the largest budget (draft nodes of one request in one step): the one limit
 
+// The core's settings; the defaults are written here once (crest_native.Core's keyword arguments).
 struct Options {
-  uint64_t vocab_size = 1ULL << 32;  // token ids are below this (checked where they enter)
-  int local_depth = 16;          // the requests' automata's deepest continuation node
-  int match_nodes = 64;          // nodes of the local and output matches (at least the budget)
-  std::size_t outputs_bytes = 0;  // the output index's bound (0: off)
-  int outputs_depth = 16;
-  int context_tokens = 64;        // trailing tokens of a request matched against the outputs
-  bool sources[kNumSources] = {true, true, true, true, true};  // the sources drafted from
+  int local_depth = 16;                             // the requests' automata's deepest continuation node
+  int match_nodes = 64;                             // nodes of the local and output matches (at least the budget)
+  std::size_t outputs_bytes = std::size_t(64) << 20;  // the output index's bound (0: off)
+  int outputs_depth = 16;                           // the output index's deepest continuation node
+  int context_tokens = 64;                          // trailing tokens of a request matched against the outputs
+  int back_off_min_budget = 32;                     // trees of at least this budget choose among every stored suffix
+  bool sources[kNumSources] = {true, true, true, true, false};  // the sources drafted from (not the heads)
 };
 
-// One request's inputs to a step: the datastore's candidate trees (longest n-gram first; empty: none), the live
-// layer's tree and the draft heads' tree with its probabilities (size 0: none).
-struct StepInput {
-  RequestKey key;
-  int budget = 0;
+using Handle = int64_t;  // a request: (generation << 32) | slot
+
+// One row's datastore candidates (longest n-gram first; empty: none) and live-layer tree (size 0: none), borrowed.
+struct Retrieved {
   std::vector<SourceTree> candidates;
   SourceTree live;
-  SourceTree heads;
+};
+
+// Where a step's datastore and live-layer trees come from: a strategy.
+class Retrieval {
+ public:
+  virtual ~Retrieval() = default;
+  // Row `row`'s trees, for a request whose tokens are tokens[0..n); every stored suffix when `back_off`, else the
+  // longest. False: the store is damaged (the step is to be drafted another way).
+  virtual bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) = 0;
+};
+
+// The trees the caller fetched, per row (a round trip's answer; its arrays borrowed).
+class GivenTrees final : public Retrieval {
+ public:
+  std::vector<Retrieved> rows;
+  bool retrieve(std::size_t row, const uint32_t*, std::size_t, bool, Retrieved& out) override {
+    out = rows[row];
+    return true;
+  }
+};
+
+// The trees of host-local replicas (the datastore's and, when there is one, the live layer's), probed with the last
+// tokens of each request: the stored lengths, longest first.
+class StoredTrees final : public Retrieval {
+ public:
+  // Decodes into `scratch` (two vectors of trees, one per store, kept between steps: their memory is reused).
+  StoredTrees(const Replica* datastore, const Replica* live, std::vector<Tree>* scratch);
+  // Whether the files are as they were mapped (a file changed in place is damaged); sets `damaged` when not.
+  bool intact();
+  bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
+  int damaged = -1;  // the damaged store: 0 the datastore's, 1 the live layer's
+
+ private:
+  const Replica* stores_[2];
+  std::vector<Tree>* trees_;  // [2]: per store, one tree per stored suffix a row retrieves
+  std::vector<int> lengths_;
 };
 
 struct Drafted {
@@ -70,19 +106,36 @@ class Core {
  public:
   Core(Calibration calibration, Options options);
 
-  void start(const RequestKey& key, const uint32_t* prompt, std::size_t n);  // invalid_argument: already active
-  void extend(const RequestKey& key, const uint32_t* tokens, std::size_t n);  // out_of_range: not active
-  bool follow(const RequestKey& key, const uint32_t* tokens, std::size_t n);  // extend when its tokens prefix these
-  bool stop(const RequestKey& key, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
-  bool active(const RequestKey& key) const { return requests_.count(key) > 0; }
-  std::vector<RequestKey> keys() const;
+  Handle start(const uint32_t* prompt, std::size_t n);
+  void extend(Handle h, const uint32_t* tokens, std::size_t n);
+  // When the request's tokens are the first of tokens[0..n), append the rest and return true; else change nothing.
+  bool follow(Handle h, const int32_t* tokens, std::size_t n);
+  // Pairs i < pairs: request handles[i] follows row index[i] of `rows` ([num_rows, width], each row's count in
+  // `lengths`), as `follow` does; a pair whose row or request an earlier pair of the call followed is skipped (each
+  // row holds one request, each request one row). followed[i]: whether pair i followed. T: int32_t or int64_t (ids
+  // fit 32 bits, checked by the caller, as are the rows and lengths).
+  template <class T>
+  void follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
+                   const int64_t* index, const T* lengths, std::size_t pairs, uint8_t* followed);
+  bool stop(Handle h, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
+  bool active(Handle h) const { return find(h) != nullptr; }
+  std::size_t size() const { return slots_.size() - free_.size(); }
+  std::size_t count(Handle h) const;  // its tokens (0: not active)
+  void tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const;  // tokens[from:] of an active request
 
-  // One step: a draft per input; a request not active (stopped meanwhile) gets an empty draft.
-  void draft(const std::vector<StepInput>& inputs, bool chain, double min_score, std::vector<Drafted>& out);
+  // One step: a draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. `heads`:
+  // per row, the draft heads' tree (size 0: none). False when the retrieval found its store damaged (no drafts).
+  bool draft(const std::vector<Handle>& handles, const std::vector<int>& budgets, const std::vector<SourceTree>& heads,
+             Retrieval& retrieval, bool chain, double min_score, std::vector<Drafted>& out);
+  // What a round trip must fetch for each row: whether it backs off, and its last `tail` tokens after the last id of
+  // at least `limit` (none for a row that drafts nothing).
+  void plan(const std::vector<Handle>& handles, const std::vector<int>& budgets, bool chain, std::size_t tail,
+            uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const;
   // The node table of every candidate (or of none) of one active request, as a step would merge it.
-  void tables(const StepInput& input, std::vector<NodeTable>& out);
+  void tables(Handle h, const Retrieved& given, const SourceTree& heads, std::vector<NodeTable>& out);
 
   const OutputIndex& outputs() const { return outputs_; }
+  std::vector<Tree>* retrieval_scratch() { return z_.stored; }
   const Options& options() const { return options_; }
 
  private:
@@ -90,17 +143,20 @@ class Core {
     std::vector<uint32_t> tokens;
     std::size_t prompt_len = 0;
     Automaton automaton;
+    OutputMatch outputs_match;  // where its last tokens match the output index
+    uint32_t generation = 0;
+    bool active = false;
   };
-  struct KeyHash {
-    std::size_t operator()(const RequestKey& k) const { return std::hash<RequestKey>()(k); }
-  };
-  Request& get(const RequestKey& key);
+  Request* find(Handle h);
+  const Request* find(Handle h) const;
+  bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
   // The sources of one step but the datastore's: the live tree, the request's own match, the output index's and the
   // heads' tree.
-  void gather(Request& r, const StepInput& in, int nodes);
-  bool score_candidate(const SourceTree* candidate);
+  void gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes);
+  bool score_candidate(const SourceTree* candidate, int max_depth);
   void cut(bool chain, int budget, double min_score, Drafted& out);
-  void draft_one(Request& r, const StepInput& in, bool chain, double min_score, Drafted& out);
+  void draft_one(Request& r, const Retrieved& in, const SourceTree& heads, int budget, bool chain, double min_score,
+                 Drafted& out);
 
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
     Tree local, earlier;
@@ -113,13 +169,18 @@ class Core {
     CutScratch cut;
     std::vector<int32_t> picked, picked_parents;
     Drafted candidate;
+    Retrieved retrieved;
+    std::vector<Tree> stored[2];  // the trees a StoredTrees decodes
+    std::vector<uint8_t> row_taken, request_taken;  // follow_rows: rows and requests (by slot) followed in the call
+    std::vector<int32_t> narrow;                     // follow_rows: an int64 row's ids
   };
 
   Scratch z_;
   Calibration calibration_;
   Options options_;
   OutputIndex outputs_;
-  std::unordered_map<RequestKey, Request, KeyHash> requests_;
+  std::vector<Request> slots_;
+  std::vector<uint32_t> free_;
 };
 
 }  // namespace crest

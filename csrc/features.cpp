@@ -36,6 +36,7 @@ void prob_block(int k, const SourceTree& s, const std::vector<int32_t>& where, c
     int32_t p = s.parents[i];
     double prob = s.probs[i];
     path[i] = (p < 0 ? 1.0 : path[p]) * prob;
+    if (where[i] < 0) continue;  // left out of the union (deeper than the draft can reach)
     double* row = &x[static_cast<std::size_t>(where[i]) * kNumFeatures + k * kBlock];
     row[0] = 1.0;
     row[1] = prob;
@@ -48,18 +49,21 @@ void prob_block(int k, const SourceTree& s, const std::vector<int32_t>& where, c
 
 // A counted source's block: columns 0-4 of its nodes.
 void source_block(int k, const SourceTree& s, const std::vector<int32_t>& where, const Union& u, double prior,
-                  std::vector<double>& x, std::vector<uint8_t>& has_kids) {
+                  std::vector<double>& x, std::vector<uint8_t>& has_kids, std::vector<double>& log_count) {
   uint64_t root = s.root_count;
   if (root == 0)
     for (std::size_t i = 0; i < s.size; ++i)
       if (s.parents[i] < 0) root += s.counts[i];
   const double log_n = std::log1p(static_cast<double>(s.ngram_len));
+  const double log_root = std::log1p(static_cast<double>(root));
   has_kids.assign(u.size() + 1, 0);
+  log_count.assign(s.size, -1.0);  // log1p of a node's count, computed once for all its children
   for (std::size_t i = 0; i < s.size; ++i) {
+    if (where[i] < 0) continue;  // left out of the union (deeper than the draft can reach)
     int32_t p = s.parents[i];
     double pc = p < 0 ? static_cast<double>(root) : static_cast<double>(s.counts[p]);
     double ratio = static_cast<double>(s.counts[i]) / (pc + prior);
-    double lp = std::log1p(pc);
+    double lp = p < 0 ? log_root : log_count[p] >= 0 ? log_count[p] : (log_count[p] = std::log1p(pc));
     double* row = &x[static_cast<std::size_t>(where[i]) * kNumFeatures + k * kBlock];
     row[0] = 1.0;
     row[1] = ratio;
@@ -74,22 +78,36 @@ void source_block(int k, const SourceTree& s, const std::vector<int32_t>& where,
 
 void features(const std::vector<const SourceTree*>& sources, const Union& u, double prior, std::vector<double>& x,
               std::vector<uint8_t>& has_kids) {
-  x.assign(u.size() * kNumFeatures, 0.0);
+  thread_local std::vector<double> log_count, log_depth;  // scratch, and log(d) of the depths seen so far
+  x.resize(u.size() * kNumFeatures);
+  int present[kNumSources], count = 0;
   for (int k = 0; k < kNumSources; ++k) {
     const SourceTree* s = sources[k];
     if (!s || !s->size) continue;
+    present[count++] = k;
+    for (std::size_t m = 0; m < u.size(); ++m) std::fill_n(&x[m * kNumFeatures + k * kBlock], kBlock, 0.0);
     if (s->probs)
       prob_block(k, *s, u.where[k], u, x, has_kids);
     else
-      source_block(k, *s, u.where[k], u, prior, x, has_kids);
+      source_block(k, *s, u.where[k], u, prior, x, has_kids, log_count);
     miss_column(k, u, x, has_kids);
   }
   for (std::size_t m = 0; m < u.size(); ++m) {
     double* row = &x[m * kNumFeatures];
     double on = 0.0;
-    for (int k = 0; k < kNumSources; ++k) on += row[k * kBlock];
+    for (int i = 0; i < count; ++i) on += row[present[i] * kBlock];
     row[kAgree] = std::max(on - 1.0, 0.0);
-    row[kLogDepth] = std::log(static_cast<double>(u.depths[m]));
+    const int d = u.depths[m];
+    while (static_cast<int>(log_depth.size()) <= d) log_depth.push_back(std::log(static_cast<double>(log_depth.size())));
+    row[kLogDepth] = log_depth[d];  // log(depth), each computed once
+  }
+}
+
+void zero_absent(const std::vector<const SourceTree*>& sources, std::vector<double>& x) {
+  for (int k = 0; k < kNumSources; ++k) {
+    if (sources[k] && sources[k]->size) continue;
+    for (std::size_t at = static_cast<std::size_t>(k) * kBlock; at < x.size(); at += kNumFeatures)
+      std::fill_n(&x[at], kBlock, 0.0);
   }
 }
 

@@ -41,8 +41,13 @@ constexpr int kLogDepth = kAgree + 1;
 std::vector<std::string> feature_names();
 
 // The features of `u`'s nodes, row-major [u.size(), kNumFeatures], from its sources (one per Source; nullptr or
-// no nodes: absent). `prior` smooths the count ratios; `has_kids` is scratch.
+// no nodes: absent). `prior` smooths the count ratios; `has_kids` is scratch. Only the present sources' blocks and
+// the shared columns are written: an absent source's block holds what it held (its features are all 0, which
+// zero_absent writes where a whole table is read; the scores read only the present sources' columns).
 void features(const std::vector<const SourceTree*>& sources, const Union& u, double prior, std::vector<double>& x,
               std::vector<uint8_t>& has_kids);
+
+// Zero the blocks of the absent sources in `x` (a table of features): the whole table, as its oracle gives it.
+void zero_absent(const std::vector<const SourceTree*>& sources, std::vector<double>& x);
 
 }  // namespace crest

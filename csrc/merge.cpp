@@ -11,10 +11,10 @@ void ChildMap::reset(std::size_t capacity) {
   if (keys_.size() < want) {
     keys_.assign(want, 0);
     values_.assign(want, -1);
-  } else {
-    std::fill(values_.begin(), values_.end(), -1);
+  } else {  // only the slots this call hashes into: a map once grown for a large tree is not cleared whole each time
+    std::fill_n(values_.begin(), want, -1);
   }
-  mask_ = keys_.size() - 1;
+  mask_ = want - 1;
 }
 
 int32_t* ChildMap::find_or_slot(int64_t parent, uint32_t token) {
@@ -32,12 +32,17 @@ namespace {
 
 // Walk one source's nodes into the union: each node joins its parent's merged node; `base` (the first source) keeps
 // every node, in order (a repeated sibling: the later one is found), a later source adds only new nodes.
-void add_source(const SourceTree& s, bool base, ChildMap& children, Union& u, std::vector<int32_t>& where) {
+void add_source(const SourceTree& s, bool base, int max_depth, ChildMap& children, Union& u,
+                std::vector<int32_t>& where) {
   where.assign(s.size, 0);
   for (std::size_t i = 0; i < s.size; ++i) {
     int32_t p = s.parents[i];
     if (p < -1 || p >= static_cast<int32_t>(i)) throw std::invalid_argument("a source tree's parents are not a tree");
     int64_t up = p < 0 ? -1 : where[p];
+    if ((p >= 0 && up < 0) || (up >= 0 && u.depths[up] >= max_depth)) {  // below the depth limit: left out
+      where[i] = -1;
+      continue;
+    }
     int32_t* slot = children.find_or_slot(up, s.tokens[i]);
     if (base || *slot < 0) {
       int32_t node = static_cast<int32_t>(u.tokens.size());
@@ -52,7 +57,7 @@ void add_source(const SourceTree& s, bool base, ChildMap& children, Union& u, st
 
 }  // namespace
 
-bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out) {
+bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out, int max_depth) {
   std::size_t total = 0;
   for (const SourceTree* s : sources) total += s ? s->size : 0;
   out.tokens.clear();
@@ -64,7 +69,7 @@ bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Un
   bool base = true;
   for (std::size_t k = 0; k < sources.size(); ++k) {
     if (!sources[k] || sources[k]->size == 0) continue;
-    add_source(*sources[k], base, children, out, out.where[k]);
+    add_source(*sources[k], base, max_depth, children, out, out.where[k]);
     base = false;
   }
   return true;

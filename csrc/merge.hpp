@@ -26,7 +26,7 @@ class ChildMap {
 };
 
 // The merged node table's shape: tokens, parents (-1: a child of the root; parents first) and depths (1 for a child
-// of the root); `where[k]`: the merged node of each node of source k.
+// of the root); `where[k]`: the merged node of each node of source k (-1: deeper than the merge's depth limit).
 struct Union {
   std::vector<int64_t> tokens;
   std::vector<int32_t> parents, depths;
@@ -34,8 +34,10 @@ struct Union {
   std::size_t size() const { return tokens.size(); }
 };
 
-// Merge `sources` (one entry per source; nullptr or no nodes: absent) into `out`; false when no source has a node.
-// Throws std::invalid_argument when a source's parents are not a tree (parents[i] in -1..i-1).
-bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out);
+// Merge `sources` (one entry per source; nullptr or no nodes: absent) into `out`, leaving out the nodes deeper than
+// `max_depth` (a draft of at most `max_depth` nodes, chain or tree, never holds one: a node's ancestors score at least
+// as high, and the cut takes shallower nodes first; no kept node's features depend on them); false when no source has a
+// node. Throws std::invalid_argument when a source's parents are not a tree (parents[i] in -1..i-1).
+bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out, int max_depth);
 
 }  // namespace crest

@@ -1,8 +1,11 @@
-// Python bindings of the native drafting core (nanobind): the module crest_native._core.
+// Python bindings of the native drafting core (nanobind): the module crest_native._core. The callers (drafting.door,
+// datastore.replica, datastore.codec) check every argument first; these bindings convert and trust them.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "core.hpp"
 #include "cut.hpp"
 #include "features.hpp"
+#include "replica.hpp"
 
 #ifndef CREST_SOURCE_DIGEST
 #define CREST_SOURCE_DIGEST "unknown"
@@ -23,6 +27,8 @@ namespace {
 
 template <typename T>
 using In1D = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using In2D = nb::ndarray<const T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Out1D = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 using Out2D = nb::ndarray<nb::numpy, double, nb::ndim<2>>;
@@ -40,48 +46,14 @@ Out2D to_numpy_2d(std::vector<double>&& v, std::size_t rows, std::size_t cols) {
   return Out2D(heap->data(), {rows, cols}, owner);
 }
 
-// Token ids (int64 or int32) as uint32, each checked against the vocabulary; `what` names the argument.
-template <typename T>
-std::vector<uint32_t> token_ids(const In1D<T>& a, const char* what, uint64_t vocab) {
-  std::vector<uint32_t> out(a.shape(0));
-  const T* p = a.data();
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (p[i] < 0 || static_cast<uint64_t>(p[i]) >= vocab)
-      throw nb::value_error((std::string(what) + " holds token id " + std::to_string(p[i]) +
-                             ", outside the tokenizer's vocabulary [0, " + std::to_string(vocab) +
-                             "); tokenize with the datastore's tokenizer")
-                                .c_str());
-    out[i] = static_cast<uint32_t>(p[i]);
-  }
-  return out;
+nb::tuple tree_tuple(crest::Tree&& t) {
+  uint64_t root = t.root_count;
+  return nb::make_tuple(to_numpy(std::move(t.tokens)), to_numpy(std::move(t.parents)), to_numpy(std::move(t.counts)),
+                        root);
 }
 
-crest::RequestKey key_of(nb::handle h) {
-  if (nb::isinstance<nb::bool_>(h) || !(nb::isinstance<nb::int_>(h) || nb::isinstance<nb::str>(h)))
-    throw nb::type_error(("req_id " + std::string(nb::str(nb::repr(h)).c_str()) +
-                          " is not an int or a str; key requests by an int or a str")
-                             .c_str());
-  if (nb::isinstance<nb::str>(h)) return std::string(nb::cast<std::string>(h));
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
-  if (overflow)
-    throw nb::value_error(("req_id " + std::string(nb::str(h).c_str()) + " is outside the 64-bit integers").c_str());
-  return static_cast<int64_t>(v);
-}
-
-[[noreturn]] void not_active(nb::handle key) {
-  throw nb::key_error(("request " + std::string(nb::str(nb::repr(key)).c_str()) +
-                       " is not active; start_request it first")
-                          .c_str());
-}
-
-nb::object key_object(const crest::RequestKey& k) {
-  if (const auto* i = std::get_if<int64_t>(&k)) return nb::int_(*i);
-  return nb::str(std::get<std::string>(k).c_str());
-}
-
-// A source tree passed as (ngram_len, token_ids uint32, parents int32, counts uint32, root_count); its arrays are held
-// in `keep` while the step reads them.
+// A source tree passed as (ngram_len, token_ids uint32, parents int32, counts uint32, root_count), or a heads tree as
+// (token_ids uint32, parents int32, probs float64); its arrays are held in `keep` while the step reads them.
 struct Held {
   In1D<uint32_t> tokens;
   In1D<int32_t> parents;
@@ -91,64 +63,33 @@ struct Held {
 
 crest::SourceTree source(nb::handle h, std::vector<Held>& keep) {
   nb::tuple t = nb::cast<nb::tuple>(h);
-  if (t.size() != 5) throw nb::value_error("a source tree is (ngram_len, token_ids, parents, counts, root_count)");
   keep.push_back({nb::cast<In1D<uint32_t>>(t[1]), nb::cast<In1D<int32_t>>(t[2]), nb::cast<In1D<uint32_t>>(t[3])});
   const Held& held = keep.back();
-  std::size_t n = held.tokens.shape(0);
-  if (held.parents.shape(0) != n || held.counts.shape(0) != n)
-    throw nb::value_error("a source tree's arrays differ in length");
-  return {nb::cast<int>(t[0]), held.tokens.data(), held.parents.data(), held.counts.data(), n, nb::cast<uint64_t>(t[4])};
+  return {nb::cast<int>(t[0]), held.tokens.data(), held.parents.data(), held.counts.data(), held.tokens.shape(0),
+          nb::cast<uint64_t>(t[4])};
 }
 
-// The draft heads' tree passed as (token_ids uint32, parents int32, probs float64); held in `keep` like the others.
 crest::SourceTree heads_tree(nb::handle h, std::vector<Held>& keep) {
+  if (h.is_none()) return {};
   nb::tuple t = nb::cast<nb::tuple>(h);
-  if (t.size() != 3) throw nb::value_error("a heads tree is (token_ids, parents, probs)");
   keep.push_back({nb::cast<In1D<uint32_t>>(t[0]), nb::cast<In1D<int32_t>>(t[1]), {}, nb::cast<In1D<double>>(t[2])});
   const Held& held = keep.back();
-  std::size_t n = held.tokens.shape(0);
-  if (held.parents.shape(0) != n || held.probs.shape(0) != n)
-    throw nb::value_error("a heads tree's arrays differ in length");
-  crest::SourceTree out{0, held.tokens.data(), held.parents.data(), nullptr, n, 0};
+  crest::SourceTree out{0, held.tokens.data(), held.parents.data(), nullptr, held.tokens.shape(0), 0};
   out.probs = held.probs.data();
   return out;
 }
 
-// One request's step input: its datastore candidates (a list of source trees), live tree and heads tree (one each,
-// or None).
-crest::StepInput step_input(nb::handle key, int64_t budget, nb::handle stored, nb::handle live, nb::handle heads,
-                            std::vector<Held>& keep) {
-  crest::StepInput in;
-  in.key = key_of(key);
-  if (budget < 0 || budget > (1 << 20)) throw nb::value_error("budgets must be in 0..2**20");
-  in.budget = static_cast<int>(budget);
-  for (nb::handle c : nb::cast<nb::list>(stored)) in.candidates.push_back(source(c, keep));
-  if (!live.is_none()) in.live = source(live, keep);
-  if (!heads.is_none()) in.heads = heads_tree(heads, keep);
-  return in;
+std::vector<crest::SourceTree> heads_of(nb::handle heads, std::size_t rows, std::vector<Held>& keep) {
+  std::vector<crest::SourceTree> out;
+  if (heads.is_none()) return out;
+  for (nb::handle h : nb::cast<nb::list>(heads)) out.push_back(heads_tree(h, keep));
+  if (out.size() != rows) throw nb::value_error("heads must have one entry per row");
+  return out;
 }
 
-std::size_t trees_in(nb::list stored) {
-  std::size_t n = 0;
-  for (nb::handle s : stored) n += nb::len(s) + 2;
-  return n;
-}
+std::vector<crest::Handle> handles_of(const In1D<int64_t>& a) { return {a.data(), a.data() + a.shape(0)}; }
 
-// Depths of a tree given by its parents (parents[i] in -1..i-1, checked).
-std::vector<int32_t> depths_of(const In1D<int32_t>& parents) {
-  std::vector<int32_t> d(parents.shape(0));
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    int32_t p = parents.data()[i];
-    if (p < -1 || p >= static_cast<int32_t>(i)) throw nb::value_error("parents are not a tree: parents[i] in -1..i-1");
-    d[i] = p < 0 ? 1 : d[p] + 1;
-  }
-  return d;
-}
-
-crest::Scored scored(const In1D<int32_t>& parents, const std::vector<int32_t>& depths, const In1D<double>& scores) {
-  if (scores.shape(0) != parents.shape(0)) throw nb::value_error("parents and scores differ in length");
-  return {parents.data(), depths.data(), scores.data(), parents.shape(0)};
-}
+std::vector<int> budgets_of(const In1D<int64_t>& a) { return {a.data(), a.data() + a.shape(0)}; }
 
 nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
   std::vector<int64_t> tokens, offsets{0}, chosen;
@@ -165,19 +106,18 @@ nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
                         to_numpy(std::move(offsets)), to_numpy(std::move(chosen)));
 }
 
-crest::Options options_of(int64_t vocab_size, int local_depth, int match_nodes, int64_t outputs_bytes,
-                          int outputs_depth, int context_tokens, nb::list sources) {
-  if (outputs_bytes < 0 || vocab_size < 1) throw nb::value_error("outputs_bytes must be >= 0 and vocab_size >= 1");
+crest::Options options_of(int local_depth, int match_nodes, int64_t outputs_bytes, int outputs_depth,
+                          int context_tokens, int back_off_min_budget, const std::vector<std::string>& sources) {
+  if (outputs_bytes < 0) throw nb::value_error("outputs_bytes must be >= 0 (0: no output index)");
   crest::Options o;
-  o.vocab_size = static_cast<uint64_t>(vocab_size);
   o.local_depth = local_depth;
   o.match_nodes = match_nodes;
   o.outputs_bytes = static_cast<std::size_t>(outputs_bytes);
   o.outputs_depth = outputs_depth;
   o.context_tokens = context_tokens;
+  o.back_off_min_budget = back_off_min_budget;
   for (bool& on : o.sources) on = false;
-  for (nb::handle s : sources) {
-    std::string name = nb::cast<std::string>(s);
+  for (const std::string& name : sources) {
     int k = 0;
     while (k < crest::kNumSources && name != crest::kSourceNames[k]) ++k;
     if (k == crest::kNumSources) throw nb::value_error(("unknown source '" + name + "'; see crest_native.SOURCES").c_str());
@@ -186,160 +126,376 @@ crest::Options options_of(int64_t vocab_size, int local_depth, int match_nodes, 
   return o;
 }
 
-void bind_core(nb::module_& m);
-void bind_requests(nb::class_<crest::Core>& core);
-void bind_step(nb::class_<crest::Core>& core);
+template <typename T>
+std::vector<bool> follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
+                              const In1D<int64_t>& index, const In1D<T>& lengths) {
+  std::vector<uint8_t> followed(handles.shape(0));
+  {
+    nb::gil_scoped_release quiet;
+    c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
+                     followed.size(), followed.data());
+  }
+  return {followed.begin(), followed.end()};
+}
+
+// Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: chain_cut and tree_cut take any tree).
+std::vector<int32_t> depths_of(const In1D<int32_t>& parents, const In1D<double>& scores) {
+  if (scores.shape(0) != parents.shape(0)) throw nb::value_error("parents and scores differ in length");
+  std::vector<int32_t> d(parents.shape(0));
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    int32_t p = parents.data()[i];
+    if (p < -1 || p >= static_cast<int32_t>(i)) throw nb::value_error("parents are not a tree: parents[i] in -1..i-1");
+    d[i] = p < 0 ? 1 : d[p] + 1;
+  }
+  return d;
+}
+
+void bind_replica(nb::module_& m) {
+  nb::exception<crest::ReplicaError>(m, "ReplicaError", PyExc_OSError);
+  nb::class_<crest::Replica>(m, "Replica")
+      .def(nb::init<const std::string&>(), "path"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "find",
+          [](const crest::Replica& r, In1D<uint32_t> tokens) -> nb::object {
+            crest::Tree t;
+            switch (r.find(tokens.data(), static_cast<int>(tokens.shape(0)), t)) {
+              case crest::Probe::kFound:
+                return tree_tuple(std::move(t));
+              case crest::Probe::kAbsent:
+                return nb::none();
+              case crest::Probe::kUnreadable:
+                return nb::str("unreadable");
+              case crest::Probe::kDamaged:
+                break;
+            }
+            return nb::str("damaged");
+          },
+          "tokens"_a)
+      .def(
+          "longest",
+          [](const crest::Replica& r, In1D<uint32_t> context) -> nb::object {
+            std::vector<crest::Tree> trees;
+            std::vector<int> lengths;
+            std::size_t found = 0;
+            bool intact;
+            {
+              nb::gil_scoped_release quiet;
+              intact = crest::stored_suffixes(r, context.data(), context.shape(0), false, trees, lengths, found);
+            }
+            if (!intact) return nb::str("damaged");
+            if (!found) return nb::none();
+            return nb::make_tuple(lengths[0], tree_tuple(std::move(trees[0])));
+          },
+          "context"_a)
+      .def("unchanged", &crest::Replica::unchanged)
+      .def_prop_ro("identity", [](const crest::Replica& r) { return nb::bytes(r.identity().data(), r.identity().size()); })
+      .def_prop_ro("lengths", [](const crest::Replica& r) { return r.lengths(); })
+      .def_prop_ro("key_width", &crest::Replica::key_width)
+      .def_prop_ro("entries", &crest::Replica::entries)
+      .def_prop_ro("unreadable", &crest::Replica::unreadable)
+      .def_prop_ro("slots", &crest::Replica::slots)
+      .def_prop_ro("file_size", &crest::Replica::file_size)
+      .def_prop_ro("path", &crest::Replica::path)
+      .def_prop_ro("inode", &crest::Replica::inode);
+
+  // A replica writer and the COPY bytes its pending (compressed) rows point into, until `complete` stores them.
+  struct Writer {
+    crest::ReplicaWriter w;
+    nb::bytes data;
+    std::vector<crest::ReplicaWriter::Pending> pending;
+    Writer(const std::string& path, int width, const std::string& identity) : w(path, width, identity) {}
+  };
+  nb::class_<Writer>(m, "ReplicaWriter")
+      .def(nb::init<const std::string&, int, const std::string&>(), "path"_a, "key_width"_a, "identity"_a)
+      .def(
+          "add_copy",
+          [](Writer& self, nb::bytes data) {
+            if (!self.pending.empty()) throw nb::value_error("complete() the pending rows first");
+            self.data = data;
+            std::size_t used;
+            std::vector<uint8_t> frames;
+            std::vector<uint64_t> segments, sizes;
+            {
+              nb::gil_scoped_release quiet;
+              used = self.w.add_copy(reinterpret_cast<const uint8_t*>(data.c_str()), data.size(), self.pending);
+              // each body as a whole zstd frame (the stored ones are magicless: the magic number put back), with its
+              // (offset, length) and its payload's length: what zstandard's multi_decompress_to_buffer reads
+              static constexpr uint8_t kZstdMagic[4] = {0x28, 0xB5, 0x2F, 0xFD};
+              for (const auto& p : self.pending) {
+                if ((p.header3[2] >> 4) != 1) continue;
+                segments.push_back(frames.size());
+                segments.push_back(p.body_len + 4);
+                sizes.push_back(p.raw_len);
+                frames.insert(frames.end(), kZstdMagic, kZstdMagic + 4);
+                frames.insert(frames.end(), p.body, p.body + p.body_len);
+              }
+            }
+            nb::list others;  // (compression id, body, payload length) of the rows of another compression (lz4)
+            for (const auto& p : self.pending)
+              if ((p.header3[2] >> 4) != 1)
+                others.append(nb::make_tuple(p.header3[2] >> 4, nb::bytes(reinterpret_cast<const char*>(p.body),
+                                                                            p.body_len), p.raw_len));
+            return nb::make_tuple(used, nb::bytes(reinterpret_cast<const char*>(frames.data()), frames.size()),
+                                  nb::bytes(reinterpret_cast<const char*>(segments.data()), segments.size() * 8),
+                                  nb::bytes(reinterpret_cast<const char*>(sizes.data()), sizes.size() * 8), others);
+          },
+          "data"_a)
+      .def(
+          "complete",
+          [](Writer& self, nb::handle zstd, nb::handle others) {
+            // the payloads of the pending rows: the zstd ones from `zstd`, the others from `others`, each in order
+            // (a payload is a buffer, or None: it did not decompress)
+            std::size_t zstd_rows = 0;
+            for (const auto& row : self.pending) zstd_rows += (row.header3[2] >> 4) == 1;
+            if (nb::len(zstd) != zstd_rows || nb::len(others) != self.pending.size() - zstd_rows)
+              throw nb::value_error("complete() takes one payload (or None) per pending row");
+            std::size_t z = 0, o = 0;
+            for (const auto& row : self.pending) {
+              nb::object p = (row.header3[2] >> 4) == 1 ? zstd[z++] : others[o++];
+              if (p.is_none()) {
+                self.w.complete(row, nullptr, 0);
+                continue;
+              }
+              Py_buffer view;
+              if (PyObject_GetBuffer(p.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+              self.w.complete(row, static_cast<const uint8_t*>(view.buf), static_cast<std::size_t>(view.len));
+              PyBuffer_Release(&view);
+            }
+            self.pending.clear();
+            self.data = nb::bytes();
+          },
+          "zstd"_a, "others"_a)
+      .def("finish", [](Writer& self) { self.w.finish(); }, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("entries", [](const Writer& self) { return self.w.entries(); })
+      .def_prop_ro("unreadable", [](const Writer& self) { return self.w.unreadable(); })
+      .def_prop_ro("records_bytes", [](const Writer& self) { return self.w.records_bytes(); });
+}
+
+void bind_core(nb::module_& m) {
+  const crest::Options d;
+  std::vector<std::string> default_sources;
+  for (int k = 0; k < crest::kNumSources; ++k)
+    if (d.sources[k]) default_sources.push_back(crest::kSourceNames[k]);
+  nb::dict defaults;
+  defaults["local_depth"] = d.local_depth;
+  defaults["match_nodes"] = d.match_nodes;
+  defaults["outputs_bytes"] = d.outputs_bytes;
+  defaults["outputs_depth"] = d.outputs_depth;
+  defaults["context_tokens"] = d.context_tokens;
+  defaults["back_off_min_budget"] = d.back_off_min_budget;
+  defaults["sources"] = nb::tuple(nb::cast(default_sources));
+  m.attr("DEFAULTS") = defaults;
+
+  nb::class_<crest::Core> core(m, "Core");
+  core.def(
+      "__init__",
+      [](crest::Core* self, In1D<double> coef, double intercept, double prior, int local_depth, int match_nodes,
+         int64_t outputs_bytes, int outputs_depth, int context_tokens, int back_off_min_budget,
+         const std::vector<std::string>& sources) {
+        crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior};
+        new (self) crest::Core(std::move(cal), options_of(local_depth, match_nodes, outputs_bytes, outputs_depth,
+                                                          context_tokens, back_off_min_budget, sources));
+      },
+      "coef"_a, "intercept"_a, "prior"_a, nb::kw_only(), "local_depth"_a = d.local_depth,
+      "match_nodes"_a = d.match_nodes, "outputs_bytes"_a = static_cast<int64_t>(d.outputs_bytes),
+      "outputs_depth"_a = d.outputs_depth, "context_tokens"_a = d.context_tokens,
+      "back_off_min_budget"_a = d.back_off_min_budget, "sources"_a = default_sources);
+
+  core.def("start",
+           [](crest::Core& c, In1D<uint32_t> prompt) { return c.start(prompt.data(), prompt.shape(0)); }, "prompt"_a)
+      .def("extend",
+           [](crest::Core& c, int64_t h, In1D<uint32_t> tokens) { c.extend(h, tokens.data(), tokens.shape(0)); },
+           "handle"_a, "tokens"_a)
+      .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a)
+      .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a)
+      .def(
+          "stop",
+          [](crest::Core& c, int64_t h) -> nb::object {
+            std::vector<uint32_t> output;
+            if (!c.stop(h, output)) return nb::none();
+            return nb::cast(to_numpy(std::move(output)));
+          },
+          "handle"_a)
+      .def("active", &crest::Core::active, "handle"_a)
+      .def("count", &crest::Core::count, "handle"_a)
+      .def(
+          "tokens",
+          [](const crest::Core& c, int64_t h, std::size_t from) {
+            std::vector<uint32_t> out;
+            c.tokens(h, from, out);
+            return to_numpy(std::move(out));
+          },
+          "handle"_a, "start"_a = 0)
+      .def("__len__", &crest::Core::size);
+
+  core.def(
+          "draft_stored",
+          [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, const crest::Replica* datastore,
+             const crest::Replica* live, nb::handle heads, bool chain, double min_score) {
+            std::vector<Held> keep;
+            keep.reserve(handles.shape(0));
+            auto h = handles_of(handles);
+            auto b = budgets_of(budgets);
+            auto heads_trees = heads_of(heads, h.size(), keep);
+            crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
+            std::vector<crest::Drafted> out;
+            bool ok;
+            {
+              nb::gil_scoped_release quiet;
+              ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+            }
+            if (!ok) out.clear();
+            nb::tuple drafts = drafts_tuple(out);
+            return nb::make_tuple(drafts, stored.damaged);
+          },
+          "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a,
+          "min_score"_a)
+      .def(
+          "draft_given",
+          [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored, nb::list live,
+             nb::handle heads, bool chain, double min_score) {
+            std::size_t rows = handles.shape(0);
+            if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows)
+              throw nb::value_error("handles, budgets, stored and live must have one entry per row");
+            std::vector<Held> keep;
+            std::size_t trees = 2 * rows;
+            for (nb::handle s : stored) trees += nb::len(s);
+            keep.reserve(trees);  // the borrowed arrays stay put
+            crest::GivenTrees given;
+            given.rows.resize(rows);
+            for (std::size_t i = 0; i < rows; ++i) {
+              for (nb::handle t : nb::cast<nb::list>(stored[i])) given.rows[i].candidates.push_back(source(t, keep));
+              if (!live[i].is_none()) given.rows[i].live = source(live[i], keep);
+            }
+            auto h = handles_of(handles);
+            auto b = budgets_of(budgets);
+            auto heads_trees = heads_of(heads, rows, keep);
+            std::vector<crest::Drafted> out;
+            {
+              nb::gil_scoped_release quiet;
+              c.draft(h, b, heads_trees, given, chain, min_score, out);
+            }
+            return drafts_tuple(out);
+          },
+          "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(), "chain"_a, "min_score"_a)
+      .def(
+          "plan",
+          [](const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, bool chain, std::size_t tail,
+             uint64_t limit) {
+            std::vector<uint8_t> back_off;
+            std::vector<std::vector<uint32_t>> tails;
+            c.plan(handles_of(handles), budgets_of(budgets), chain, tail, limit, back_off, tails);
+            nb::list out;
+            for (auto& t : tails) {
+              nb::list ids;
+              for (uint32_t v : t) ids.append(v);
+              out.append(ids);
+            }
+            return nb::make_tuple(to_numpy(std::move(back_off)), out);
+          },
+          "handles"_a, "budgets"_a, "chain"_a, "tail"_a, "limit"_a)
+      .def(
+          "tables",
+          [](crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads) {
+            std::vector<Held> keep;
+            keep.reserve(nb::len(stored) + 2);
+            crest::Retrieved given;
+            for (nb::handle t : stored) given.candidates.push_back(source(t, keep));
+            if (!live.is_none()) given.live = source(live, keep);
+            crest::SourceTree heads_view = heads_tree(heads, keep);
+            std::vector<crest::NodeTable> tables;
+            c.tables(h, given, heads_view, tables);
+            nb::list out;
+            for (auto& t : tables) {
+              std::size_t n = t.shape.size();
+              out.append(nb::make_tuple(to_numpy(std::move(t.shape.tokens)), to_numpy(std::move(t.shape.parents)),
+                                        to_numpy(std::move(t.shape.depths)),
+                                        to_numpy_2d(std::move(t.features), n, crest::kNumFeatures),
+                                        to_numpy(std::move(t.scores))));
+            }
+            return out;
+          },
+          "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none())
+      .def("outputs_info", [](const crest::Core& c) {
+        const auto& o = c.outputs();
+        nb::dict d;
+        d["outputs"] = o.num_outputs();
+        d["bytes"] = o.nbytes();
+        d["allocated"] = o.allocated();
+        d["max_bytes"] = o.max_bytes();
+        d["evictions"] = o.evictions;
+        return d;
+      });
+}
 
 }  // namespace
 
 NB_MODULE(_core, m) {
-  m.doc() = "The native drafting core of crest-spec (see crest_native and drafting.DraftingService).";
+  m.doc() = "The native drafting core of crest-spec (see crest_native, drafting.DraftingService, datastore.replica).";
+  // Replicas are held by daemon threads until exit; nanobind would report them as leaks on
+  // a clean shutdown, which is not a fault (a clean run prints no warnings).
+  nb::set_leak_warnings(false);
   nb::list features, sources;
   for (const auto& name : crest::feature_names()) features.append(nb::str(name.c_str()));
   for (const char* name : crest::kSourceNames) sources.append(nb::str(name));
   m.attr("FEATURES") = nb::tuple(features);
   m.attr("SOURCES") = nb::tuple(sources);
   m.attr("SOURCE_DIGEST") = CREST_SOURCE_DIGEST;
+  m.attr("MAX_BUDGET") = crest::kMaxBudget;
+  m.attr("REPLICA_VERSION") = crest::kReplicaVersion;
 
+  m.def(
+      "blob_header",
+      [](nb::bytes blob) {
+        crest::BlobHeader h = crest::parse_blob_header(reinterpret_cast<const uint8_t*>(blob.c_str()), blob.size());
+        return nb::make_tuple(h.compression, h.raw_len, h.body);
+      },
+      "blob"_a);
+  m.def(
+      "parse_blob",
+      [](nb::bytes blob, nb::bytes payload) {
+        const auto* b = reinterpret_cast<const uint8_t*>(blob.c_str());
+        crest::BlobHeader h = crest::parse_blob_header(b, blob.size());
+        crest::Tree t;
+        crest::parse_checked(b, h, reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), t);
+        return tree_tuple(std::move(t));
+      },
+      "blob"_a, "payload"_a);
   m.def(
       "parse_tree_payload",
       [](nb::bytes payload, int width) {
         crest::Tree t;
         crest::parse_payload(reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), width, t);
-        return nb::make_tuple(to_numpy(std::move(t.tokens)), to_numpy(std::move(t.parents)),
-                              to_numpy(std::move(t.counts)), t.root_count);
+        return tree_tuple(std::move(t));
       },
       "payload"_a, "width"_a);
   m.def(
+      "key_hash", [](nb::bytes key) { return crest::key_hash(reinterpret_cast<const uint8_t*>(key.c_str()), key.size()); },
+      "key"_a);
+  m.def(
       "chain_cut",
       [](In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {
+        std::vector<int32_t> depths = depths_of(parents, scores);
         if (max_len < 0) throw nb::value_error("max_len must be >= 0");
-        auto depths = depths_of(parents);
         crest::CutScratch z;
         std::vector<int32_t> path;
-        crest::chain_cut(scored(parents, depths, scores), max_len, min_score, z, path);
+        crest::chain_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, max_len, min_score, z, path);
         return to_numpy(std::vector<int64_t>(path.begin(), path.end()));
       },
       "parents"_a, "scores"_a, "max_len"_a, "min_score"_a);
   m.def(
       "tree_cut",
       [](In1D<int32_t> parents, In1D<double> scores, int budget, double min_score) {
+        std::vector<int32_t> depths = depths_of(parents, scores);
         if (budget < 0) throw nb::value_error("budget must be >= 0");
-        auto depths = depths_of(parents);
         crest::CutScratch z;
         std::vector<int32_t> order, renumbered;
-        crest::tree_cut(scored(parents, depths, scores), budget, min_score, z, order, renumbered);
+        crest::tree_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, budget, min_score, z, order,
+                        renumbered);
         return nb::make_tuple(to_numpy(std::vector<int64_t>(order.begin(), order.end())),
                               to_numpy(std::move(renumbered)));
       },
       "parents"_a, "scores"_a, "budget"_a, "min_score"_a);
+  bind_replica(m);
   bind_core(m);
 }
-
-namespace {
-
-void bind_requests(nb::class_<crest::Core>& core) {
-  core.def("start",
-           [](crest::Core& c, nb::handle key, In1D<int64_t> prompt) {
-             auto k = key_of(key);
-             if (c.active(k))
-               throw nb::value_error(("request " + std::string(nb::str(nb::repr(key)).c_str()) +
-                                      " is already active; stop_request it first")
-                                         .c_str());
-             auto ids = token_ids(prompt, "prompt_ids", c.options().vocab_size);
-             c.start(k, ids.data(), ids.size());
-           })
-      .def("extend",
-           [](crest::Core& c, nb::handle key, In1D<int64_t> tokens) {
-             auto k = key_of(key);
-             if (!c.active(k)) not_active(key);
-             auto ids = token_ids(tokens, "tokens", c.options().vocab_size);
-             c.extend(k, ids.data(), ids.size());
-           })
-      .def("follow",
-           [](crest::Core& c, nb::handle key, In1D<int32_t> tokens) {
-             auto ids = token_ids(tokens, "tokens", c.options().vocab_size);
-             return c.follow(key_of(key), ids.data(), ids.size());
-           })
-      .def("stop",
-           [](crest::Core& c, nb::handle key) -> nb::object {
-             std::vector<uint32_t> output;
-             if (!c.stop(key_of(key), output)) return nb::none();
-             return nb::cast(to_numpy(std::vector<int64_t>(output.begin(), output.end())));
-           })
-      .def("active", [](const crest::Core& c, nb::handle key) { return c.active(key_of(key)); })
-      .def("keys",
-           [](const crest::Core& c) {
-             nb::list out;
-             for (const auto& k : c.keys()) out.append(key_object(k));
-             return out;
-           });
-}
-
-void bind_step(nb::class_<crest::Core>& core) {
-  core.def("draft",
-           [](crest::Core& c, nb::list keys, In1D<int64_t> budgets, nb::list stored, nb::list live, nb::list heads,
-              bool chain, double min_score) {
-             std::size_t r = keys.size();
-             if (budgets.shape(0) != r || stored.size() != r || live.size() != r || heads.size() != r)
-               throw nb::value_error("keys, budgets, stored, live and heads must have one entry per request");
-             std::vector<Held> keep;
-             keep.reserve(trees_in(stored));  // the borrowed arrays stay put
-             std::vector<crest::StepInput> inputs;
-             for (std::size_t i = 0; i < r; ++i)
-               inputs.push_back(step_input(keys[i], budgets.data()[i], stored[i], live[i], heads[i], keep));
-             std::vector<crest::Drafted> out;
-             c.draft(inputs, chain, min_score, out);
-             return drafts_tuple(out);
-           })
-      .def("tables",
-           [](crest::Core& c, nb::handle key, nb::list stored, nb::handle live, nb::handle heads) {
-             std::vector<Held> keep;
-             keep.reserve(nb::len(stored) + 2);
-             crest::StepInput in = step_input(key, 0, stored, live, heads, keep);
-             if (!c.active(in.key)) not_active(key);
-             std::vector<crest::NodeTable> tables;
-             c.tables(in, tables);
-             nb::list out;
-             for (auto& t : tables) {
-               std::size_t n = t.shape.size();
-               out.append(nb::make_tuple(to_numpy(std::move(t.shape.tokens)), to_numpy(std::move(t.shape.parents)),
-                                         to_numpy(std::move(t.shape.depths)),
-                                         to_numpy_2d(std::move(t.features), n, crest::kNumFeatures),
-                                         to_numpy(std::move(t.scores))));
-             }
-             return out;
-           },
-           "key"_a, "stored"_a, "live"_a.none(), "heads"_a.none())
-      .def("outputs_info",
-           [](const crest::Core& c) {
-             const auto& o = c.outputs();
-             nb::dict d;
-             d["outputs"] = o.num_outputs();
-             d["bytes"] = o.nbytes();
-             d["allocated"] = o.allocated();
-             d["max_bytes"] = o.max_bytes();
-             d["evictions"] = o.evictions;
-             return d;
-           })
-      .def("__len__", [](const crest::Core& c) { return c.keys().size(); });
-}
-
-void bind_core(nb::module_& m) {
-  nb::class_<crest::Core> core(m, "Core");
-  core.def(
-          "__init__",
-          [](crest::Core* self, In1D<double> coef, double intercept, double prior, int64_t vocab_size,
-             int local_depth, int match_nodes, int64_t outputs_bytes, int outputs_depth, int context_tokens,
-             nb::list sources) {
-            crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior};
-            new (self) crest::Core(std::move(cal), options_of(vocab_size, local_depth, match_nodes, outputs_bytes,
-                                                              outputs_depth, context_tokens, sources));
-          },
-          "coef"_a, "intercept"_a, "prior"_a, "vocab_size"_a, "local_depth"_a, "match_nodes"_a, "outputs_bytes"_a,
-          "outputs_depth"_a, "context_tokens"_a, "sources"_a);
-  bind_requests(core);
-  bind_step(core);
-}
-
-}  // namespace

@@ -10,6 +10,7 @@ std::size_t OutputIndex::allocated() const {
 
 void OutputIndex::add(const std::vector<uint32_t>& tokens) {
   if (tokens.empty() || max_bytes_ == 0) return;
+  ++version_;
   outputs_.push_back(tokens);
   automaton_.start_sequence();
   automaton_.extend(tokens.data(), tokens.size());
@@ -34,6 +35,24 @@ void OutputIndex::evict() {
     automaton_.start_sequence();
     automaton_.extend(out.data(), out.size());
   }
+}
+
+bool OutputIndex::follow(OutputMatch& m, const uint32_t* tokens, std::size_t n, std::size_t window, int budget,
+                         Tree& out, int& length) const {
+  if (m.version != version_ || m.pos > n) {  // the index changed: match the window afresh
+    std::size_t from = n - std::min(n, window);
+    auto [state, len] = automaton_.match(tokens + from, n - from);
+    m = {version_, n, state, len};
+  } else {
+    for (std::size_t k = m.pos; k < n; ++k) automaton_.step(m.state, m.length, tokens[k]);
+    automaton_.clamp(m.state, m.length, static_cast<int32_t>(window));
+    m.pos = n;
+  }
+  length = m.length;
+  out.clear();
+  if (m.length == 0) return false;
+  automaton_.continuations(m.state, budget, max_depth_, 0, out);
+  return !out.tokens.empty();
 }
 
 bool OutputIndex::match(const uint32_t* context, std::size_t n, int budget, Tree& out, int& length) const {

@@ -14,6 +14,14 @@
 
 namespace crest {
 
+// Where a request's last tokens match the index, kept between steps: advanced by its new tokens while the index is the
+// same (`version`), matched afresh when it changed.
+struct OutputMatch {
+  uint64_t version = ~0ULL;
+  std::size_t pos = 0;  // tokens of the request matched
+  int32_t state = 0, length = 0;
+};
+
 class OutputIndex {
  public:
   // max_bytes: the bound on the automaton's size model (0: keep nothing); max_depth: deepest continuation node.
@@ -21,6 +29,12 @@ class OutputIndex {
   void add(const std::vector<uint32_t>& tokens);
   // The longest suffix of `context` found and at most `budget` of its continuations; false when none.
   bool match(const uint32_t* context, std::size_t n, int budget, Tree& out, int& length) const;
+  // The same, for the last `window` of a request's `n` tokens, advancing `m` over the tokens it has not matched (an
+  // automaton's match of a text depends only on the text: the longest suffix found, clamped to the window, is that of
+  // the window's).
+  bool follow(OutputMatch& m, const uint32_t* tokens, std::size_t n, std::size_t window, int budget, Tree& out,
+              int& length) const;
+  uint64_t version() const { return version_; }
   std::size_t nbytes() const { return automaton_.nbytes(); }
   std::size_t allocated() const;  // the automaton's arrays and the kept outputs, as allocated
   std::size_t num_outputs() const { return outputs_.size(); }
@@ -35,6 +49,7 @@ class OutputIndex {
   int max_depth_;
   std::deque<std::vector<uint32_t>> outputs_;
   Automaton automaton_;
+  uint64_t version_ = 0;  // changes with the automaton
 };
 
 }  // namespace crest

@@ -6,13 +6,21 @@
 
 namespace crest {
 
-void scores(const Calibration& cal, const Union& u, const std::vector<double>& x, std::vector<double>& out) {
+void scores(const Calibration& cal, const std::vector<const SourceTree*>& sources, const Union& u,
+            const std::vector<double>& x, std::vector<double>& out) {
+  int columns[kNumFeatures];  // the columns summed, in feature order: the present sources' blocks, then the shared ones
+  int used = 0;
+  for (int k = 0; k < kNumSources; ++k)
+    if (sources[k] && sources[k]->size)
+      for (int c = 0; c < kBlock; ++c) columns[used++] = k * kBlock + c;
+  columns[used++] = kAgree;
+  columns[used++] = kLogDepth;
   out.assign(u.size(), 0.0);
   for (std::size_t m = 0; m < u.size(); ++m) {
     const double* row = &x[m * kNumFeatures];
     double z = cal.intercept;
-    for (int j = 0; j < kNumFeatures; ++j) {
-      double term = cal.coef[j] * row[j];
+    for (int i = 0; i < used; ++i) {
+      double term = cal.coef[columns[i]] * row[columns[i]];
       z = z + term;
     }
     double conditional = 1.0 / (1.0 + std::exp(-z));

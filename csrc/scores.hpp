@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "merge.hpp"
+#include "tree.hpp"
 
 namespace crest {
 
@@ -18,7 +19,10 @@ struct Calibration {
   double prior = 1.0;  // the count-ratio smoothing the features are computed with
 };
 
-// Each node's P(accepted): `x` is the [u.size(), kNumFeatures] feature table of `u`.
-void scores(const Calibration& cal, const Union& u, const std::vector<double>& x, std::vector<double>& out);
+// Each node's P(accepted): `x` is the [u.size(), kNumFeatures] feature table of `u` over `sources` (one per Source;
+// nullptr or no nodes: absent). An absent source's columns are all 0 and are not summed (adding a zero term changes no
+// bit of the conditional).
+void scores(const Calibration& cal, const std::vector<const SourceTree*>& sources, const Union& u,
+            const std::vector<double>& x, std::vector<double>& out);
 
 }  // namespace crest

@@ -22,8 +22,9 @@ make it smaller, so "zstd" means "zstd where it pays". Any corruption or
 truncation raises :class:`CodecError`: the header, lengths and CRC are all
 checked, and the decoded arrays must form a valid :class:`TokenTree`.
 
-The payload is parsed by the native core (:func:`crest_native.parse_tree_payload`, C++); its Python oracle
-(``tests/oracle/codec.py``) accepts and refuses the same payloads, with the same messages.
+A blob's header, length, CRC and payload are checked and parsed by the native core (``csrc/codec.cpp``, which also
+reads the replicas' plain blobs); its Python oracle (``tests/oracle/codec.py``) accepts and refuses the same blobs,
+with the same messages. The encoder is numpy (the ingest hot path).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import lz4.block
 import numpy as np
 import zstandard
 
-from crest_native import parse_tree_payload
+from crest_native import blob_header, parse_blob
 
 from .errors import CodecError
 from .tree import TokenTree
@@ -51,7 +52,6 @@ FORMAT_VERSION = 1
 Compression = Literal["none", "zstd", "lz4"]
 _COMPRESSION_IDS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
 _HEADER = struct.Struct("<BBBI")  # magic, version, compression<<4 | token width, crc32
-_MAX_PAYLOAD = 1 << 24  # 16 MiB: far beyond any tree budget; guards decompression bombs
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,8 @@ def _zstd() -> zstandard.ZstdDecompressor:
 
 
 def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
+    """The payload of a body compressed as compression id ``cid`` says (the header read by the native core, which
+    refuses any other id)."""
     if cid == 0:
         return body
     if cid == 1:
@@ -232,40 +234,13 @@ def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
         if not dobj.eof or dobj.unused_data:
             raise CodecError("zstd body is truncated or followed by extra bytes")
         return raw
-    if cid == 2:
-        return lz4.block.decompress(body, uncompressed_size=raw_len)
-    raise CodecError(f"unknown compression id {cid}")
-
-
-def _uvarints(buf: bytes, pos: int, count: int) -> tuple[list[int], int]:
-    """Read ``count`` LEB128 varints from ``buf`` at ``pos`` (pure Python: trees are small)."""
-    chunk = buf[pos:pos + count]
-    if len(chunk) == count and (not chunk or max(chunk) < 0x80):  # all single-byte: the common case
-        return list(chunk), pos + count
-    out: list[int] = []
-    append = out.append
-    end = len(buf)
-    for _ in range(count):
-        value = shift = 0
-        while True:
-            if pos >= end:
-                raise CodecError("payload ends inside a varint")
-            byte = buf[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                if value >> 64:
-                    raise CodecError("varint value exceeds 64 bits")
-                break
-            shift += 7
-            if shift > 63:
-                raise CodecError("varint longer than 10 bytes")
-        append(value)
-    return out, pos
+    return lz4.block.decompress(body, uncompressed_size=raw_len)
 
 
 def decode_tree(blob: bytes) -> TokenTree:
-    """Decode one blob written by :func:`encode_tree` / :func:`encode_trees`.
+    """Decode one blob written by :func:`encode_tree` / :func:`encode_trees`: the native core reads its header
+    (:func:`crest_native.blob_header`) and checks and parses its payload (:func:`crest_native.parse_blob`: length,
+    CRC, tree); the body is decompressed here.
 
     Args:
         blob: the bytes as stored.
@@ -279,31 +254,18 @@ def decode_tree(blob: bytes) -> TokenTree:
             bytes, or arrays that do not form a valid tree.
     """
     blob = bytes(blob)
-    if len(blob) < _HEADER.size + 1:
-        raise CodecError(f"blob of {len(blob)} bytes is shorter than the {_HEADER.size + 1}-byte header")
-    magic, version, flags, crc = _HEADER.unpack_from(blob)
-    if magic != MAGIC:
-        raise CodecError(f"bad magic byte 0x{magic:02x}; this is not a token tree blob")
-    if version != FORMAT_VERSION:
-        raise CodecError(f"tree format version {version} is not supported (this build reads version {FORMAT_VERSION})")
-    cid, width = flags >> 4, flags & 0x0F
-    if not 1 <= width <= 4:
-        raise CodecError(f"token width {width} is outside 1..4")
-    (raw_len,), body_start = _uvarints(blob, _HEADER.size, 1)
-    if raw_len > _MAX_PAYLOAD:
-        raise CodecError(f"payload length {raw_len} exceeds the {_MAX_PAYLOAD}-byte limit")
     try:
-        raw = _decompress(cid, blob[body_start:], raw_len)
+        cid, raw_len, body = blob_header(blob)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    try:
+        raw = _decompress(cid, blob[body:], raw_len)
     except CodecError:
         raise
     except (zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
         raise CodecError(f"corrupt tree blob: {exc}") from exc
-    if len(raw) != raw_len:
-        raise CodecError(f"payload is {len(raw)} bytes, header says {raw_len}")
-    if zlib.crc32(raw, zlib.crc32(blob[:3])) != crc:
-        raise CodecError("CRC mismatch: the blob is corrupt")
     try:
-        tokens, parents, counts, root = parse_tree_payload(raw, width)
+        tokens, parents, counts, root = parse_blob(blob, raw)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
     return TokenTree.trusted(tokens, parents, counts, root)

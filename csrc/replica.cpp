@@ -1,0 +1,402 @@
+#include "replica.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "codec.hpp"
+
+namespace crest {
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'R', 'E', 'S', 'T', 'R', 'P', 'L'};
+// Header fields, little-endian, at these offsets of the first kReplicaHeaderBytes bytes (docs/replica-format.md).
+constexpr std::size_t kVersionAt = 8, kHeaderCrcAt = 12, kFileSizeAt = 16, kEntriesAt = 24, kUnreadableAt = 32,
+                      kSlotsAt = 40, kRecordsAt = 48, kRecordsBytesAt = 56, kSlotTableAt = 64, kSlotsCrcAt = 72,
+                      kKeyWidthAt = 76, kNsMaskAt = 80, kIdentityLenAt = 84, kIdentityAt = 88;
+constexpr uint64_t kOffsetMask = (1ULL << 48) - 1;
+constexpr double kLoad = 0.75;  // the slot table's load factor
+
+uint64_t load_le(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int b = 0; b < bytes; ++b) v |= static_cast<uint64_t>(p[b]) << (8 * b);
+  return v;
+}
+
+// A slot: 8 bytes, little-endian (one load on a little-endian host).
+inline uint64_t load_slot(const uint8_t* p) {
+  if constexpr (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
+    uint64_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else {
+    return load_le(p, 8);
+  }
+}
+
+void store_le(uint8_t* p, uint64_t v, int bytes) {
+  for (int b = 0; b < bytes; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
+}
+
+uint32_t crc_of(const uint8_t* data, std::size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (size > 0) {  // zlib takes at most 4 GiB a call
+    uInt chunk = static_cast<uInt>(std::min<std::size_t>(size, 1u << 30));
+    crc = crc32(crc, data, chunk);
+    data += chunk;
+    size -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+uint32_t header_crc(const uint8_t* header) {
+  uint8_t copy[kReplicaHeaderBytes];
+  std::memcpy(copy, header, kReplicaHeaderBytes);
+  std::memset(copy + kHeaderCrcAt, 0, 4);
+  return crc_of(copy, kReplicaHeaderBytes);
+}
+
+uint64_t slot_index(uint64_t hash, uint64_t slots) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(hash) * slots) >> 64);
+}
+
+std::string os_error(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+}  // namespace
+
+uint64_t key_hash(const uint8_t* key, std::size_t len) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (static_cast<uint64_t>(len) * 0xC2B2AE3D27D4EB4FULL);
+  for (std::size_t i = 0; i < len; i += 8) {
+    h ^= load_le(key + i, static_cast<int>(std::min<std::size_t>(8, len - i)));
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 31;
+  }
+  h ^= h >> 33;  // MurmurHash3's finalizer
+  h *= 0xFF51AFD7ED558CCDULL;
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ULL;
+  h ^= h >> 33;
+  return h;
+}
+
+bool encode_key(const uint32_t* tokens, int n, int width, uint8_t* out) {
+  for (int i = 0; i < n; ++i) {
+    uint32_t t = tokens[i];
+    if (width < 4 && (t >> (8 * width)) != 0) return false;
+    for (int b = 0; b < width; ++b) out[i * width + b] = static_cast<uint8_t>(t >> (8 * (width - 1 - b)));
+  }
+  return true;
+}
+
+// -- the reader ----------------------------------------------------------------------------------------------------
+
+Replica::Replica(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw ReplicaError(os_error("cannot open", path));
+  try {
+    // A shared lock while mapped: whoever removes old replicas takes an exclusive one, and skips a file held.
+    if (::flock(fd_, LOCK_SH | LOCK_NB) != 0) throw ReplicaError(os_error("cannot lock", path));
+    if (::fstat(fd_, &opened_) != 0) throw ReplicaError(os_error("cannot stat", path));
+    size_ = static_cast<std::size_t>(opened_.st_size);
+    if (size_ < kReplicaHeaderBytes)
+      throw ReplicaError(path + " is " + std::to_string(size_) + " bytes, shorter than a replica's header");
+    // A file that fits in half of the RAM is mapped with its page tables filled at once (MAP_POPULATE): a lookup then
+    // costs cache misses, not a page fault per first-touched page (a few microseconds each, on every new key). A larger
+    // one is faulted in as lookups touch it, without readahead (a lookup touches a slot and a record).
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    const bool fits = pages > 0 && page > 0 && size_ <= static_cast<std::size_t>(pages) * page / 2;
+    void* map = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED | (fits ? MAP_POPULATE : 0), fd_, 0);
+    if (map == MAP_FAILED) throw ReplicaError(os_error("cannot map", path));
+    base_ = static_cast<const uint8_t*>(map);
+    if (!fits) ::madvise(map, size_, MADV_RANDOM);
+    const uint8_t* h = base_;
+    if (std::memcmp(h, kMagic, sizeof kMagic) != 0) throw ReplicaError(path + " is not a crest-spec replica");
+    if (load_le(h + kVersionAt, 4) != kReplicaVersion)
+      throw ReplicaError(path + " is replica format version " + std::to_string(load_le(h + kVersionAt, 4)) +
+                         "; this build reads version " + std::to_string(kReplicaVersion));
+    if (load_le(h + kHeaderCrcAt, 4) != header_crc(h)) throw ReplicaError(path + ": the header fails its CRC");
+    uint64_t want = load_le(h + kFileSizeAt, 8);
+    if (want != size_)
+      throw ReplicaError(path + " is " + std::to_string(size_) + " bytes; its header says " + std::to_string(want) +
+                         " (truncated or extended)");
+    entries_ = load_le(h + kEntriesAt, 8);
+    unreadable_ = load_le(h + kUnreadableAt, 8);
+    slots_ = load_le(h + kSlotsAt, 8);
+    uint64_t records_at = load_le(h + kRecordsAt, 8), slots_at = load_le(h + kSlotTableAt, 8);
+    records_bytes_ = load_le(h + kRecordsBytesAt, 8);
+    key_width_ = static_cast<int>(load_le(h + kKeyWidthAt, 4));
+    uint64_t identity_len = load_le(h + kIdentityLenAt, 4);
+    if ((key_width_ != 2 && key_width_ != 4) || slots_ < entries_ || identity_len > kReplicaHeaderBytes - kIdentityAt ||
+        records_at < kReplicaHeaderBytes || records_at + records_bytes_ > size_ || slots_at + slots_ * 8 > size_ ||
+        records_bytes_ > kOffsetMask)
+      throw ReplicaError(path + ": the header's sizes and offsets do not fit the file");
+    slot_table_ = base_ + slots_at;
+    records_ = base_ + records_at;
+    if (load_le(h + kSlotsCrcAt, 4) != crc_of(slot_table_, slots_ * 8))
+      throw ReplicaError(path + ": the slot table fails its CRC");
+    uint32_t mask = static_cast<uint32_t>(load_le(h + kNsMaskAt, 4));
+    for (int n = kMaxKeyTokens; n >= 1; --n)
+      if (mask >> n & 1) lengths_.push_back(n);
+    identity_.assign(reinterpret_cast<const char*>(h + kIdentityAt), identity_len);
+  } catch (...) {
+    if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+    ::close(fd_);
+    throw;
+  }
+}
+
+Replica::~Replica() {
+  if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool Replica::unchanged() const {
+  struct stat now {};
+  if (::fstat(fd_, &now) != 0) return false;
+  // Not the change time: unlinking or renaming over the file changes it, and a removed or replaced file still maps
+  // its build intact (datastore.replica readies the path again; only a write to the mapped inode is damage).
+  return now.st_size == opened_.st_size && now.st_mtim.tv_sec == opened_.st_mtim.tv_sec &&
+         now.st_mtim.tv_nsec == opened_.st_mtim.tv_nsec;
+}
+
+Probe Replica::find(const uint32_t* tokens, int n, Tree& out) const {
+  if (n < 1 || n > kMaxKeyTokens || slots_ == 0) return Probe::kAbsent;
+  uint8_t key[kMaxKeyTokens * 4];
+  if (!encode_key(tokens, n, key_width_, key)) return Probe::kAbsent;  // an id wider than the build's keys
+  const std::size_t len = static_cast<std::size_t>(n) * key_width_;
+  const uint64_t hash = key_hash(key, len), tag = hash & 0xFFFF;
+  uint64_t i = slot_index(hash, slots_);
+  for (uint64_t probed = 0; probed < slots_; ++probed, i = i + 1 == slots_ ? 0 : i + 1) {
+    uint64_t slot = load_slot(slot_table_ + i * 8);
+    if (slot == 0) return Probe::kAbsent;
+    if (slot >> 48 != tag) continue;
+    uint64_t at = (slot & kOffsetMask) - 1;
+    if (at >= records_bytes_) return Probe::kDamaged;
+    const uint8_t* rec = records_ + at;
+    const std::size_t avail = static_cast<std::size_t>(records_bytes_ - at);
+    if (rec[0] + 1u > avail) return Probe::kDamaged;
+    if (rec[0] != len || std::memcmp(rec + 1, key, len) != 0) continue;
+    std::size_t pos = 1 + len;
+    uint64_t blob_len;
+    try {
+      blob_len = read_varint(rec, avail, pos);
+    } catch (const std::invalid_argument&) {
+      return Probe::kDamaged;
+    }
+    if (blob_len == 0) return Probe::kUnreadable;
+    if (blob_len > avail - pos) return Probe::kDamaged;
+    try {
+      decode_plain(rec + pos, static_cast<std::size_t>(blob_len), out);
+    } catch (const std::invalid_argument&) {
+      return Probe::kDamaged;
+    }
+    return Probe::kFound;
+  }
+  return Probe::kAbsent;
+}
+
+bool stored_suffixes(const Replica& replica, const uint32_t* tokens, std::size_t n, bool every, std::vector<Tree>& trees,
+                     std::vector<int>& lengths, std::size_t& found) {
+  found = 0;
+  lengths.clear();
+  for (int len : replica.lengths()) {  // longest first
+    if (static_cast<std::size_t>(len) > n) continue;
+    if (trees.size() <= found) trees.resize(found + 1);
+    switch (replica.find(tokens + n - len, len, trees[found])) {
+      case Probe::kDamaged:
+        return false;
+      case Probe::kUnreadable:
+        if (!every) return true;
+        continue;
+      case Probe::kAbsent:
+        continue;
+      case Probe::kFound:
+        lengths.push_back(len);
+        ++found;
+        if (!every) return true;
+    }
+  }
+  return true;
+}
+
+// -- the writer ----------------------------------------------------------------------------------------------------
+
+ReplicaWriter::ReplicaWriter(const std::string& path, int key_width, std::string identity)
+    : path_(path), key_width_(key_width), identity_(std::move(identity)) {
+  if (key_width != 2 && key_width != 4) throw ReplicaError("key width " + std::to_string(key_width) + " is not 2 or 4");
+  if (identity_.size() > kReplicaHeaderBytes - kIdentityAt)
+    throw ReplicaError("a replica's identity is at most " + std::to_string(kReplicaHeaderBytes - kIdentityAt) +
+                       " bytes");
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw ReplicaError(os_error("cannot create", path));
+  buffer_.reserve(1 << 20);
+}
+
+ReplicaWriter::~ReplicaWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ReplicaWriter::write_at(const uint8_t* data, std::size_t size, uint64_t offset) {
+  while (size > 0) {
+    ssize_t wrote = ::pwrite(fd_, data, size, static_cast<off_t>(offset));
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      throw ReplicaError(os_error("cannot write", path_));
+    }
+    data += wrote;
+    size -= static_cast<std::size_t>(wrote);
+    offset += static_cast<uint64_t>(wrote);
+  }
+}
+
+void ReplicaWriter::flush() {
+  write_at(buffer_.data(), buffer_.size(), kReplicaHeaderBytes + records_bytes_ - buffer_.size());
+  buffer_.clear();
+}
+
+void ReplicaWriter::add_record(const uint8_t* key, std::size_t key_len, const uint8_t* blob, std::size_t blob_len) {
+  const std::size_t n = key_len / key_width_;
+  if (key_len == 0 || key_len % key_width_ != 0 || n > kMaxKeyTokens)
+    throw ReplicaError("a key of " + std::to_string(key_len) + " bytes is not 1.." + std::to_string(kMaxKeyTokens) +
+                       " token ids of " + std::to_string(key_width_) + " bytes");
+  if (records_bytes_ > kOffsetMask - (1 << 26)) throw ReplicaError("the replica's records exceed 2**48 bytes");
+  ns_mask_ |= 1u << n;
+  entries_.emplace_back(key_hash(key, key_len), records_bytes_);
+  const std::size_t before = buffer_.size();
+  buffer_.push_back(static_cast<uint8_t>(key_len));
+  buffer_.insert(buffer_.end(), key, key + key_len);
+  append_varint(blob_len, buffer_);
+  buffer_.insert(buffer_.end(), blob, blob + blob_len);
+  unreadable_ += blob_len == 0;
+  records_bytes_ += buffer_.size() - before;
+  if (buffer_.size() >= (1 << 20)) flush();
+}
+
+namespace {
+
+uint32_t be32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 | static_cast<uint32_t>(p[2]) << 8 | p[3];
+}
+
+}  // namespace
+
+std::size_t ReplicaWriter::add_copy(const uint8_t* data, std::size_t size, std::vector<Pending>& pending) {
+  static constexpr uint8_t kSignature[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xFF, '\r', '\n', 0};
+  std::size_t pos = 0;
+  if (!copy_started_) {
+    if (size < 19) return 0;
+    if (std::memcmp(data, kSignature, sizeof kSignature) != 0)
+      throw ReplicaError("the rows are not a binary COPY stream");
+    std::size_t extension = be32(data + 15);
+    if (size < 19 + extension) return 0;
+    pos = 19 + extension;
+    copy_started_ = true;
+  }
+  while (pos + 2 <= size && !copy_ended_) {
+    int16_t fields = static_cast<int16_t>(data[pos] << 8 | data[pos + 1]);
+    if (fields == -1) {
+      copy_ended_ = true;
+      pos += 2;
+      break;
+    }
+    if (fields != 2) throw ReplicaError("a COPY row has " + std::to_string(fields) + " columns; expected key, tree");
+    std::size_t p = pos + 2;
+    if (p + 4 > size) break;
+    int32_t key_len = static_cast<int32_t>(be32(data + p));
+    if (key_len < 0) throw ReplicaError("a COPY row's key is NULL");
+    if (p + 4 + key_len + 4 > size) break;
+    const uint8_t* key = data + p + 4;
+    p += 4 + key_len;
+    int32_t blob_len = static_cast<int32_t>(be32(data + p));
+    if (blob_len < 0) throw ReplicaError("a COPY row's tree is NULL");
+    if (p + 4 + blob_len > size) break;
+    const uint8_t* blob = data + p + 4;
+    p += 4 + blob_len;
+    pos = p;
+    BlobHeader h;
+    try {
+      h = parse_blob_header(blob, static_cast<std::size_t>(blob_len));
+    } catch (const std::invalid_argument&) {
+      add_record(key, key_len, nullptr, 0);  // the build's tree is unreadable: stored as such
+      continue;
+    }
+    if (h.compression == 0) {
+      try {
+        parse_checked(blob, h, blob + h.body, blob_len - h.body, scratch_);
+        add_record(key, key_len, blob, blob_len);
+      } catch (const std::invalid_argument&) {
+        add_record(key, key_len, nullptr, 0);
+      }
+      continue;
+    }
+    Pending row{key, static_cast<std::size_t>(key_len), blob + h.body, blob_len - h.body, {blob[0], blob[1], blob[2]},
+                h.crc, h.raw_len};
+    pending.push_back(row);
+  }
+  return pos;
+}
+
+void ReplicaWriter::complete(const Pending& row, const uint8_t* payload, std::size_t size) {
+  blob_.clear();
+  if (payload != nullptr) {
+    BlobHeader h;
+    h.width = row.header3[2] & 0x0F;
+    h.crc = row.crc;
+    h.raw_len = row.raw_len;
+    try {
+      parse_checked(row.header3, h, payload, size, scratch_);
+      append_plain_blob(h.width, payload, size, blob_);
+    } catch (const std::invalid_argument&) {
+      blob_.clear();
+    }
+  }
+  add_record(row.key, row.key_len, blob_.data(), blob_.size());
+}
+
+void ReplicaWriter::finish() {
+  if (copy_started_ && !copy_ended_) throw ReplicaError("the COPY stream ended before its trailer");
+  flush();
+  const uint64_t count = entries_.size();
+  uint64_t slots = std::max<uint64_t>(16, static_cast<uint64_t>(static_cast<double>(count) / kLoad) + 1);
+  std::vector<uint8_t> table(slots * 8, 0);
+  for (const auto& [hash, at] : entries_) {
+    uint64_t i = slot_index(hash, slots);
+    while (load_le(table.data() + i * 8, 8) != 0) i = i + 1 == slots ? 0 : i + 1;
+    store_le(table.data() + i * 8, (hash & 0xFFFF) << 48 | (at + 1), 8);
+  }
+  const uint64_t slots_at = (kReplicaHeaderBytes + records_bytes_ + 7) / 8 * 8;
+  write_at(table.data(), table.size(), slots_at);
+  uint8_t header[kReplicaHeaderBytes] = {};
+  std::memcpy(header, kMagic, sizeof kMagic);
+  store_le(header + kVersionAt, kReplicaVersion, 4);
+  store_le(header + kFileSizeAt, slots_at + table.size(), 8);
+  store_le(header + kEntriesAt, count, 8);
+  store_le(header + kUnreadableAt, unreadable_, 8);
+  store_le(header + kSlotsAt, slots, 8);
+  store_le(header + kRecordsAt, kReplicaHeaderBytes, 8);
+  store_le(header + kRecordsBytesAt, records_bytes_, 8);
+  store_le(header + kSlotTableAt, slots_at, 8);
+  store_le(header + kSlotsCrcAt, crc_of(table.data(), table.size()), 4);
+  store_le(header + kKeyWidthAt, static_cast<uint64_t>(key_width_), 4);
+  store_le(header + kNsMaskAt, ns_mask_, 4);
+  store_le(header + kIdentityLenAt, identity_.size(), 4);
+  std::memcpy(header + kIdentityAt, identity_.data(), identity_.size());
+  store_le(header + kHeaderCrcAt, header_crc(header), 4);
+  write_at(header, sizeof header, 0);
+  if (::fsync(fd_) != 0) throw ReplicaError(os_error("cannot sync", path_));
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    throw ReplicaError(os_error("cannot close", path_));
+  }
+  fd_ = -1;
+}
+
+}  // namespace crest

@@ -1,0 +1,404 @@
+"""Host-local replicas: each ready build (a datastore's, its live layer's) as one read-only file on the decoding host,
+memory-mapped by every drafting process there, so a lookup costs a few memory reads and the page cache holds one copy.
+
+PostgreSQL stays the system of record (the registry, the builds, grants, the live outputs, and clients with no
+replica). A replica is written from its build's rows by the first client on the host that wants it: one
+``COPY (SELECT key, tree ...) TO STDOUT`` (what a reader role may do, and all it does) streamed into
+:class:`crest_native.ReplicaWriter`, which stores each tree as a plain codec v1 blob in a static hash table of the
+build's keys (the format: ``docs/replica-format.md``); compressed trees are decompressed here first (zstd, lz4). The
+file is written under a temporary name, synced and renamed into place, under an exclusive lock file, so processes of
+one host write it once and a reader never sees half of one.
+
+The native core probes it (:class:`crest_native.Replica`, with the request's own last tokens, in the drafting step). A
+replica is tied to its build by an identity (:func:`identity_of`: the database, the datastore, the build, its table,
+tokenizer and key width) that is checked when it is opened, with the header's and the slot table's CRC-32 and the
+file's size; each record's CRC is checked when it is read. A replica that is missing, of another build, truncated or
+corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a good one (the client
+drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or damaged mid-run is
+dropped with one warning and written again. Old replicas are removed once no process maps them (readers hold a shared
+``flock`` on the file; the remover takes an exclusive one, or leaves the file).
+
+Settings: ``CREST_REPLICAS`` (:class:`toolkit.settings.Settings`): the replicas' folder, or ``off``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import lz4.block
+import numpy as np
+import psycopg
+import zstandard
+from psycopg import sql
+
+from crest_native import Replica, ReplicaError, ReplicaWriter
+
+from .connection import APPLICATION_NAME, connect
+from .lookup import DatastoreInfo
+
+__all__ = ["HostReplicas", "ReplicaError", "Stores", "database_key", "identity_of", "open_replica", "replica_path",
+           "write_replica"]
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".crr"
+"""A replica file's suffix (``<datastore>.<build id>.crr``)."""
+CHECK_S = 1.0
+"""Seconds between checks that the mapped files are still the ones on disk (and of the builds served)."""
+REPLICA_APPLICATION = f"{APPLICATION_NAME} replica"
+"""The ``application_name`` of the connection that reads a build's rows into a replica."""
+_CHUNK_BYTES = 8 << 20  # COPY data handed to the writer at a time
+
+
+class Stores(NamedTuple):
+    """The replicas a drafting step reads: the datastore's, and its live layer's (``None``: the layer has no build)."""
+
+    datastore: Replica
+    live: Replica | None
+
+
+def database_key(conn: psycopg.Connection) -> str:
+    """A short name of the database ``conn`` is on (its server's address, port and database name), so that replicas of
+    two databases on one host never meet."""
+    info = conn.info
+    return hashlib.sha256(f"{info.host}:{info.port}/{info.dbname}".encode()).hexdigest()[:16]
+
+
+def identity_of(info: DatastoreInfo, database: str) -> bytes:
+    """What ties a replica to its build: the database, the datastore's name, the build id and table, the tokenizer's
+    fingerprint, the key width and the stored n-gram lengths, as canonical JSON (at most 4008 bytes)."""
+    return json.dumps({"database": database, "datastore": info.name, "build": info.id, "table": info.table,
+                       "tokenizer_fingerprint": info.tokenizer_fingerprint, "key_width": info.key_width,
+                       "ns": list(info.ns)}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def replica_path(root: Path, database: str, info: DatastoreInfo) -> Path:
+    """Where the replica of build ``info`` of database ``database`` lives under ``root``: ``<root>/<database>/<name>.<
+    build id>.crr`` (characters of the name other than letters, digits, ``.``, ``_`` and ``-`` as ``%XX``)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), info.name)
+    return root / database / f"{name}.{info.id}{SUFFIX}"
+
+
+def open_replica(path: Path, identity: bytes) -> Replica:
+    """Map the replica at ``path`` when it is of the build ``identity`` names.
+
+    Raises:
+        crest_native.ReplicaError: (an ``OSError``) when it is missing, unreadable, truncated or corrupt (its header or
+            slot table fails its CRC), or of another build, naming which.
+    """
+    replica = Replica(str(path))
+    if replica.identity != identity:
+        raise ReplicaError(f"{path} is a replica of another build ({replica.identity.decode(errors='replace')})")
+    return replica
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    """What writing one replica did: ``entries`` (n-grams), ``unreadable`` (trees of the build that did not decode,
+    stored as such), ``bytes`` (the file), ``seconds``."""
+
+    entries: int
+    unreadable: int
+    bytes: int
+    seconds: float
+
+
+def _payload(kind: int, body: bytes, size: int, zstd: zstandard.ZstdDecompressor) -> bytes | None:
+    """A compressed body's payload (codec v1 compression ids 1 zstd, as a whole frame; 2 lz4); ``None`` when it does
+    not decompress."""
+    try:
+        if kind == 1:
+            return zstd.decompress(body, max_output_size=size)
+        return lz4.block.decompress(body, uncompressed_size=size)
+    except (zstandard.ZstdError, lz4.block.LZ4BlockError):
+        return None
+
+
+def _payloads(frames: bytes, segments: bytes, sizes: bytes, zstd: zstandard.ZstdDecompressor):
+    """The payloads of a batch's zstd frames, decompressed in one call; one by one (``None`` for a frame that does not
+    decompress) when one of them fails."""
+    if not segments:
+        return []
+    try:
+        return zstd.multi_decompress_to_buffer(zstandard.BufferWithSegments(frames, segments),
+                                               decompressed_sizes=sizes)
+    except zstandard.ZstdError:
+        spans = np.frombuffer(segments, dtype=np.uint64).reshape(-1, 2).tolist()
+        return [_payload(1, frames[a:a + n], size, zstd)
+                for (a, n), size in zip(spans, np.frombuffer(sizes, dtype=np.uint64).tolist())]
+
+
+def write_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes) -> WriteReport:
+    """Write the replica of build ``info`` to ``path``: its rows streamed from the server (one ``COPY ... TO STDOUT``, a
+    ``SELECT``), written under a temporary name, synced and renamed into place.
+
+    Raises:
+        psycopg.Error: when the rows cannot be read (the table dropped, the server gone, no grant).
+        crest_native.ReplicaError: when the file cannot be written.
+    """
+    start = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    zstd = zstandard.ZstdDecompressor()
+    writer = ReplicaWriter(str(tmp), info.key_width, identity.decode())
+    try:
+        def hand(data: bytes) -> bytes:
+            used, frames, segments, sizes, others = writer.add_copy(data)
+            writer.complete(_payloads(frames, segments, sizes, zstd),
+                            [_payload(kind, body, size, zstd) for kind, body, size in others])
+            return data[used:]
+
+        query = sql.SQL("COPY (SELECT key, tree FROM {}) TO STDOUT (FORMAT BINARY)").format(sql.Identifier(info.table))
+        with connect(url, autocommit=True, application_name=REPLICA_APPLICATION) as conn, conn.cursor() as cur, \
+                cur.copy(query) as copy:
+            rest = b""
+            parts: list = [rest]
+            size = 0
+            for data in copy:
+                parts.append(data)
+                size += len(data)
+                if size >= _CHUNK_BYTES:
+                    rest = hand(b"".join(parts))
+                    parts, size = [rest], 0
+            rest = hand(b"".join(parts))
+        if rest:
+            raise ReplicaError(f"the rows of {info.table} ended inside a row")
+        writer.finish()
+        os.replace(tmp, path)
+        _sync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return WriteReport(int(writer.entries), int(writer.unreadable), path.stat().st_size, time.perf_counter() - start)
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_unused(folder: Path, keep: set[Path]) -> list[Path]:
+    """Remove the replicas in ``folder`` but ``keep`` that no process maps (an exclusive ``flock`` is had at once),
+    and temporary files of writers that died; returns what was removed."""
+    removed = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        if path in keep:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except BlockingIOError:
+            pass  # mapped by a process: left for later
+        finally:
+            os.close(fd)
+    for tmp in folder.glob(f".*{SUFFIX}.*.tmp"):
+        pid = tmp.name.split(".")[-3]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+@dataclass
+class _Layer:
+    info: DatastoreInfo | None = None  # the build to serve (None: the layer has none)
+    replica: Replica | None = None     # its replica, mapped (None: not yet)
+    stale: bool = False                # the mapped file was removed or replaced on disk: ready it again
+    refused: bool = False              # readying this build's replica failed once (warned)
+
+
+class HostReplicas:
+    """This process's replicas of one client's builds (its datastore's and its live layer's), kept in step with the
+    builds it serves by a background thread: each build's file is mapped when it is good, written first when it is
+    missing or bad (one writer per host), written again when it is found damaged or removed, and the files no build
+    needs are removed once unused. Thread-safe.
+
+    Args:
+        url: the database (the client's URL; a reader role is enough).
+        root: the host's replica folder. database: :func:`database_key` of the database.
+        layers: the names of the layers served, the datastore first (``[name]`` or ``[name, name.live]``).
+
+    Attributes:
+        written: replicas this process wrote (:class:`WriteReport` each). warnings: faults warned about.
+    """
+
+    def __init__(self, url: str, root: Path, database: str, layers: list[str]) -> None:
+        self._url, self._root, self._database = url, root, database
+        self._layers = {name: _Layer() for name in layers}
+        self._names = layers
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._stores: Stores | None = None
+        self.written: list[WriteReport] = []
+        self.warnings = 0
+        self._thread = threading.Thread(target=self._run, name="crest-replicas", daemon=True)
+        self._thread.start()
+
+    # -- what the drafting step reads ---------------------------------------------------------------------------
+
+    def stores(self) -> Stores | None:
+        """The mapped replicas of the builds served now, or ``None`` while one of them is not ready."""
+        return self._stores
+
+    def damaged(self, replica: Replica) -> None:
+        """A step found ``replica`` damaged (changed in place, or a record failing its CRC): stop reading it (one
+        warning), remove the file and write it again in the background."""
+        path, inode = Path(replica.path), replica.inode
+        with self._lock:
+            for layer in self._layers.values():
+                if layer.replica is replica:
+                    self._warn(f"replica {path} is damaged (changed in place, or a record fails its CRC); drafting "
+                               "from the round trip while it is written again (output is unaffected)")
+                    layer.replica = None
+                    _discard(path, inode)
+            self._publish()
+        self._wake.set()
+
+    def follow(self, infos: dict[str, DatastoreInfo | None]) -> None:
+        """Serve these builds (by layer name; ``None``: the layer has none): a replica of another build is no longer
+        read, and the new ones are readied in the background."""
+        with self._lock:
+            for name, info in infos.items():
+                layer = self._layers[name]
+                if (layer.info and layer.info.id) != (info and info.id):
+                    layer.info, layer.replica, layer.stale, layer.refused = info, None, False, False
+            self._publish()
+        self._wake.set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until the stores are ready (tests and benchmarks); returns whether they are."""
+        deadline = time.monotonic() + timeout
+        while self._stores is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self._stores is not None
+
+    def close(self) -> None:
+        """Stop the background thread (a mapped file is released once the last step reading it is done)."""
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout=10.0)
+        with self._lock:
+            self._stores = None
+
+    # -- the background thread ----------------------------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        self.warnings += 1
+        log.warning(message)
+
+    def _publish(self) -> None:
+        """Recompute what the step reads (under the lock): every layer with a build has its replica mapped."""
+        first, *rest = (self._layers[n] for n in self._names)
+        live = rest[0].replica if rest else None
+        ready = first.replica is not None and all(layer.info is None or layer.replica is not None for layer in rest)
+        self._stores = Stores(first.replica, live) if ready and first.replica is not None else None
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            for name in self._names:
+                if self._closing.is_set():
+                    return
+                self._ready(name)
+            self._check()
+            self._wake.wait(CHECK_S)
+            self._wake.clear()
+
+    def _path(self, info: DatastoreInfo) -> Path:
+        return replica_path(self._root, self._database, info)
+
+    def _ready(self, name: str) -> None:
+        """Map the replica of layer ``name``'s build, writing it first when it is missing or bad."""
+        with self._lock:
+            layer = self._layers[name]
+            info = layer.info
+            if info is None or (layer.replica is not None and not layer.stale):
+                return
+        path, identity = self._path(info), identity_of(info, self._database)
+        try:
+            replica = self._open_or_write(path, identity, info)
+        except (ReplicaError, psycopg.Error, OSError) as exc:
+            with self._lock:
+                if not layer.refused:
+                    layer.refused = True
+                    self._warn(f"cannot ready the replica of datastore {info.name!r} build {info.id} ({exc}); drafting "
+                               "from the round trip (output is unaffected); retrying")
+            self._closing.wait(CHECK_S)
+            return
+        with self._lock:
+            if layer.info is info:
+                layer.replica, layer.stale = replica, False
+                self._publish()
+        remove_unused(path.parent, self._keep())
+
+    def _keep(self) -> set[Path]:
+        with self._lock:
+            return {self._path(layer.info) for layer in self._layers.values() if layer.info is not None}
+
+    def _open_or_write(self, path: Path, identity: bytes, info: DatastoreInfo) -> Replica:
+        try:
+            return open_replica(path, identity)
+        except ReplicaError as exc:
+            if path.exists():
+                self._warn(f"{exc}; writing it again (drafting from the round trip meanwhile; output is unaffected)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per host: the others wait here, then map its file
+            try:
+                return open_replica(path, identity)
+            except ReplicaError:
+                log.info("writing the host's replica of datastore %r build %d to %s", info.name, info.id, path)
+                report = write_replica(self._url, info, path, identity)
+                self.written.append(report)
+                log.info("replica of datastore %r build %d: %d n-grams, %d bytes, %.1f s", info.name, info.id,
+                         report.entries, report.bytes, report.seconds)
+                return open_replica(path, identity)
+
+    def _check(self) -> None:
+        """Drop a mapped replica changed in place (damaged); ready again one whose file was removed or replaced (its
+        mapping serves meanwhile: it is still the build's)."""
+        with self._lock:
+            mapped = [r for layer in self._layers.values() if (r := layer.replica) is not None and not layer.stale]
+        for replica in mapped:
+            if not replica.unchanged():
+                self.damaged(replica)
+                continue
+            try:
+                same = Path(replica.path).stat().st_ino == replica.inode
+            except FileNotFoundError:
+                same = False
+            if not same:
+                log.info("replica %s was removed or replaced on disk; readying it again", replica.path)
+                with self._lock:
+                    for layer in self._layers.values():
+                        if layer.replica is replica:
+                            layer.stale = True
+                self._wake.set()
+
+
+def _discard(path: Path, inode: int) -> None:
+    """Remove a damaged replica file, when it is still the one that was mapped."""
+    try:
+        if path.stat().st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass
