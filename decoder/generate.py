@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from drafting.accept import accept_greedy
 from drafting.draft import Draft
-from drafting.lifecycle import Drafter, ReadsHiddenStates
+from drafting.lifecycle import Drafter
 
 from .model import TargetModel
 from .result import GenerationResult, StepRecord
@@ -87,7 +87,7 @@ def speculative_generate(
         drafter: any :class:`drafting.Drafter` (the merged one is :class:`drafting.DraftingService`); this call is
             one request of it
             (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``). A drafter that reads hidden states
-            (:class:`drafting.lifecycle.ReadsHiddenStates`, S4C's) is also handed the target's last hidden state of
+            (``hidden_states``, S4C's) is also handed the target's last hidden state of
             every committed position verification computed: the prompt's after the prefill, the accepted path's after
             each step.
         max_new_tokens: most tokens generated, >= 1.
@@ -111,29 +111,27 @@ def speculative_generate(
         if seed is not None:
             gen.manual_seed(seed)
     eos = target.eos_token_ids
-    reads = drafter if isinstance(drafter, ReadsHiddenStates) else None
+    reads = drafter if drafter.hidden_states else None
     start = time.perf_counter()
     cache, logits, hidden = _prefill(target, prompt_ids, reads is not None)
     out: list[int] = []
     _commit(out, [_next_token(logits, temperature, gen)], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)
     req = f"generate-{uuid.uuid4().hex}"  # this request's key in the drafter
-    seq = list(prompt_ids) + out  # the request's tokens, as the drafter is shown them
-    drafter.start_request(req, seq)
+    drafter.start_request(req, list(prompt_ids) + out)  # the drafter holds the request's tokens from here on
     past_len = len(prompt_ids)  # cached tokens: all committed but the last
     try:
         if reads is not None:
             reads.add_hidden_states(req, hidden)
         while not _done(out, eos, max_new_tokens):
             t0 = time.perf_counter()
-            draft = drafter.propose([(req, seq, budget)], chain=chain)[0]
+            draft = drafter.propose([(req, budget)], chain=chain)[0]
             t1 = time.perf_counter()
             path, bonus, states = _verify(target, cache, past_len, out[-1], draft, temperature, gen, reads is not None)
             new = [int(draft.token_ids[i]) for i in path] + [bonus]
             kept = _commit(out, new, eos, max_new_tokens)
             past_len += len(path) + 1
             result.steps.append(StepRecord(len(draft), len(kept), t1 - t0, time.perf_counter() - t1))
-            seq += kept
             drafter.add_tokens(req, kept)
             if reads is not None and states is not None:  # the last committed token's and the accepted nodes' states
                 reads.add_hidden_states(req, states[[0] + [1 + i for i in path]])

@@ -31,7 +31,7 @@ import numpy as np
 from crest_native import FEATURES, SOURCES
 from toolkit.extras import require
 
-__all__ = ["DEFAULT_PATH", "HEADS_PATH", "RETRIEVAL_SOURCES"]
+__all__ = ["Calibration", "DEFAULT_PATH", "HEADS_PATH", "NodeTable", "RETRIEVAL_SOURCES"]
 
 DEFAULT_PATH = Path(__file__).with_name("data") / "calibration.json"
 """The merged drafter's calibration (the retrieval sources)."""

@@ -25,13 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from typing import overload
 
 import numpy as np
 
 from crest_native import chain_cut, tree_cut
 from datastore.tree import TokenTree
 
-__all__ = ["Draft", "ScoreKind"]
+__all__ = ["Draft", "Drafts", "ScoreKind"]
 
 
 class ScoreKind(str, Enum):
@@ -130,19 +131,6 @@ class Draft:
                      self.score_kind)
 
     @classmethod
-    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, score_kind: ScoreKind) -> Draft:
-        """Wrap arrays the caller built valid (the native core's drafts): ``[N]`` int64 token ids, int32 parents
-        and float64 scores, 1-D and of equal length; not copied, made read-only. Skips the checks and
-        conversions of the constructor (a drafting step makes one draft per request)."""
-        for a in (token_ids, parents, scores):
-            a.setflags(write=False)
-        draft = object.__new__(cls)
-        for name, value in (("token_ids", token_ids), ("parents", parents), ("scores", scores),
-                            ("score_kind", score_kind)):
-            object.__setattr__(draft, name, value)
-        return draft
-
-    @classmethod
     def empty(cls, score_kind: ScoreKind = ScoreKind.NONE) -> Draft:
         """No nodes: the step verifies only the last committed token (plain decoding)."""
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64), score_kind)
@@ -178,3 +166,69 @@ class Draft:
             else:
                 scores[i] = scores[p] * (counts[i] / (counts[p] + prior))  # ratio <= 1 first: never above the parent
         return cls(tree.token_ids.astype(np.int64), tree.parents.astype(np.int32), scores, ScoreKind.COUNT_RATIO)
+
+
+class Drafts(Sequence[Draft]):
+    """A batch's drafts in flat arrays, as one native call makes them: draft ``i`` holds nodes
+    ``offsets[i]:offsets[i + 1]``. A sequence of :class:`Draft` (each made when it is asked for, as read-only views of
+    the arrays), plus :meth:`token_lists` for an engine that takes plain token ids.
+
+    Args:
+        token_ids: ``[nodes]`` int64. parents: ``[nodes]`` int32 (each draft's own node indices). scores: ``[nodes]``
+            float64. offsets: ``[drafts + 1]`` int64, from 0, non-decreasing. score_kind: what the scores are.
+
+    The arrays are made read-only, not copied: the caller hands them over.
+    """
+
+    __slots__ = ("_bounds", "parents", "score_kind", "scores", "token_ids")
+
+    def __init__(self, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, offsets: np.ndarray,
+                 score_kind: ScoreKind) -> None:
+        for a in (token_ids, parents, scores):
+            a.setflags(write=False)
+        self.token_ids, self.parents, self.scores, self.score_kind = token_ids, parents, scores, score_kind
+        self._bounds: list[int] = offsets.tolist()
+
+    @classmethod
+    def of(cls, drafts: Sequence[Draft], score_kind: ScoreKind) -> Drafts:
+        """The batch of separately made drafts (copied into flat arrays)."""
+        sizes = [len(d) for d in drafts]
+        offsets = np.zeros(len(drafts) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+
+        def cat(name: str, dtype) -> np.ndarray:
+            return np.concatenate([getattr(d, name) for d in drafts]).astype(dtype) if drafts else np.zeros(0, dtype)
+
+        return cls(cat("token_ids", np.int64), cat("parents", np.int32), cat("scores", np.float64), offsets,
+                   score_kind)
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> Draft: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Draft]: ...
+
+    def __getitem__(self, i: int | slice) -> Draft | list[Draft]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"draft {i} of a batch of {len(self)}")
+        s, e = self._bounds[i % len(self)], self._bounds[i % len(self) + 1]
+        draft = object.__new__(Draft)  # views of read-only arrays: valid, read-only, not copied
+        for name, value in (("token_ids", self.token_ids[s:e]), ("parents", self.parents[s:e]),
+                            ("scores", self.scores[s:e]), ("score_kind", self.score_kind)):
+            object.__setattr__(draft, name, value)
+        return draft
+
+    @property
+    def nodes(self) -> int:
+        """Draft nodes in the whole batch."""
+        return self._bounds[-1]
+
+    def token_lists(self) -> list[list[int]]:
+        """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch."""
+        tokens, b = self.token_ids.tolist(), self._bounds
+        return [tokens[s:e] for s, e in zip(b, b[1:])]

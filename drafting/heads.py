@@ -9,10 +9,14 @@ given its parent; the core scores its nodes by their own feature block (``heads_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-__all__ = ["HeadTree"]
+if TYPE_CHECKING:
+    from .method import Step
+
+__all__ = ["HeadSource", "HeadTree"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +58,31 @@ class HeadTree:
     def native(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The tree as the native core reads it: ``(uint32 token ids, int32 parents, float64 probs)``."""
         return self.token_ids.astype(np.uint32), self.parents, self.probs
+
+
+class HeadSource(Protocol):
+    """A draft model as a source of the merged drafter (S4C's heads, :class:`s4c.HeadsSource`): it keeps a state per
+    request (the target's hidden states it was fed, its own caches) beside the request's handle in the service's table,
+    and gives each step's rows their candidate trees."""
+
+    name: str
+
+    def start(self) -> Any:
+        """A new request's state."""
+
+    def add_hidden_states(self, state: Any, hidden: Any) -> None:
+        """Append the target's hidden states of a request's next positions.
+
+        Raises:
+            TypeError / ValueError: for anything but a ``[n, hidden_size]`` float tensor or array.
+        """
+
+    def trees(self, step: Step) -> list[HeadTree | None]:
+        """Each row's candidate tree below its last token (``None``: none, e.g. a request without hidden states yet,
+        or a budget of 0)."""
+
+    def config(self) -> dict:
+        """What changes its trees."""
+
+    def step_seconds(self) -> dict[str, float]:
+        """Seconds spent running it."""

@@ -1,28 +1,26 @@
-"""The merged drafter as a service: many requests, one shared datastore, one round trip per proposal step.
+"""The drafting service: the one request-keyed, batch-first lifecycle every drafter shares, and the one request table.
 
-Shaped after ArcticInference's suffix decoding (a request-keyed lifecycle,
-https://github.com/snowflakedb/ArcticInference, ``arctic_inference/suffix_decoding``)
-and vLLM's batch-first proposers (``vllm/v1/spec_decode``):
+Shaped after ArcticInference's suffix decoding (a request-keyed lifecycle over a native core that owns the data,
+https://github.com/snowflakedb/ArcticInference, ``arctic_inference/suffix_decoding``) and vLLM's batch-first
+proposers (``vllm/v1/spec_decode``):
 
-- :meth:`DraftingService.start_request` indexes the request's own tokens in the native core (a suffix automaton:
-  contexts of any length);
-- :meth:`DraftingService.propose` drafts for a whole batch of rows ``(req_id, context, budget)``: one round trip
-  for every row (the datastore's trees and its live layer's, :meth:`datastore.lookup.LookupClient.retrieve_batch`;
-  the cache of :class:`datastore.SharedDatastore` answers the hot n-grams without one), then one call of the native
-  core: per request the union of the datastore's tree, the live layer's (every process's earlier outputs), the
-  request's own match and the match in this process's finished outputs, every node scored by its calibrated
-  acceptance probability (:mod:`drafting.calibration`), as a tree under the budget or, for chain verifiers such as
-  vLLM's, as the path with the largest expected accepted length; for large trees the datastore n-gram is chosen
-  among all stored suffixes (back-off);
-- :meth:`DraftingService.add_tokens` and :meth:`DraftingService.stop_request` (the output then joins this process's
-  output index, and the live layer's writer when there is one).
+- :meth:`DraftingService.start_request` puts the request's prompt in the native core (its tokens and their suffix
+  automaton; the method's own state, if it keeps one, beside the handle);
+- :meth:`DraftingService.propose` drafts for a batch of rows ``(req_id, budget)``: the service holds every request's
+  tokens, so a caller passes only which requests and how many nodes; the method (:mod:`drafting.method`) drafts the
+  batch, the merged drafter (:class:`drafting.merged.MergedMethod`) in one native call;
+- :meth:`DraftingService.add_tokens` appends the tokens the target committed (bonus token included), or, for an engine
+  that passes each row's whole sequence and no request id, :meth:`DraftingService.follow_rows` appends only the new
+  ones (:class:`serving.RowTracker`);
+- :meth:`DraftingService.stop_request` forgets it: its output joins this process's output index (and the method's
+  :meth:`~drafting.method.DraftMethod.stopped`, the live layer's writer for the merged drafter).
 
-The same object drafts for the HF decoding loop (:func:`decoder.speculative_generate`), the replay simulator, the
-benchmarks and the vLLM proposer. Every datastore fault falls back to drafts from the other sources
-(:class:`drafting.DatastoreSource`), so the output never changes.
+Every argument is checked once, at this door (:mod:`drafting.door`). The same object drafts for the HF decoding loop
+(:func:`decoder.speculative_generate`), the replay simulator, the benchmarks and the vLLM proposer.
 
-Thread-safe: the native core holds the only request table and every call on it runs under one lock; the round trip
-runs outside it. A request stopped while another thread drafts for it gets an empty draft for its row.
+Thread-safe: one lock guards the table and every call on the native core (a step's native work runs with the GIL
+released; the merged drafter's round trip runs outside the lock). A request stopped while another thread drafts for it
+gets an empty draft for its row.
 """
 
 from __future__ import annotations
@@ -32,38 +30,26 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crest_native import Core
 from datastore.context import TokenIds
-from datastore.lookup import Retrieval
-from datastore.tree import Match
 
-from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration, NodeTable
-from .draft import Draft, ScoreKind
+from . import door
+from .calibration import Calibration, NodeTable
+from .door import RequestId
+from .draft import Drafts, ScoreKind
 from .heads import HeadTree
-from .lifecycle import RequestId, check_min_score, check_request_id, check_rows, token_ids
-from .source import DatastoreSource
+from .method import DraftMethod, Step
 
 if TYPE_CHECKING:
-    from datastore.admin.live_writer import LiveWriter
+    from datastore.tree import Match
 
-__all__ = ["DraftingService", "OUTPUTS_BYTES", "STEP_TIMES_KEPT"]
+__all__ = ["DraftingService", "STEP_TIMES_KEPT", "ServiceStats"]
 
-OUTPUTS_BYTES = 64 << 20
-"""Default bound of the process-wide output index, bytes."""
 STEP_TIMES_KEPT = 10_000
 """Steps whose seconds :class:`ServiceStats` keeps one by one."""
-LOOKUP_TOKENS = 16
-"""Trailing tokens of each row's context read (and checked) for the lookups: CREST keys are at most 5 tokens long."""
-MATCH_NODES = 64
-"""Nodes of the local and output matches (at least the budget): the calibration was fitted on matches this size."""
-CONTEXT_TOKENS = 64
-"""Trailing tokens of a request matched against this process's finished outputs."""
-OUTPUTS_DEPTH = 16
-"""Deepest continuation node of the output index's matches."""
 
 
 @dataclass
@@ -72,294 +58,259 @@ class ServiceStats:
 
     Attributes:
         steps: :meth:`DraftingService.propose` calls. drafts: drafts returned. nodes: draft nodes returned.
-        lookup_s: the steps' round trips (one a step; none when the cache answers all). core_s: the native core's
-            drafting calls. step_s: whole ``propose`` calls. step_times: the last :data:`STEP_TIMES_KEPT` calls'
-            seconds, one each (bounded: a service lives as long as its server).
-        backed_off: drafts whose chosen datastore n-gram was shorter than the longest stored one.
-        stopped_meanwhile: rows whose request was stopped while its lookups ran (an empty draft each).
+        step_s: whole ``propose`` calls. step_times: the last :data:`STEP_TIMES_KEPT` calls' seconds, one each
+            (bounded: a service lives as long as its server).
     """
 
     steps: int = 0
     drafts: int = 0
     nodes: int = 0
-    lookup_s: float = 0.0
-    core_s: float = 0.0
     step_s: float = 0.0
-    backed_off: int = 0
-    stopped_meanwhile: int = 0
     step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT), repr=False)
 
 
-def _tree(m: Match | None) -> tuple | None:
-    """A match as the native core reads a source tree."""
-    if m is None:
-        return None
-    t = m.tree
-    return (len(m.ngram), t.token_ids, t.parents, t.counts, t.root_count)
+@dataclass
+class _Request:
+    handle: int  # the request in the native core
+    state: Any   # the method's own state (None: none)
 
 
 class DraftingService:
-    """The merged drafter: request-keyed, batched drafting from one datastore and its live layer, each request's own
-    tokens and this process's finished outputs, every node scored by its calibrated acceptance probability.
+    """A drafter: a request table and a drafting method (:class:`drafting.Drafter`).
 
     Args:
-        lookups: the datastore's fault-tolerant lookups, its live layer included when its client was opened with one
-            (``None``: drafts from the other sources only). :meth:`open` composes everything for a datastore name.
-        vocab_size: token ids are checked to be below this where they enter (default: the open datastore's
-            vocabulary; required when there is none to tell it).
-        calibration: the node scorer (default: the shipped parameters, :meth:`Calibration.load`).
-        outputs_bytes: the bound of this process's index of finished outputs, bytes (0: off).
-        sources: the sources drafted from, of ``crest_native.SOURCES`` (default the retrieval sources: ``ds``,
-            ``live``, ``local``, ``outputs``; add ``heads`` to draft from the S4C heads' trees each step passes, under
-            a calibration fitted with them, :data:`drafting.calibration.HEADS_PATH`).
-        min_score: a probability in [0, 1]: one node's verification cost in accepted tokens. Trees keep only nodes
-            whose acceptance probability is at least this and chains stop before the first node below it (0: fill
-            the budget).
-        back_off_min_budget: trees of at least this many nodes choose the datastore n-gram among ALL stored
-            suffixes of the context (the one whose draft has the largest expected accepted length, still one round
-            trip); chains and smaller trees take the longest match (chosen on the calibration's fit half).
-        live_writer: each request's output is handed to it at :meth:`stop_request` (enqueued; written on its thread).
+        method: how it drafts (:class:`drafting.merged.MergedMethod`, the merged drafter: :meth:`open` composes it for a
+            datastore name; or a paper's drafter, :mod:`drafting.drafters`; or S4C's heads, :mod:`s4c`).
+        vocab_size: token ids are checked to be below this where they enter (``len(tokenizer)``; an engine's model's
+            vocabulary when it is larger), >= 1.
+
+    Attributes:
+        name / score_kind / hidden_states: the method's. stats: :class:`ServiceStats`.
 
     Raises:
-        ValueError: when an argument is out of range, a source is unknown or not weighed by the calibration, or
-            ``vocab_size`` is needed and not given.
+        ValueError: when ``vocab_size < 1``; as the method's core settings.
     """
 
-    name = "merged"
-    score_kind = ScoreKind.PROBABILITY
-
-    def __init__(self, lookups: DatastoreSource | None = None, *, vocab_size: int | None = None,
-                 calibration: Calibration | None = None, outputs_bytes: int = OUTPUTS_BYTES,
-                 sources: Sequence[str] = RETRIEVAL_SOURCES, min_score: float = 0.0, back_off_min_budget: int = 32,
-                 live_writer: LiveWriter | None = None) -> None:
-        self.min_score = check_min_score(min_score)
-        if back_off_min_budget < 0 or outputs_bytes < 0:
-            raise ValueError(f"back_off_min_budget={back_off_min_budget} and outputs_bytes={outputs_bytes}: "
-                             "must be >= 0")
-        vocab = vocab_size if vocab_size is not None else lookups.vocab_size if lookups is not None else None
-        if vocab is None or vocab < 1:
-            raise ValueError(f"vocab_size={vocab_size}: pass the tokenizer's vocabulary size (len(tokenizer)); "
-                             "no open datastore tells it")
-        self.vocab_size = int(vocab)
-        self.calibration = calibration if calibration is not None else Calibration.load()
-        cal = self.calibration
-        self.sources = tuple(sources)
-        unweighed = [s for s in self.sources if s not in cal.sources]
-        if unweighed:
-            raise ValueError(f"sources {unweighed} are not weighed by the calibration (it weighs {cal.sources}); "
-                             f"load one fitted with them, e.g. Calibration.load({str(HEADS_PATH)!r})")
-        self._core = Core(cal.coef, cal.intercept, cal.prior, self.vocab_size, cal.local_depth, MATCH_NODES,
-                          int(outputs_bytes), OUTPUTS_DEPTH, CONTEXT_TOKENS, list(self.sources))
-        self.outputs_bytes = int(outputs_bytes)
-        self.lookups, self.live_writer = lookups, live_writer
-        self.back_off_min_budget = back_off_min_budget
-        self.stats = ServiceStats()
+    def __init__(self, method: DraftMethod, *, vocab_size: int) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 1 << 32:
+            raise ValueError(f"vocab_size={vocab_size!r}: pass the tokenizer's vocabulary size (len(tokenizer)), an "
+                             "int in 1..2**32")
+        self.method = method
+        self.name, self.score_kind, self.hidden_states = method.name, method.score_kind, method.hidden_states
+        self.vocab_size = vocab_size
+        self._core = method.core_settings().core()
+        self._requests: dict[RequestId, _Request] = {}
+        self._stateful = 0  # active requests whose method state is not None (they learn followed tokens)
         self._lock = threading.Lock()
+        self.stats = ServiceStats()
 
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
-             live_url: str | None = None, cache_bytes: int = 64 << 20, outputs_bytes: int = OUTPUTS_BYTES,
-             calibration: Calibration | None = None, min_score: float = 0.0,
-             reopen_in_background: bool = True) -> DraftingService:
-        """The merged drafter over datastore ``datastore``, composed in one place (what an engine's proposer uses).
-
-        Args:
-            datastore: the datastore name. tokenizer: the target's tokenizer (checked against the build's).
-            database_url: libpq URL (default ``DATABASE_URL`` or the embedded server).
-            live: also draft from the live layer ``<datastore>.live`` (once ``python -m ingest compact-live`` has
-                built it; in the same round trip) and append every finished output to it from a background thread.
-            live_url: the role that appends outputs (``INSERT`` on ``live_outputs`` only; default ``database_url``).
-            cache_bytes: the tree cache's bound, bytes. outputs_bytes: the output index's bound, bytes (0: off).
-            calibration / min_score: as for the constructor.
-            reopen_in_background: a failed datastore is reopened on a background thread, so no step ever waits for a
-                connection attempt (an engine's step must not stall while the server is down).
+             cache_bytes: int = 64 << 20, replicas: bool = True, calibration: Calibration | None = None,
+             min_score: float = 0.0, outputs_bytes: int | None = None, live_writer=None,
+             vocab_size: int | None = None, reopen_in_background: bool = True) -> DraftingService:
+        """The merged drafter over datastore ``datastore``: a service drafting with
+        :meth:`drafting.merged.MergedMethod.open` (whose arguments these are), taking ids below ``vocab_size``
+        (default ``len(tokenizer)``).
 
         Raises:
-            ValueError: as the constructor.
+            ValueError: as the constructor and the method.
         """
-        from datastore.live import live_name
-        from datastore.shared import SharedDatastore
+        from .merged import MergedMethod
 
-        layer = live_name(datastore) if live else None
-        lookups = DatastoreSource(lambda: SharedDatastore.open(
-            datastore, tokenizer=tokenizer, database_url=database_url, cache_bytes=cache_bytes, live=layer),
-            reopen_in_background=reopen_in_background)
-        writer = None
-        if live:
-            from datastore.admin.live_writer import LiveWriter
+        method = MergedMethod.open(datastore, tokenizer=tokenizer, database_url=database_url, live=live,
+                                   cache_bytes=cache_bytes, replicas=replicas, calibration=calibration,
+                                   min_score=min_score, outputs_bytes=outputs_bytes, live_writer=live_writer,
+                                   reopen_in_background=reopen_in_background)
+        return cls(method, vocab_size=vocab_size or len(tokenizer))
 
-            writer = LiveWriter(datastore, live_url or database_url)
-        return cls(lookups, vocab_size=len(tokenizer), calibration=calibration, outputs_bytes=outputs_bytes,
-                   min_score=min_score, live_writer=writer)
-
-    # -- the request table (in the native core) ---------------------------------------------------------------
+    # -- the request table --------------------------------------------------------------------------------------
 
     def start_request(self, req_id: RequestId, prompt_ids: TokenIds) -> None:
         """Start drafting for ``req_id`` from ``prompt_ids`` (the prompt, and any output already generated).
 
+        Args:
+            req_id: an ``int`` (64-bit) or ``str``. prompt_ids: a list, tuple or 1-D integer array of token ids.
+
         Raises:
-            ValueError: when ``req_id`` is already active, or a token id is outside the vocabulary.
-            TypeError: for a ``req_id`` that is not an int or a str.
-            datastore.errors.InvalidContext: when ``prompt_ids`` is not a sequence of token ids (nothing coerced).
+            ValueError: when ``req_id`` is already active. TypeError: for a ``req_id`` that is no request id.
+            datastore.errors.InvalidContext: when ``prompt_ids`` is not a sequence of token ids of the vocabulary.
         """
-        key, prompt = check_request_id(req_id), token_ids(prompt_ids, "prompt_ids")
+        key, prompt = door.request_id(req_id), door.token_ids(prompt_ids, self.vocab_size, "prompt_ids")
         with self._lock:
-            self._core.start(key, prompt)
+            if key in self._requests:
+                raise ValueError(f"request {key!r} is already active; stop_request it first")
+            state = self.method.start(prompt)
+            self._requests[key] = _Request(self._core.start(prompt), state)
+            self._stateful += state is not None
 
     def add_tokens(self, req_id: RequestId, tokens: TokenIds) -> None:
         """Append the tokens the target committed for ``req_id`` (bonus token included).
 
         Raises:
             KeyError: when ``req_id`` is not active (start_request it first).
-            ValueError: when a token id is outside the vocabulary.
-            datastore.errors.InvalidContext: when ``tokens`` is not a sequence of token ids (nothing coerced).
+            datastore.errors.InvalidContext: when ``tokens`` is not a sequence of token ids of the vocabulary.
         """
-        key, checked = check_request_id(req_id), token_ids(tokens, "tokens")
+        key, checked = door.request_id(req_id), door.token_ids(tokens, self.vocab_size, "tokens")
         with self._lock:
-            self._core.extend(key, checked)
+            r = self._get(key)
+            self._core.extend(r.handle, checked)
+            self.method.extend(r.state, checked)
 
-    def follow(self, req_id: RequestId, tokens: np.ndarray) -> bool:
-        """When ``req_id``'s tokens so far are a prefix of ``tokens``, append the rest and return ``True``; else change
-        nothing and return ``False`` (a request not active included). What an engine that passes each row's whole
-        sequence, and no request id, keys its rows by (:class:`serving.RowTracker`).
+    def follow_rows(self, req_ids: Sequence[RequestId | None], tokens: np.ndarray, lengths: np.ndarray,
+                    index: Sequence[int]) -> list[bool]:
+        """An engine's rows, each a request's whole sequence so far: where request ``req_ids[i]``'s tokens are the
+        first of row ``index[i]`` (``tokens[index[i], :lengths[index[i]]]``), the rest are appended to it; else it is
+        left as it was. Pairs are tried in order, and one whose row or request an earlier pair of the call followed is
+        skipped: each row holds one request and each request one row, so a request that may have moved can be tried
+        against several rows (and several requests against one row) in one call. One native call for the batch: a
+        compare of each request's known tokens with its row and a copy of the new ones. What an engine that passes no
+        request ids keys its rows by (:class:`serving.RowTracker`). The ids are the engine's, not checked against the
+        vocabulary (a model's may be larger than its tokenizer's).
 
         Args:
-            tokens: ``[N]`` int32 or int64, the row's whole sequence.
+            req_ids: the request of each pair (``None`` or a request not active: it follows nothing).
+            tokens: ``[rows, max_len]`` int32 or int64. lengths: ``[>= rows]``, the same dtype: each row's count.
+            index: the row of each pair (ints).
+
+        Returns:
+            ``[len(req_ids)]``: whether each pair's request followed its row.
 
         Raises:
-            ValueError: when a token id past the request's own is outside the vocabulary.
-            datastore.errors.InvalidContext: for anything but a 1-D integer array.
+            datastore.errors.InvalidContext: for arrays of another shape or dtype, lengths past a row's end, or rows
+                outside the arrays.
+            ValueError: when ``req_ids`` and ``index`` differ in length.
         """
-        key, arr = check_request_id(req_id), token_ids(tokens, "tokens", self.vocab_size)
+        rows, counts, at = door.engine_rows(tokens, lengths, index)
+        if len(req_ids) != len(at):
+            raise ValueError(f"{len(req_ids)} req_ids for {len(at)} rows; pass one request per row of index")
         with self._lock:
-            return self._core.follow(key, arr.astype(np.int32))
+            requests = self._requests
+            entries = [None if r is None else requests.get(r) for r in req_ids]  # None: none, or not active
+            handles = np.array([-1 if e is None else e.handle for e in entries], np.int64)
+            stateful = [e for e in entries if e is not None and e.state is not None] if self._stateful else []
+            before = {id(e): self._core.count(e.handle) for e in stateful}
+            followed = self._core.follow_rows(handles, rows, at, counts)
+            for e in stateful:  # a method with its own state learns the new tokens
+                if self._core.count(e.handle) != before[id(e)]:
+                    self.method.extend(e.state, self._core.tokens(e.handle, before[id(e)]))
+        return followed
+
+    def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
+        """Append the target's hidden states of ``req_id``'s next positions, for a method that reads them (S4C's heads;
+        see :class:`drafting.lifecycle.Drafter`).
+
+        Raises:
+            TypeError: when the method reads none. KeyError: when ``req_id`` is not active.
+            TypeError / ValueError: for anything but a ``[n, hidden_size]`` float tensor or array (the method's check).
+        """
+        if not self.hidden_states:
+            raise TypeError(f"the {self.name} drafter reads no hidden states")
+        key = door.request_id(req_id)
+        with self._lock:
+            self.method.add_hidden_states(self._get(key).state, hidden)
 
     def stop_request(self, req_id: RequestId) -> None:
-        """Forget ``req_id`` (one not active is ignored); its output joins this process's output index, and the live
-        layer's writer when there is one."""
-        key = check_request_id(req_id)
+        """Forget ``req_id`` (one not active is ignored); its output joins this process's output index, and the method
+        is told (the merged drafter hands it to the live layer's writer)."""
+        key = door.request_id(req_id)
         with self._lock:
-            output = self._core.stop(key)
-        if output is not None and len(output) and self.live_writer is not None:
-            self.live_writer.append(output.tolist())
+            r = self._requests.pop(key, None)
+            if r is None:
+                return
+            output = self._core.stop(r.handle)
+            self._stateful -= r.state is not None
+        self.method.stopped(r.state, output)
+
+    def tokens(self, req_id: RequestId) -> np.ndarray:
+        """The tokens the drafter holds for ``req_id`` (its prompt and everything committed since), as ``[N]`` uint32
+        (a copy).
+
+        Raises:
+            KeyError: when ``req_id`` is not active.
+        """
+        key = door.request_id(req_id)
+        with self._lock:
+            return self._core.tokens(self._get(key).handle, 0)
 
     @property
     def active_requests(self) -> frozenset:
         """The ids of the requests started and not stopped."""
         with self._lock:
-            return frozenset(self._core.keys())
+            return frozenset(self._requests)
 
-    # -- drafting ---------------------------------------------------------------------------------------------
+    def _get(self, key: RequestId) -> _Request:
+        try:
+            return self._requests[key]
+        except KeyError:
+            raise KeyError(f"request {key!r} is not active; start_request it first") from None
 
-    def propose(self, batch: Sequence[tuple[RequestId, TokenIds, int]], *, chain: bool = False,
-                min_score: float | None = None, heads: Sequence[HeadTree | None] | None = None) -> list[Draft]:
-        """One draft per row ``(req_id, context, budget)``, in one round trip and one native call.
+    # -- drafting -----------------------------------------------------------------------------------------------
+
+    def propose(self, batch: Sequence[tuple[RequestId, int]], *, chain: bool = False,
+                min_score: float | None = None) -> Drafts:
+        """One draft per row ``(req_id, budget)`` of the batch, each of at most ``budget`` nodes (0: none).
 
         Args:
-            batch: the rows: the request, its token ids so far (the last :data:`LOOKUP_TOKENS` are looked up) and
-                its budget, an int in ``0..MAX_BUDGET`` (0: no draft).
+            batch: the rows: an active request and its budget, an int in ``0..MAX_BUDGET``
+                (:data:`crest_native.MAX_BUDGET`).
             chain: each row's best path (at most ``budget`` tokens) instead of a tree.
-            min_score: this step's cut, a probability in [0, 1] (``None``: the service's ``min_score``).
-            heads: per row, the draft heads' candidate tree (``None``: none for that row), for a service that drafts
-                from the ``heads`` source (:class:`s4c.MergedS4CDrafter` passes them).
+            min_score: this step's cut, a probability in [0, 1]: nodes whose acceptance probability is below it are
+                not drafted (``None``: the method's own setting). Only methods whose scores are probabilities
+                (``score_kind``) take a positive cut.
 
         Returns:
-            ``[len(batch)]`` drafts with ``probability`` scores; empty for a row whose request was stopped meanwhile.
+            ``[len(batch)]`` drafts (a :class:`drafting.draft.Drafts`: a sequence of :class:`Draft`, and the token
+            ids of all at once), best first; empty for a row whose request was stopped meanwhile.
 
         Raises:
             KeyError: when a request is not active when the call starts.
-            TypeError / ValueError: for a malformed row (naming it), a ``min_score`` outside [0, 1], or ``heads`` that
-                do not pair with the rows, hold a token outside the vocabulary or are given to a service without the
-                ``heads`` source.
-            datastore.errors.InvalidContext: for a context that is not a sequence of token ids in the vocabulary.
+            TypeError / ValueError: for a malformed row (naming it), a budget that is not an int in
+                ``0..MAX_BUDGET``, a ``min_score`` outside [0, 1], or a positive ``min_score`` given to a method whose
+                scores are not probabilities.
         """
         start = time.perf_counter()
-        ids, contexts, budgets = check_rows(batch, self.vocab_size, LOOKUP_TOKENS)
-        cut = self.min_score if min_score is None else check_min_score(min_score)
-        trees = self._check_heads(heads, len(budgets))
+        ids, budgets = door.rows(batch)
+        cut = None if min_score is None else door.min_score(min_score)
+        if cut and self.score_kind is not ScoreKind.PROBABILITY:
+            raise ValueError(f"min_score={cut} is a probability; the {self.name} drafter's scores are "
+                             f"{self.score_kind.value}")
         with self._lock:
-            for key in ids:
-                if not self._core.active(key):
-                    raise KeyError(f"request {key!r} is not active; start_request it first")
-        rows = [i for i, b in enumerate(budgets) if b > 0]
-        backs_off = [not chain and budgets[i] >= self.back_off_min_budget for i in rows]
-        found = self._retrieve([contexts[i] for i in rows], backs_off)
-        looked = time.perf_counter()
-        with self._lock:
-            gone = sum(not self._core.active(ids[i]) for i in rows)
-            made = self._core.draft([ids[i] for i in rows], np.asarray([budgets[i] for i in rows], dtype=np.int64),
-                                    [[_tree(m) for m in f.candidates] for f in found], [_tree(f.live) for f in found],
-                                    [trees[i] for i in rows], chain, cut) if rows else None
-        drafted = time.perf_counter()
-        drafts = [Draft.empty(self.score_kind)] * len(budgets)
-        if made is not None:
-            tokens, parents, scores, offsets, chosen = made
-            bounds = offsets.tolist()
-            for i, s, e in zip(rows, bounds, bounds[1:]):
-                drafts[i] = Draft.trusted(tokens[s:e], parents[s:e], scores[s:e], self.score_kind)
-            self._count(drafts, chosen, gone, looked - start, drafted - looked, time.perf_counter() - start)
-        return drafts
-
-    def _check_heads(self, heads: Sequence[HeadTree | None] | None, rows: int) -> list[tuple | None]:
-        """Each row's heads tree as the core reads it (``None``: none), checked at the door."""
-        if heads is None:
-            return [None] * rows
-        if "heads" not in self.sources:
-            raise ValueError("heads trees were passed to a service that does not draft from the heads source; "
-                             "construct it with sources=[..., 'heads'] and the heads' calibration")
-        if isinstance(heads, (str, bytes)) or not isinstance(heads, Sequence) or len(heads) != rows:
-            raise ValueError(f"heads must be a list with one HeadTree (or None) per row of the batch ({rows} rows)")
-        out: list[tuple | None] = []
-        for i, tree in enumerate(heads):
-            if tree is not None and not isinstance(tree, HeadTree):
-                raise TypeError(f"heads[{i}] is a {type(tree).__name__}; pass a drafting.heads.HeadTree or None")
-            if tree is not None and len(tree) and int(tree.token_ids.max()) >= self.vocab_size:
-                raise ValueError(f"heads[{i}] holds token id {int(tree.token_ids.max())}, outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
-            out.append(tree.native() if tree is not None and len(tree) else None)
-        return out
-
-    def _retrieve(self, contexts: list[list[int]], backs_off: list[bool]) -> list[Retrieval]:
-        """The step's round trip: per row, its datastore candidates (all stored suffixes where it backs off, else the
-        longest) and its live match."""
-        if self.lookups is None or not contexts:
-            return [Retrieval([], None) for _ in contexts]
-        found = self.lookups.retrieve_batch(contexts, any(backs_off))
-        return [f if b else Retrieval(f.candidates[:1], f.live) for f, b in zip(found, backs_off)]
-
-    def _count(self, drafts: list[Draft], chosen: np.ndarray, gone: int, lookup_s: float, core_s: float,
-               step_s: float) -> None:
+            requests = self._requests
+            try:
+                entries = [requests[rid] for rid in ids]
+            except KeyError as exc:
+                raise KeyError(f"request {exc.args[0]!r} is not active; start_request it first") from None
+        handles = np.array([e.handle for e in entries], np.int64)
+        made = self.method.draft(Step(self._core, self._lock, handles, [e.state for e in entries], budgets, chain,
+                                      cut))
+        drafts = made if isinstance(made, Drafts) else Drafts.of(made, self.score_kind)
+        spent = time.perf_counter() - start
         with self._lock:
             st = self.stats
             st.steps += 1
             st.drafts += len(drafts)
-            st.nodes += sum(len(d) for d in drafts)
-            st.backed_off += int((chosen > 0).sum())
-            st.stopped_meanwhile += gone
-            st.lookup_s += lookup_s
-            st.core_s += core_s
-            st.step_s += step_s
-            st.step_times.append(step_s)
+            st.nodes += drafts.nodes
+            st.step_s += spent
+            st.step_times.append(spent)
+        return drafts
 
     def node_tables(self, req_id: RequestId, candidates: Sequence[Match], live: Match | None,
                     heads: HeadTree | None = None) -> list[NodeTable]:
         """The merged node table of each datastore candidate (or of none) of an active request, with its features and
-        scores, exactly as a step merges it: what fitting the calibration reads (``benchmarks/calibrate.py``).
+        scores, exactly as the merged drafter's step merges it: what fitting the calibration reads
+        (``benchmarks/calibrate.py``).
 
         Raises:
             KeyError: when ``req_id`` is not active.
-            ValueError / TypeError: for ``heads`` as :meth:`propose` checks them.
         """
-        key = check_request_id(req_id)
-        tree = self._check_heads(None if heads is None else [heads], 1)[0]
-        with self._lock:
-            tables = self._core.tables(key, [_tree(m) for m in candidates], _tree(live), tree)
-        return [NodeTable(*t) for t in tables]
+        from .merged import native_tree
 
-    def step_seconds(self) -> dict[str, float]:
-        """Seconds spent so far, by part of the step: ``lookup`` (the round trips) and ``merge`` (the native core)."""
+        key = door.request_id(req_id)
         with self._lock:
-            return {"lookup": self.stats.lookup_s, "merge": self.stats.core_s}
+            tables = self._core.tables(self._get(key).handle, [native_tree(m) for m in candidates], native_tree(live),
+                                       None if heads is None or not len(heads) else heads.native())
+        return [NodeTable(*t) for t in tables]
 
     def outputs_info(self) -> dict:
         """This process's output index: ``outputs`` held, ``bytes`` (its size model, what ``max_bytes`` bounds),
@@ -367,18 +318,21 @@ class DraftingService:
         with self._lock:
             return dict(self._core.outputs_info())
 
+    def step_seconds(self) -> dict[str, float]:
+        """Seconds spent so far, by part of the step (the method's parts)."""
+        return self.method.step_seconds()
+
     def config(self) -> dict:
-        """Everything that changes the drafts: the scorer, the sources and the output index, the cut, the back-off
-        and what the lookups serve."""
-        return {"name": self.name, "calibration": self.calibration.digest(),
-                "local": {"kind": "suffix", "max_depth": self.calibration.local_depth}, "sources": list(self.sources),
-                "outputs": {"max_bytes": self.outputs_bytes, "max_depth": OUTPUTS_DEPTH},
-                "min_score": self.min_score, "back_off_min_budget": self.back_off_min_budget,
-                "source": None if self.lookups is None else self.lookups.identity()}
+        """Everything that changes the drafts (the method's description)."""
+        return self.method.config()
 
     def close(self) -> None:
-        """Close the lookups and the live layer's writer (what :meth:`open` opened)."""
-        if self.lookups is not None:
-            self.lookups.close()
-        if self.live_writer is not None:
-            self.live_writer.close()
+        """Release what the method opened (its lookups, its writer)."""
+        self.method.close()
+
+    def __enter__(self) -> DraftingService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -22,12 +22,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from datastore.context import TokenIds
 from datastore.errors import DatastoreError, DatastoreNotFound
 from datastore.lookup import Retrieval
 from datastore.tree import Match
+
+if TYPE_CHECKING:
+    from crest_native import Replica
+    from datastore.replica import Stores
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +49,15 @@ class Retriever(Protocol):
     def candidates_batch(self, contexts: Sequence[TokenIds]) -> list[list[Match]]:
         """Per context, the trees of all its stored suffixes, longest first (one round trip for a server)."""
 
-    def retrieve_batch(self, contexts: Sequence[TokenIds], back_off: bool) -> list[Retrieval]:
-        """A drafting step's lookups: per context, the candidates (all stored suffixes when ``back_off``, else the
-        longest) and the live layer's longest match, in one round trip (Postgres clients only)."""
+    def retrieve_batch(self, contexts: Sequence[TokenIds], back_off: Sequence[bool]) -> list[Retrieval]:
+        """A drafting step's lookups: per context, the candidates (all stored suffixes where its ``back_off`` is true,
+        else the longest) and the live layer's longest match, in one round trip (Postgres clients only)."""
+
+    def stores(self) -> Stores | None:
+        """The host-local replicas of the builds served, when the backend keeps them and they are ready."""
+
+    def replica_damaged(self, replica: Replica) -> None:
+        """A drafting step found ``replica`` (one of :meth:`stores`) damaged."""
 
     def identity(self) -> dict:
         """What the backend serves (name and build, or index size and parameters)."""
@@ -164,12 +174,25 @@ class DatastoreSource:
         :meth:`datastore.shared.SharedDatastore.candidates_batch`): one round trip; all empty on a fault."""
         return self._call(lambda c: c.candidates_batch(contexts), [[] for _ in contexts])
 
-    def retrieve_batch(self, contexts: Sequence[TokenIds], back_off: bool) -> list[Retrieval]:
+    def retrieve_batch(self, contexts: Sequence[TokenIds], back_off: Sequence[bool]) -> list[Retrieval]:
         """A drafting step's lookups in one round trip
         (:meth:`datastore.lookup.LookupClient.retrieve_batch`): per context, the datastore's candidates (every
-        stored suffix, longest first, when ``back_off``; else the longest) and the live layer's longest match;
-        all empty on a fault."""
+        stored suffix, longest first, where its ``back_off`` is true; else the longest) and the live layer's longest
+        match; all empty on a fault."""
         return self._call(lambda c: c.retrieve_batch(contexts, back_off), [Retrieval([], None) for _ in contexts])
+
+    def stores(self) -> Stores | None:
+        """The host-local replicas of the builds the backend serves, when it keeps them and they are ready (the merged
+        drafter then drafts a step in one native call); ``None`` while the backend is down or they are not ready.
+        Costs no round trip, and never reopens a backend."""
+        client = self.client
+        return None if client is None else client.stores()
+
+    def replica_damaged(self, replica: Replica) -> None:
+        """A drafting step found ``replica`` damaged: the backend drops it (one warning) and writes it again."""
+        client = self.client
+        if client is not None:
+            client.replica_damaged(replica)
 
     @property
     def vocab_size(self) -> int | None:
@@ -193,8 +216,8 @@ class DatastoreSource:
         return out
 
     def identity(self) -> dict:
-        """What is being served now (``{"down": True}`` while the backend is down)."""
-        client = self.client
+        """What is being served now, reopening a closed backend (``{"down": True}`` while it is down)."""
+        client = self._client()
         return {"down": True} if client is None else client.identity()
 
     def close(self) -> None:

@@ -78,8 +78,7 @@ PARTS = ("lookup", "merge", "heads")
 
 def _split(drafter: Drafter | None) -> dict[str, float]:
     """Seconds by part of the step a drafter that reports them (``step_seconds()``) has spent so far."""
-    report = getattr(drafter, "step_seconds", None)
-    spent = report() if report is not None else {}
+    spent = drafter.step_seconds() if drafter is not None else {}
     return {part: spent.get(part, 0.0) for part in PARTS}
 
 

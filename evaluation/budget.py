@@ -94,8 +94,12 @@ def curve_key(target: TargetModel) -> str:
                   f"-t{torch.get_num_threads()}-torch{torch.__version__}-{target.linear}")
 
 
+CURVE_TOKENS = 64
+"""Query tokens of the largest verification pass the latency curve times: the root and 63 draft nodes."""
+
+
 @torch.inference_mode()
-def measure_latency(target: TargetModel, *, max_tokens: int = 64, context_len: int = 256,
+def measure_latency(target: TargetModel, *, max_tokens: int = CURVE_TOKENS, context_len: int = 256,
                     repeats: int = 5) -> LatencyCurve:
     """Time verification passes of 1..``max_tokens`` query tokens behind ``context_len`` cached tokens.
 
@@ -129,7 +133,7 @@ def measure_latency(target: TargetModel, *, max_tokens: int = 64, context_len: i
     return LatencyCurve(out, context_len, curve_key(target))
 
 
-def load_or_measure(target: TargetModel, *, remeasure: bool = False, max_tokens: int = 64,
+def load_or_measure(target: TargetModel, *, remeasure: bool = False, max_tokens: int = CURVE_TOKENS,
                     repeats: int = 5) -> LatencyCurve:
     """The cached curve for this model, device, dtype and thread count, measured on first use.
 

@@ -21,7 +21,7 @@ from toolkit.options import database_options, datastore_name, existing_dir, int_
 from toolkit.tokenizer import cache_dir, load_tokenizer
 
 from .bench import run_bench, summarize, write_csv
-from .budget import load_or_measure
+from .budget import CURVE_TOKENS, load_or_measure
 from .prompts import HALVES, SETS, UnknownCategory, load_prompts
 
 DRAFTERS = ("none", "pld", "trie", "datastore", "merged", "rest", "s4c", "merged+s4c")
@@ -29,19 +29,20 @@ HEADS_DRAFTERS = frozenset({"s4c", "merged+s4c"})
 """The drafters that run the S4C heads (they need the target and read its hidden states)."""
 
 
-MAX_BUDGET = 63
+LARGEST_TREE = CURVE_TOKENS - 1
+"""The largest budget the HF loop takes: the latency curve times passes of at most the root and this many nodes."""
 
 
 def budget(text: str) -> str | int:
-    """argparse type: ``auto`` or a number of draft nodes, 0..63."""
+    """argparse type: ``auto`` or a number of draft nodes, 0..LARGEST_TREE (63)."""
     if text == "auto":
         return text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give an integer 0..{MAX_BUDGET} or 'auto'") from None
-    if not 0 <= value <= MAX_BUDGET:
-        raise argparse.ArgumentTypeError(f"{value}: must be in 0..{MAX_BUDGET} (or 'auto')")
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer 0..{LARGEST_TREE} or 'auto'") from None
+    if not 0 <= value <= LARGEST_TREE:
+        raise argparse.ArgumentTypeError(f"{value}: must be in 0..{LARGEST_TREE} (or 'auto')")
     return value
 
 
@@ -173,16 +174,17 @@ def make_drafters(args, target) -> list:
             builds them).
         ValueError: when the S4C heads were trained for another target.
     """
-    from datastore import Datastore
-    from drafting import DatastoreSource, Drafter, DraftingService, NoDrafter
-    from drafting.drafters import PromptLookupDrafter, RetrievalDrafter, TrieDrafter
+    from datastore import SharedDatastore
+    from drafting import DatastoreSource, Drafter, DraftingService, MergedMethod
+    from drafting.drafters import NoDraft, PromptLookup, Retrieval, Trie
 
     tokenizer = target.tokenizer
+    vocab = len(tokenizer)
     source: DatastoreSource | None = None
     rest: DatastoreSource | None = None
     if {"datastore", "merged", "merged+s4c"} & set(args.drafter):
-        def open_datastore() -> Datastore:
-            return Datastore.open(args.datastore, tokenizer=tokenizer, database_url=args.database_url)
+        def open_datastore() -> SharedDatastore:
+            return SharedDatastore.open(args.datastore, tokenizer=tokenizer, database_url=args.database_url)
 
         open_datastore().close()
         source = DatastoreSource(open_datastore)
@@ -191,24 +193,27 @@ def make_drafters(args, target) -> list:
 
         index = SuffixIndex.load(args.rest_index or default_index_dir(tokenizer))
         rest = DatastoreSource(lambda: index)
+
+    def service(method) -> Drafter:
+        return DraftingService(method, vocab_size=vocab)
+
     made: dict[str, Callable[[], Drafter]] = {
-        "none": lambda: NoDrafter(),
-        "pld": lambda: PromptLookupDrafter(),
-        "trie": lambda: TrieDrafter(args.window, args.max_prefix),
-        "merged": lambda: DraftingService(source, vocab_size=len(tokenizer)),
+        "none": lambda: service(NoDraft()),
+        "pld": lambda: service(PromptLookup()),
+        "trie": lambda: service(Trie(args.window, args.max_prefix)),
+        "merged": lambda: service(MergedMethod(source, vocab_size=vocab)),
     }
     if source is not None:
-        made["datastore"] = lambda: RetrievalDrafter(source)
+        made["datastore"] = lambda: service(Retrieval(source))
     if rest is not None:
-        made["rest"] = lambda: RetrievalDrafter(rest, name="rest")
+        made["rest"] = lambda: service(Retrieval(rest, name="rest"))
     if HEADS_DRAFTERS & set(args.drafter):
-        from s4c import MergedS4CDrafter, S4CDrafter, load_heads, merged_service
+        from s4c import load_heads, merged_s4c, s4c_drafter
         from s4c.store import DEFAULT_HEADS
 
         heads = load_heads(target, args.heads or DEFAULT_HEADS)
-        made["s4c"] = lambda: S4CDrafter(heads)
-        made["merged+s4c"] = lambda: MergedS4CDrafter(merged_service(source, vocab_size=len(tokenizer)),
-                                                      S4CDrafter(heads))
+        made["s4c"] = lambda: s4c_drafter(heads, vocab_size=vocab)
+        made["merged+s4c"] = lambda: merged_s4c(source, heads, vocab_size=vocab)
     return [made[name]() for name in args.drafter]
 
 

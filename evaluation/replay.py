@@ -15,7 +15,6 @@ from rich.table import Table
 
 from decoder.generate import greedy_generate
 from decoder.model import TargetModel
-from drafting.lifecycle import ReadsHiddenStates
 from toolkit.tokenizer import cache_dir
 
 from .bench import write_csv
@@ -72,7 +71,7 @@ class StatesFor:
         self._fingerprint: str | None = None
 
     def __call__(self, drafter, prompt_ids: Sequence[int], reference: Sequence[int]):
-        if not isinstance(drafter, ReadsHiddenStates):
+        if not drafter.hidden_states:
             return None
         from s4c.features import reference_states, target_fingerprint
 
@@ -125,9 +124,7 @@ def _digest(value) -> str:
 def _close(drafters) -> None:
     """Close what drafters hold open (their datastore connections)."""
     for d in drafters:
-        close = getattr(d, "close", None)
-        if close is not None:
-            close()
+        d.close()
 
 
 def _replayed(make: Callable[[], list], name: str, prompts: list[Prompt], refs: list[list[int]], budget: int,

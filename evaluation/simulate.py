@@ -23,7 +23,7 @@ import numpy as np
 
 from decoder.result import GenerationResult, StepRecord
 from drafting.accept import accept_greedy, reference_predictions
-from drafting.lifecycle import Drafter, ReadsHiddenStates
+from drafting.lifecycle import Drafter
 
 __all__ = ["replay"]
 
@@ -39,7 +39,7 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
         reference: ``[output_len]`` the plain-greedy output (first token from the prefill).
         budget: most draft nodes per step, as a real run would use, >= 0.
         chain: verify the drafter's best path only (as chain verifiers such as vLLM's do).
-        hidden: for a drafter that reads hidden states (:class:`drafting.lifecycle.ReadsHiddenStates`), the target's
+        hidden: for a drafter that reads hidden states (``hidden_states``), the target's
             last hidden state at every position of ``prompt_ids + reference`` (``[prompt_len + output_len, d]``, one
             forward pass over the sequence: :func:`s4c.features.target_features`); each step hands it the states of
             the positions a real run's verification would have computed.
@@ -56,7 +56,7 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
         raise ValueError("reference is empty: save the plain-greedy output first (ReferenceStore)")
     if budget < 0:
         raise ValueError(f"budget={budget}: must be >= 0")
-    reads = drafter if isinstance(drafter, ReadsHiddenStates) else None
+    reads = drafter if drafter.hidden_states else None
     if reads is not None and (hidden is None or len(hidden) < len(prompt_ids) + len(reference) - 1):
         raise ValueError(f"the {drafter.name} drafter reads the target's hidden states: pass hidden=, the states of "
                          "every position of prompt + reference (s4c.features.target_features)")
@@ -64,23 +64,23 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
     result = GenerationResult([int(t) for t in ref])
     pos = 1  # the prefill committed reference[0]
     req = f"replay-{uuid.uuid4().hex}"  # this request's key in the drafter
-    seq = list(prompt_ids) + result.output_ids[:1]  # the request's tokens, as the drafter is shown them
-    drafter.start_request(req, seq)
+    committed = len(prompt_ids) + 1  # the request's tokens: the drafter holds them from here on
+    drafter.start_request(req, list(prompt_ids) + result.output_ids[:1])
     try:
         if reads is not None:
-            reads.add_hidden_states(req, hidden[: len(seq) - 1])
+            reads.add_hidden_states(req, hidden[: committed - 1])
         while pos < len(ref):
             t0 = time.perf_counter()
-            draft = drafter.propose([(req, seq, budget)], chain=chain)[0]
+            draft = drafter.propose([(req, budget)], chain=chain)[0]
             draft_s = time.perf_counter() - t0
             path, _ = accept_greedy(draft, reference_predictions(draft.depths, ref, pos))
             kept = result.output_ids[pos: pos + len(path) + 1]
             result.steps.append(StepRecord(len(draft), len(kept), draft_s, 0.0))
             pos += len(kept)
-            seq += kept
+            committed += len(kept)
             drafter.add_tokens(req, kept)
             if reads is not None:
-                reads.add_hidden_states(req, hidden[len(seq) - len(kept) - 1: len(seq) - 1])
+                reads.add_hidden_states(req, hidden[committed - len(kept) - 1: committed - 1])
     finally:
         drafter.stop_request(req)
     return result

@@ -197,10 +197,17 @@ class SuffixIndex:
         """REST's one draft per context as the only candidate (REST chooses by its own longest-suffix rule)."""
         return [[] if m is None else [m] for m in self.lookup_batch(contexts)]
 
-    def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: bool) -> list[Retrieval]:
+    def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: Sequence[bool]) -> list[Retrieval]:
         """A drafting step's lookups (:meth:`datastore.lookup.LookupClient.retrieve_batch`): REST's draft as the one
-        candidate of each context; an index has no live layer."""
+        candidate of each context (REST does not back off); an index has no live layer."""
         return [Retrieval(c, None) for c in self.candidates_batch(contexts)]
+
+    def stores(self) -> None:
+        """No replicas: the index is in this process's memory."""
+        return None
+
+    def replica_damaged(self, replica) -> None:
+        """Never called: an index hands out no replicas."""
 
     def find(self, pattern: Sequence[int]) -> tuple[int, int]:
         """The suffix-array range ``[lo, hi)`` of the suffixes that start with ``pattern``."""

@@ -1,5 +1,5 @@
-"""One request's heads while it decodes: the tokens and target features it has received, and each head's cache of
-committed positions (S4C §3.1.1 at inference).
+"""One request's heads while it decodes: the target features it has received and each head's cache of committed
+positions (S4C §3.1.1 at inference); the request's tokens are the drafting service's (read from its core).
 
 After ``x[0..T]`` with features ``F[0..T-1]`` (the verification pass gives the feature of every committed token but
 the last), :func:`advance` runs the heads over the positions they have not seen, each head after the one before it,
@@ -27,7 +27,6 @@ class HeadState:
     """One request's heads.
 
     Attributes:
-        tokens: the request's committed token ids.
         features: ``[n, d]`` float32 blocks of target features received, in order (not yet run through the heads).
         num_features: features received in all.
         caches: per head, its keys and values at the positions run (empty before the first).
@@ -38,7 +37,6 @@ class HeadState:
             token of each later head; none at head 1).
     """
 
-    tokens: list[int]
     features: list[torch.Tensor] = field(default_factory=list)
     num_features: int = 0
     caches: list[LayerCache] = field(default_factory=list)
@@ -46,10 +44,10 @@ class HeadState:
     last: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     others: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
-    @property
-    def ready(self) -> bool:
-        """Whether the heads can draft after the last token: every committed token but the last has its feature."""
-        return self.num_features == len(self.tokens) - 1 and self.num_features > 0
+    def ready(self, count: int) -> bool:
+        """Whether the heads can draft after the last of a request's ``count`` tokens: every committed token but the
+        last has its feature."""
+        return self.num_features == count - 1 and self.num_features > 0
 
 
 def _take(state: HeadState, n: int) -> torch.Tensor:
@@ -67,16 +65,21 @@ def top(logits: torch.Tensor, k: int, head: DraftLMHead) -> tuple[list[float], l
 
 
 @torch.no_grad()
-def advance(heads: S4CHeads, state: HeadState, branches: int = 1) -> None:
+def advance(heads: S4CHeads, state: HeadState, recent: np.ndarray, count: int, branches: int = 1) -> None:
     """Run the heads over the positions with a feature that they have not run (committed positions), and at the last
     of them, when it is the request's last but one, the ``branches - 1`` other branches of the tree: head 1's next
-    most likely tokens continued through the later heads (:attr:`HeadState.others`). One pass per head."""
-    stop = min(state.num_features, len(state.tokens) - 1)
+    most likely tokens continued through the later heads (:attr:`HeadState.others`). One pass per head.
+
+    Args:
+        recent: the request's tokens from position ``state.done`` on (``[count - state.done]`` ints).
+        count: the request's tokens in all.
+    """
+    stop = min(state.num_features, count - 1)
     if stop <= state.done:
         return
     feats = _take(state, stop - state.done)
     start, n = state.done, stop - state.done
-    e = heads.embed(torch.tensor(state.tokens[start + 1: stop + 1], dtype=torch.long))  # [n, d]
+    e = heads.embed(torch.as_tensor(recent[1: n + 1].astype(np.int64)))  # [n, d]: tokens start + 1 .. stop
     f = feats
     if not state.caches:
         state.caches = [LayerCache() for _ in heads.blocks]
@@ -92,17 +95,12 @@ def advance(heads: S4CHeads, state: HeadState, branches: int = 1) -> None:
         state.others.append([(g[0, n + i], logits[n + i]) for i in range(b)])
         tokens = draft.tokens(logits.argmax(-1))
         f = g[0]
-        if k == 0 and branches > 1 and stop == len(state.tokens) - 1:  # the other branches start at head 2
+        if k == 0 and branches > 1 and stop == count - 1:  # the other branches start at head 2
             _, others = top(logits[n - 1], branches, draft)
             tokens = torch.cat([tokens, torch.tensor(others[1:])])
             f = torch.cat([f, g[0, n - 1].expand(branches - 1, -1)])
         e = heads.embed(tokens)
     state.done = stop
-
-
-def extend_tokens(state: HeadState, tokens: np.ndarray) -> None:
-    """Append committed token ids."""
-    state.tokens.extend(int(t) for t in tokens)
 
 
 def add_features(state: HeadState, features: torch.Tensor) -> None:

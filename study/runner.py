@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datastore import Datastore
 from datastore.admin.catalog import drop_datastore
 from datastore.errors import DatastoreNotFound
-from drafting import DatastoreSource, Drafter
-from drafting.drafters import RetrievalDrafter, TrieDrafter
+from drafting import DatastoreSource, DraftMethod, MergedMethod
+from drafting.drafters import Retrieval, Trie
 from drafting.service import DraftingService
 from evaluation.prompts import Prompt
 from evaluation.simulate import replay
@@ -210,13 +210,15 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
     def base(method: str) -> dict:
         return {"corpus": corpus.name, "eval_set": eval_set, "method": method, "prompts": len(prompts)}
 
-    r = replay_accept_length(TrieDrafter(), prompts, references, budget)
+    vocab = len(tokenizer)
+    r = replay_accept_length(DraftingService(Trie(), vocab_size=vocab), prompts, references, budget)
     emit(StudyRow(**base("trie"), n=0, top_t=0, fraction=0.0, corpus_tokens=0, ngrams=0, bytes=0,
                   accept_length=r.accept_length, steps=r.steps, mean_tree_nodes=0.0, build_s=0.0, replay_s=r.seconds))
 
     for fraction in sorted(grid.rest_fractions):
         index, build_s = rest_index(corpus, fraction)
-        drafter = RetrievalDrafter(DatastoreSource(functools.partial(_same, index)), name="rest")
+        drafter = DraftingService(Retrieval(DatastoreSource(functools.partial(_same, index)), name="rest"),
+                                  vocab_size=vocab)
         r = replay_accept_length(drafter, prompts, references, budget)
         emit(StudyRow(**base("rest"), n=0, top_t=0, fraction=fraction, corpus_tokens=index.num_tokens, ngrams=0,
                       bytes=index.nbytes, accept_length=r.accept_length, steps=r.steps,
@@ -241,13 +243,14 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
             seen.add((point.ns, sizes))
             made = materialize(full, point, name, url=url, tokenizer_spec=tokenizer_spec, fingerprint=fingerprint)
             nodes = sum(k * m for k, m in made.per_n.values()) / max(made.ngrams, 1)
-            kinds: list[tuple[str, Callable[[DatastoreSource], Drafter]]] = [(point.method, RetrievalDrafter)]
+            kinds: list[tuple[str, Callable[[DatastoreSource], DraftMethod]]] = [(point.method, Retrieval)]
             if grid.merged and point.method == "crest-combined" and max(point.ns) == grid.merged_m:
-                kinds.append(("merged", DraftingService))
+                kinds.append(("merged", lambda source: MergedMethod(source, vocab_size=vocab)))
             for method, make in kinds:
                 source = DatastoreSource(lambda: Datastore.open(name, fingerprint=fingerprint, database_url=url))
                 try:
-                    r = replay_accept_length(make(source), prompts, references, budget)
+                    r = replay_accept_length(DraftingService(make(source), vocab_size=vocab), prompts, references,
+                                             budget)
                 finally:
                     source.close()
                 emit(StudyRow(**base(method), n=max(point.ns), top_t=point.top_t, fraction=0.0, corpus_tokens=0,

@@ -31,6 +31,20 @@ def _server_url() -> str:
         return resolve_database_url(None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def replica_folder(tmp_path_factory) -> Iterator[Path]:
+    """The host-local replicas this session's clients write (``CREST_REPLICAS``): a folder of its own, so that no test
+    reads a replica an earlier run or another process left, and nothing is written to the user's cache."""
+    folder = tmp_path_factory.mktemp("replicas")
+    before = os.environ.get("CREST_REPLICAS")
+    os.environ["CREST_REPLICAS"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("CREST_REPLICAS", None)
+    else:
+        os.environ["CREST_REPLICAS"] = before
+
+
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A database created for this test session on the server (:func:`_server_url`), migrated to this package's

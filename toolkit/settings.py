@@ -5,6 +5,8 @@
 ``CREST_CACHE``               converted tokenizers/models, references, latency curves
                               (default ``$XDG_CACHE_HOME/crest-spec``, else ``~/.cache/crest-spec``)
 ``CREST_PGDATA``              the embedded server's data directory (default: see :func:`default_pgdata`)
+``CREST_REPLICAS``            the host-local replicas' folder (:mod:`datastore.replica`; default
+                              ``<CREST_CACHE>/replicas``), or ``off``: every lookup is a round trip
 ``CREST_EVAL_DATA``           a folder holding ``spec_bench/`` and ``humaneval/`` to use instead of the
                               evaluation sets shipped in the package
 ============================  ==========================================================================
@@ -45,12 +47,14 @@ class Settings:
         database_url: ``DATABASE_URL`` or ``None`` (the embedded server).
         cache_dir: the cache root. pgdata: the embedded server's data directory.
         eval_data: ``CREST_EVAL_DATA`` or ``None`` (the packaged sets).
+        replicas: the replicas' folder, or ``None`` (``CREST_REPLICAS=off``).
     """
 
     database_url: str | None
     cache_dir: Path
     pgdata: Path
     eval_data: Path | None
+    replicas: Path | None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -59,13 +63,16 @@ class Settings:
         cache = env.get("CREST_CACHE")
         pgdata = env.get("CREST_PGDATA")
         evals = env.get("CREST_EVAL_DATA")
+        replicas = env.get("CREST_REPLICAS")
+        cache_dir = Path(cache).expanduser() if cache else \
+            Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec"
         return cls(
             database_url=env.get("DATABASE_URL") or None,
-            cache_dir=Path(cache).expanduser() if cache else
-            Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec",
+            cache_dir=cache_dir,
             pgdata=Path(pgdata).expanduser().resolve() if pgdata else
             default_pgdata(env, os.geteuid() if hasattr(os, "geteuid") else None),
             eval_data=Path(evals).expanduser() if evals else None,
+            replicas=None if replicas == "off" else Path(replicas).expanduser() if replicas else cache_dir / "replicas",
         )
 
 

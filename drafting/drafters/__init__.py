@@ -1,13 +1,15 @@
-"""The papers' own drafters, each on the one lifecycle (:class:`drafting.lifecycle.RequestDrafter`): the baselines
-the merged drafter (:class:`drafting.DraftingService`) is measured against.
+"""The papers' own drafters, each a method of the one lifecycle (:class:`drafting.DraftingService`): the baselines the
+merged drafter (:class:`drafting.merged.MergedMethod`) is measured against.
 
-- :class:`PromptLookupDrafter` (``pld``): prompt lookup decoding, a chain copied from the sequence itself;
-- :class:`TrieDrafter` (``trie``): the N-Gram-Trie paper's per-prompt trie, ranked by its own frequencies;
-- :class:`RetrievalDrafter` (``datastore`` / ``rest``): CREST's stored tree or REST's retrieved tree, ranked by counts.
+- :class:`PromptLookup` (``pld``): prompt lookup decoding, a chain copied from the sequence itself;
+- :class:`Trie` (``trie``): the N-Gram-Trie paper's per-prompt trie, ranked by its own frequencies;
+- :class:`Retrieval` (``datastore`` / ``rest``): CREST's stored tree or REST's retrieved tree, ranked by counts;
+- :class:`NoDraft` (``none``): drafts nothing (plain decoding through the same loop).
 """
 
-from .pld import PromptLookupDrafter
-from .retrieval import RetrievalDrafter
-from .trie import TrieDrafter
+from .none import NoDraft
+from .pld import PromptLookup
+from .retrieval import Retrieval
+from .trie import Trie
 
-__all__ = ["PromptLookupDrafter", "RetrievalDrafter", "TrieDrafter"]
+__all__ = ["NoDraft", "PromptLookup", "Retrieval", "Trie"]

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..draft import Draft
-from ..lifecycle import StatelessDrafter
+from ..draft import Draft, ScoreKind
+from ..method import Stateless, Step
+
+__all__ = ["PromptLookup"]
 
 
-class PromptLookupDrafter(StatelessDrafter):
-    """Single-path drafts copied from the sequence itself (unscored): each row's whole context is searched, so the
-    caller passes the request's whole sequence.
+class PromptLookup(Stateless):
+    """Single-path drafts copied from the request's own sequence (unscored): a :class:`drafting.DraftingService`
+    method.
 
     Args:
         max_ngram: longest suffix searched, 1..8 (default 3).
@@ -27,26 +29,24 @@ class PromptLookupDrafter(StatelessDrafter):
     """
 
     name = "pld"
-    context_tokens = None
+    score_kind = ScoreKind.NONE
 
     def __init__(self, max_ngram: int = 3, max_tokens: int = 10) -> None:
-        super().__init__()
         if not 1 <= max_ngram <= 8:
             raise ValueError(f"max_ngram={max_ngram}: must be in 1..8")
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens}: must be >= 1")
         self.max_ngram, self.max_tokens = max_ngram, max_tokens
 
-    def _propose(self, states: list[None], contexts: list[list[int]], budgets: list[int], chain: bool,
-                 min_score: float | None) -> list[Draft]:
-        return [self._one(np.asarray(c, dtype=np.int64), b) for c, b in zip(contexts, budgets)]
+    def draft(self, step: Step) -> list[Draft]:
+        """Each row's chain (a tree verifier gets the same chain)."""
+        return [self._one(step.tokens(i)[1], int(b)) if b else Draft.empty() for i, b in enumerate(step.budgets)]
 
     def _one(self, seq: np.ndarray, budget: int) -> Draft:
         """The continuation of the most recent earlier occurrence of the longest matching suffix."""
         limit = min(budget, self.max_tokens)
+        seq = seq.astype(np.int64)
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
-            if limit < 1:
-                break
             windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
             hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
             if len(hits):

@@ -1,21 +1,26 @@
-"""A retrieval datastore as a drafter, ranked by its own counts: CREST's stored tree of the longest matching
+"""A retrieval datastore as a drafting method, ranked by its own counts: CREST's stored tree of the longest matching
 n-gram, or REST's retrieved tree of the longest matching suffix (both through :class:`DatastoreSource`).
 
 CREST §3 (https://arxiv.org/abs/2408.04678): the last ``max_n`` .. 1 tokens select
 the stored tree of the longest matching n-gram, in one round trip. REST §3
 (https://arxiv.org/abs/2311.08252): the longest suffix of 16 .. 2 tokens found in a
 suffix array, and the trie of its occurrences' continuations. These are the papers' own
-drafters (baselines); the merged drafter is :class:`drafting.service.DraftingService`.
+drafters (baselines); the merged drafter is :class:`drafting.merged.MergedMethod`.
 """
 
 from __future__ import annotations
 
 from ..draft import Draft, ScoreKind
-from ..lifecycle import StatelessDrafter
+from ..method import Stateless, Step
 from ..source import DatastoreSource
 
+__all__ = ["Retrieval"]
 
-class RetrievalDrafter(StatelessDrafter):
+CONTEXT_TOKENS = 64
+"""Trailing tokens of each row looked up (CREST reads <= 8, REST's default <= 16)."""
+
+
+class Retrieval(Stateless):
     """Drafts the retrieved continuation tree, pruned to the budget by count ratios; one round trip a batch.
 
     Args:
@@ -28,26 +33,22 @@ class RetrievalDrafter(StatelessDrafter):
     """
 
     score_kind = ScoreKind.COUNT_RATIO
-    context_tokens = 64  # CREST reads <= 8, REST's default <= 16
 
     def __init__(self, source: DatastoreSource, prior: float = 1.0, name: str = "datastore") -> None:
-        super().__init__()
         if prior < 0:
             raise ValueError(f"prior={prior}: must be >= 0")
         self.source, self.prior, self.name = source, prior, name
 
-    def _propose(self, states: list[None], contexts: list[list[int]], budgets: list[int], chain: bool,
-                 min_score: float | None) -> list[Draft]:
-        asked = [c for c, b in zip(contexts, budgets) if b > 0]
-        found = iter(self.source.lookup_batch(asked) if asked else [])
-        out = []
-        for budget in budgets:
-            match = next(found) if budget > 0 else None
-            if match is None:
-                out.append(Draft.empty(self.score_kind))
-                continue
-            whole = Draft.from_tree(match.tree, self.prior)
-            out.append(whole.best_path(budget) if chain else whole.top(budget))
+    def draft(self, step: Step) -> list[Draft]:
+        """Each row's retrieved tree, cut to its budget (its best path for a chain)."""
+        asked = [i for i, b in enumerate(step.budgets) if b > 0]
+        found = self.source.lookup_batch([step.tail(i, CONTEXT_TOKENS) for i in asked]) if asked else []
+        out = [Draft.empty(self.score_kind) for _ in step.budgets]
+        for i, match in zip(asked, found):
+            if match is not None:
+                whole = Draft.from_tree(match.tree, self.prior)
+                budget = int(step.budgets[i])
+                out[i] = whole.best_path(budget) if step.chain else whole.top(budget)
         return out
 
     def close(self) -> None:

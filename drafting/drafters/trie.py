@@ -1,18 +1,23 @@
-"""The per-prompt n-gram trie as a drafter, ranked by its own frequencies (N-Gram-Trie,
+"""The per-prompt n-gram trie as a drafting method, ranked by its own frequencies (N-Gram-Trie,
 https://openreview.net/forum?id=MVfpYw1pxX, §3.1-3.2, Algorithm 1): the paper's baseline."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 
 from ..draft import Draft, ScoreKind
-from ..lifecycle import RequestDrafter
+from ..method import TABLE_ONLY, CoreSettings, Step
 from .ngram_trie import NGramTrie
 
+__all__ = ["Trie"]
 
-class TrieDrafter(RequestDrafter[NGramTrie]):
+
+class Trie:
     """Drafts the most frequent continuations of the sequence's suffix in the prompt (and output so far),
-    scored by count ratios.
+    scored by count ratios: a :class:`drafting.DraftingService` method whose state per request is its trie.
 
     Args:
         window: the trie's sliding window ``n`` (default 13), 2..64.
@@ -25,34 +30,55 @@ class TrieDrafter(RequestDrafter[NGramTrie]):
 
     name = "trie"
     score_kind = ScoreKind.COUNT_RATIO
+    hidden_states = False
 
     def __init__(self, window: int = 13, max_prefix: int = 3, prior: float = 1.0) -> None:
-        super().__init__()
         if prior < 0:
             raise ValueError(f"prior={prior}: must be >= 0")
         NGramTrie(window, max_prefix)  # validates them now
         self.window, self.max_prefix, self.prior = window, max_prefix, prior
+        self._lock = threading.Lock()  # a trie is read by a step while the service's table may extend it
 
-    def _start(self, prompt_ids: np.ndarray) -> NGramTrie:
+    def core_settings(self) -> CoreSettings:
+        """Only the request table."""
+        return TABLE_ONLY
+
+    def start(self, prompt: np.ndarray) -> NGramTrie:
+        """The request's trie of its prompt."""
         trie = NGramTrie(self.window, self.max_prefix)
-        trie.extend(prompt_ids)
+        trie.extend(prompt.tolist())
         return trie
 
-    def _extend(self, state: NGramTrie, tokens: np.ndarray) -> None:
-        state.extend(tokens.tolist())
+    def extend(self, state: NGramTrie, tokens: np.ndarray) -> None:
+        """Add the committed tokens' windows."""
+        with self._lock:
+            state.extend(tokens.tolist())
 
-    def _propose(self, states: list[NGramTrie], contexts: list[list[int]], budgets: list[int], chain: bool,
-                 min_score: float | None) -> list[Draft]:
+    def add_hidden_states(self, state: Any, hidden: Any) -> None:
+        """Never called: the trie reads no hidden states."""
+
+    def draft(self, step: Step) -> list[Draft]:
+        """Each row's most frequent continuations, cut to its budget (its best path for a chain)."""
         out = []
-        for trie, budget in zip(states, budgets):
+        for trie, budget in zip(step.states, step.budgets.tolist()):
             with self._lock:
                 match = trie.match(max(budget, 1))
             if match is None or budget < 1:
                 out.append(Draft.empty(self.score_kind))
                 continue
             whole = Draft.from_tree(match.tree, self.prior)
-            out.append(whole.best_path(budget) if chain else whole.top(budget))
+            out.append(whole.best_path(budget) if step.chain else whole.top(budget))
         return out
+
+    def stopped(self, state: Any, output: np.ndarray) -> None:
+        """Nothing learned across requests."""
+
+    def step_seconds(self) -> dict[str, float]:
+        """No parts timed."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing opened."""
 
     def config(self) -> dict:
         """Window, longest matched suffix and prior."""

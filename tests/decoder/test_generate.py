@@ -9,9 +9,8 @@ import torch
 
 from datastore import Datastore
 from decoder import greedy_generate, speculative_generate
-from drafting import DatastoreSource, Drafter, NoDrafter
-from drafting.drafters import PromptLookupDrafter, RetrievalDrafter, TrieDrafter
-from drafting.service import DraftingService
+from drafting import DatastoreSource, Drafter, DraftingService, DraftMethod, MergedMethod
+from drafting.drafters import NoDraft, PromptLookup, Retrieval, Trie
 from evaluation.simulate import replay
 
 MAX_NEW = 32
@@ -36,8 +35,16 @@ def references(target, eval_prompts):
     return out
 
 
+VOCAB = 49_152
+
+
+def drafter(method: DraftMethod) -> DraftingService:
+    return DraftingService(method, vocab_size=VOCAB)
+
+
 def drafters(source):
-    return [NoDrafter(), PromptLookupDrafter(), TrieDrafter(), RetrievalDrafter(source), DraftingService(source)]
+    return [drafter(m) for m in (NoDraft(), PromptLookup(), Trie(), Retrieval(source),
+                                 MergedMethod(source, vocab_size=VOCAB))]
 
 
 def test_plain_greedy_loop_equals_generate(target, eval_prompts, references):
@@ -62,8 +69,8 @@ def test_every_drafter_is_lossless(target, eval_prompts, references, source, bud
 @pytest.mark.parametrize("name", ["merged", pytest.param("trie", marks=pytest.mark.slow),
                                   pytest.param("pld", marks=pytest.mark.slow)])
 def test_replay_equals_real_runs(target, eval_prompts, references, source, name):
-    makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: DraftingService(source), "trie": TrieDrafter,
-                                                "pld": PromptLookupDrafter}
+    makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: drafter(MergedMethod(source, vocab_size=VOCAB)),
+                                                "trie": lambda: drafter(Trie()), "pld": lambda: drafter(PromptLookup())}
     real_drafter, sim_drafter = makers[name](), makers[name]()  # each sees the same earlier outputs, in order
     for p in eval_prompts:
         real = speculative_generate(target, p.token_ids, real_drafter, max_new_tokens=MAX_NEW, budget=8)

@@ -13,8 +13,9 @@ from datastore.tree import TokenTree
 from decoder import speculative_generate
 from decoder.model import TargetModel
 from decoder.verify import accept_sampled
+from drafting import DraftingService, ScoreKind
 from drafting.draft import Draft
-from drafting.lifecycle import RequestDrafter
+from drafting.method import Stateless, Step
 
 VOCAB = 6
 
@@ -45,23 +46,17 @@ def test_accept_sampled_matches_target_distribution():
     assert pvalue > 1e-3
 
 
-class _FixedTree(RequestDrafter[None]):
-    """A drafter that always proposes the same small tree (a test input, not a stand-in for a real part)."""
+class _FixedTree(Stateless):
+    """A drafting method that always proposes the same small tree (a test input, not a stand-in for a real part)."""
 
     name = "fixed"
+    score_kind = ScoreKind.COUNT_RATIO
 
     def __init__(self, tree):
-        super().__init__()
-        self.draft = Draft.from_tree(tree).top(16)
+        self.tree = Draft.from_tree(tree).top(16)
 
-    def _start(self, prompt_ids):
-        return None
-
-    def _extend(self, state, tokens):
-        return None
-
-    def _propose(self, states, contexts, budgets, chain, min_score):
-        return [self.draft for _ in states]
+    def draft(self, step: Step) -> list[Draft]:
+        return [self.tree for _ in step.budgets]
 
     def config(self):
         return {"name": self.name}
@@ -114,7 +109,8 @@ def test_sampled_generation_has_the_target_distribution(tiny_target):
     draws = 6000
     seen: dict[tuple[int, ...], int] = {}
     for i in range(draws):
-        res = speculative_generate(tiny_target, prompt, _FixedTree(tree), max_new_tokens=steps, temperature=0.8,
+        res = speculative_generate(tiny_target, prompt, DraftingService(_FixedTree(tree), vocab_size=VOCAB),
+                                   max_new_tokens=steps, temperature=0.8,
                                    seed=i, budget=16)
         key = tuple(res.output_ids)
         seen[key] = seen.get(key, 0) + 1

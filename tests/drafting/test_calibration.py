@@ -11,7 +11,7 @@ import pytest
 
 from crest_native import SOURCES
 from datastore.tree import Match
-from drafting import DraftingService
+from drafting import DraftingService, MergedMethod
 from drafting.calibration import DEFAULT_PATH, FEATURES, HEADS_PATH, Calibration
 from oracle.calibration import COLUMN, conditional, draft_from_candidates, node_table, scores
 from support import tree_from_paths
@@ -23,7 +23,7 @@ def test_the_core_node_table_known_answer():
     """Two datastore candidates and a live tree below a request whose own tokens predict nothing yet: the core's
     tables (one per candidate), the features by name and the scores of the shipped calibration."""
     cal = Calibration.load()
-    service = DraftingService(None, vocab_size=100, outputs_bytes=0, calibration=cal)
+    service = DraftingService(MergedMethod(None, outputs_bytes=0, calibration=cal), vocab_size=100)
     service.start_request("r", [1, 2, 3])  # no repeated suffix: no local match
     ds = Match((1, 2, 3), tree_from_paths({(5,): 10, (6,): 3, (5, 7): 8}, root=14))
     shorter = Match((3,), tree_from_paths({(8,): 4}, root=9))
@@ -147,7 +147,7 @@ def test_calibrated_back_off_drafts_are_lossless(target, eval_prompts, chat_data
 
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url))
-    service = DraftingService(source)
+    service = DraftingService(MergedMethod(source, vocab_size=len(tokenizer)), vocab_size=len(tokenizer))
     saved = 0
     try:
         for p in eval_prompts:
@@ -172,7 +172,8 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
     cal = Calibration.load()
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url))
-    service = DraftingService(source, outputs_bytes=0)
+    service = DraftingService(MergedMethod(source, vocab_size=len(tokenizer), outputs_bytes=0),
+                              vocab_size=len(tokenizer))
     differs = 0
     try:
         for p in eval_prompts:
@@ -183,13 +184,13 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
                 own.extend(ids[:cut])
                 cands = source.candidates_batch([ids[:cut]])[0]
                 for budget, chain, pool in ((64, False, cands), (8, False, cands[:1]), (64, True, cands[:1])):
-                    got = service.propose([("r", ids[:cut], budget)], chain=chain)[0]
+                    got = service.propose([("r", budget)], chain=chain)[0]
                     want, _ = draft_from_candidates(cal, pool, {"local": own.match(max(budget, MATCH_NODES))}, budget,
                                                     chain=chain)
                     assert got.token_ids.tolist() == want.token_ids.tolist()
                     assert got.scores.tobytes() == want.scores.tobytes()
                 longest, _ = draft_from_candidates(cal, cands[:1], {"local": own.match(MATCH_NODES)}, 64)
-                differs += longest.token_ids.tolist() != service.propose([("r", ids[:cut], 64)])[0].token_ids.tolist()
+                differs += longest.token_ids.tolist() != service.propose([("r", 64)])[0].token_ids.tolist()
                 service.stop_request("r")
     finally:
         source.close()

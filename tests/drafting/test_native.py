@@ -12,14 +12,22 @@ from hypothesis import strategies as st
 import crest_native
 from datastore.tree import Match
 from drafting.calibration import FEATURES, Calibration
-from drafting.service import CONTEXT_TOKENS, MATCH_NODES, OUTPUTS_BYTES, OUTPUTS_DEPTH
-from oracle.core import PythonCore
+from oracle.core import CONTEXT_TOKENS, MATCH_NODES, PythonCore
 from support import random_head_tree, random_tree
 
+DEFAULTS = crest_native.DEFAULTS
 
-def native_core(cal: Calibration, outputs_bytes: int, vocab: int, sources=crest_native.SOURCES) -> crest_native.Core:
-    return crest_native.Core(cal.coef, cal.intercept, cal.prior, vocab, 16, MATCH_NODES, outputs_bytes,
-                             OUTPUTS_DEPTH, CONTEXT_TOKENS, list(sources))
+
+def native_core(cal: Calibration, outputs_bytes: int, sources=crest_native.SOURCES) -> crest_native.Core:
+    return crest_native.Core(cal.coef, cal.intercept, cal.prior, local_depth=16, outputs_bytes=outputs_bytes,
+                             sources=list(sources))
+
+
+def test_the_oracle_uses_the_native_defaults():
+    """The oracle restates the core's settings it is compared at; they are the native defaults."""
+    assert (DEFAULTS["match_nodes"], DEFAULTS["context_tokens"], DEFAULTS["outputs_depth"]) == \
+        (MATCH_NODES, CONTEXT_TOKENS, 16)
+    assert DEFAULTS["sources"] == ("ds", "live", "local", "outputs") and crest_native.MAX_BUDGET == 1024
 
 
 def tree(m: Match | None):
@@ -46,19 +54,20 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
     vocab = 2 + vocab_bits * 3
     cal = Calibration(rng.normal(scale=0.7, size=len(FEATURES)), float(rng.normal()), float(rng.choice([0.0, 1.0])),
                       sources=crest_native.SOURCES)
-    oracle, native = PythonCore(cal, outputs_bytes, sources=sources), native_core(cal, outputs_bytes, vocab, sources)
+    oracle, native = PythonCore(cal, outputs_bytes, sources=sources), native_core(cal, outputs_bytes, sources)
     active: list[int] = []
+    handles: dict[int, int] = {}
     for step in range(40):
         roll = rng.random()
         if roll < 0.2 or not active:  # a new request
             prompt = rng.integers(0, vocab, size=int(rng.integers(1, 40))).tolist()
             key = step * 7 + int(rng.integers(7))
             oracle.start(key, prompt)
-            native.start(key, np.asarray(prompt, np.int64))
+            handles[key] = native.start(np.asarray(prompt, np.uint32))
             active.append(key)
         elif roll < 0.3:  # one finishes: its output feeds the output index of both
             key = active.pop(int(rng.integers(len(active))))
-            assert oracle.stop(key) == native.stop(key).tolist()
+            assert oracle.stop(key) == native.stop(handles.pop(key)).tolist()
         else:  # a step for every active request: random datastore candidates and live trees
             budgets = [int(rng.integers(1, 20)) for _ in active]
             stored = [[Match(tuple(range(n)), random_tree(rng, vocab, int(rng.integers(0, 30))))
@@ -68,9 +77,10 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
             heads = [random_head_tree(rng, vocab, int(rng.integers(0, 16))) if rng.random() < 0.6 else None
                      for _ in active]
             want = oracle.draft(active, budgets, stored, live, chain, min_score, heads)
-            tokens, parents, scores, offsets, chosen = native.draft(
-                list(active), np.asarray(budgets, np.int64), [[tree(m) for m in c] for c in stored],
-                [tree(m) for m in live], [heads_tree(t) for t in heads], chain, min_score)
+            tokens, parents, scores, offsets, chosen = native.draft_given(
+                np.asarray([handles[k] for k in active], np.int64), np.asarray(budgets, np.int64),
+                [[tree(m) for m in c] for c in stored], [tree(m) for m in live],
+                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score)
             for j, (draft, c) in enumerate(want):
                 s, e = offsets[j], offsets[j + 1]
                 same_bits(draft, (tokens[s:e], parents[s:e], scores[s:e]))
@@ -78,7 +88,7 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
             for key in active:  # the target commits a few tokens
                 toks = rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
                 oracle.extend(key, toks)
-                native.extend(key, np.asarray(toks, np.int64))
+                native.extend(handles[key], np.asarray(toks, np.uint32))
     info = native.outputs_info()
     o = oracle.outputs
     assert (info["outputs"], info["bytes"], info["evictions"]) == (o.num_outputs, o.nbytes, o.evictions)
@@ -91,21 +101,26 @@ def test_the_native_features_are_the_calibrations_by_name():
     assert crest_native.SOURCES == ("ds", "live", "local", "outputs", "heads")
 
 
-def test_native_core_refuses_what_it_cannot_draft():
+def test_native_core_refuses_bad_settings_and_stale_handles():
+    """The core trusts its callers' token ids (drafting.door checks them), but refuses settings it cannot draft with,
+    and a handle whose request stopped (its slot may be reused: the generation tells them apart)."""
     cal = Calibration(np.zeros(len(FEATURES)), 0.0)
     with pytest.raises(ValueError, match="unknown source 'corpus'"):
-        native_core(cal, 0, 100, ["ds", "corpus"])
-    core = native_core(cal, 0, 100)
-    with pytest.raises(ValueError, match="prompt_ids holds token id 100, outside the tokenizer's vocabulary"):
-        core.start(1, np.array([5, 100], np.int64))
-    with pytest.raises(TypeError, match="not an int or a str"):
-        core.start(1.5, np.array([5], np.int64))
-    core.start("a", np.array([5, 6], np.int64))
-    with pytest.raises(ValueError, match="already active"):
-        core.start("a", np.array([5], np.int64))
-    with pytest.raises(KeyError, match="'b' is not active"):
-        core.extend("b", np.array([5], np.int64))
-    assert core.stop("b") is None and core.stop("a").tolist() == [] and len(core) == 0
+        native_core(cal, 0, ["ds", "corpus"])
+    for bad in ({"outputs_bytes": -1}, {"back_off_min_budget": -1}, {"match_nodes": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            crest_native.Core(cal.coef, cal.intercept, cal.prior, **bad)
+    core = native_core(cal, 0)
+    a = core.start(np.array([5, 6], np.uint32))
+    assert core.active(a) and core.count(a) == 2 and core.tokens(a, 1).tolist() == [6] and len(core) == 1
+    assert core.stop(a).tolist() == [] and core.stop(a) is None and not core.active(a) and len(core) == 0
+    b = core.start(np.array([7], np.uint32))  # b reuses a's slot, a is still refused
+    assert b != a and core.active(b) and not core.active(a) and core.count(a) == 0
+    with pytest.raises(IndexError, match="not active"):
+        core.extend(a, np.array([5], np.uint32))
+    empty = core.draft_given(np.array([a, b], np.int64), np.array([4, 4], np.int64), [[], []], [None, None], None,
+                             False, 0.0)
+    assert empty[3].tolist()[:2] == [0, 0]  # a's row: no draft
 
 
 @pytest.mark.parametrize("chain", [True, False])
@@ -116,14 +131,15 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
     by the oracle core given the same lookups: the same drafts at every step, and the same output index after every
     request (both learn each finished output)."""
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
     from evaluation.prompts import load_prompts
 
     prompts = load_prompts("spec_bench", tokenizer, limit=1) + load_prompts("humaneval", tokenizer, limit=6)
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
-                                                          database_url=database_url))
-    service = DraftingService(source, vocab_size=len(tokenizer))
-    oracle = PythonCore(service.calibration, OUTPUTS_BYTES)
+                                                          database_url=database_url, replicas=False))
+    method = MergedMethod(source, vocab_size=len(tokenizer))
+    service = DraftingService(method, vocab_size=len(tokenizer))
+    oracle = PythonCore(method.calibration, DEFAULTS["outputs_bytes"])
     compared = nonempty = 0
     try:
         for i, p in enumerate(prompts):
@@ -133,9 +149,9 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
             oracle.start(i, ids[:cut])
             for pos in range(cut, len(ids), 3):
                 budget = (3, 8, 40)[pos % 3]
-                got = service.propose([(i, ids[:pos], budget)], chain=chain, min_score=0.05)[0]
-                back_off = not chain and budget >= service.back_off_min_budget
-                found = source.retrieve_batch([ids[:pos][-16:]], back_off)[0]
+                got = service.propose([(i, budget)], chain=chain, min_score=0.05)[0]
+                back_off = not chain and budget >= DEFAULTS["back_off_min_budget"]
+                found = source.retrieve_batch([ids[:pos][-16:]], [back_off])[0]
                 cands = found.candidates if back_off else found.candidates[:1]
                 want, _ = oracle.draft([i], [budget], [cands], [found.live], chain, 0.05)[0]
                 same_bits(want, (got.token_ids, got.parents, got.scores))

@@ -1,11 +1,13 @@
-"""The drafting service (the merged drafter, :mod:`drafting.service`): a batch drafts what each request drafts alone,
-in one round trip, the live layer's lookups in it; chains that are the trees' most probable paths; drafts without the
-datastore on every datastore fault; its contract under threads (only the documented exceptions, a request stopped
-meanwhile gets an empty draft) and under bad input (refused at the door, naming it, no row failing another's). Real
-datastore, real tokens (evaluation prompts as the sequences; no model needed to check drafts)."""
+"""The drafting service with the merged drafter (:mod:`drafting.service`, :mod:`drafting.merged`): a batch drafts what
+each request drafts alone, in one round trip or in one native call over the host-local replicas, bit for bit the same
+drafts either way; chains that are the trees' most probable paths; drafts without the datastore on every datastore
+fault; its contract under threads (only the documented exceptions, a request stopped meanwhile gets an empty draft) and
+under bad input (refused at the door, naming it, no row failing another's). Real datastore, real tokens (evaluation
+prompts as the sequences; no model needed to check drafts)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -15,13 +17,13 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from crest_native import MAX_BUDGET
 from datastore import Datastore
 from datastore.admin.live_writer import LiveWriter
 from datastore.errors import InvalidContext
 from datastore.live import live_name
 from datastore.shared import SharedDatastore
-from drafting import DatastoreSource, Draft, DraftingService, ScoreKind
-from drafting.lifecycle import MAX_BUDGET
+from drafting import DatastoreSource, Draft, DraftingService, MergedMethod, ScoreKind
 from ingest.live import compact_live
 from support import UNREACHABLE, build_small
 
@@ -42,10 +44,28 @@ def _same(a: Draft, b: Draft) -> bool:
             and a.scores.tobytes() == b.scores.tobytes())
 
 
+def merged(source: DatastoreSource | None, **settings) -> tuple[DraftingService, MergedMethod]:
+    """A service drafting with the merged method over ``source``, and the method."""
+    method = MergedMethod(source, vocab_size=VOCAB, **settings)
+    return DraftingService(method, vocab_size=VOCAB), method
+
+
 @pytest.fixture
 def shared_source(chat_datastore, database_url, tokenizer):
+    """The round trip: a shared client with no replicas."""
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url, replicas=False))
+    yield source
+    source.close()
+
+
+@pytest.fixture
+def replica_source(chat_datastore, database_url, tokenizer):
+    """A shared client whose replica is ready: every step is one native call."""
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url))
+    client = cast(SharedDatastore, source.client)
+    assert client.replicas is not None and client.replicas.wait_ready(60)
     yield source
     source.close()
 
@@ -53,49 +73,77 @@ def shared_source(chat_datastore, database_url, tokenizer):
 def test_a_batch_drafts_what_each_request_drafts_alone(shared_source, chat_datastore, database_url, tokenizer,
                                                       eval_prompts):
     """Batched through the shared client (one round trip a step) = one request at a time through the plain client."""
-    service = DraftingService(shared_source)
+    service, method = merged(shared_source)
     plain = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
-    alone = DraftingService(plain)
-    seqs, lives = [], []
+    alone, _ = merged(plain)
+    lives = []
     for i, p in enumerate(eval_prompts):
         prompt, chunks = _steps(p.token_ids)
         service.start_request(i, prompt)
         alone.start_request(i, prompt)
-        seqs.append(list(prompt))
         lives.append(chunks)
     budgets = itertools.cycle(BUDGETS)
     compared = nonempty = 0
     for step in range(max(map(len, lives))):
-        live = [i for i in range(len(lives)) if step < len(lives[i])]
-        batch = [(i, seqs[i], next(budgets)) for i in live]
+        batch = [(i, next(budgets)) for i in range(len(lives)) if step < len(lives[i])]
         trips = shared_source.client.round_trips
         drafts = service.propose(batch)
         assert shared_source.client.round_trips - trips <= 1  # one round trip for the whole batch
-        for (i, seq, budget), draft in zip(batch, drafts):
+        for (i, budget), draft in zip(batch, drafts):
             assert len(draft) <= budget and draft.score_kind is ScoreKind.PROBABILITY
-            assert _same(draft, alone.propose([(i, seq, budget)])[0])
+            assert _same(draft, alone.propose([(i, budget)])[0])
             compared += 1
             nonempty += len(draft) > 0
             for s in (service, alone):
                 s.add_tokens(i, lives[i][step])
-            seqs[i] += lives[i][step]
     assert compared > 100 and nonempty > compared // 2
-    assert service.stats.steps == max(map(len, lives)) and service.stats.lookup_s > 0 and service.stats.core_s > 0
-    plain.close()
+    assert service.stats.steps == max(map(len, lives)) and method.stats.lookup_s > 0 and method.stats.core_s > 0
+    assert method.stats.round_trip_steps == service.stats.steps and method.stats.replica_steps == 0
+    alone.close()
+
+
+def test_the_replica_drafts_what_the_round_trip_drafts_bit_for_bit(shared_source, replica_source, eval_prompts):
+    """The same requests through the round trip and through the replica (one native call a step, no query): the same
+    drafts, for trees (backing off at large budgets) and chains, step after step."""
+    for chain in (False, True):
+        trip, trip_method = merged(shared_source)
+        local, local_method = merged(replica_source)
+        lives = [_steps(p.token_ids) for p in eval_prompts]
+        for svc in (trip, local):
+            for i, (prompt, _) in enumerate(lives):
+                svc.start_request(i, prompt)
+        budgets = itertools.cycle((*BUDGETS, 64))
+        compared = nonempty = 0
+        client = cast(SharedDatastore, replica_source.client)
+        for step in range(max(len(c) for _, c in lives)):
+            batch = [(i, next(budgets)) for i, (_, c) in enumerate(lives) if step < len(c)]
+            trips = client.round_trips
+            got = local.propose(batch, chain=chain)
+            assert client.round_trips == trips  # no query: the replica answered
+            for a, b in zip(got, trip.propose(batch, chain=chain)):
+                assert _same(a, b)
+                compared += 1
+                nonempty += len(a) > 0
+            for i, _ in batch:
+                for svc in (trip, local):
+                    svc.add_tokens(i, lives[i][1][step])
+        assert compared > 100 and nonempty > compared // 2
+        assert local_method.stats.replica_steps == local.stats.steps and local_method.stats.round_trip_steps == 0
+        assert trip_method.stats.backed_off > 0 or chain  # trees of 32 and 64 nodes chose among stored suffixes
+        assert local_method.stats.backed_off == trip_method.stats.backed_off
 
 
 def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
-    tree_service = DraftingService(shared_source, back_off_min_budget=10**9)  # the longest match, as chains use
-    chain_service = DraftingService(shared_source, min_score=0.1)
+    tree_service, _ = merged(shared_source, back_off_min_budget=10**9)  # the longest match, as chains use
+    chain_service, _ = merged(shared_source, min_score=0.1)
     prompt, chunks = _steps(eval_prompts[-1].token_ids)  # code: long copies from the prompt
     for svc in (tree_service, chain_service):
         svc.start_request("r", prompt)
-    seq = list(prompt)
     longest = exact = steps = 0
     for chunk in chunks:
-        tree = tree_service.propose([("r", seq, MAX_BUDGET)])[0]
+        tree = tree_service.propose([("r", MAX_BUDGET)])[0]
         for k in (1, 3, 5):
-            chain = chain_service.propose([("r", seq, k)], chain=True)[0]
+            chain = chain_service.propose([("r", k)], chain=True)[0]
             assert np.array_equal(chain.parents, np.arange(-1, len(chain) - 1))
             assert len(chain) <= k and (chain.scores >= 0.1).all()
             node = 0  # the chain is a root path of the merged tree ...
@@ -108,7 +156,6 @@ def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
             longest = max(longest, len(chain))
         for svc in (tree_service, chain_service):
             svc.add_tokens("r", chunk)
-        seq += chunk
     assert exact >= 0.9 * steps
     assert longest >= 3  # multi-token chains happen
 
@@ -116,19 +163,22 @@ def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
 def test_every_fault_gives_the_drafts_of_no_datastore(eval_prompts, tokenizer, chat_datastore):
     down = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                         database_url=UNREACHABLE), retry_s=3600)
-    assert down.client is None and down.faults
-    faulty, without = DraftingService(down, vocab_size=VOCAB), DraftingService(None, vocab_size=VOCAB)
+    assert down.client is None and down.faults and down.stores() is None
+    faulty, _ = merged(down)
+    without, _ = merged(None)
     prompts = [_steps(p.token_ids)[0] for p in eval_prompts]
     for svc in (faulty, without):
         for i, prompt in enumerate(prompts):
             svc.start_request(i, prompt)
     for chain in (False, True):
-        batch = [(i, prompt, 5) for i, prompt in enumerate(prompts)]
+        batch = [(i, 5) for i in range(len(prompts))]
         a, b = faulty.propose(batch, chain=chain), without.propose(batch, chain=chain)
         assert all(_same(x, y) for x, y in zip(a, b)) and any(len(x) for x in a)
 
 
-def test_threads_get_the_drafts_of_a_serial_run(shared_source, eval_prompts):
+@pytest.mark.parametrize("path", ["trip", "replica"])
+def test_threads_get_the_drafts_of_a_serial_run(path, shared_source, replica_source, eval_prompts):
+    source = shared_source if path == "trip" else replica_source
     lives = [_steps(p.token_ids) for p in eval_prompts for _ in range(3)]  # 9 requests, 3 per prompt
 
     def run(service: DraftingService, ids) -> dict:
@@ -136,19 +186,17 @@ def test_threads_get_the_drafts_of_a_serial_run(shared_source, eval_prompts):
         for rid in ids:
             prompt, chunks = lives[rid]
             service.start_request(rid, prompt)
-            seq = list(prompt)
             out[rid] = []
             for chunk in chunks:
-                d = service.propose([(rid, seq, 4)], chain=True)[0]
+                d = service.propose([(rid, 4)], chain=True)[0]
                 out[rid].append(d.token_ids.tolist())
                 service.add_tokens(rid, chunk)
-                seq += chunk
             service.stop_request(rid)
         return out
 
     # no output index: with one, a request's drafts depend on which requests finished before it
-    serial = run(DraftingService(shared_source, outputs_bytes=0), range(len(lives)))
-    shared = DraftingService(shared_source, outputs_bytes=0)
+    serial = run(merged(source, outputs_bytes=0)[0], range(len(lives)))
+    shared, _ = merged(source, outputs_bytes=0)
     results, errors = {}, []
 
     def work(ids) -> None:
@@ -170,32 +218,35 @@ def test_a_request_stopped_while_its_lookups_run_gets_an_empty_draft(shared_sour
     native call). Its row gets an empty draft, counted in ``stats.stopped_meanwhile``; the other row's draft is what it
     drafts alone."""
     prompt = _steps(eval_prompts[0].token_ids)[0]
-    alone = DraftingService(shared_source)
+    alone, _ = merged(shared_source)
     alone.start_request("a", prompt)
-    expected = alone.propose([("a", prompt, 8)])[0]
-    service = DraftingService(shared_source)
+    expected = alone.propose([("a", 8)])[0]
+    service, method = merged(shared_source)
     for key in ("a", "b"):
         service.start_request(key, prompt)
     lookups = shared_source.retrieve_batch
 
     def stopping_b(contexts, back_off):
         service.stop_request("b")
+        service.start_request("c", prompt)  # it may take b's place in the core: b's row still drafts nothing
         return lookups(contexts, back_off)
 
     monkeypatch.setattr(shared_source, "retrieve_batch", stopping_b)
-    drafts = service.propose([("a", prompt, 8), ("b", prompt, 8)])
+    drafts = service.propose([("a", 8), ("b", 8)])
     assert len(expected) > 0 and _same(drafts[0], expected)
-    assert len(drafts[1]) == 0 and service.stats.stopped_meanwhile == 1
-    assert service.active_requests == {"a"}
+    assert len(drafts[1]) == 0 and method.stats.stopped_meanwhile == 1
+    assert service.active_requests == {"a", "c"}
 
 
-def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_is_documented(shared_source,
+@pytest.mark.parametrize("path", ["trip", "replica"])
+def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_is_documented(path, shared_source,
+                                                                                            replica_source,
                                                                                             eval_prompts):
-    """Two threads draft for 8 requests while a third stops, restarts and extends them, for 15 s: a call raises only
+    """Two threads draft for 8 requests while a third stops, restarts and extends them, for 8 s: a call raises only
     the documented ``KeyError`` (a request not active when the call starts), and a row whose request is stopped while
     its lookups run gets an empty draft. The lifecycle thread leaves each request stopped for 2 ms, so that the drafting
-    threads meet the race many times (a stop followed at once by a restart leaves a window of a few bytecodes)."""
-    service = DraftingService(shared_source)
+    threads meet the race many times."""
+    service, method = merged(shared_source if path == "trip" else replica_source)
     seqs = [list(_steps(p.token_ids)[0]) for p in eval_prompts]
     keys = list(range(8))
     for k in keys:
@@ -208,7 +259,7 @@ def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_i
     def drafting(chain: bool) -> None:
         while not stop.is_set():
             try:
-                drafts = service.propose([(k, seqs[k % len(seqs)], 8) for k in keys], chain=chain)
+                drafts = service.propose([(k, 8) for k in keys], chain=chain)
                 with lock:
                     counts["drafts"] += len(drafts)
             except KeyError as exc:
@@ -238,46 +289,58 @@ def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_i
     threads.append(threading.Thread(target=lifecycle))
     for th in threads:
         th.start()
-    time.sleep(15)
+    time.sleep(8)
     stop.set()
     for th in threads:
         th.join(30)
     assert not unexpected, unexpected[:3]
     assert counts["drafts"] > 100 and counts["lifecycle"] > 100
-    assert counts["key_errors"] + service.stats.stopped_meanwhile > 0  # the race was met, and answered as documented
+    assert counts["key_errors"] + method.stats.stopped_meanwhile > 0  # the race was met, and answered as documented
 
 
 @pytest.fixture
 def started(shared_source, eval_prompts):
-    service = DraftingService(shared_source)
+    service, _ = merged(shared_source)
     prompt = _steps(eval_prompts[0].token_ids)[0]
     service.start_request("a", prompt)
     return service, prompt
 
 
+ROWS = np.zeros((2, 8), np.int32)
 BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the error, what its message names)
     (lambda s, p: s.start_request("v", [49_152]), ValueError, "prompt_ids holds token id 49152"),
     (lambda s, p: s.start_request("v", [10**9]), ValueError, "outside the tokenizer's vocabulary [0, 49152)"),
     (lambda s, p: s.start_request("v", np.array([1.5])), InvalidContext, "float64"),
     (lambda s, p: s.start_request("v", [-3]), InvalidContext, "-3"),
+    (lambda s, p: s.start_request("v", np.array([5, -3])), InvalidContext, "-3"),
     (lambda s, p: s.start_request(cast(Any, None), p), TypeError, "req_id None"),
     (lambda s, p: s.start_request("a", p), ValueError, "'a' is already active"),
     (lambda s, p: s.add_tokens("a", [10**9]), ValueError, "tokens holds token id 1000000000"),
+    (lambda s, p: s.add_tokens("a", [2**32]), ValueError, "outside the tokenizer's vocabulary [0, 49152)"),
+    (lambda s, p: s.add_tokens("a", np.array([2**32])), ValueError, "outside the tokenizer's vocabulary [0, 49152)"),
+    (lambda s, p: s.add_tokens("a", [-1]), ValueError, "tokens holds token id -1, outside the tokenizer's vocabulary"),
     (lambda s, p: s.add_tokens("a", "abc"), InvalidContext, "str"),
     (lambda s, p: s.add_tokens("b", [1]), KeyError, "'b' is not active"),
-    (lambda s, p: s.propose([("b", p, 3)]), KeyError, "'b' is not active"),
-    (lambda s, p: s.propose([("a", p, 2.5)]), TypeError, "batch[0] budget 2.5"),
-    (lambda s, p: s.propose([("a", p, "3")]), TypeError, "batch[0] budget '3'"),
-    (lambda s, p: s.propose([("a", p, True)]), TypeError, "batch[0] budget True"),
-    (lambda s, p: s.propose([("a", p, 2**63)]), ValueError, f"batch[0] budget {2**63} is outside 0..{MAX_BUDGET}"),
-    (lambda s, p: s.propose([("a", p, float("nan"))]), TypeError, "batch[0] budget nan"),
-    (lambda s, p: s.propose([("a", p, -1)]), ValueError, f"outside 0..{MAX_BUDGET}"),
-    (lambda s, p: s.propose([("a", p, 3), ("a", p[:-1] + [10**9], 3)]), InvalidContext, "batch[1] context"),
-    (lambda s, p: s.propose([("a", 3)]), TypeError, "batch[0]"),
-    (lambda s, p: s.propose([("a", p, 3)], min_score=-0.1), ValueError, "min_score=-0.1"),
-    (lambda s, p: s.propose([("a", p, 3)], min_score=float("nan")), ValueError, "min_score=nan"),
-    (lambda s, p: s.propose([("a", p, 3)], min_score=cast(Any, "0.1")), TypeError, "min_score '0.1'"),
-    (lambda s, p: s.follow("a", np.array([[1, 2]])), InvalidContext, "2-D"),
+    (lambda s, p: s.propose([("b", 3)]), KeyError, "'b' is not active"),
+    (lambda s, p: s.propose([("a", 2.5)]), TypeError, "batch[0] budget 2.5"),
+    (lambda s, p: s.propose([("a", "3")]), TypeError, "batch[0] budget '3'"),
+    (lambda s, p: s.propose([("a", True)]), TypeError, "batch[0] budget True"),
+    (lambda s, p: s.propose([("a", 2**63)]), ValueError, f"batch[0] budget {2**63} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.propose([("a", float("nan"))]), TypeError, "batch[0] budget nan"),
+    (lambda s, p: s.propose([("a", -1)]), ValueError, f"outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.propose([("a", 3), ("a", p, 3)]), TypeError, "batch[1]"),
+    (lambda s, p: s.propose([("a",)]), TypeError, "batch[0]"),
+    (lambda s, p: s.propose(cast(Any, ("a", 3))), TypeError, "batch[0]"),
+    (lambda s, p: s.propose([("a", 3)], min_score=-0.1), ValueError, "min_score=-0.1"),
+    (lambda s, p: s.propose([("a", 3)], min_score=float("nan")), ValueError, "min_score=nan"),
+    (lambda s, p: s.propose([("a", 3)], min_score=cast(Any, "0.1")), TypeError, "min_score '0.1'"),
+    (lambda s, p: s.follow_rows(["a"], np.array([1, 2]), np.array([2]), [0]), InvalidContext, "1-D"),
+    (lambda s, p: s.follow_rows(["a"], ROWS.astype(float), np.array([2]), [0]), InvalidContext, "float64"),
+    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([2]), [0]), InvalidContext, "lengths is a 1-D numpy array of "
+                                                                                  "int64"),
+    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([9, 1], np.int32), [0]), InvalidContext, "reach past"),
+    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([1, 1], np.int32), [2]), InvalidContext, "index [2]"),
+    (lambda s, p: s.add_hidden_states("a", np.zeros((1, 4))), TypeError, "the merged drafter reads no hidden states"),
 ]
 
 
@@ -288,25 +351,69 @@ def test_bad_input_is_refused_at_the_door_and_fails_no_other_row(started, call, 
         call(service, prompt)
     assert service.active_requests == {"a"}  # nothing half-done, nothing lost
     service.start_request("c", prompt)  # another request, and this one, still draft
-    drafts = service.propose([("a", prompt, 8), ("c", prompt, 8)])
+    drafts = service.propose([("a", 8), ("c", 8)])
     assert len(drafts[0]) > 0 and _same(drafts[0], drafts[1])
 
 
-def test_settings_are_checked_where_the_service_is_built(shared_source):
+def test_settings_are_checked_where_the_method_is_built(shared_source):
     for kwargs, named in (({"min_score": 2.0}, "min_score=2.0"), ({"back_off_min_budget": -1}, "back_off_min_budget"),
-                          ({"outputs_bytes": -1}, "outputs_bytes"), ({"sources": ["ds", "corpus"]}, "'corpus'")):
-        with pytest.raises(ValueError, match=re.escape(named)):
-            DraftingService(shared_source, **kwargs)
-    with pytest.raises(ValueError, match="vocab_size"):
-        DraftingService(None)  # nothing tells the vocabulary: it must be given
+                          ({"outputs_bytes": -1}, "outputs_bytes"), ({"sources": ("ds", "corpus")}, "'corpus'")):
+        with pytest.raises((ValueError, TypeError), match=re.escape(named)):
+            MergedMethod(shared_source, vocab_size=VOCAB, **kwargs)
+    for vocab in (0, 2**32 + 1, 3.5, True):
+        with pytest.raises(ValueError, match="vocab_size"):
+            DraftingService(MergedMethod(None), vocab_size=cast(Any, vocab))
 
 
 def test_budget_zero_drafts_nothing_and_a_stopped_request_is_forgotten(started):
     service, prompt = started
-    assert len(service.propose([("a", prompt, 0)])[0]) == 0
+    assert len(service.propose([("a", 0)])[0]) == 0
     service.stop_request("a")
     service.stop_request("a")  # ignored
     assert not service.active_requests
+
+
+def test_follow_rows_appends_only_what_a_row_adds(eval_prompts):
+    """An engine's rows: a request whose tokens prefix its row takes the rest (and then drafts what a request started
+    from the whole row drafts); a row holding another sequence is refused, and nothing changes."""
+    ids = [int(t) for t in eval_prompts[-1].token_ids]
+    rows = np.zeros((3, len(ids) + 4), np.int32)
+    rows[0, :len(ids)] = ids
+    rows[1, :len(ids)] = ids[::-1]
+    lengths = np.array([len(ids), len(ids), 0], np.int32)
+    followed, _ = merged(None)
+    whole, _ = merged(None)
+    followed.start_request("r", ids[:20])
+    whole.start_request("r", ids)
+    assert followed.follow_rows(["r", "r", None], rows, lengths, [1, 0, 2]) == [False, True, False]
+    assert _same(followed.propose([("r", 8)])[0], whole.propose([("r", 8)])[0])
+    assert followed.follow_rows(["r"], rows.astype(np.int64), lengths.astype(np.int64), [0]) == [True]
+    rows[0, len(ids):len(ids) + 2] = [7, 8]  # the engine committed two more tokens
+    lengths[0] += 2
+    assert followed.follow_rows(["r"], rows, lengths, [0]) == [True]
+    whole.add_tokens("r", [7, 8])
+    assert _same(followed.propose([("r", 8)])[0], whole.propose([("r", 8)])[0])
+
+
+def test_follow_rows_gives_each_row_one_request_and_each_request_one_row(eval_prompts):
+    """Pairs are tried in order: twins (the same tokens) both prefix both rows, yet each row takes the first request
+    that fits it and each request the first row; a pair of a request not active, or out of the arrays, is refused."""
+    ids = [int(t) for t in eval_prompts[0].token_ids]
+    rows = np.zeros((2, len(ids) + 4), np.int64)
+    rows[:, :len(ids)] = ids
+    rows[0, len(ids)], rows[1, len(ids):len(ids) + 2] = 5, [6, 7]
+    lengths = np.array([len(ids) + 1, len(ids) + 2], np.int64)
+    service, _ = merged(None)
+    for rid in ("a", "b"):
+        service.start_request(rid, ids)
+    pairs = [("a", 1), ("b", 1), ("a", 0), ("b", 0), ("gone", 0)]
+    assert service.follow_rows([r for r, _ in pairs], rows, lengths, [i for _, i in pairs]) == \
+        [True, False, False, True, False]
+    assert service.tokens("a").tolist() == ids + [6, 7] and service.tokens("b").tolist() == ids + [5]
+    with pytest.raises(ValueError, match="2 req_ids for 1 rows"):
+        service.follow_rows(["a", "b"], rows, lengths, [0])
+    with pytest.raises(InvalidContext, match="pass a sequence of row numbers"):
+        service.follow_rows(["a"], rows, lengths, [0.0])  # type: ignore[list-item]
 
 
 def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, live_ds, sharegpt_sample, eval_prompts):
@@ -318,16 +425,18 @@ def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, l
     assert writer.flush(30)
     writer.close()
     compact_live(live_ds, top_t=1000, database_url=database_url)
-    service = DraftingService.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0)
+    service = DraftingService.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0,
+                                   replicas=False)
+    method = cast(MergedMethod, service.method)
     try:
-        assert service.lookups is not None
-        client = cast(SharedDatastore, service.lookups.client)
+        assert method.lookups is not None
+        client = cast(SharedDatastore, method.lookups.client)
         assert client is not None and client.live is not None  # the layer is served with the datastore
         for i, s in enumerate(seqs):
             service.start_request(i, s[:10])
         for step in range(10, 40):
             trips = client.round_trips
-            drafts = service.propose([(i, s[:step], 8) for i, s in enumerate(seqs)])
+            drafts = service.propose([(i, 8) for i in range(len(seqs))])
             assert client.round_trips - trips == 1  # the datastore and the live layer: one query
             assert any(len(d) for d in drafts)
             for i, s in enumerate(seqs):
@@ -338,7 +447,7 @@ def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, l
 
 def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tokenizer, live_ds, sharegpt_sample):
     writer = LiveWriter(live_ds, database_url)
-    service = DraftingService(None, vocab_size=VOCAB, live_writer=writer)
+    service, _ = merged(None, live_writer=writer)
     output = [900, 901, 902, 903, 904, 905, 906, 907]
     service.start_request("a", [1, 2, 3])
     service.add_tokens("a", output[:3])
@@ -348,18 +457,26 @@ def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tok
     writer.close()
     compact_live(live_ds, top_t=1000, database_url=database_url)
     build_small(database_url, live_ds, sharegpt_sample)
-    layered = DatastoreSource(lambda: SharedDatastore.open(live_ds, tokenizer=tokenizer, database_url=database_url,
-                                                           live=live_name(live_ds)))
-    plain = DatastoreSource(lambda: SharedDatastore.open(live_ds, tokenizer=tokenizer, database_url=database_url))
-    try:
-        with_live = DraftingService(layered, sources=["live"])  # the live layer's drafts alone
-        without = DraftingService(plain, sources=["live"])
-        context = [7, 8, 900, 901, 902]
-        for s in (with_live, without):
-            s.start_request("b", context)
-        draft = with_live.propose([("b", context, 4)], chain=True)[0]
-        assert draft.token_ids.tolist() == output[3:7]  # the model's earlier output continues the context
-        assert len(without.propose([("b", context, 4)], chain=True)[0]) == 0  # no layer, no draft
-    finally:
-        layered.close()
-        plain.close()
+    for replicas in (False, True):
+        layered = DatastoreSource(functools.partial(SharedDatastore.open, live_ds, tokenizer=tokenizer,
+                                                    database_url=database_url, live=live_name(live_ds),
+                                                    replicas=replicas))
+        plain = DatastoreSource(functools.partial(SharedDatastore.open, live_ds, tokenizer=tokenizer,
+                                                  database_url=database_url, replicas=replicas))
+        try:
+            if replicas:
+                for s in (layered, plain):
+                    client = cast(SharedDatastore, s.client)
+                    assert client.replicas is not None and client.replicas.wait_ready(60)
+            with_live, live_method = merged(layered, sources=("live",))  # the live layer's drafts alone
+            without, _ = merged(plain, sources=("live",))
+            context = [7, 8, 900, 901, 902]
+            for svc in (with_live, without):
+                svc.start_request("b", context)
+            draft = with_live.propose([("b", 4)], chain=True)[0]
+            assert draft.token_ids.tolist() == output[3:7]  # the model's earlier output continues the context
+            assert len(without.propose([("b", 4)], chain=True)[0]) == 0  # no layer, no draft
+            assert (live_method.stats.replica_steps > 0) == replicas
+        finally:
+            layered.close()
+            plain.close()

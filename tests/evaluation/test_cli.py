@@ -80,9 +80,8 @@ def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat
 def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, tokenizer, tmp_path, calibration_cache,
                                                 monkeypatch):
     from datastore import Datastore
-    from drafting import DatastoreSource
-    from drafting.drafters import TrieDrafter
-    from drafting.service import DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting.drafters import Trie
     from evaluation.prompts import load_prompts
     from evaluation.replay import reference_store
     from evaluation.simulate import replay
@@ -97,7 +96,9 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
     ref = reference_store("SmolLM2-135M-Instruct", "float32", "humaneval", 16).get(prompt.id, prompt.token_ids)
     assert ref is not None and len(ref) == 16  # the CLI saved the plain-greedy reference
     source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
-    for drafter in (TrieDrafter(), DraftingService(source)):
+    vocab = len(tokenizer)
+    for drafter in (DraftingService(Trie(), vocab_size=vocab),
+                    DraftingService(MergedMethod(source, vocab_size=vocab), vocab_size=vocab)):
         res = replay(drafter, prompt.token_ids, ref, 4)
         row = rows[("all", drafter.name)]
         assert int(row["steps"]) == len(res.steps)
@@ -109,28 +110,33 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
 def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
                                                            calibration_cache, monkeypatch):
     from datastore import Datastore
-    from drafting import DatastoreSource, DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
     from evaluation.replay import CANDIDATE_BUDGETS, auto_budgets
 
     monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
     args = argparse.Namespace(prompt_set="humaneval", data_dir=None, max_new_tokens=12)
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed at the end of the test
     source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
+    vocab = len(tokenizer)
+
+    def merged(**settings) -> DraftingService:
+        return DraftingService(MergedMethod(source, vocab_size=vocab, **settings), vocab_size=vocab)
+
     files = lambda: sorted((calibration_cache / "latency").glob("budget-merged-*.json"))  # noqa: E731
     for left in files():  # another test of this module may have chosen a budget in the shared cache first
         left.unlink()
-    first = auto_budgets(args, target, lambda: [DraftingService(source)], console)
+    first = auto_budgets(args, target, lambda: [merged()], console)
     assert len(files()) == 1 and first["merged"] in CANDIDATE_BUDGETS
     saved = json.loads(files()[0].read_text())
     assert saved["budget"] == first["merged"]
     with Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url) as client:
         build = client.info.id
     assert saved["key"]["drafter"]["source"] == {"datastore": chat_datastore, "build": build}
-    assert auto_budgets(args, target, lambda: [DraftingService(source)], console) == first and len(files()) == 1
-    auto_budgets(args, target, lambda: [DraftingService(source, outputs_bytes=1 << 20)], console)
+    assert auto_budgets(args, target, lambda: [merged()], console) == first and len(files()) == 1
+    auto_budgets(args, target, lambda: [merged(outputs_bytes=1 << 20)], console)
     assert len(files()) == 2  # another output index: chosen again, not read from the first drafter's cache
     auto_budgets(argparse.Namespace(**{**vars(args), "max_new_tokens": 10}), target,
-                 lambda: [DraftingService(source)], console)
+                 lambda: [merged()], console)
     assert len(files()) == 3  # other references
     console.file.close()
     source.close()

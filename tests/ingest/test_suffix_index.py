@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drafting import DatastoreSource
-from drafting.drafters import RetrievalDrafter
+from drafting import DatastoreSource, DraftingService
+from drafting.drafters import Retrieval
 from evaluation.simulate import replay
 from ingest.continuations import SEPARATOR
 from ingest.suffix_index import RestParams, SuffixIndex
@@ -92,7 +92,8 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
     match = index.lookup(doc[:40])
     assert match is not None and len(match.ngram) >= 2 and match.ngram == tuple(doc[40 - len(match.ngram):40])
     assert doc[40] in match.tree.token_ids.tolist()[:64]
-    res = replay(RetrievalDrafter(DatastoreSource(lambda: index), name="rest"), doc[:40], doc[40:120])
+    rest = DraftingService(Retrieval(DatastoreSource(lambda: index), name="rest"), vocab_size=len(tokenizer))
+    res = replay(rest, doc[:40], doc[40:120])
     assert res.accept_length > 1.5  # the document itself is in the index
 
 

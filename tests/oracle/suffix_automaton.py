@@ -16,7 +16,7 @@ Drafting reads it like SuffixDecoding's suffix trees (Oliaro et al., https://arx
   count (a prefix-closed token tree; each node counts the occurrences of the context followed by its path).
 
 This is the Python reference of the native core's automaton (``crest_native``); both build the same
-states in the same order, so their drafts are identical (``tests/test_native.py``).
+states in the same order, so their drafts are identical (``tests/drafting/test_native.py``).
 """
 
 from __future__ import annotations

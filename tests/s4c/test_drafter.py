@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from decoder import greedy_generate, speculative_generate
+from drafting import DraftingService, MergedMethod
 from drafting.calibration import Calibration
 from drafting.heads import HeadTree
-from drafting.service import DraftingService
+from drafting.method import Step
 from evaluation.simulate import replay
-from s4c import MergedS4CDrafter, S4CDrafter, TreeShape, load_heads, merged_service
+from s4c import HeadsSource, S4CMethod, TreeShape, load_heads, merged_s4c, s4c_drafter
 from s4c.features import reference_states, target_features
 from s4c.state import HeadState, add_features, advance, top
 from s4c.tree import candidate_tree
@@ -36,11 +37,11 @@ def test_heads_advanced_step_by_step_equal_the_parallel_pass(target, eval_prompt
         return (g @ heads.lm_head.T).argmax(-1)
 
     heads(torch.tensor([tokens]), feats[None], keep)
-    state = HeadState(tokens[:1])
+    state = HeadState()
+    ids = np.asarray(tokens, np.uint32)
     for end in (7, 8, 20, 40):  # commit tokens up to `end`, features of all but the last
-        state.tokens = tokens[:end]
         add_features(state, feats[state.num_features: end - 1])
-        advance(heads, state)
+        advance(heads, state, ids[state.done:end], end)
         assert state.done == end - 1
         for k, (g, logits) in enumerate(state.last):
             assert torch.allclose(g, outs[k][end - 2], atol=1e-4), (end, k)
@@ -50,10 +51,10 @@ def test_heads_advanced_step_by_step_equal_the_parallel_pass(target, eval_prompt
 def test_the_tree_continues_the_top_branches_through_every_head(target, eval_prompts):
     heads = tiny_heads(target, num_heads=3)
     tokens = list(eval_prompts[0].token_ids)[:30]
-    state = HeadState(tokens)
+    state = HeadState()
     add_features(state, target_features(target, tokens)[:-1])
     shape = TreeShape(widths=(5, 3, 2), branches=2)
-    advance(heads, state, shape.branches)
+    advance(heads, state, np.asarray(tokens, np.uint32), len(tokens), shape.branches)
     tree = candidate_tree(heads, state, shape)
     depths = np.ones(len(tree), int)
     for i, p in enumerate(tree.parents.tolist()):
@@ -75,12 +76,12 @@ def test_the_other_branches_are_the_heads_run_on_other_tokens(target, eval_promp
     heads = tiny_heads(target, num_heads=3)
     tokens = list(eval_prompts[1].token_ids)[:33]
     feats = target_features(target, tokens)
-    state = HeadState(tokens[:20])
+    state = HeadState()
+    ids = np.asarray(tokens, np.uint32)
     add_features(state, feats[:19])
-    advance(heads, state, 3)
-    state.tokens = tokens
+    advance(heads, state, ids[:20], 20, 3)
     add_features(state, feats[19:32])
-    advance(heads, state, 3)
+    advance(heads, state, ids[state.done:], len(tokens), 3)
     t = len(tokens) - 2
     _, firsts = top(state.last[0][1], 3, heads.draft_head)
     for b, token in enumerate(firsts[1:]):
@@ -100,7 +101,7 @@ def shipped(target):
 
 
 def test_s4c_is_lossless_and_its_replay_is_its_run(target, eval_prompts, shipped):
-    drafter = S4CDrafter(shipped)
+    drafter = s4c_drafter(shipped, vocab_size=len(target.tokenizer))
     accepted = 0
     for p in eval_prompts[:4]:
         base = greedy_generate(target, p.token_ids, max_new_tokens=MAX_NEW).output_ids
@@ -116,12 +117,13 @@ def test_s4c_is_lossless_and_its_replay_is_its_run(target, eval_prompts, shipped
 
 
 def test_s4c_samples_and_drafts_nothing_without_hidden_states(target, eval_prompts, shipped):
-    drafter = S4CDrafter(shipped)
+    source = HeadsSource(shipped)
+    drafter = DraftingService(S4CMethod(source), vocab_size=len(target.tokenizer))
     p = eval_prompts[0]
     run = speculative_generate(target, p.token_ids, drafter, max_new_tokens=8, budget=6, temperature=0.8, seed=3)
     assert len(run.output_ids) == 8
     drafter.start_request("r", list(p.token_ids))
-    assert len(drafter.propose([("r", list(p.token_ids), 8)])[0]) == 0 and drafter.stats.unready == 1
+    assert len(drafter.propose([("r", 8)])[0]) == 0 and source.stats.unready == 1
     with pytest.raises(ValueError, match=r"\[n, 576\] float hidden states"):
         drafter.add_hidden_states("r", torch.zeros(3, 7))
     with pytest.raises(TypeError, match="torch.Tensor or numpy array"):
@@ -133,8 +135,8 @@ def test_s4c_samples_and_drafts_nothing_without_hidden_states(target, eval_promp
 
 
 def test_merged_s4c_is_lossless_and_takes_the_heads_trees(target, eval_prompts, shipped):
-    def fresh() -> MergedS4CDrafter:
-        return MergedS4CDrafter(merged_service(None, vocab_size=len(target.tokenizer)), S4CDrafter(shipped))
+    def fresh() -> DraftingService:
+        return merged_s4c(None, shipped, vocab_size=len(target.tokenizer))
 
     # one drafter decodes, another replays: each has indexed the same earlier outputs (never the prompt's own)
     merged, replayed = fresh(), fresh()
@@ -144,30 +146,46 @@ def test_merged_s4c_is_lossless_and_takes_the_heads_trees(target, eval_prompts, 
         assert run.output_ids == base
         sim = replay(replayed, p.token_ids, base, 8, hidden=reference_states(target, list(p.token_ids) + base))
         assert [s.accepted for s in sim.steps] == [s.accepted for s in run.steps]
-    assert merged.step_seconds()["heads"] > 0 and merged.heads.stats.trees > 0
+    assert merged.name == "merged+s4c" and merged.hidden_states and merged.step_seconds()["heads"] > 0
 
 
-def test_the_service_checks_the_heads_at_the_door(tokenizer):
-    plain = DraftingService(None, vocab_size=len(tokenizer))
-    plain.start_request(1, [5, 6, 7])
+class _FixedHeads:
+    """A draft model's source that gives every row the same tree (a test input, not a stand-in for the heads)."""
+
+    name = "fixed"
+
+    def __init__(self, tree: HeadTree) -> None:
+        self.tree = tree
+
+    def start(self) -> None:
+        return None
+
+    def add_hidden_states(self, state, hidden) -> None:
+        """Nothing read."""
+
+    def trees(self, step: Step) -> list[HeadTree | None]:
+        return [self.tree if b > 0 else None for b in step.budgets.tolist()]
+
+    def config(self) -> dict:
+        return {"name": self.name}
+
+    def step_seconds(self) -> dict[str, float]:
+        return {}
+
+
+def test_the_heads_are_one_more_source_of_the_merged_drafter(tokenizer):
     tree = HeadTree(np.array([3, 4]), np.array([-1, 0]), np.array([0.5, 0.25]))
-    with pytest.raises(ValueError, match="does not draft from the heads source"):
-        plain.propose([(1, [5, 6, 7], 4)], heads=[tree])
     with pytest.raises(ValueError, match="not weighed by the calibration"):
-        DraftingService(None, vocab_size=len(tokenizer), sources=("ds", "heads"))
+        MergedMethod(None, sources=("ds", "heads"))
+    with pytest.raises(ValueError, match="not weighed by the calibration"):
+        MergedMethod(None, calibration=Calibration.load(), heads=_FixedHeads(tree))  # a calibration without them
     cal = Calibration(np.zeros(32), 0.0, sources=("ds", "live", "local", "outputs", "heads"))
-    both = DraftingService(None, vocab_size=len(tokenizer), calibration=cal,
-                           sources=("ds", "live", "local", "outputs", "heads"))
+    both = DraftingService(MergedMethod(None, calibration=cal, heads=_FixedHeads(tree)), vocab_size=len(tokenizer))
+    assert both.name == "merged+fixed" and both.hidden_states
     both.start_request(1, [5, 6, 7])
-    with pytest.raises(ValueError, match="one HeadTree"):
-        both.propose([(1, [5, 6, 7], 4)], heads=[tree, tree])
-    with pytest.raises(TypeError, match="heads\\[0\\] is a tuple"):
-        both.propose([(1, [5, 6, 7], 4)], heads=[(1, 2, 3)])  # type: ignore[list-item]
-    big = HeadTree(np.array([len(tokenizer)]), np.array([-1]), np.array([0.5]))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        both.propose([(1, [5, 6, 7], 4)], heads=[big])
-    drafted = both.propose([(1, [5, 6, 7], 4)], heads=[tree])[0]
+    drafted = both.propose([(1, 4)])[0]
     assert drafted.token_ids.tolist() == [3, 4]  # the heads' tree alone: the only source with nodes
+    assert len(both.propose([(1, 0)])[0]) == 0
     with pytest.raises(ValueError, match="parents are out of order"):
         HeadTree(np.array([3, 4]), np.array([1, -1]), np.array([0.5, 0.5]))
     with pytest.raises(ValueError, match=r"probs must lie in \[0, 1\]"):
@@ -178,7 +196,7 @@ def test_s4c_is_thread_safe(target, eval_prompts, shipped):
     """Requests replayed on three threads at once by one drafter draft exactly what each drafts alone."""
     import threading
 
-    drafter = S4CDrafter(shipped)
+    drafter = s4c_drafter(shipped, vocab_size=len(target.tokenizer))
     cases = []
     for p in eval_prompts[:3]:
         base = greedy_generate(target, p.token_ids, max_new_tokens=MAX_NEW).output_ids

@@ -1,0 +1,144 @@
+"""A drafting method: how a :class:`drafting.DraftingService` drafts (a strategy it is given, never a mode it branches
+on). The service holds the one request table (each request's tokens in the native core, and the method's own state
+for it beside the handle); a method says what it keeps per request and drafts a checked batch.
+
+The merged drafter (:class:`drafting.merged.MergedMethod`) drafts in the native core; the papers' drafters
+(:mod:`drafting.drafters`) and S4C's heads alone (:mod:`s4c`) are methods too, so every drafter shares one lifecycle
+(after ArcticInference's suffix decoding: ``start_request`` / ``speculate`` / ``stop_request``, and vLLM's batch-first
+proposers).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from crest_native import FEATURES, Core
+
+from .draft import Draft, ScoreKind
+
+__all__ = ["CoreSettings", "DraftMethod", "Step", "TABLE_ONLY"]
+
+
+class CoreSettings(NamedTuple):
+    """What the service builds its native core with: the calibration's weights (``[len(FEATURES)]`` float64), intercept
+    and count-ratio prior, and the core's keyword settings (:data:`crest_native.DEFAULTS` for any left out)."""
+
+    coef: np.ndarray
+    intercept: float
+    prior: float
+    options: dict
+
+    def core(self) -> Core:
+        """The native core these settings describe."""
+        return Core(self.coef, self.intercept, self.prior, **self.options)
+
+
+TABLE_ONLY = CoreSettings(np.zeros(len(FEATURES)), 0.0, 1.0, {"outputs_bytes": 0, "sources": []})
+"""A core that only holds the requests' tokens (the methods that do not draft in it)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One checked ``propose`` batch, as the service hands it to its method.
+
+    Attributes:
+        core: the service's native core (the request table). lock: the service's lock, held by any call on ``core``.
+        handles: ``[rows]`` int64, each row's request in the core. states: each row's method state.
+        budgets: ``[rows]`` int64, each in ``0..MAX_BUDGET``. chain: draft each row's best path only.
+        min_score: the step's cut, a probability (``None``: the method's own; only probability-scored methods get a
+            positive one).
+    """
+
+    core: Core
+    lock: threading.Lock
+    handles: np.ndarray
+    states: Sequence[Any]
+    budgets: np.ndarray
+    chain: bool
+    min_score: float | None
+
+    def tokens(self, row: int, start: int = 0) -> tuple[int, np.ndarray]:
+        """Row ``row``'s token count and its tokens from position ``start`` on (``[count - start]`` uint32), copied out
+        of the core; ``(0, [])`` when its request was stopped meanwhile."""
+        with self.lock:
+            handle = int(self.handles[row])
+            return self.core.count(handle), self.core.tokens(handle, start)
+
+    def tail(self, row: int, n: int) -> np.ndarray:
+        """Row ``row``'s last ``n`` tokens (fewer when it has fewer), as ``[<= n]`` uint32."""
+        with self.lock:
+            handle = int(self.handles[row])
+            return self.core.tokens(handle, max(self.core.count(handle) - n, 0))
+
+
+class DraftMethod(Protocol):
+    """How a service drafts (see the module docstring). The service calls ``start`` and ``extend`` under its lock, and
+    ``draft`` outside it."""
+
+    name: str
+    score_kind: ScoreKind
+    hidden_states: bool
+    """Whether the method reads the target's hidden states (S4C's heads): :meth:`add_hidden_states` then feeds it."""
+
+    def core_settings(self) -> CoreSettings:
+        """The native core the service holds the requests in (:data:`TABLE_ONLY` when the method does not draft in
+        it)."""
+
+    def start(self, prompt: np.ndarray) -> Any:
+        """A new request's state from its ``[N]`` uint32 prompt (``None``: the method keeps none)."""
+
+    def extend(self, state: Any, tokens: np.ndarray) -> None:
+        """Append ``[N]`` uint32 committed tokens to a request's state."""
+
+    def add_hidden_states(self, state: Any, hidden: Any) -> None:
+        """Append the target's hidden states of a request's next positions (methods with ``hidden_states``)."""
+
+    def draft(self, step: Step) -> Sequence[Draft]:
+        """One draft per row of a checked batch (empty for a budget of 0 or a request stopped meanwhile): a list, or
+        the :class:`drafting.draft.Drafts` of one native call."""
+
+    def stopped(self, state: Any, output: np.ndarray) -> None:
+        """A request ended: its state, and its ``[N]`` uint32 output (which already joined the core's output index)."""
+
+    def config(self) -> dict:
+        """JSON-ready description of everything that changes the method's drafts."""
+
+    def step_seconds(self) -> dict[str, float]:
+        """Seconds spent so far, by part of the step."""
+
+    def close(self) -> None:
+        """Release what the method opened (lookups, writers)."""
+
+
+class Stateless:
+    """The parts of a :class:`DraftMethod` of a method that keeps nothing per request and opens nothing."""
+
+    hidden_states = False
+
+    def core_settings(self) -> CoreSettings:
+        """Only the request table (:data:`TABLE_ONLY`)."""
+        return TABLE_ONLY
+
+    def start(self, prompt: np.ndarray) -> None:
+        """Nothing kept per request."""
+
+    def extend(self, state: None, tokens: np.ndarray) -> None:
+        """Nothing kept per request."""
+
+    def add_hidden_states(self, state: None, hidden: Any) -> None:
+        """Never called: the method reads no hidden states."""
+
+    def stopped(self, state: None, output: np.ndarray) -> None:
+        """Nothing learned from finished requests."""
+
+    def step_seconds(self) -> dict[str, float]:
+        """No parts timed."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing opened."""
