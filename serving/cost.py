@@ -29,7 +29,8 @@ import numpy as np
 
 class StepCostModel:
     """A robust fit of ``step seconds = a + b * tokens`` over the last ``window`` steps (least squares without
-    the outlying steps, see the module docstring), refitted every ``refit_every`` steps.
+    the outlying steps, see the module docstring), refitted every ``refit_every`` steps: a few vector operations over
+    the window, so the proposer's step pays for a fit once in ``refit_every`` steps.
 
     Args:
         window: steps kept (>= 8).
@@ -40,7 +41,7 @@ class StepCostModel:
         ValueError: when ``window < 8``, ``min_steps < 2`` or ``refit_every < 1``.
     """
 
-    def __init__(self, window: int = 512, min_steps: int = 16, refit_every: int = 8) -> None:
+    def __init__(self, window: int = 512, min_steps: int = 16, refit_every: int = 32) -> None:
         if window < 8 or min_steps < 2 or refit_every < 1:
             raise ValueError(f"window={window} must be >= 8, min_steps={min_steps} >= 2 and "
                              f"refit_every={refit_every} >= 1")
@@ -67,16 +68,19 @@ class StepCostModel:
         if len(self._steps) >= self.min_steps and (self._fit is None or self._since_fit >= self.refit_every):
             self._since_fit = 0
             n, t = np.asarray(self._steps, dtype=np.float64).T
-            if np.ptp(n) > 0:
-                b, a = np.polyfit(n, t, 1)
+            fit = _line(n, t)
+            if fit is not None:
+                b, a = fit
                 residual = t - (a + b * n)
-                spread = 1.4826 * np.median(np.abs(residual - np.median(residual)))
-                keep = np.abs(residual - np.median(residual)) <= 3 * spread if spread > 0 else np.ones(len(n), bool)
-                if np.ptp(n[keep]) > 0:
+                deviation = np.abs(residual - np.median(residual))
+                spread = 1.4826 * np.median(deviation)
+                if spread > 0:
+                    keep = deviation <= 3 * spread
+                    fit = _line(n[keep], t[keep]) or fit
                     n, t = n[keep], t[keep]
-                    b, a = np.polyfit(n, t, 1)
-                b = max(float(b), 0.0)
-                self._fit = (max(float(np.mean(t - b * n)), 0.0), b) if a < 0 else (float(a), b)
+                b, a = fit
+                b = max(b, 0.0)
+                self._fit = (max(float(np.mean(t - b * n)), 0.0), b) if a < 0 else (a, b)
         return self._fit
 
     def break_even(self, rows: int) -> float:
@@ -87,3 +91,13 @@ class StepCostModel:
             return 0.0
         a, b = fit
         return b * rows / (a + b * rows) if a + b * rows > 0 else 0.0
+
+
+def _line(n: np.ndarray, t: np.ndarray) -> tuple[float, float] | None:
+    """The least-squares line ``t = a + b * n`` as ``(b, a)``; ``None`` when every ``n`` is the same."""
+    dn = n - n.mean()
+    spread = float(dn @ dn)
+    if spread <= 0:
+        return None
+    b = float(dn @ (t - t.mean())) / spread
+    return b, float(t.mean() - b * n.mean())

@@ -4,13 +4,13 @@ vLLM's ``custom_class`` proposer hook hands over, each step, a row per running r
 :num_tokens]``: prompt and output so far) but no request id, and rows are reassigned as requests finish, are
 preempted, or the batch is condensed. A request's drafting state depends only on its token sequence, so
 :class:`RowTracker` keys a request by the tokens themselves, which the drafting service holds
-(:meth:`drafting.DraftingService.follow`: one compare of the request's tokens with the row's prefix, in the native
-core):
+(:meth:`drafting.DraftingService.follow_rows`: one native call for the batch, views of the engine's arrays, no copy):
 
-- a row whose tokens extend exactly what its request has seen is the same request: the new tokens are appended;
+- a row whose tokens extend exactly what its request has seen is the same request: only the new tokens are appended
+  (each row's known prefix is confirmed by one ``memcmp`` in the core, the only exact test without request ids);
 - otherwise the row holds another request: if some other request's tokens are a prefix of the row's (a request
-  moved to another row; tried on mismatches only), that request follows it; else a new request starts from the
-  row's tokens;
+  moved to another row; tried on mismatches only, every such pair in one more native call), that request follows it;
+  else a new request starts from the row's tokens;
 - requests not seen in a step are stopped (they finished or were preempted; a preempted request that resumes is
   rebuilt from its tokens).
 
@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from drafting import DraftingService
+
+__all__ = ["RowTracker"]
 
 
 class RowTracker:
@@ -43,41 +45,60 @@ class RowTracker:
         self._ids = itertools.count()
         self.started = self.moved = self.stopped = 0
 
-    def step(self, rows: Sequence[tuple[int, np.ndarray]]) -> list[int]:
+    def step(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray) -> list[int]:
         """Bring the service up to date with this step's rows; returns each row's request id.
 
         Args:
-            rows: ``(row index, tokens)`` for every row to draft for this step; ``tokens`` is the row's whole
-                sequence so far (``[num_tokens]`` int32 or int64 array).
+            index: the rows to draft for this step (each once).
+            tokens: the engine's ``[rows, max_len]`` int32 (or int64) token array; row ``i`` holds its request's
+                sequence so far in its first ``lengths[i]`` columns.
+            lengths: ``[>= rows]`` of the same dtype.
 
         Returns:
-            The service request id of each row, in order.
+            The service request id of each row of ``index``, in order.
+
+        Raises:
+            datastore.errors.InvalidContext: for arrays of another shape or dtype.
         """
         previous = self._by_row
-        claimed: set[int] = set()
-        current: dict[int, int] = {}
-        out: list[int] = []
-        for index, tokens in rows:
-            rid = previous.get(index)
-            if rid is None or rid in claimed or not self.service.follow(rid, tokens):  # another request: moved, or new
-                rid = next((r for r in previous.values() if r not in claimed and self.service.follow(r, tokens)), None)
-                if rid is not None:
+        guess: list[int | None] = [previous.get(i) for i in index]
+        followed = self.service.follow_rows(guess, tokens, lengths, index)
+        if len(index) == len(previous) and all(followed):  # every row holds its request still: nothing else to do
+            return guess  # type: ignore[return-value]
+        claimed = {rid for rid, ok in zip(guess, followed) if ok}
+        free = [rid for rid in previous.values() if rid not in claimed]
+        open_at = [k for k, ok in enumerate(followed) if not ok]
+        if free and open_at:  # requests that moved: every (free request, open row) pair in one call, rows in order
+            pairs = [(k, rid) for k in open_at for rid in free]
+            moved = self.service.follow_rows([rid for _, rid in pairs], tokens, lengths, [index[k] for k, _ in pairs])
+            for (k, rid), ok in zip(pairs, moved):
+                if ok:
+                    guess[k] = rid
+                    followed[k] = True
+                    claimed.add(rid)
                     self.moved += 1
-            if rid is None:
-                rid = next(self._ids)
-                self.service.start_request(rid, tokens)
+        out: list[int] = []
+        for k, i in enumerate(index):
+            got = guess[k]
+            if got is None or not followed[k]:  # a new request (one that came back after a preemption included)
+                got = next(self._ids)
+                self.service.start_request(got, tokens[i, :int(lengths[i])])
                 self.started += 1
-            claimed.add(rid)
-            current[index] = rid
-            out.append(rid)
+                claimed.add(got)
+            out.append(got)
         for rid in previous.values():
             if rid not in claimed:
                 self.service.stop_request(rid)
                 self.stopped += 1
-        self._by_row = current
+        self._by_row = dict(zip(index, out))
         return out
 
     @property
     def active(self) -> int:
         """Rows followed now."""
         return len(self._by_row)
+
+    @property
+    def held(self) -> dict[int, int]:
+        """Which request each row held at the last step (``row -> request id``; a copy)."""
+        return dict(self._by_row)

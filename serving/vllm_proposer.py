@@ -8,17 +8,17 @@ vLLM builds the class with its ``VllmConfig``, calls ``load_model(model)`` and t
 after every step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
 slot_mappings=...)``; it verifies one chain of draft tokens per row (an empty list:
 no draft). Nothing else of vLLM is used. Rows carry no request id, so
-:class:`serving.rows.RowTracker` keys them by their tokens. Each step, every row is
-drafted by one :class:`drafting.DraftingService` call: one round trip to the shared
-datastore and its live layer (most answered by its cache), then one call of the native core for
-the batch: per row the merge of the datastore's tree, the live layer's (every process's
-earlier outputs, compacted), the row's own longest earlier match (its suffix automaton) and
-the match in this process's finished outputs (learned the moment a request finishes), and
-the chain with the largest expected accepted length under the calibrated probabilities,
-cut before the first node scoring below ``CREST_MIN_SCORE`` or below the break-even score
-of this batch size on this engine (so a large batch on a CPU drafts only near-certain
-tokens, and throughput does not fall below no speculation). Every datastore fault drafts
-without the datastore, so vLLM's output never changes.
+:class:`serving.rows.RowTracker` keys them by their tokens, reading vLLM's arrays in place and appending only each
+row's new tokens to its request. Each step, every row is drafted by one :class:`drafting.DraftingService` call: once
+the host-local replicas of the datastore and its live layer are mapped (:mod:`datastore.replica`, written by the first
+process on the host), ONE native call drafts the batch with no round trip; before that, one round trip to the shared
+datastore (most answered by its cache), then one native call. Per row: the merge of the datastore's tree, the live
+layer's (every process's earlier outputs, compacted), the row's own longest earlier match (its suffix automaton) and
+the match in this process's finished outputs (learned the moment a request finishes), and the chain with the largest
+expected accepted length under the calibrated probabilities, cut before the first node scoring below
+``CREST_MIN_SCORE`` or below the break-even score of this batch size on this engine (so a large batch on a CPU drafts
+only near-certain tokens, and throughput does not fall below no speculation). Every datastore fault drafts without the
+datastore, so vLLM's output never changes.
 
 Configuration (environment variables, read when vLLM builds the proposer):
 
@@ -30,15 +30,17 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_ADAPTIVE``       ``1`` (default): also stop before the first node scoring below the step's
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
-``CREST_CACHE_MB``       the tree cache's bound, MiB (default 64);
+``CREST_CACHE_MB``       the round trip's tree cache bound, MiB (default 64);
 ``CREST_LIVE``           ``1`` (default): also draft from the live layer ``<CREST_DATASTORE>.live`` (once
                          ``python -m ingest compact-live`` has built it) and append every finished request's
                          output to it from a background thread (:mod:`datastore.live`); ``0``: off;
 ``CREST_LIVE_URL``       the role that appends outputs (INSERT on ``live_outputs`` only; default ``DATABASE_URL``);
-``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off).
+``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off);
+``CREST_REPLICAS``       the host-local replicas' folder (default ``~/.cache/crest-spec/replicas``), or ``off``:
+                         every step is a round trip (:class:`toolkit.settings.Settings`).
 
-Everything is composed by :meth:`drafting.DraftingService.open`; the proposer holds its settings, the rows it follows
-and the engine's step-cost model.
+Everything is composed by :meth:`drafting.DraftingService.open`; the proposer makes the live layer's writer, and holds
+its settings, the rows it follows and the engine's step-cost model.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafting import DraftingService
+from drafting import DraftingService, MergedMethod
 
 from .cost import StepCostModel
 from .rows import RowTracker
@@ -73,6 +75,7 @@ class ProposerConfig:
     live: bool = True
     live_url: str | None = None
     outputs_mb: float = 64.0
+    replicas: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_score <= 1.0:
@@ -102,7 +105,8 @@ class ProposerConfig:
         return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
                    min_score=number("CREST_MIN_SCORE", 0.1), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0), live=flag("CREST_LIVE", "1"),
-                   live_url=env.get("CREST_LIVE_URL") or None, outputs_mb=number("CREST_OUTPUTS_MB", 64.0))
+                   live_url=env.get("CREST_LIVE_URL") or None, outputs_mb=number("CREST_OUTPUTS_MB", 64.0),
+                   replicas=env.get("CREST_REPLICAS") != "off")
 
 
 class CrestProposer:
@@ -125,16 +129,24 @@ class CrestProposer:
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
-        self.service = DraftingService.open(
-            cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, live=cfg.live, live_url=cfg.live_url,
-            cache_bytes=int(cfg.cache_mb * 2**20), outputs_bytes=int(cfg.outputs_mb * 2**20), min_score=cfg.min_score)
+        writer = None
+        if cfg.live:
+            from datastore.admin.live_writer import LiveWriter
+
+            writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
+        self.method = MergedMethod.open(
+            cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, live=cfg.live,
+            cache_bytes=int(cfg.cache_mb * 2**20), replicas=cfg.replicas, outputs_bytes=int(cfg.outputs_mb * 2**20),
+            min_score=cfg.min_score, live_writer=writer)
+        self.service = DraftingService(self.method,
+                                       vocab_size=max(len(tokenizer), int(vllm_config.model_config.get_vocab_size())))
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...
         self._last_tokens = 0                # ... and how many tokens the engine then verified
 
     def load_model(self, model) -> None:
-        """Nothing to load: the drafts come from the datastore and the prompts."""
+        """Nothing to load: the drafts come from the datastore and the requests' own tokens."""
 
     def step_cut(self, rows: int) -> float:
         """This step's cut: the larger of ``CREST_MIN_SCORE`` and the break-even score of ``rows`` rows."""
@@ -147,31 +159,27 @@ class CrestProposer:
         Args:
             sampled_token_ids: ``[num_rows]`` tokens sampled for each row this step (empty: the row
                 is not decoding yet, e.g. a partial prefill; it gets no draft).
-            num_tokens_no_spec: ``[>= num_rows]`` int, tokens of each row (prompt + output), drafts excluded.
-            token_ids_cpu: ``[>= num_rows, max_model_len]`` int, each row's tokens.
+            num_tokens_no_spec: ``[>= num_rows]`` int32, tokens of each row (prompt + output), drafts excluded.
+            token_ids_cpu: ``[>= num_rows, max_model_len]`` int32, each row's tokens (read in place, not copied:
+                only each row's new tokens are appended to its request).
             slot_mappings: unused.
 
         Returns:
             ``[num_rows]`` lists of at most ``num_speculative_tokens`` token ids.
         """
         start = time.perf_counter()
-        rows, budgets = [], []
-        for i, sampled in enumerate(sampled_token_ids):
-            if not sampled:
-                continue
-            n = int(num_tokens_no_spec[i])
-            rows.append((i, token_ids_cpu[i, :n]))
-            budgets.append(max(0, min(self.k, self.max_model_len - n - 1)))
-        started = self.rows.started
-        req_ids = self.rows.step(rows)
-        if self._last_end is not None and self.rows.started == started and len(rows) == len(sampled_token_ids):
-            self.cost.observe(self._last_tokens, start - self._last_end)  # a decode-only step: no prefill in it
-        cut = self.step_cut(len(rows))
-        batch = [(rid, tokens, b) for rid, (_, tokens), b in zip(req_ids, rows, budgets)]
-        drafts = self.service.propose(batch, chain=True, min_score=cut) if rows else []
         out: list[list[int]] = [[] for _ in sampled_token_ids]
-        for (i, _), draft in zip(rows, drafts):
-            out[i] = draft.token_ids.tolist()
+        index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
+        started = self.rows.started
+        req_ids = self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
+        if self._last_end is not None and self.rows.started == started and len(index) == len(sampled_token_ids):
+            self.cost.observe(self._last_tokens, start - self._last_end)  # a decode-only step: no prefill in it
+        if index:
+            k, last = self.k, self.max_model_len - 1
+            budgets = [max(0, min(k, last - n)) for n in num_tokens_no_spec[index].tolist()]
+            drafts = self.service.propose(list(zip(req_ids, budgets)), chain=True, min_score=self.step_cut(len(index)))
+            for i, tokens in zip(index, drafts.token_lists()):
+                out[i] = tokens
         self._last_tokens = sum(1 + len(d) for d in out)
         self._last_end = time.perf_counter()
         return out

@@ -22,8 +22,9 @@ MAX_NEW = 48
 HERE = Path(__file__).resolve().parent
 
 
-def _vllm(prompts, k: int, env: dict | None = None) -> dict:
-    job = json.dumps({"prompts": [list(map(int, p.token_ids)) for p in prompts], "k": k, "max_tokens": MAX_NEW})
+def _vllm(prompts, k: int, env: dict | None = None, **settings) -> dict:
+    job = json.dumps({"prompts": [list(map(int, p.token_ids)) for p in prompts], "k": k, "max_tokens": MAX_NEW,
+                      **settings})
     proc = subprocess.run([sys.executable, str(HERE / "vllm_generate.py"), job], capture_output=True, text=True,
                           env=cpu_env(env, in_process=True), cwd=HERE.parent, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -52,6 +53,23 @@ def test_crest_proposer_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datas
     assert stats["steps"] > 0 and stats["tokens_proposed"] > 0 and got["accepted"] > 0
     assert stats["datastore"]["round_trips"] <= stats["steps"]  # at most one round trip a step
     assert stats["rows_started"] >= len(eval_prompts) and not stats["faults"]
+
+
+def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, eval_prompts, chat_datastore,
+                                                                   database_url):
+    """vLLM's own scheduler with a KV cache too small for the batch (9 blocks of 128 tokens: it preempts requests and
+    brings them back later) and fewer running slots than requests (finished rows are condensed, queued requests join;
+    each prompt three times, so twins with the same tokens share the batch): after every step each row's request holds
+    exactly the row's tokens, and the output is still vLLM's greedy output."""
+    import os
+
+    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url)
+    got = _vllm(list(eval_prompts) * 3, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
+                proposer="_checking_proposer.CheckingProposer")
+    assert got["outputs"] == plain_vllm * 3
+    stats = got["stats"]
+    assert got["preemptions"] > 0 and stats["checked"] > 100 and stats["mismatches"] == 0
+    assert stats["rows_started"] > 3 * len(eval_prompts)  # preempted requests came back as new rows
 
 
 def test_proposer_settings_from_the_environment(monkeypatch):

@@ -21,10 +21,11 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     spec = None
     if job["k"]:
-        spec = {"method": "custom_class", "model": "_proposer.InstrumentedProposer",
+        spec = {"method": "custom_class", "model": job.get("proposer", "_proposer.InstrumentedProposer"),
                 "num_speculative_tokens": job["k"]}
-    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=2048, seed=0,
-              max_num_seqs=len(job["prompts"]), speculative_config=spec, disable_log_stats=False)
+    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=job.get("max_model_len", 2048), seed=0,
+              max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), speculative_config=spec,
+              disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=job["max_tokens"]), use_tqdm=False)
     result: dict[str, Any] = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
@@ -37,6 +38,7 @@ def main() -> None:
         # the accepted-token metric is a counter
         result["accepted"] = sum(cast("Counter", m).value for m in llm.get_metrics()
                                  if m.name == "vllm:spec_decode_num_accepted_tokens")
+    result["preemptions"] = sum(cast("Counter", m).value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
     print("RESULT " + json.dumps(result))
 
 

@@ -1,0 +1,31 @@
+"""A proposer for tests that run vLLM in their own process: :class:`CheckingProposer` drafts as ours does and, after
+every step, checks that each row's request holds exactly the row's tokens (what vLLM's ``token_ids_cpu`` holds), so
+that a test can run vLLM's own scheduler (its preemption, condensing and reordering) and see the tracking stay exact."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from _proposer import InstrumentedProposer
+
+
+class CheckingProposer(InstrumentedProposer):
+    """:class:`benchmarks._proposer.InstrumentedProposer` that counts the rows whose request's tokens differ from the
+    row's (``mismatches``; ``checked`` rows in all)."""
+
+    def __init__(self, vllm_config, config=None) -> None:
+        super().__init__(vllm_config, config)
+        self.checked = self.mismatches = 0
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
+        held = self.rows.held
+        for i, sampled in enumerate(sampled_token_ids):
+            if sampled:
+                want = token_ids_cpu[i, :int(num_tokens_no_spec[i])]
+                self.checked += 1
+                self.mismatches += not np.array_equal(self.service.tokens(held[i]), want)
+        return out
+
+    def stats(self) -> dict:
+        return super().stats() | {"checked": self.checked, "mismatches": self.mismatches}
