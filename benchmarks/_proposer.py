@@ -16,13 +16,15 @@ from typing import ClassVar
 import numpy as np
 
 from datastore.lookup import LookupClient
+from drafting.draft import Drafts
 from drafting.service import STEP_TIMES_KEPT
 from serving.vllm_proposer import CrestProposer
 
 
 class InstrumentedProposer(CrestProposer):
-    """:class:`serving.vllm_proposer.CrestProposer` that counts its steps, their seconds and cuts, and the tokens it
-    proposed."""
+    """:class:`serving.vllm_proposer.CrestProposer` that times each ``propose`` (the hook vLLM calls), counts its
+    steps, their cuts, the tokens it proposed and the calibrated expected accepted tokens of its chains (what vLLM's
+    accepted-token counter is compared with: the calibration's check in the engine)."""
 
     _last: ClassVar[weakref.ref | None] = None
 
@@ -31,7 +33,17 @@ class InstrumentedProposer(CrestProposer):
         self.steps = 0
         self.step_s = 0.0
         self.tokens_proposed = 0
+        self.times: deque = deque(maxlen=STEP_TIMES_KEPT)
         self.cuts: deque = deque(maxlen=STEP_TIMES_KEPT)
+        self.expected = 0.0  # the calibrated expected accepted tokens of every chain proposed (the sum of its scores)
+        self._drafts: Drafts | None = None
+        drafting = self.service.propose
+
+        def kept(*args, **kwargs) -> Drafts:  # the step's drafts, summed after the timed call
+            self._drafts = drafting(*args, **kwargs)
+            return self._drafts
+
+        self.service.propose = kept  # type: ignore[method-assign]
         InstrumentedProposer._last = weakref.ref(self)
 
     @classmethod
@@ -47,22 +59,37 @@ class InstrumentedProposer(CrestProposer):
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         start = time.perf_counter()
         out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
-        self.step_s += time.perf_counter() - start
+        spent = time.perf_counter() - start
+        self.step_s += spent
+        self.times.append(spent)
         self.steps += 1
         self.tokens_proposed += sum(map(len, out))
+        if self._drafts is not None:
+            self.expected += float(self._drafts.scores.sum())
+            self._drafts = None
         return out
 
+    def reset_times(self) -> None:
+        """Forget the timed steps so far (a run's figures then cover that run only)."""
+        self.times.clear()
+        self.service.stats.step_times.clear()
+
     def stats(self) -> dict:
-        """Steps, mean and median step time (ms), the round trip's share, tokens proposed, the cuts, the step-cost
-        fit, the rows followed, faults, the output index and the datastore client's figures."""
-        st = self.service.stats
-        lookups = self.service.lookups
+        """Steps, the hook's ``propose`` p50/p99 and mean (ms), the service step's p50, the round trip's share, the
+        steps drafted from the replicas, tokens proposed, the cuts, the step-cost fit, the rows followed, faults, the
+        output index and the datastore client's figures."""
+        st, merged = self.service.stats, self.method.stats
+        lookups = self.method.lookups
         client = lookups.client if lookups is not None else None
-        times = np.asarray(st.step_times) * 1e3
+        times = np.asarray(self.times) * 1e3
+        service = np.asarray(st.step_times) * 1e3
         return {"steps": self.steps, "step_ms_mean": 1e3 * self.step_s / max(self.steps, 1),
-                "service_step_ms_p50": float(np.median(times)) if len(times) else 0.0,
-                "lookup_share": st.lookup_s / max(st.step_s, 1e-12), "lookup_s": st.lookup_s,
-                "tokens_proposed": self.tokens_proposed,
+                "propose_ms_p50": float(np.median(times)) if len(times) else 0.0,
+                "propose_ms_p99": float(np.percentile(times, 99)) if len(times) else 0.0,
+                "service_step_ms_p50": float(np.median(service)) if len(service) else 0.0,
+                "lookup_share": merged.lookup_s / max(st.step_s, 1e-12), "lookup_s": merged.lookup_s,
+                "replica_steps": merged.replica_steps, "round_trip_steps": merged.round_trip_steps,
+                "tokens_proposed": self.tokens_proposed, "expected_accepted": self.expected,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
                 "cost_steps": self.cost.observed, "step_cost": self.cost.coefficients,

@@ -27,11 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def child_command(args, extra: list[str]) -> list[str]:
+    """The build's command line: ``python -m ingest build`` with this script's options and the extra flags."""
+    return [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", args.name, "--top-t", args.top_t,
+            *extra]
+
+
 def main() -> None:
     args, extra = build_parser().parse_known_args()
-    command = [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", args.name, "--top-t",
-               args.top_t, *extra]
-    out, wall, _, peak_tree = run_sampled(command, cwd=Path(__file__).resolve().parents[1])
+    out, wall, _, peak_tree = run_sampled(child_command(args, extra), cwd=Path(__file__).resolve().parents[1])
     if out.returncode != 0:
         sys.exit(f"build failed:\n{out.stderr[-4000:]}")
     r = json.loads(out.stdout)

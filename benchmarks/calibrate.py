@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, Reference, half, load_references, references_option  # noqa: E402
 from crest_native import FEATURES  # noqa: E402
-from drafting import Calibration, DraftingService  # noqa: E402
+from drafting import Calibration, DraftingService, MergedMethod  # noqa: E402
 from drafting.accept import accepted_mask, reference_predictions  # noqa: E402
 from drafting.calibration import HEADS_PATH, RETRIEVAL_SOURCES  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
@@ -48,36 +48,37 @@ SETS = ("spec_bench", "humaneval")
 
 
 class HeadTrees:
-    """The S4C heads' candidate tree at every position of a reference (``--heads``): an :class:`s4c.S4CDrafter` fed
+    """The S4C heads' candidate tree at every position of a reference (``--heads``): an :class:`s4c.HeadsSource` fed
     the target's hidden states over the reference (one forward pass each, cached on disk)."""
 
     def __init__(self, name: str | None) -> None:
         from decoder.model import load_target
-        from s4c import S4CDrafter, load_heads
+        from s4c import HeadsSource, load_heads
         from s4c.features import target_fingerprint
         from s4c.store import DEFAULT_HEADS
 
         self.target = load_target(device="cpu")
-        self.drafter = S4CDrafter(load_heads(self.target, name or DEFAULT_HEADS))
+        self.source = HeadsSource(load_heads(self.target, name or DEFAULT_HEADS))
         self.fingerprint = target_fingerprint(self.target)
 
     def start(self, r: Reference) -> None:
         from s4c.features import reference_states
 
         self.states = reference_states(self.target, list(r.prompt) + list(r.output), fingerprint=self.fingerprint)
-        self.drafter.start_request(r.id, list(r.prompt) + r.output[:1])
-        self.drafter.add_hidden_states(r.id, self.states[: len(r.prompt)])
+        self.tokens = np.asarray(list(r.prompt) + r.output[:1], dtype=np.uint32)
+        self.state = self.source.start()
+        self.source.add_hidden_states(self.state, self.states[: len(r.prompt)])
 
     def tree(self, r: Reference):
-        return self.drafter.trees(self.drafter.states([r.id]))[0]
+        return self.source.tree(self.state, len(self.tokens), self.tokens[self.state.done:])
 
     def add(self, r: Reference, token: int, position: int) -> None:
         """Append the reference token at ``position`` (the previous position's state with it)."""
-        self.drafter.add_tokens(r.id, [token])
-        self.drafter.add_hidden_states(r.id, self.states[position - 1: position])
+        self.tokens = np.append(self.tokens, np.uint32(token))
+        self.source.add_hidden_states(self.state, self.states[position - 1: position])
 
     def stop(self, r: Reference) -> None:
-        self.drafter.stop_request(r.id)
+        """Nothing kept past a request."""
 
 
 def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
@@ -90,8 +91,9 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
     ``heads``: the S4C heads' trees, a fifth source (``None``: none).
     The requests' outputs go into the core's output index, each after its request (as a server's finish)."""
     xs, ys, conds, scored = [], [], [], []
-    core = DraftingService(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
-                           sources=calibration.sources)
+    method = MergedMethod(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
+                          sources=calibration.sources)
+    core = DraftingService(method, vocab_size=vocab_size)
     for r in refs:
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]
@@ -243,7 +245,7 @@ def main() -> None:
         "fit_rows": int(len(y)),
         "sets": list(SETS), "half": "fit (even positions within each category)",
         "local": local, "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": 16},
-        **({"heads": heads.drafter.config()} if heads is not None else {})})
+        **({"heads": heads.source.config()} if heads is not None else {})})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
     report = {}
     fig_rows = []

@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource
-    from drafting.service import DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
     from evaluation.simulate import replay
     from toolkit import load_tokenizer
 
@@ -58,7 +57,7 @@ def main() -> None:
           "throughput x no speculation (accept length, drafted per row and step)")
     best: dict[tuple[str, int], tuple[float, int, float]] = {}
     for name, ds in sets.items():
-        source = DatastoreSource(functools.partial(SharedDatastore.open, ds, tokenizer=tok))
+        source = DatastoreSource(functools.partial(SharedDatastore.open, ds, tokenizer=tok, replicas=False))
         replayed: dict[tuple[int, float], tuple[float, float]] = {}  # (k, cut) -> (accept length, drafted per step)
         for c in args.concurrency:
             break_even = b * c / (a + b * c)
@@ -66,7 +65,8 @@ def main() -> None:
                 for floor in args.floors:
                     cut = round(max(floor, break_even), 6)
                     if (k, cut) not in replayed:
-                        service = DraftingService(source, min_score=cut)
+                        service = DraftingService(MergedMethod(source, vocab_size=len(tok), min_score=cut),
+                                                  vocab_size=len(tok))
                         tokens = steps = drafted = 0
                         for r in refs[name]:
                             res = replay(service, r.prompt, r.output, k, chain=True)

@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 
+from crest_native import MAX_BUDGET
 from datastore import Datastore
-from drafting import DatastoreSource, DraftingService
+from drafting import DatastoreSource, DraftingService, MergedMethod
 from drafting.drafters.ngram_trie import NGramTrie
-from drafting.lifecycle import MAX_BUDGET
 from evaluation.prompts import load_prompts
 from evaluation.replay import reference_store  # references saved by `python -m evaluation replay`
 from evaluation.simulate import replay
@@ -52,7 +52,8 @@ def main() -> None:
 
     store = reference_store("SmolLM2-135M-Instruct", "float32", args.prompt_set, 128)
     source = DatastoreSource(lambda: Datastore.open(args.datastore, tokenizer=tok, database_url=args.database_url))
-    drafter = DraftingService(source)
+    method = MergedMethod(source, vocab_size=len(tok))
+    drafter = DraftingService(method, vocab_size=len(tok))
     total = []
     for p in prompts:
         ref = store.get(p.id, p.token_ids)
@@ -62,11 +63,11 @@ def main() -> None:
     if not total:
         raise SystemExit("no saved references: run `python -m evaluation replay --set ...` first")
     q = lambda xs, f: 1e3 * float(np.quantile(xs, f))  # noqa: E731
-    st = drafter.stats
+    st, parts = drafter.stats, method.stats
     print(f"draft assembly per step over {len(total)} steps (ms): "
           f"p50 {q(total, .5):.3f}, p90 {q(total, .9):.3f}, p99 {q(total, .99):.3f}; of the mean "
-          f"{1e3 * st.step_s / st.steps:.3f}: round trip {1e3 * st.lookup_s / st.steps:.3f}, "
-          f"native core {1e3 * st.core_s / st.steps:.3f}")
+          f"{1e3 * st.step_s / st.steps:.3f}: round trip {1e3 * parts.lookup_s / st.steps:.3f}, "
+          f"native core {1e3 * parts.core_s / st.steps:.3f}")
 
 
 def _time_build(ids) -> float:

@@ -50,12 +50,12 @@ def sampled_counts(name: str, percent: float) -> tuple[np.ndarray, np.ndarray, i
 def replay_counts(name: str, datastore: str, references: Path) -> tuple[np.ndarray, float]:
     """Per replayed step, the root count of the context's longest stored n-gram (0: none); and the LRU hit rate."""
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource
-    from drafting.service import DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
     from evaluation.simulate import replay
     from toolkit import load_tokenizer
 
-    client = SharedDatastore.open(datastore, tokenizer=load_tokenizer())
+    tok = load_tokenizer()
+    client = SharedDatastore.open(datastore, tokenizer=tok, replicas=False)
     counts: list[int] = []
     source = DatastoreSource(lambda: client)
     original = source.retrieve_batch
@@ -66,7 +66,7 @@ def replay_counts(name: str, datastore: str, references: Path) -> tuple[np.ndarr
         return found
 
     source.retrieve_batch = recording  # type: ignore[method-assign]
-    service = DraftingService(source)
+    service = DraftingService(MergedMethod(source, vocab_size=len(tok)), vocab_size=len(tok))
     for r in half(load_references(name, references), "fit"):
         replay(service, r.prompt, r.output, 4, chain=True)
     hit = client.stats()["cache_hit_rate"]

@@ -14,7 +14,7 @@ load goes on at least 5 s past the swap. Printed: lookups/s, lookup and ``SELECT
 errors (lookups that raised), and how long after the swap's notification reached a listener each process
 served the new build (negative: before; a client whose lookup finds the old table gone follows at once).
 
-Phase ``restart`` (``--restart``): the clients draft through :class:`drafting.drafters.DatastoreSource`
+Phase ``restart`` (``--restart``): the clients draft through :class:`drafting.source.DatastoreSource`
 (fall back, then reopen every 0.5 s); at a third of the run Postgres restarts (``--restart-cmd``, default
 ``pg_ctlcluster 15 main restart``; the embedded server is restarted with its own ``pg_ctl``). Printed: steps
 that fell back, seconds from the server being back until each process drafts from the datastore again, errors.

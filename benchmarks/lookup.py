@@ -5,7 +5,10 @@ only read here, never ingested) through ``Datastore.lookup`` and prints p50/p90/
 milliseconds, beside a bare ``SELECT 1`` round trip on the same kind of connection measured in the
 same run, plus bytes per stored n-gram (table + index). Then the shared client
 (:class:`datastore.shared.SharedDatastore`, pooled): a cache-miss lookup (its cache disabled: every
-lookup is a round trip) and a cache-hit lookup (the same contexts again, cache on).
+lookup is a round trip) and a cache-hit lookup (the same contexts again, cache on). Then the host-local replica
+(:mod:`datastore.replica`): written afresh into a temporary folder (seconds, bytes, bytes per n-gram, its size against
+the Postgres table's), opened, and the same longest-match lookups through it (:meth:`crest_native.Replica.longest`,
+one native call each) with a cold page cache (its pages evicted first, ``posix_fadvise(DONTNEED)``) and a warm one.
 
     python benchmarks/lookup.py --name sharegpt [--database-url URL] [--lookups 5000]
 
@@ -54,6 +57,39 @@ def _timed(call, items) -> list[float]:
     return out
 
 
+def replica_figures(url: str, name: str, contexts: list[list[int]], table_bytes: int, rows: int) -> None:
+    """Write the datastore's replica into a temporary folder, then time lookups through it, cold and warm."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from datastore.lookup import resolve_build
+    from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
+
+    with connect(url, autocommit=True) as conn:
+        info, db = resolve_build(conn, name), database_key(conn)
+    with tempfile.TemporaryDirectory(prefix="crest-replica-") as folder:
+        path, identity = replica_path(Path(folder), db, info), identity_of(info, db)
+        report = write_replica(url, info, path, identity)
+        t = time.perf_counter()
+        opened = open_replica(path, identity)
+        open_s = time.perf_counter() - t
+        arrays = [np.asarray(c, np.uint32) for c in contexts]
+        del opened
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the file's pages out of the page cache: a cold start
+        os.close(fd)
+        replica = open_replica(path, identity)
+        cold = _timed(replica.longest, arrays)
+        warm = _timed(replica.longest, arrays)
+        found = sum(replica.longest(a) is not None for a in arrays)
+    print(f"replica written in {report.seconds:.1f} s: {report.bytes:,} bytes, {report.bytes / rows:.1f} per n-gram, "
+          f"{report.bytes / table_bytes:.2f}x the Postgres table and index; opened in {1e3 * open_s:.1f} ms")
+    print(f"replica longest match, cold page cache ({len(cold)}): {_pct(cold)}")
+    print(f"replica longest match, warm page cache ({len(warm)}): {_pct(warm)}")
+    print(f"replica hit rate {found / len(arrays):.3f}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,11 +125,12 @@ def main() -> None:
         batch_ms = (time.perf_counter() - t) / len(contexts) * 1e3
     from datastore.shared import SharedDatastore
 
-    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, cache_bytes=0, listen=False) as shared:
+    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, cache_bytes=0, listen=False,
+                              replicas=False) as shared:
         for c in contexts[:200]:
             shared.lookup(c)
         miss = _timed(shared.lookup, contexts)
-    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, listen=False) as shared:
+    with SharedDatastore.open(args.name, tokenizer=tok, database_url=url, listen=False, replicas=False) as shared:
         for c in contexts:
             shared.lookup(c)  # fills the cache
         hit = _timed(shared.lookup, contexts)
@@ -107,6 +144,7 @@ def main() -> None:
     print(f"shared client, cache miss ({len(miss)}): {_pct(miss)}")
     print(f"shared client, cache hit  ({len(hit)}): {_pct(hit)}")
     print(f"hit rate {hits / len(times):.3f}, mean matched n {np.mean(depth):.2f}")
+    replica_figures(url, args.name, contexts, s["bytes_total"], s["rows"])
 
 
 if __name__ == "__main__":

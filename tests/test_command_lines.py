@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +157,37 @@ def test_every_benchmark_number_is_checked_by_range_and_its_default_is_in_it(cap
         with pytest.raises(SystemExit) as exit_:
             peers.build_parser().parse_args(bad)
         assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_every_command_line_a_benchmark_builds_for_its_children_parses():
+    """A benchmark that runs children builds their command lines itself: each one, at the benchmark's defaults and for
+    every method it runs, is taken by the child's own parser (a child once stopped at once: ``--k 0`` for the method
+    without speculation, after its parser began refusing 0)."""
+    import spark_build
+    import vllm_serving
+
+    import build
+    from ingest.cli import build_parser as ingest_parser
+
+    def child_args(command: list[str]) -> list[str]:
+        assert command[0] == sys.executable
+        return command[3:] if command[1] == "-m" else command[2:]
+
+    parsed = 0
+    serving = vllm_serving.build_parser()
+    for extra in ([], ["--temperature", "0.7", "--k", "4", "--accounting"]):
+        args = serving.parse_args(extra)
+        for method in args.methods:
+            for c in args.concurrency:
+                child = serving.parse_args(child_args(vllm_serving.child_command(args, method, c, Path("x.json"))))
+                assert child.child and child.method == method and child.concurrency == [c]
+                assert child.temperature == args.temperature and child.accounting == args.accounting
+                assert (child.k is None) == (method == "none")
+                parsed += 1
+    args, extra = build.build_parser().parse_known_args(["--limit", "10"])
+    assert ingest_parser().parse_args(child_args(build.child_command(args, extra))).limit == 10
+    for _, name, command in spark_build.builds(spark_build.build_parser().parse_args(["--masters", "local[1]",
+                                                                                      "local[2]"])):
+        assert ingest_parser().parse_args(child_args(command)).name == name
+        parsed += 1
+    assert parsed == 2 * 4 * 3 + 3

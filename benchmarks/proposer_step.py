@@ -1,0 +1,126 @@
+"""The vLLM hook's own ``propose`` outside vLLM: :class:`serving.vllm_proposer.CrestProposer` called as vLLM's model
+runner calls it, with vLLM-shaped arrays (``token_ids_cpu``: ``[rows, max_model_len]`` int32, rewritten in place;
+``num_tokens_no_spec``: int32; ``sampled_token_ids``), ``--concurrency`` requests at a time replaying the report half's
+greedy references (``benchmarks/references.py``): each step every row accepts the longest prefix of its chain that
+matches its reference, plus the bonus token, as vLLM's rejection sampler would; a finished request's row is refilled
+from the queue (the batch stays full). Timed: each ``propose`` call (wall, ms), its p50 and p99, with the replica mapped
+(the default) or with every step a round trip (``--no-replica``); the cut is fixed at ``CREST_MIN_SCORE``'s default
+(there is no engine to fit a step cost to). No vLLM is imported: this isolates the hook from the
+engine, whose own figures ``benchmarks/vllm_serving.py --accounting`` gives.
+
+    .venv/bin/python benchmarks/proposer_step.py [--concurrency 1 8 32] [--sets spec_bench humaneval]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _refs import half, load_references, references_option  # noqa: E402
+from toolkit.options import int_in  # noqa: E402
+
+MAX_MODEL_LEN = 4096
+
+
+def _config(k: int, tokenizer_dir: str, vocab: int):
+    """The parts of vLLM's ``VllmConfig`` the proposer reads."""
+    model = SimpleNamespace(max_model_len=MAX_MODEL_LEN, tokenizer=tokenizer_dir, get_vocab_size=lambda: vocab)
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model)
+
+
+def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int) -> dict:
+    """Serve ``refs`` ``concurrency`` at a time through ``proposer.propose``; returns the call times (s), the accept
+    length and the steps."""
+    tokens = np.zeros((concurrency, MAX_MODEL_LEN), np.int32)
+    lengths = np.zeros(concurrency, np.int32)
+    queue = list(refs)
+    rows: list[list | None] = [None] * concurrency  # per row: [reference output, position]
+    sampled: list[list[int]] = [[] for _ in range(concurrency)]
+
+    def fill(i: int) -> None:
+        prompt, out = queue.pop(0)
+        tokens[i, :len(prompt) + 1] = prompt + out[:1]  # the prefill sampled out[0]
+        lengths[i] = len(prompt) + 1
+        rows[i] = [out, 1]
+        sampled[i] = out[:1]
+
+    for i in range(min(concurrency, len(queue))):
+        fill(i)
+    times, steps, accepted = [], 0, 0
+    while any(r is not None for r in rows):
+        t = time.perf_counter()
+        drafts = proposer.propose(sampled, lengths, tokens)
+        times.append(time.perf_counter() - t)
+        for i, row in enumerate(rows):
+            sampled[i] = []
+            if row is None:
+                continue
+            out, pos = row
+            n = 0
+            while n < len(drafts[i]) and pos + n < len(out) and drafts[i][n] == out[pos + n]:
+                n += 1
+            new = out[pos:pos + n + 1]
+            tokens[i, lengths[i]:lengths[i] + len(new)] = new
+            lengths[i] += len(new)
+            row[1] = pos + len(new)
+            sampled[i] = new
+            steps += 1
+            accepted += len(new)
+            if row[1] >= len(out):
+                rows[i] = None
+                if queue:
+                    fill(i)
+    return {"times": times, "accept": accepted / max(steps, 1), "steps": len(times)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
+                    help="requests at once (default: 1 8 32).")
+    ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
+                    help="evaluation sets replayed, report half (default: spec_bench humaneval).")
+    ap.add_argument("--k", type=int_in(1), default=8, help="num_speculative_tokens (default: 8).")
+    ap.add_argument("--datastore", default="sharegpt", help="the datastore drafted from (default: sharegpt).")
+    ap.add_argument("--no-replica", action="store_true", help="every step a round trip (CREST_REPLICAS=off).")
+    references_option(ap)
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    from datastore.shared import SharedDatastore
+    from decoder.model import export_checkpoint
+    from serving.vllm_proposer import CrestProposer, ProposerConfig
+    from toolkit import load_tokenizer
+
+    tok = load_tokenizer()
+    checkpoint = str(export_checkpoint())
+    print(f"k {args.k}, datastore {args.datastore}, {'round trip' if args.no_replica else 'replica'}; ms per call")
+    print(f"{'set':<11} {'conc':>4} {'steps':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7} {'accept':>6}")
+    for name in args.sets:
+        refs = [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
+        for c in args.concurrency:
+            # no engine here to fit a step cost to: the fixed cut (CREST_MIN_SCORE's default), as vLLM's first steps use
+            config = ProposerConfig(datastore=args.datastore, live=False, replicas=not args.no_replica, adaptive=False)
+            proposer = CrestProposer(_config(args.k, checkpoint, len(tok)), config)
+            lookups = proposer.method.lookups
+            client = lookups.client if lookups is not None else None
+            if isinstance(client, SharedDatastore) and client.replicas is not None:
+                client.replicas.wait_ready(600)
+            run(proposer, refs[:max(c, 8)], c)  # warm-up: the pool's connections, the page cache
+            res = run(proposer, refs, c)
+            ms = np.asarray(res["times"]) * 1e3
+            print(f"{name:<11} {c:>4} {res['steps']:>6} {np.median(ms):>7.3f} {np.percentile(ms, 90):>7.3f} "
+                  f"{np.percentile(ms, 99):>7.3f} {ms.mean():>7.3f} {res['accept']:>6.2f}", flush=True)
+            proposer.service.close()
+
+
+if __name__ == "__main__":
+    main()
