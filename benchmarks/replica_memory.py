@@ -36,8 +36,10 @@ def memory(path: str) -> dict:
         head = line.split()
         if not head:
             continue
-        if not head[0].endswith(":") or len(head) > 3:  # a mapping's first line: address perms offset dev inode path
+        if not head[0].endswith(":"):  # a mapping's first line: address perms offset dev inode [path]
             current = head[5] if len(head) > 5 else None
+            continue
+        if len(head) < 2 or not head[1].isdigit():  # not a size (VmFlags, ...)
             continue
         key, value = head[0][:-1], int(head[1])
         for k, field in (("rss", "Rss"), ("pss", "Pss")):
