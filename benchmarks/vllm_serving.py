@@ -87,13 +87,27 @@ def _tpot(out: RequestOutput, num_tokens: int) -> float:
     return (out.metrics.last_token_ts - out.metrics.first_token_ts) / (num_tokens - 1)
 
 
+def _timed(original, record):
+    """``original`` (a method) wrapped so that each call's wall seconds go to ``record``; behaviour unchanged."""
+    import functools
+
+    @functools.wraps(original)
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return original(self, *a, **k)
+        finally:
+            record(time.perf_counter() - t)
+
+    return timed
+
+
 PHASES = ("step", "schedule", "update", "execute", "sample_tokens", "forward", "sample", "propose_hook")
 
 
 def _instrument() -> dict[str, list[float]]:
     """Time the engine's phases: each wrapped method adds its seconds and a call to ``timers[phase]``
     (``[seconds, calls]``). Applied to the classes before the engine is built; behaviour is unchanged."""
-    import functools
 
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
@@ -102,18 +116,11 @@ def _instrument() -> dict[str, list[float]]:
     timers = {phase: [0.0, 0] for phase in PHASES}
 
     def wrap(cls, method: str, phase: str) -> None:
-        original = getattr(cls, method)
+        def add(seconds: float) -> None:
+            timers[phase][0] += seconds
+            timers[phase][1] += 1
 
-        @functools.wraps(original)
-        def timed(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return original(self, *a, **k)
-            finally:
-                timers[phase][0] += time.perf_counter() - t
-                timers[phase][1] += 1
-
-        setattr(cls, method, timed)
+        setattr(cls, method, _timed(getattr(cls, method), add))
 
     for cls, method, phase in ((EngineCore, "step", "step"), (Scheduler, "schedule", "schedule"),
                                (Scheduler, "update_from_output", "update"),
@@ -146,7 +153,6 @@ def _thread_cpu() -> dict[str, float]:
 def _time_proposer(method: str) -> list[float] | None:
     """Time every call of a built-in method's own ``propose`` (vLLM's ``ngram`` and ``suffix`` proposers), as ours
     times its own: each call's seconds are appended to the list returned (``None`` for ours and ``none``)."""
-    import functools
 
     if method == "ngram":
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
@@ -155,17 +161,7 @@ def _time_proposer(method: str) -> list[float] | None:
     else:
         return None
     times: list[float] = []
-    original = cls.propose
-
-    @functools.wraps(original)
-    def timed(self, *a, **k):
-        t = time.perf_counter()
-        try:
-            return original(self, *a, **k)
-        finally:
-            times.append(time.perf_counter() - t)
-
-    cls.propose = timed  # type: ignore[method-assign]
+    cls.propose = _timed(cls.propose, times.append)  # type: ignore[method-assign]
     return times
 
 
