@@ -11,12 +11,15 @@ Streams (held-out halves, by replay of the saved greedy outputs, ``benchmarks/re
 Requests alternate between decoder process A and B. Every ``--window`` requests, each process hands its
 finished outputs to its :class:`datastore.admin.live_writer.LiveWriter` (an INSERT-only role would do), the stream
 waits for the writes, and ``ingest.live.compact_live`` folds them into the live layer (the datastore
-``<name>.live``), which both processes then read (as a periodic compaction job would). Drafters:
+``<name>.live``), which both processes then read (a compaction exactly every window: the layer's best case). Drafters:
 
 - ``ours``: merged, calibrated, back-off lookup, no live layer;
 - ``ours+live``: the same plus the live layer shared by A and B; ``ours+live-own``: each process has a
   live layer of its own outputs only (so ``ours+live`` > ``ours+live-own`` is what A and B gain from
   each other);
+- ``ours+auto``: the shared live layer kept fresh by the processes' own compactors (:class:`drafting.LiveCompactor`,
+  default policy, one compacting at a time) with no compaction step in the stream; each request takes ``--pace``
+  seconds of wall time (a stand-in for its decoding), so the layer lags the stream by what compaction really takes;
 - ``suffix``: SuffixDecoding with ONE global tree that sees every earlier response at once (its best case:
   one process serving the whole stream); ``suffix-2proc``: one global tree per process.
 
@@ -51,19 +54,23 @@ def streams(which: str, references: Path) -> dict[str, list]:
     return out
 
 
-def _worker(conn, datastore: str, live_name_for: str | None) -> None:
-    """One decoder process: a DraftingService (calibrated, optional live layer), replays what it is sent."""
+def _worker(conn, datastore: str, live_name_for: str | None, pace: float | None = None) -> None:
+    """One decoder process: a DraftingService (calibrated, optional live layer), replays what it is sent; with ``pace``
+    (seconds a request takes), its live layer is compacted by its own compactor and followed as it is swapped in."""
     from datastore.admin.live_writer import LiveWriter
     from datastore.live import live_name
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting import CompactionPolicy, DatastoreSource, DraftingService, LiveCompactor, MergedMethod
     from toolkit import load_tokenizer
 
     tok = load_tokenizer()
     layer = None if live_name_for is None else live_name(live_name_for)  # read with the datastore, once it is built
     source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, live=layer, replicas=False))
     writer = None if live_name_for is None else LiveWriter(live_name_for, origin=f"stream-{live_name_for}")
-    method = MergedMethod(source, vocab_size=len(tok), live_writer=writer)
+    compactor = None
+    if pace is not None and live_name_for is not None:
+        compactor = LiveCompactor(live_name_for, policy=CompactionPolicy())
+    method = MergedMethod(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
     service = DraftingService(method, vocab_size=len(tok))
     while True:
         msg = conn.recv()
@@ -79,31 +86,47 @@ def _worker(conn, datastore: str, live_name_for: str | None) -> None:
         method.live_writer = writer if record else None
         got = []
         for r in refs:
+            t0 = time.perf_counter()
             res = replay(service, r.prompt, r.output, budget=budget, chain=chain)
             got.append((len(res.output_ids) - 1, len(res.steps)))
+            if pace is not None:
+                time.sleep(max(0.0, pace - (time.perf_counter() - t0)))
         if writer is not None:
             writer.flush(60)
         conn.send(got)
     if writer is not None:
         writer.close()
+    if compactor is not None:
+        compactor.close()
 
 
 def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datastore: str) -> list[tuple[int, int]]:
-    """Replay ``stream`` on two worker processes; ``mode``: ``none`` | ``shared`` | ``own`` live layer."""
+    """Replay ``stream`` on two worker processes; ``mode``: ``none`` | ``shared`` | ``own`` live layer, or ``auto``
+    (shared, compacted by the workers' own compactors)."""
     from datastore.connection import connect, resolve_database_url
     from ingest.live import compact_live
 
     by_mode: dict[str, list[str | None]] = {"none": [None, None], "shared": [f"stream-{tag}"] * 2,
-                                            "own": [f"stream-{tag}-a", f"stream-{tag}-b"]}
+                                            "own": [f"stream-{tag}-a", f"stream-{tag}-b"],
+                                            "auto": [f"stream-{tag}-auto"] * 2}
     names = by_mode[mode]
     with connect(resolve_database_url(None), autocommit=True) as c:
         for n in set(filter(None, names)):
             c.execute("DELETE FROM live_outputs WHERE name = %s", [n])
+    if mode == "auto":
+        from datastore.admin.catalog import drop_datastore
+        from datastore.errors import DatastoreNotFound
+        from datastore.live import live_name
+
+        try:  # a previous run's layer would be ahead of this one
+            drop_datastore(resolve_database_url(None), live_name(f"stream-{tag}-auto"))
+        except DatastoreNotFound:
+            pass
     ctx = mp.get_context("fork")
     pipes, procs = [], []
     for layer in names:
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(b, datastore, layer), daemon=True)
+        p = ctx.Process(target=_worker, args=(b, datastore, layer, args.pace if mode == "auto" else None), daemon=True)
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -117,7 +140,7 @@ def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datas
             for w in (0, 1):
                 for i, got in zip([i for i in idx if i % 2 == w], pipes[w].recv()):
                     results[i] = got
-            if mode != "none" and start + args.window < len(stream):
+            if mode in ("shared", "own") and start + args.window < len(stream):
                 for n in sorted(set(cast(list[str], names))):  # mode != "none": every worker has a layer
                     compact_live(n, top_t=args.live_top_t, max_bytes=args.live_max_bytes)
                 for w in (0, 1):
@@ -172,8 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="n-grams per n kept by each compaction of the live layer (default: 200000).")
     ap.add_argument("--live-max-bytes", type=int_in(1), default=256 << 20,
                     help="the live layer's byte bound at compaction (default: 268435456).")
-    ap.add_argument("--methods", nargs="+", default=["ours", "ours+live", "ours+live-own", "suffix", "suffix-2proc"],
-                    help="drafters run on the streams (default: all five).")
+    ap.add_argument("--methods", nargs="+",
+                    default=["ours", "ours+live", "ours+live-own", "ours+auto", "suffix", "suffix-2proc"],
+                    help="drafters run on the streams (default: all six).")
+    ap.add_argument("--pace", type=float, default=1.0,
+                    help="ours+auto: wall seconds each request takes, its decoding's stand-in (default: 1.0).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "stream.json",
                     help="the results' JSON file (default: results/stream.json).")
     ap.add_argument("--table", action="store_true", help="only print an earlier run's --out.")
@@ -197,7 +223,7 @@ def main() -> None:
                     if m.startswith("suffix"):
                         got = _run_suffix(stream, budget, chain, 2 if m == "suffix-2proc" else 1)
                     else:
-                        mode = {"ours": "none", "ours+live": "shared", "ours+live-own": "own"}[m]
+                        mode = {"ours": "none", "ours+live": "shared", "ours+live-own": "own", "ours+auto": "auto"}[m]
                         got = _run_ours(stream, args, budget, chain, mode, name,
                                         args.code_datastore if name == "code" else args.datastore)
                     row = {"stream": name, "requests": len(stream), "budget": budget, "form": form, "method": m,

@@ -9,10 +9,12 @@ Public API: :class:`DraftingService` (:meth:`DraftingService.open` composes the 
 :class:`Draft` every drafter proposes (and its :class:`ScoreKind`), the :class:`Drafter` protocol, the
 :class:`DraftMethod` protocol and the :class:`Step` a method drafts; a draft model's candidate tree
 (:class:`HeadTree`) and the protocol of a draft model as a source (:class:`HeadSource`, S4C's: :mod:`s4c`). The
-accept rule of verification is in :mod:`drafting.accept`. Drafting loads no torch.
+accept rule of verification is in :mod:`drafting.accept`. The live layer's automatic compaction
+(:class:`LiveCompactor`, when :class:`CompactionPolicy`) runs beside the service. Drafting loads no torch.
 """
 
 from .calibration import Calibration
+from .compaction import CompactionPolicy, LiveCompactor
 from .draft import Draft, ScoreKind
 from .heads import HeadSource, HeadTree
 from .lifecycle import Drafter
@@ -21,5 +23,5 @@ from .method import DraftMethod, Step
 from .service import DraftingService
 from .source import DatastoreSource
 
-__all__ = ["Calibration", "DatastoreSource", "Draft", "DraftMethod", "Drafter", "DraftingService", "HeadSource",
-           "HeadTree", "MergedMethod", "ScoreKind", "Step"]
+__all__ = ["Calibration", "CompactionPolicy", "DatastoreSource", "Draft", "DraftMethod", "Drafter", "DraftingService",
+           "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "ScoreKind", "Step"]

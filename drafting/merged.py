@@ -58,6 +58,14 @@ class OutputSink(Protocol):
         """Flush what is pending and stop."""
 
 
+class Closeable(Protocol):
+    """Background work the method owns and stops with itself: the live layer's compactor
+    (:class:`drafting.compaction.LiveCompactor`, which an application makes and passes in)."""
+
+    def close(self) -> None:
+        """Stop (work in flight is abandoned safely)."""
+
+
 def native_tree(m: Match | None) -> tuple | None:
     """A retrieved match as the native core reads a source tree: ``(ngram_len, token_ids uint32, parents int32,
     counts uint32, root_count)``."""
@@ -109,6 +117,8 @@ class MergedMethod:
             of the context (``None``: the core's default, chosen on the calibration's fit half).
         heads: a draft model's trees as one more source (S4C's heads: :class:`s4c.HeadsSource`).
         live_writer: each finished request's output is handed to it (enqueued; written on its own thread).
+        compactor: keeps the live layer compacted on its own (:class:`drafting.compaction.LiveCompactor`); closed with
+            the method.
 
     Raises:
         ValueError: when ``min_score`` is not a probability, a source is unknown or not weighed by the calibration.
@@ -120,7 +130,8 @@ class MergedMethod:
     def __init__(self, lookups: DatastoreSource | None = None, *, vocab_size: int | None = None,
                  calibration: Calibration | None = None, sources: tuple[str, ...] = RETRIEVAL_SOURCES,
                  min_score: float = 0.0, outputs_bytes: int | None = None, back_off_min_budget: int | None = None,
-                 heads: HeadSource | None = None, live_writer: OutputSink | None = None) -> None:
+                 heads: HeadSource | None = None, live_writer: OutputSink | None = None,
+                 compactor: Closeable | None = None) -> None:
         from . import door
 
         self.min_score = door.min_score(min_score)
@@ -144,7 +155,7 @@ class MergedMethod:
         self._settings = CoreSettings(self.calibration.coef, self.calibration.intercept, self.calibration.prior,
                                       options)
         self._settings.core()  # refuses bad settings now, naming them
-        self.lookups, self.live_writer = lookups, live_writer
+        self.lookups, self.live_writer, self.compactor = lookups, live_writer, compactor
         self.key_vocab = vocab_size or (lookups.vocab_size if lookups is not None else None) or 1 << 32
         self.stats = MergeStats()
         self._stats_lock = threading.Lock()
@@ -153,7 +164,7 @@ class MergedMethod:
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
              cache_bytes: int = 64 << 20, replicas: bool = True, calibration: Calibration | None = None,
              min_score: float = 0.0, outputs_bytes: int | None = None, live_writer: OutputSink | None = None,
-             reopen_in_background: bool = True) -> MergedMethod:
+             compactor: Closeable | None = None, reopen_in_background: bool = True) -> MergedMethod:
         """The merged method over datastore ``datastore``, its lookups composed in one place (what an engine's proposer
         uses; :meth:`drafting.DraftingService.open` wraps it in a service).
 
@@ -165,8 +176,9 @@ class MergedMethod:
             cache_bytes: the round trip's tree cache bound, bytes.
             replicas: read host-local replicas of the builds (:mod:`datastore.replica`, ``CREST_REPLICAS``) once they
                 are ready; ``False``: every step is a round trip.
-            calibration / min_score / outputs_bytes / live_writer: as the constructor (``live_writer``: a
-                :class:`datastore.admin.live_writer.LiveWriter` the caller made).
+            calibration / min_score / outputs_bytes / live_writer / compactor: as the constructor (``live_writer``:
+                a :class:`datastore.admin.live_writer.LiveWriter` the caller made; ``compactor``: an
+                :class:`drafting.compaction.LiveCompactor`).
             reopen_in_background: a failed datastore is reopened on a background thread, so no step ever waits for a
                 connection attempt (an engine's step must not stall while the server is down).
 
@@ -181,7 +193,7 @@ class MergedMethod:
             datastore, tokenizer=tokenizer, database_url=database_url, cache_bytes=cache_bytes, live=layer,
             replicas=replicas), reopen_in_background=reopen_in_background)
         return cls(lookups, vocab_size=len(tokenizer), calibration=calibration, min_score=min_score,
-                   outputs_bytes=outputs_bytes, live_writer=live_writer)
+                   outputs_bytes=outputs_bytes, live_writer=live_writer, compactor=compactor)
 
     def core_settings(self) -> CoreSettings:
         """The calibration and the core's settings."""
@@ -287,7 +299,9 @@ class MergedMethod:
                 "source": None if self.lookups is None else self.lookups.identity()}
 
     def close(self) -> None:
-        """Close the lookups and the live layer's writer."""
+        """Stop the compactor; close the lookups and the live layer's writer."""
+        if self.compactor is not None:
+            self.compactor.close()
         if self.lookups is not None:
             self.lookups.close()
         if self.live_writer is not None:

@@ -107,7 +107,7 @@ class DraftingService:
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
              cache_bytes: int = 64 << 20, replicas: bool = True, calibration: Calibration | None = None,
-             min_score: float = 0.0, outputs_bytes: int | None = None, live_writer=None,
+             min_score: float = 0.0, outputs_bytes: int | None = None, live_writer=None, compactor=None,
              vocab_size: int | None = None, reopen_in_background: bool = True) -> DraftingService:
         """The merged drafter over datastore ``datastore``: a service drafting with
         :meth:`drafting.merged.MergedMethod.open` (whose arguments these are), taking ids below ``vocab_size``
@@ -121,7 +121,7 @@ class DraftingService:
         method = MergedMethod.open(datastore, tokenizer=tokenizer, database_url=database_url, live=live,
                                    cache_bytes=cache_bytes, replicas=replicas, calibration=calibration,
                                    min_score=min_score, outputs_bytes=outputs_bytes, live_writer=live_writer,
-                                   reopen_in_background=reopen_in_background)
+                                   compactor=compactor, reopen_in_background=reopen_in_background)
         return cls(method, vocab_size=vocab_size or len(tokenizer))
 
     # -- the request table --------------------------------------------------------------------------------------

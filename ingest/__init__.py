@@ -2,8 +2,9 @@
 and the REST suffix-array index over the same token stream.
 
 Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`BuildResult`), and
-:func:`build_rest_index`. The stages live in their modules (``ingest.sources``, ``ingest.counting``,
-``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``).
+:func:`build_rest_index`. The stages live in their modules: reading a corpus (``ingest.sources``, its files
+``ingest.files``, chat files ``ingest.chat_files``, one chat record ``ingest.chats``), ``ingest.counting``,
+``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``; the live layer's compaction, ``ingest.live``.
 """
 
 from toolkit.extras import require_all

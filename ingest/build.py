@@ -65,7 +65,7 @@ def tokenize_corpus(config: BuildConfig, tokenizer, stream_path: Path, progress:
     """Tokenize ``config``'s corpus into ``stream_path`` (see :func:`tokenize_source`).
 
     Raises:
-        ingest.sources.SourceError: when the corpus cannot be read.
+        ingest.errors.SourceError: when the corpus cannot be read.
     """
     report, info = tokenize_source(config, tokenizer, stream_path, progress)
     return TokenizedCorpus(Path(stream_path), info.num_documents, info.num_tokens, info.max_token, report.as_dict())
@@ -75,7 +75,7 @@ def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path,
                     progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
     """Stream the source through the tokenizer into ``stream_path``; returns the report and the closed writer."""
     report, batches = iter_documents(config.source, config.path, tokenizer=tokenizer, limit=config.limit,
-                                     glob=config.glob, text_field=config.text_field)
+                                     glob=config.glob, text_field=config.text_field, chat_field=config.chat_field)
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     with TokenStreamWriter(stream_path) as writer, tqdm(desc="tokenize", unit=" docs", disable=not progress) as bar:
@@ -95,7 +95,7 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
     skipped and ``config``'s source fields are ignored); ``None`` tokenizes ``config``'s source.
 
     Raises:
-        ingest.sources.SourceError: when the corpus cannot be read.
+        ingest.errors.SourceError: when the corpus cannot be read.
         datastore.errors.BuildConflict: when a build of the same name is running.
         datastore.errors.DatabaseUnavailable: when Postgres is unreachable.
         ingest.spark.SparkUnavailable: with ``engine="spark"`` where pyspark or Java 17+ is missing.

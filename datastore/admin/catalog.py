@@ -8,10 +8,9 @@ from psycopg import sql
 
 from ..connection import APPLICATION_NAME, connect, one_row
 from ..errors import BuildConflict, DatastoreNotFound
-from ..registry import SWAP_CHANNEL
+from ..registry import SWAP_CHANNEL, name_lock_key
 from ..schema import require_schema
 from .ddl import DDL_LOCK_TIMEOUT_S, PendingDrop, vacuum
-from .writer import name_lock_key
 
 __all__ = ["datastore_stats", "drop_datastore", "vacuum_datastores"]
 

@@ -13,11 +13,15 @@ import re
 import sys
 from pathlib import Path
 
+import psycopg
+
 from toolkit.console import clause
 from toolkit.extras import require
 
 from ..connection import connect
 from ..errors import SchemaMismatch
+from ..registry import SCHEMA_REVISION
+from ..schema import schema_revision
 
 MIGRATIONS = Path(__file__).with_name("migrations") / "versions"
 MIGRATION_REVISIONS = tuple(sorted(m.group(1) for f in MIGRATIONS.glob("*.py")
@@ -58,16 +62,24 @@ def alembic_config(stdout=None):
 def upgrade(url: str, revision: str = "head") -> None:
     """Run ``alembic upgrade`` to ``revision`` on the database at ``url`` (a writer's step).
 
-    Concurrent callers are serialized by an advisory lock in the migration environment.
+    Concurrent callers are serialized by an advisory lock in the migration environment. A database already at the
+    newest revision asked for ``head`` is left as it is without loading Alembic (one query: what every build, and
+    every compaction of a live layer, pays).
 
     Raises:
         datastore.errors.DatabaseUnavailable: when the server cannot be reached.
         sqlalchemy.exc.ProgrammingError: when the role may not change the schema.
     """
+    with connect(url) as conn:  # a clear DatabaseUnavailable instead of SQLAlchemy's error
+        try:
+            current = schema_revision(conn)
+        except psycopg.errors.InsufficientPrivilege:
+            current = None  # Alembic says what the role may not do
+    if revision == "head" and current == SCHEMA_REVISION:
+        return
     cfg = alembic_config()
     from alembic import command
 
-    connect(url).close()  # a clear DatabaseUnavailable instead of SQLAlchemy's error
     engine = engine_for(url)
     try:
         with engine.begin() as conn:

@@ -24,7 +24,6 @@ build is marked ``failed`` and its table dropped (when free).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from psycopg import sql
 
 from ..connection import APPLICATION_NAME, connect, one_row
 from ..errors import BuildConflict
-from ..registry import SWAP_CHANNEL, TREE_TABLE_PREFIX
+from ..registry import SWAP_CHANNEL, TREE_TABLE_PREFIX, name_lock_key
 from .ddl import PendingDrop, drop_when_free, vacuum
 from .grants import grant_to_readers
 from .migrate import upgrade
@@ -57,11 +56,6 @@ def _running(conn: psycopg.Connection, name: str) -> str:
     running = "another build" if row is None else f"build {row[0]} (started {row[1]:%Y-%m-%d %H:%M:%S %Z})"
     return (f"{running} of datastore {name!r} is running: one build per name at a time; wait for it to finish, "
             "or build under another --name")
-
-
-def name_lock_key(name: str) -> int:
-    """Signed 64-bit advisory lock key for a datastore name."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
 
 
 class DatastoreWriter:

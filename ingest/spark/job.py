@@ -88,7 +88,7 @@ def _documents(spark, config, tokenizer_spec: str, partitions: int):
 
     paths = resolve_paths(config.source, config.path)
     records = read_records(spark, config.source, paths, glob=config.glob, text_field=config.text_field,
-                           partitions=partitions)
+                           partitions=partitions, chat_field=config.chat_field)
     parse = functools.partial(parse_records, source=config.source, tokenizer_spec=tokenizer_spec,
                               text_field=config.text_field)
     parsed = records.mapInArrow(parse, RECORD_DDL).persist(StorageLevel.MEMORY_AND_DISK)
@@ -169,7 +169,7 @@ def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
 
     Raises:
         ingest.spark.session.SparkUnavailable: when pyspark or Java 17+ is missing.
-        ingest.sources.SourceError: when the corpus cannot be read.
+        ingest.errors.SourceError: when the corpus cannot be read.
         datastore.errors.BuildConflict / DatabaseUnavailable: as the single-node build.
         ValueError: when the corpus yields no tokens or the vocabulary exceeds 2**31 - 1 ids.
     """

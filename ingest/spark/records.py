@@ -1,9 +1,10 @@
 """Source records -> validated, tokenized documents, one Arrow batch at a time (the Spark job's first kernel).
 
 Runs inside Spark's Python workers (``mapInArrow``) but needs no Spark: it applies the
-same per-record checks as the single-node readers (:func:`ingest.sources.flatten_conversation`,
+same per-record checks as the single-node readers (:func:`ingest.chats.chat_document`,
 :func:`ingest.sources.check_text`) and the same tokenizer call as :func:`ingest.build.tokenize_source`,
-so both engines see the same documents and the same token ids.
+so both engines see the same documents and the same token ids. Chat files are read by the
+single-node reader itself (:func:`ingest.chat_files.read_chat_file`, in :func:`split_chat_files`).
 
 Input batches carry the order columns ``o1, o2, o3`` (int64; the record's position in the
 source, see :mod:`ingest.spark.sources`) and one payload column that depends on the source:
@@ -12,25 +13,34 @@ source, see :mod:`ingest.spark.sources`) and one payload column that depends on 
               :func:`split_json_arrays`), ``reason`` and ``note`` (strings, set on the rows that
               report a file's invalid or cut-off end)
     code      ``path`` (string: a file to read)
+    chat      ``record`` (binary: a pickled ``(record, fields)`` pair of :func:`split_chat_files`),
+              ``reason`` and ``note`` (strings, set on the rows of malformed records and of a file's
+              damaged end)
     jsonl     ``value`` (binary: one line of a file)
     parquet   ``value`` (string or binary: the text column)
 
 Output batches (:data:`RECORD_SCHEMA`): the order columns, ``reason`` (null for a
 document, else why the record was skipped), ``digest`` (16-byte document digest),
 ``ids`` (``list<int32>`` token ids, null for a skipped record) and ``note`` (a remark on
-the source, such as a cut-off file, on a row of its own).
+the source, such as a cut-off file, on a row of its own). A chat turn skipped in a kept record
+(sharegpt, chat) gets a row of its own after its record's, with the record's order columns and
+the turn's reason, as the single-node reader counts it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from ..sources import check_text, document_digest, flatten_conversation, truncation_note
+from ..chat_files import TAIL_BYTES, read_chat_file, truncation_note
+from ..chats import SHAREGPT_FIELDS, ChatDocument, chat_document
+from ..sources import check_text, document_digest
 
 RECORD_SCHEMA = pa.schema([("o1", pa.int64()), ("o2", pa.int64()), ("o3", pa.int64()), ("reason", pa.string()),
                            ("digest", pa.binary()), ("ids", pa.list_(pa.int32())), ("note", pa.string())])
@@ -38,7 +48,9 @@ RECORD_DDL = "o1 long, o2 long, o3 long, reason string, digest binary, ids array
 ELEMENT_SCHEMA = pa.schema([("o1", pa.int64()), ("o2", pa.int64()), ("o3", pa.int64()), ("record", pa.string()),
                             ("reason", pa.string()), ("note", pa.string())])
 ELEMENT_DDL = "o1 long, o2 long, o3 long, record string, reason string, note string"
-_TAIL = 1 << 20
+CHAT_SCHEMA = pa.schema([("o1", pa.int64()), ("o2", pa.int64()), ("o3", pa.int64()), ("record", pa.binary()),
+                         ("reason", pa.string()), ("note", pa.string())])
+CHAT_DDL = "o1 long, o2 long, o3 long, record binary, reason string, note string"
 
 
 def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -61,7 +73,7 @@ def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
                 for item in ijson.items(io.BytesIO(content), "item", use_float=True):
                     records.append(json.dumps(item, ensure_ascii=False))
             except ijson.IncompleteJSONError as exc:
-                extra.append((None, truncation_note(content[-_TAIL:], len(content), exc)))
+                extra.append((None, truncation_note(content[-TAIL_BYTES:], len(content), exc)))
             except ijson.JSONError as exc:
                 extra.append(("invalid JSON (rest of file)",
                               f"invalid JSON after {len(records)} records ({exc}); the rest was not read"))
@@ -75,6 +87,47 @@ def split_json_arrays(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
                  pa.array(reasons, pa.string()), pa.array(notes, pa.string())], schema=ELEMENT_SCHEMA)
 
 
+def split_chat_files(batches: Iterator[pa.RecordBatch], chat_field: str | None = None,
+                     rows_per_batch: int = 1024) -> Iterator[pa.RecordBatch]:
+    """Chat files (rows of ``o1``, ``path``: one file each) -> one row per record, as the single-node reader
+    meets them (:func:`ingest.chat_files.read_chat_file`, the same function): ``o3`` numbers the file's items.
+
+    Args:
+        batches: rows of ``o1`` (the file's position) and ``path``.
+        chat_field: ``--chat-field`` (``None``: choose per file as the single-node reader does).
+        rows_per_batch: rows per output batch.
+
+    Returns:
+        Batches of :data:`CHAT_SCHEMA`: ``record`` is the pickled ``(record, fields)`` pair, null on the
+        rows with a ``reason`` (a malformed record) or a ``note`` (a file's damaged end).
+
+    Raises:
+        ingest.errors.SourceError: for a Parquet file without a chat column (the driver checks them first).
+    """
+    def flush(o1: int, start: int, rows: list) -> pa.RecordBatch:
+        m = len(rows)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(np.full(m, o1, dtype=np.int64)), pa.array(np.zeros(m, np.int64)),
+             pa.array(np.arange(start, start + m, dtype=np.int64)),
+             pa.array([r[0] for r in rows], pa.binary()), pa.array([r[1] for r in rows], pa.string()),
+             pa.array([r[2] for r in rows], pa.string())], schema=CHAT_SCHEMA)
+
+    for batch in batches:
+        for o1, path in zip(batch.column("o1").to_pylist(), batch.column("path").to_pylist()):
+            rows: list[tuple[bytes | None, str | None, str | None]] = []
+            start = 0
+            for item in read_chat_file(Path(path), chat_field):
+                plain = item.reason is None and item.note is None
+                payload = pickle.dumps((item.record, item.fields), protocol=pickle.HIGHEST_PROTOCOL) if plain else None
+                rows.append((payload, item.reason, item.note))
+                if len(rows) >= rows_per_batch:
+                    yield flush(o1, start, rows)
+                    start += len(rows)
+                    rows = []
+            if rows:
+                yield flush(o1, start, rows)
+
+
 @functools.lru_cache(maxsize=2)
 def tokenizer_for(spec: str):
     """The target tokenizer, loaded once per worker process (:func:`toolkit.tokenizer.load_tokenizer`)."""
@@ -83,10 +136,23 @@ def tokenizer_for(spec: str):
     return load_tokenizer(spec)
 
 
-def _sharegpt(batch: pa.RecordBatch, tokenizer) -> list[tuple[str | None, str | None]]:
+def _sharegpt(batch: pa.RecordBatch, tokenizer) -> list[ChatDocument]:
     out = []
     for raw, reason in zip(batch.column("record").to_pylist(), batch.column("reason").to_pylist()):
-        out.append((None, reason) if raw is None else flatten_conversation(json.loads(raw), tokenizer))
+        out.append(ChatDocument(None, reason) if raw is None
+                   else chat_document(json.loads(raw), tokenizer, SHAREGPT_FIELDS))
+    return out
+
+
+def _chat(batch: pa.RecordBatch, tokenizer) -> list[ChatDocument]:
+    out = []
+    for raw, reason in zip(batch.column("record").to_pylist(), batch.column("reason").to_pylist()):
+        # the pickle was written by split_chat_files in this job, from the parsed records
+        if raw is None:
+            out.append(ChatDocument(None, reason))
+            continue
+        record, fields = pickle.loads(raw)
+        out.append(chat_document(record, tokenizer, fields))
     return out
 
 
@@ -147,36 +213,47 @@ def parse_records(batches: Iterator[pa.RecordBatch], source: str, tokenizer_spec
     Blank JSONL lines produce no row. Token ids are int32 (a vocabulary past 2**31 - 1 ids is
     refused by the build before this runs).
 
+    Args:
+        batches: the source's records (:func:`ingest.spark.sources.read_records`).
+        source: the source kind. tokenizer_spec: the target tokenizer (loaded once per worker).
+        text_field: the text field of ``jsonl`` and ``parquet``.
+
+    Returns:
+        Batches of :data:`RECORD_SCHEMA`.
+
     Raises:
         ValueError: for an unknown ``source``.
     """
-    if source not in ("sharegpt", "code", "jsonl", "parquet"):
+    if source not in ("sharegpt", "code", "jsonl", "parquet", "chat"):
         raise ValueError(f"unknown source {source!r}")
     tokenizer = tokenizer_for(tokenizer_spec)
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     for batch in batches:
+        parsed: list[ChatDocument]
         if source == "sharegpt":
             parsed = _sharegpt(batch, tokenizer)
-        elif source == "code":
-            parsed = _code(batch)
-        elif source == "jsonl":
-            parsed = _jsonl(batch, text_field)
+        elif source == "chat":
+            parsed = _chat(batch, tokenizer)
         else:
-            parsed = _parquet(batch, text_field)
-        notes = batch.column("note").to_pylist() if source == "sharegpt" else [None] * len(parsed)
-        keep = [i for i, (text, reason) in enumerate(parsed) if text is not None or reason is not None or notes[i]]
-        texts = [parsed[i][0] for i in keep if parsed[i][0] is not None]
+            plain = (_code(batch) if source == "code" else _jsonl(batch, text_field) if source == "jsonl"
+                     else _parquet(batch, text_field))
+            parsed = [ChatDocument(text, reason) for text, reason in plain]
+        notes = batch.column("note").to_pylist() if source in ("sharegpt", "chat") else [None] * len(parsed)
+        rows: list[tuple[int, str | None, str | None, str | None]] = []  # (record, text, reason, note)
+        for i, outcome in enumerate(parsed):
+            if outcome.text is not None or outcome.reason is not None or notes[i]:
+                rows.append((i, outcome.text, outcome.reason, notes[i]))
+            rows.extend((i, None, turn, None) for turn in outcome.skipped)
+        texts = [text for _, text, _, _ in rows if text is not None]
         encodings = iter(encode(texts, add_special_tokens=False)) if texts else iter(())
-        reasons, digests, ids = [], [], []
-        for i in keep:
-            text, reason = parsed[i]
-            reasons.append(reason)
+        digests, ids = [], []
+        for _, text, _, _ in rows:
             digests.append(None if text is None else document_digest(text))
             ids.append(None if text is None else np.asarray(next(encodings).ids, dtype=np.int32))
-        take = pa.array(np.asarray(keep, dtype=np.int64))
+        take = pa.array(np.asarray([r[0] for r in rows], dtype=np.int64))
         columns = [batch.column(c).take(take) for c in ("o1", "o2", "o3")]
         yield pa.RecordBatch.from_arrays(
-            columns + [pa.array(reasons, pa.string()), pa.array(digests, pa.binary()),
+            columns + [pa.array([r[2] for r in rows], pa.string()), pa.array(digests, pa.binary()),
                        pa.array(ids, pa.list_(pa.int32())),
-                       pa.array([notes[i] for i in keep], pa.string())], schema=RECORD_SCHEMA)
+                       pa.array([r[3] for r in rows], pa.string())], schema=RECORD_SCHEMA)

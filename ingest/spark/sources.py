@@ -8,19 +8,39 @@ order the single-node reader meets them (file, then position in the file), so th
               (:func:`ingest.spark.records.split_json_arrays`), as the single-node reader streams it,
               so a cut-off file keeps every complete record (Spark's own JSON reader would turn it
               into one corrupt record); its records are then spread over ``partitions``.
-    code      the file list of :func:`ingest.sources.list_files` (same glob, same site-packages
+    code      the file list of :func:`ingest.files.list_files` (same glob, same site-packages
               rule); the workers read each file.
-    jsonl     Spark's text reader (lines as bytes), splittable.
+    jsonl     Spark's text reader (lines as bytes), splittable; plain files only (a ``.gz`` / ``.zst``
+              file is refused with the fix: ``--engine duckdb``, or ``--source chat`` where it fits).
     parquet   Spark's Parquet reader (the text column), splittable.
+    chat      the file list of :func:`ingest.files.list_files` (chat patterns, glob patterns);
+              each file is read in a task by the single-node reader itself
+              (:func:`ingest.spark.records.split_chat_files`: JSON Lines, ShareGPT arrays, Parquet,
+              decompressed as they stream, a damaged end noted as the single-node build notes it);
+              its records are then spread over ``partitions``. The workers must see the files at
+              the same paths (a shared file system), as for ``code``.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..sources import SourceError, list_files
-from .records import ELEMENT_DDL, split_json_arrays
+from ..chat_files import chat_column
+from ..errors import SourceError
+from ..files import CHAT_PATTERNS, COMPRESSED, JSONL_PATTERNS, list_files
+from .records import CHAT_DDL, ELEMENT_DDL, split_chat_files, split_json_arrays
+
+
+def _refuse_compressed(source: str, files: list[Path]) -> None:
+    """``--engine spark`` reads sharegpt and jsonl files with Spark's own readers, which cannot recover a damaged
+    compressed file as the single-node reader does: a compressed one is refused, naming the fix."""
+    for file in files:
+        if file.name.endswith(COMPRESSED):
+            other = " or --source chat" if source == "sharegpt" else ""
+            raise SourceError(f"--engine spark reads --source {source} files uncompressed; {file} is compressed: "
+                              f"use --engine duckdb{other}, or decompress it")
 
 
 def _with_order(df, spark, files: list[Path]):
@@ -41,22 +61,37 @@ def _with_order(df, spark, files: list[Path]):
     return df.withColumn("o1", F.coalesce(F.col("o1"), F.lit(len(files)).cast("long")))
 
 
-def read_records(spark, source: str, paths: tuple[Path, ...], *, glob: str, text_field: str, partitions: int):
+def read_records(spark, source: str, paths: tuple[Path, ...], *, glob: str, text_field: str, partitions: int,
+                 chat_field: str | None = None):
     """A DataFrame of the source's records (see the module docstring for its columns).
 
     Args:
-        spark: the session. source: ``sharegpt``, ``code``, ``jsonl`` or ``parquet``.
+        spark: the session. source: ``sharegpt``, ``code``, ``jsonl``, ``parquet`` or ``chat``.
         paths: resolved paths (:func:`ingest.sources.resolve_paths`).
-        glob / text_field: as in :func:`ingest.sources.iter_documents`.
-        partitions: how many partitions one-split sources (sharegpt, code) are spread over.
+        glob / text_field / chat_field: as in :func:`ingest.sources.iter_documents`.
+        partitions: how many partitions one-split sources (sharegpt, code, chat) are spread over.
+
+    Returns:
+        The DataFrame (lazy: nothing is read yet but file lists and Parquet schemas).
 
     Raises:
-        SourceError: when nothing matches, or the Parquet text column is missing or not text.
+        SourceError: when nothing matches, the Parquet text (or chat) column is missing or of the wrong type,
+            or a sharegpt or jsonl file is compressed.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    if source == "chat":
+        files = list_files(paths, CHAT_PATTERNS)
+        for file in files:  # refused here, before any task runs, as the single-node reader refuses it first
+            if file.name.endswith(".parquet"):
+                chat_column(file, chat_field)
+        listing = [(i, str(p)) for i, p in enumerate(files)]
+        df = spark.createDataFrame(listing, "o1 long, path string").repartition(max(1, min(len(files), partitions)))
+        split = functools.partial(split_chat_files, chat_field=chat_field)
+        return df.mapInArrow(split, CHAT_DDL).repartition(partitions)
     if source == "sharegpt":
+        _refuse_compressed(source, [paths[0]])
         df = spark.read.format("binaryFile").load(str(paths[0])).select(F.lit(0).cast("long").alias("o1"), "content")
         return df.mapInArrow(split_json_arrays, ELEMENT_DDL).repartition(partitions)
     if source == "code":
@@ -64,7 +99,8 @@ def read_records(spark, source: str, paths: tuple[Path, ...], *, glob: str, text
         rows = [(i, 0, 0, str(p)) for i, p in enumerate(files)]
         return spark.createDataFrame(rows, "o1 long, o2 long, o3 long, path string").repartition(partitions)
     if source == "jsonl":
-        files = list_files((paths[0],), ("**/*.jsonl", "**/*.json"))
+        files = list_files((paths[0],), JSONL_PATTERNS)
+        _refuse_compressed(source, files)
         df = spark.read.text([str(p) for p in files])
         df = _with_order(df, spark, files)
         return df.select("o1", "o2", "o3", F.col("value").cast("binary").alias("value"))

@@ -4,11 +4,13 @@ and a one-line message naming it (the real entry point, run as a subprocess wher
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 
 import pytest
 
 from ingest.cli import parse_count
-from support import NO_SUCH, call, check_refusal, run_module
+from support import NO_SUCH, REPO, call, check_refusal, run_module
 
 
 @pytest.mark.parametrize("text,value", [("2M", 2_000_000), ("500K", 500_000), ("2000000", 2_000_000),
@@ -52,6 +54,9 @@ INGEST = [
     (["build", "--spark-conf", "driver.memory"], 2, ("driver.memory", "spark.")),
     (["build", "--engine", "spark", "--ranking-dir", "x"], 2, ("--ranking-dir",)),
     (["build", "--workdir", NO_SUCH], 2, (NO_SUCH,)),
+    (["build", "--source", "jsonl", "--path", f"{REPO}/ingest/*.py"], 2, ("ingest/*.py", "--source chat only")),
+    (["build", "--source", "chat", "--path", f"{REPO}/no-such-*.jsonl"], 2, ("no-such-*.jsonl", "matches")),
+    (["build", "--source", "parquet", "--path", str(REPO), str(REPO)], 2, ("reads one --path",)),
     (["rest-index", "--path", NO_SUCH], 2, (NO_SUCH,)),
     (["compact-live", "--name", "a b"], 2, ("'a b'",)),
     (["compact-live", "--max-bytes", "12"], 2, ("'12'", "--max-bytes", "1024")),
@@ -76,3 +81,27 @@ def test_a_sharegpt_directory_and_a_malformed_environment_url(tmp_path, capsys, 
     assert got == 2 and str(tmp_path) in text and "directory" in text and "Traceback" not in text
     got, text = call(main, ["build", "--limit", "1"], capsys)  # a server that cannot be reached: a failure
     assert got == 1 and "127.0.0.1" in text and "hunter2" not in text and "Traceback" not in text
+
+
+def test_chat_build_from_a_gzip_log_reports_malformed_by_reason(tmp_path, capsys, database_url, ds_name):
+    """A tiny datastore from an OpenAI-format chat log (gzip), through the real entry point."""
+    from ingest.cli import main
+
+    chats = [[{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Count to {i}."},
+              {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))}] for i in range(2, 7)]
+    lines = [json.dumps({"messages": c, "model": "smol"}) for c in chats]
+    lines[1:1] = ["{not json", json.dumps({"id": 1}), json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
+                  json.dumps({"messages": [{"role": "tool", "content": "3"}, *chats[0]]})]
+    log = tmp_path / "requests.jsonl.gz"
+    log.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    got, text = call(main, ["build", "--source", "chat", "--path", str(log), "--name", ds_name, "--top-t", "40",
+                            "--max-n", "2", "--workers", "1", "--quiet", "--json", "--database-url", database_url],
+                     capsys)
+    assert got == 0, text
+    out = json.loads(text)
+    assert out["documents"] == 5 and out["tokens"] > 0 and out["ngrams"] > 0
+    corpus = out["corpus"]
+    assert corpus["source"] == "chat" and corpus["path"] == str(log) and corpus["duplicates"] == 1
+    assert corpus["malformed"] == {"invalid JSON": 1, "missing field: messages": 1, "unknown role": 1,
+                                   "tool turn skipped": 1}
+    assert out["config"]["chat_field"] is None and out["config"]["source"] == "chat"

@@ -194,3 +194,58 @@ def test_killed_spark_build_leaves_previous_build_serving(database_url, sharegpt
         assert states[-1] == "ready" and "building" not in states and states.count("ready") == 1
     finally:
         drop_datastore(database_url, name)
+
+
+def test_chat_build_is_identical(database_url, sharegpt_sample, tmp_path):
+    """--source chat on both engines: gzip and cut-off zstd JSON Lines, Parquet, a cut-off ShareGPT array; the same
+    rows, malformed records and skipped turns by reason, duplicates and notes."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    folder = tmp_path / "chat"
+    (folder / "day2").mkdir(parents=True)
+    chats = [[{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Count to {i}, please."},
+              {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))}] for i in range(2, 40)]
+    tool = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [{}]},
+            {"role": "tool", "content": "4"}, {"role": "assistant", "content": "It is 4 degrees."},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    lines = [json.dumps({"messages": c}) for c in chats[:20]] + [
+        "{not json", json.dumps({"id": 1}), json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
+        json.dumps({"messages": tool}), json.dumps({"messages": chats[0]})]
+    (folder / "a.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    packed = zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"messages": c}) + "\n" for c in chats[20:] * 200).encode())
+    (folder / "day2" / "b.jsonl.zst").write_bytes(packed[: len(packed) - 10])  # cut off: a note
+    turn = pa.struct([("role", pa.string()), ("content", pa.string())])
+    pq.write_table(pa.table({"messages": pa.array([*chats[5:15], None], pa.list_(turn))}),
+                   folder / "day2" / "c.parquet")
+    (folder / "d.json").write_bytes(sharegpt_sample.read_bytes()[:400_000])  # a cut-off ShareGPT array
+    r = _both(database_url, source="chat", path=(folder,), top_t=300, max_n=3)
+    _assert_identical(r)
+    report = r["spark"].report
+    assert report["malformed"]["invalid JSON"] == 1 and report["malformed"]["unknown role"] == 1
+    assert report["malformed"]["missing field: messages"] == 2  # the record without it, the null Parquet row
+    assert report["malformed"]["tool turn skipped"] == 1 and report["malformed"]["tool_calls turn skipped"] == 1
+    assert report["malformed"]["non-text content skipped"] == 1
+    assert report["duplicates"] > 10
+    assert len(report["notes"]) == 2 and any("zstd file is cut off" in n for n in report["notes"])
+
+
+def test_spark_refuses_compressed_jsonl_and_sharegpt_naming_the_fix(tmp_path):
+    """Spark's own readers read these sources; a compressed file is refused (before any session is used) with the
+    engine that reads it."""
+    import gzip
+
+    from ingest.errors import SourceError
+    from ingest.spark.sources import read_records
+
+    (tmp_path / "a.jsonl").write_text('{"content": "x"}\n')
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"content": "y"}\n'))
+    with pytest.raises(SourceError, match=r"b\.jsonl\.gz is compressed: use --engine duckdb"):
+        read_records(None, "jsonl", (tmp_path,), glob="", text_field="content", partitions=1)
+    (tmp_path / "s.json.gz").write_bytes(gzip.compress(b"[]"))
+    with pytest.raises(SourceError, match="use --engine duckdb or --source chat"):
+        read_records(None, "sharegpt", (tmp_path / "s.json.gz",), glob="", text_field="content", partitions=1)

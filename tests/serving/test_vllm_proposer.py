@@ -46,13 +46,46 @@ def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
 def test_crest_proposer_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datastore, database_url):
     import os
 
-    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url)
+    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT="0")
     got = _vllm(eval_prompts, k=3, env=env)
     assert got["outputs"] == plain_vllm
     stats = got["stats"]
     assert stats["steps"] > 0 and stats["tokens_proposed"] > 0 and got["accepted"] > 0
     assert stats["datastore"]["round_trips"] <= stats["steps"]  # at most one round trip a step
     assert stats["rows_started"] >= len(eval_prompts) and not stats["faults"]
+
+
+def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datastore, database_url):
+    """The proposer's own compactor (the default settings but a compaction due at once) builds the live layer from the
+    first round's outputs while vLLM serves; the second round drafts from it, and both rounds are vLLM's greedy output
+    token for token."""
+    import os
+
+    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT_AFTER_S="0",
+               CREST_COMPACT_GAP_S="0")
+    _clear_live(database_url, chat_datastore)  # no earlier run's layer: this run must build its own
+    try:
+        got = _vllm(eval_prompts, k=3, env=env, after_live=True)
+        assert got["outputs"] == plain_vllm and got["outputs_after_live"] == plain_vllm
+        assert got["live_build"] is not None  # the proposer compacted on its own and followed the new layer
+        assert any(r and r["build_id"] == got["live_build"] for r in got["compactions"]), got["compactions"]
+    finally:
+        _clear_live(database_url, chat_datastore)
+
+
+def _clear_live(url: str, name: str) -> None:
+    """Remove the live layer of ``name`` and its appended outputs."""
+    from datastore.admin.catalog import drop_datastore
+    from datastore.connection import connect
+    from datastore.errors import DatastoreNotFound
+    from datastore.live import live_name
+
+    with connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
+    try:
+        drop_datastore(url, live_name(name))
+    except DatastoreNotFound:
+        pass
 
 
 def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, eval_prompts, chat_datastore,
@@ -63,7 +96,7 @@ def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, e
     exactly the row's tokens, and the output is still vLLM's greedy output."""
     import os
 
-    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url)
+    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT="0")
     got = _vllm(list(eval_prompts) * 3, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
                 proposer="_checking_proposer.CheckingProposer")
     assert got["outputs"] == plain_vllm * 3
@@ -96,3 +129,29 @@ def test_proposer_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("CREST_MIN_SCORE", "1.5")
     with pytest.raises(ValueError, match="CREST_MIN_SCORE=1.5: must be"):
         ProposerConfig.from_env()
+
+
+def test_compaction_settings_from_the_environment(monkeypatch):
+    from drafting import CompactionPolicy
+    from serving.vllm_proposer import ProposerConfig
+
+    for var in ("CREST_COMPACT", "CREST_COMPACT_URL", "CREST_COMPACT_OUTPUTS", "CREST_COMPACT_AFTER_S",
+                "CREST_COMPACT_GAP_S", "CREST_LIVE_TOP_T", "CREST_LIVE_MAX_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = ProposerConfig.from_env()
+    assert cfg.compaction == CompactionPolicy() and cfg.compact_url is None  # on by default: no cron job needed
+    monkeypatch.setenv("CREST_COMPACT_OUTPUTS", "8")
+    monkeypatch.setenv("CREST_COMPACT_AFTER_S", "0.5")
+    monkeypatch.setenv("CREST_LIVE_TOP_T", "1000")
+    monkeypatch.setenv("CREST_COMPACT_URL", "postgresql://owner@127.0.0.1/test")
+    cfg = ProposerConfig.from_env()
+    assert cfg.compaction is not None and (cfg.compaction.outputs, cfg.compaction.after_s, cfg.compaction.top_t) == (
+        8, 0.5, 1000) and cfg.compact_url == "postgresql://owner@127.0.0.1/test"
+    monkeypatch.setenv("CREST_COMPACT_GAP_S", "-2")
+    with pytest.raises(ValueError, match="CREST_COMPACT_GAP_S=-2.0: must be >= 0"):
+        ProposerConfig.from_env()
+    monkeypatch.setenv("CREST_COMPACT_OUTPUTS", "lots")
+    with pytest.raises(ValueError, match="CREST_COMPACT_OUTPUTS='lots' is not a whole number"):
+        ProposerConfig.from_env()
+    monkeypatch.setenv("CREST_COMPACT", "0")
+    assert ProposerConfig.from_env().compaction is None

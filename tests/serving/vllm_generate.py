@@ -3,6 +3,7 @@ serving.server.cpu_env): greedy fp32 generation in vLLM, with or without our pro
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.v1.metrics.reader import Counter
 
+    from datastore.lookup import DatastoreInfo
+    from datastore.shared import SharedDatastore
+    from drafting import LiveCompactor
+
 
 def main() -> None:
     job = json.loads(sys.argv[1])
@@ -27,8 +32,32 @@ def main() -> None:
               max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), speculative_config=spec,
               disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=job["max_tokens"]), use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
+    outs = llm.generate(prompts, params, use_tqdm=False)
     result: dict[str, Any] = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
+    if job.get("after_live"):  # once the proposer's own compactor has built the live layer, generate again
+        from _proposer import InstrumentedProposer
+
+        proposer = InstrumentedProposer.last()
+        assert proposer is not None
+        lookups, compactor = proposer.method.lookups, cast("LiveCompactor", proposer.method.compactor)
+
+        def live() -> "DatastoreInfo | None":
+            client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)
+            return None if client is None else client.live
+
+        def recorded() -> bool:  # the layer followed is one whose compaction (its child reaped) this proposer ran
+            info = live()
+            return info is not None and any(r.result and r.result["build_id"] == info.id for r in compactor.runs)
+
+        deadline = time.monotonic() + 300
+        while not recorded() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        info = live()
+        result["live_build"] = None if info is None else info.id
+        result["compactions"] = [r.result for r in compactor.runs]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        result["outputs_after_live"] = [list(o.outputs[0].token_ids) for o in outs]
     if spec:
         from _proposer import InstrumentedProposer
 

@@ -1,0 +1,233 @@
+"""The live layer's automatic compaction (:class:`drafting.LiveCompactor`), measured on this machine.
+
+1. Freshness: the time from a request's end in one decoding process to the first draft that uses its output in
+   another. Process A hands an output to its :class:`datastore.admin.live_writer.LiveWriter` (what the merged drafter
+   does when a request stops) every ``--every`` seconds on average (uniform in 0.5x..1.5x); process B drafts, through
+   the real step (a :class:`drafting.DraftingService` reading the host replicas, live layer only, so every drafted
+   token is the layer's), for each output's probe: a 5-token context of that output found in no earlier output, whose
+   next token B's draft must start with. Both processes run a compactor with the default :class:`CompactionPolicy`
+   (one compacts at a time, under the advisory lock), as two vLLM proposers would. Printed: p50, p90, p99, max.
+2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
+   ``--sizes`` tokens (ShareGPT conversations standing in for outputs): wall time, peak RSS (``wait4``), n-grams,
+   bytes on disk.
+
+Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
+
+    .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--sizes 100K 1M 4M] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ingest.cli import parse_count  # noqa: E402
+from toolkit.options import int_in, positive_float  # noqa: E402
+
+PROBE = 5  # context tokens of a probe (the datastore's largest n)
+
+
+def _documents(tokenizer, tokens: int, skip: int = 0) -> list[np.ndarray]:
+    """ShareGPT conversations, tokenized, until ``tokens`` tokens (after the first ``skip`` conversations)."""
+    from ingest.sources import iter_documents
+
+    _, batches = iter_documents("sharegpt", None, tokenizer=tokenizer)
+    out: list[np.ndarray] = []
+    total, seen = 0, 0
+    for batch in batches:
+        texts = batch.column(0).to_pylist()
+        seen += len(texts)
+        if seen <= skip:
+            continue
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            out.append(np.asarray(ids, dtype=np.uint32))
+            total += len(ids)
+            if total >= tokens:
+                return out
+    return out
+
+
+def _probes(outputs: list[np.ndarray]) -> list[tuple[list[int], int]]:
+    """Per output, a 5-token context found in no earlier output, and the token after it."""
+    seen: set[tuple[int, ...]] = set()
+    probes = []
+    for out in outputs:
+        grams = [tuple(int(t) for t in out[j:j + PROBE]) for j in range(len(out) - PROBE)]
+        pick = next((j for j in range(len(grams) // 2, len(grams)) if grams[j] not in seen
+                     and grams.count(grams[j]) == 1), None)
+        if pick is None:
+            raise ValueError("an output with no new 5-gram: use longer outputs")
+        probes.append((list(grams[pick]), int(out[pick + PROBE])))
+        seen.update(grams)
+    return probes
+
+
+def _drafter(name: str, probes: list[tuple[list[int], int]], inbox, outbox) -> None:
+    """Process B: drafts each announced probe every 20 ms until its draft starts with the probe's next token."""
+    from datastore.live import live_name
+    from datastore.shared import SharedDatastore
+    from drafting import CompactionPolicy, DatastoreSource, DraftingService, LiveCompactor, MergedMethod
+    from toolkit import load_tokenizer
+
+    tok = load_tokenizer()
+    source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name)))
+    method = MergedMethod(source, vocab_size=len(tok), sources=("live",),
+                          compactor=LiveCompactor(name, policy=CompactionPolicy()))
+    service = DraftingService(method, vocab_size=len(tok))
+    outbox.put("ready")
+    pending: dict[int, float] = {}
+    done = 0
+    while done < len(probes):
+        while not inbox.empty():
+            i = inbox.get()
+            pending[i] = time.time()
+        for i in list(pending):
+            context, want = probes[i]
+            service.start_request(i, context)
+            got = service.propose([(i, 1)], chain=True).token_lists()[0]
+            service.stop_request(i)
+            if got[:1] == [want]:
+                outbox.put((i, time.time()))
+                del pending[i]
+                done += 1
+        time.sleep(0.02)
+    service.close()
+
+
+def freshness(name: str, outputs: list[np.ndarray], every: float, seed: int = 0) -> dict:
+    """Process A (this one) appends ``outputs`` one by one; returns the latencies to process B's drafts, seconds."""
+    from datastore.admin.live_writer import LiveWriter
+    from drafting import CompactionPolicy, LiveCompactor
+
+    probes = _probes(outputs)
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    b = ctx.Process(target=_drafter, args=(name, probes, inbox, outbox))
+    b.start()
+    assert outbox.get(timeout=300) == "ready"
+    writer = LiveWriter(name, origin="bench-live-A")
+    compactor = LiveCompactor(name, policy=CompactionPolicy())  # A's own, as every proposer runs one
+    rng = random.Random(seed)
+    ended: dict[int, float] = {}
+    try:
+        for i, out in enumerate(outputs):
+            time.sleep(every * rng.uniform(0.5, 1.5))
+            ended[i] = time.time()  # the request ends: its output goes to the writer
+            writer.append(out.tolist())
+            inbox.put(i)
+            print(f"\r  output {i + 1}/{len(outputs)} appended", end="", file=sys.stderr, flush=True)
+        seen: dict[int, float] = {}
+        while len(seen) < len(outputs):
+            i, t = outbox.get(timeout=600)
+            seen[i] = t
+        print(file=sys.stderr)
+    finally:
+        b.join(60)
+        writer.close()
+        compactor.close()
+    lat = np.array([seen[i] - ended[i] for i in range(len(outputs))])
+    runs = list(compactor.runs)
+    return {"outputs": len(outputs), "every_s": every, "p50_s": float(np.percentile(lat, 50)),
+            "p90_s": float(np.percentile(lat, 90)), "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
+            "compactions_by_A": len([r for r in runs if r.result and r.result.get("build_id")]),
+            "compaction_s_by_A": [round(r.seconds, 2) for r in runs if r.result and r.result.get("build_id")]}
+
+
+def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
+    """Compact outputs of ``tokens`` tokens (the first of ``docs``) into ``name``'s live layer in a child process."""
+    from datastore.connection import connect, resolve_database_url
+    from datastore.live import encode_output
+
+    url = resolve_database_url(None)
+    kept, total = [], 0
+    for d in docs:
+        if total >= tokens:
+            break
+        kept.append(d)
+        total += len(d)
+    with connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
+        with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+            for d in kept:
+                cp.write_row((name, encode_output(d.tolist()), len(d), "bench"))
+    max_bytes = max(1024, int(total * 4 * 2 * 1.2))  # nothing evicted
+    t0 = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "ingest", "compact-live", "--name", name, "--max-bytes",
+                              str(max_bytes), "--json", "--quiet"], stdout=subprocess.PIPE,
+                             env=dict(os.environ, DATABASE_URL=url))
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"compact-live failed with exit code {child.returncode}")
+    result = json.loads(out)
+    return {"outputs": len(kept), "tokens": total, "wall_s": round(time.perf_counter() - t0, 2),
+            "compact_s": result["seconds"], "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "ngrams": result["ngrams"], "bytes_on_disk": result["bytes_on_disk"]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="bench-live", help="datastore name used (and removed) (default: %(default)s).")
+    ap.add_argument("--outputs", type=int_in(2), default=40, help="outputs timed for freshness (default: 40).")
+    ap.add_argument("--every", type=positive_float, default=1.0,
+                    help="mean seconds between two requests' ends in process A (default: 1.0).")
+    ap.add_argument("--sizes", type=parse_count, nargs="*", default=[100_000, 1_000_000, 4_000_000],
+                    help="live-layer sizes in tokens for the compaction cost (default: 100K 1M 4M; none: skip).")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here.")
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    from datastore.admin.catalog import drop_datastore
+    from datastore.connection import connect, resolve_database_url
+    from datastore.errors import DatastoreNotFound
+    from datastore.live import live_name
+    from ingest import BuildConfig, build_datastore
+    from toolkit import load_tokenizer
+
+    tok = load_tokenizer()
+    url = resolve_database_url(None)
+    print(f"base datastore {args.name!r}: 50 ShareGPT conversations", file=sys.stderr)
+    build_datastore(BuildConfig(name=args.name, limit=50, top_t=10_000, database_url=url), progress=False)
+    figures: dict = {}
+    try:
+        docs = _documents(tok, max(args.sizes or [0]) + 400_000, skip=50)
+        outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]
+        figures["freshness"] = fr = freshness(args.name, outputs, args.every)
+        print(f"freshness, {fr['outputs']} outputs, one every {args.every:.1f} s on average: p50 {fr['p50_s']:.2f} s, "
+              f"p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max {fr['max_s']:.2f} s; A compacted "
+              f"{fr['compactions_by_A']} times ({fr['compaction_s_by_A']} s)")
+        figures["compaction"] = []
+        for size in args.sizes:
+            row = compaction_cost(args.name, docs[args.outputs:], size)
+            figures["compaction"].append(row)
+            print(f"compaction of {row['outputs']:,} outputs, {row['tokens']:,} tokens: {row['wall_s']:.1f} s wall "
+                  f"(compact-live {row['compact_s']:.1f} s), peak RSS {row['peak_rss_mib']:.0f} MiB, "
+                  f"{row['ngrams']:,} n-grams, {row['bytes_on_disk']:,} bytes on disk")
+    finally:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM live_outputs WHERE name = %s", [args.name])
+        for n in (args.name, live_name(args.name)):
+            try:
+                drop_datastore(url, n)
+            except DatastoreNotFound:
+                pass
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""One chat record -> one document: the role table and the rule every chat format is rendered by.
+
+Every chat record, whatever its format (OpenAI ``messages``, ShareGPT ``conversations``; a JSON Lines line, a
+JSON array element or a Parquet row, as :mod:`ingest.chat_files` reads them) and whichever engine reads it,
+becomes text through :func:`chat_document`, which renders its kept turns with
+:func:`toolkit.tokenizer.render_chat` (the function the decoder renders prompts with).
+
+The turns are under the record's chat field (:data:`CHAT_FIELDS`: ``messages``, else ``conversations``, or
+``--chat-field``; ``--source sharegpt`` reads ``conversations``). Each turn is ``{"role", "content"}`` or
+ShareGPT's ``{"from", "value"}``. Roles: system, developer (-> system), user, assistant and ShareGPT's aliases
+(human, gpt, chatgpt, bing, bard, model), in any case. Content is a string or a list of parts whose text parts
+(``{"type": "text", "text": ...}``) are joined with newlines. Empty turns (blank or ``null`` content) are
+dropped.
+
+A record that cannot be rendered is refused; :attr:`ingest.sources.SourceReport.malformed` counts it by reason:
+
+    record is not an object       a JSON record that is not an object
+    missing field: F              the chat field (``messages``; ``conversations`` for ShareGPT arrays) or a
+                                  turn's keys (``role/content``, ``from/value``) is missing or null
+    wrong type: F                 F is of the wrong type (the chat field when not a list; ``role``;
+                                  ``content`` when neither a string nor a list of parts; ShareGPT's
+                                  ``from/value`` when not strings)
+    unknown role                  a role (or ShareGPT ``from``) outside the role table
+    empty text                    no text left in a ShareGPT ``conversations`` list
+    empty messages                no text turn left in a chat record (any other chat field)
+    chat template error           the tokenizer's chat template refused the conversation
+
+A chat turn that cannot be rendered as text is skipped and the rest of its record kept; these
+turns are counted in the same counter (so ``malformed`` holds records *and* skipped turns, and
+``documents`` counts only documents produced):
+
+    tool turn skipped             a turn of role ``tool`` or ``function``
+    tool_calls turn skipped       an assistant turn carrying ``tool_calls`` or ``function_call``
+                                  (with or without content)
+    non-text content skipped      a turn with a content part that is not text (``image_url``,
+                                  ``input_audio``, ...)
+
+Turns skipped in a record that is then refused for another reason are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from toolkit.tokenizer import render_chat
+
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
+          "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system",
+          "developer": "system"}
+_TOOL_ROLES = frozenset({"tool", "function"})
+CHAT_FIELDS = ("messages", "conversations")
+"""The chat field a JSON Lines record or a Parquet file is read from, in order (``--chat-field`` overrides)."""
+SHAREGPT_FIELDS = ("conversations",)
+"""The chat field of a ``--source sharegpt`` record."""
+
+
+class ChatDocument(NamedTuple):
+    """What :func:`chat_document` made of one record.
+
+    Attributes:
+        text: the rendered conversation, or ``None`` when the record is refused.
+        reason: why the record was refused (``None`` for a document).
+        skipped: the reason for each turn skipped in a kept record (``"tool turn skipped"`` ...).
+    """
+
+    text: str | None
+    reason: str | None = None
+    skipped: tuple[str, ...] = ()
+
+
+class _Turn(NamedTuple):
+    """One turn judged: a message to keep, nothing (an empty turn), a turn to skip, or a refused record."""
+
+    message: dict | None = None
+    skip: str | None = None
+    refuse: str | None = None
+
+
+def _content_text(content) -> _Turn | str:
+    """A turn's content as text, or the verdict on the turn (skipped, refused, empty)."""
+    if content is None:
+        return _Turn()
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return _Turn(refuse="wrong type: content")
+    texts: list[str] = []
+    other = False
+    for part in content:
+        if not isinstance(part, dict):
+            return _Turn(refuse="wrong type: content")
+        if part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                return _Turn(refuse="wrong type: content")
+            texts.append(part["text"])
+        else:
+            other = True
+    return _Turn(skip="non-text content skipped") if other else "\n".join(texts)
+
+
+def _role(name: str) -> _Turn | str:
+    """A speaker's role through the role table, or the verdict on its turn (a tool turn, an unknown role)."""
+    if name.lower() in _TOOL_ROLES:
+        return _Turn(skip="tool turn skipped")
+    role = _ROLES.get(name.lower())
+    return _Turn(refuse="unknown role") if role is None else role
+
+
+def _judge_turn(turn, sharegpt: bool) -> _Turn:
+    """One turn of a chat list: ShareGPT's ``{from, value}`` or ``{role, content}``. ``sharegpt``: the list is
+    ShareGPT's ``conversations`` (it names the keys that a turn with neither ``from`` nor ``role`` lacks)."""
+    if isinstance(turn, dict) and "from" in turn and turn.get("role") is None:  # Parquet structs may carry both
+        if "value" not in turn:
+            return _Turn(refuse="missing field: from/value")
+        if not isinstance(turn["from"], str) or not isinstance(turn["value"], str):
+            return _Turn(refuse="wrong type: from/value")
+        role = _role(turn["from"])
+        if isinstance(role, _Turn):
+            return role
+        text: _Turn | str = turn["value"]
+    elif isinstance(turn, dict) and "role" in turn:
+        if not isinstance(turn["role"], str):
+            return _Turn(refuse="wrong type: role")
+        role = _role(turn["role"])
+        if isinstance(role, _Turn):
+            return role
+        if turn.get("tool_calls") or turn.get("function_call"):
+            return _Turn(skip="tool_calls turn skipped")
+        if "content" not in turn:
+            return _Turn(refuse="missing field: role/content")
+        text = _content_text(turn["content"])
+    else:
+        return _Turn(refuse="missing field: from/value" if sharegpt else "missing field: role/content")
+    if isinstance(text, _Turn):
+        return text
+    return _Turn({"role": role, "content": text}) if text.strip() else _Turn()
+
+
+def chat_document(record, tokenizer, fields: tuple[str, ...] = CHAT_FIELDS) -> ChatDocument:
+    """Render one chat record with :func:`toolkit.tokenizer.render_chat` (the one rule of every chat format:
+    OpenAI ``messages``, ShareGPT ``conversations``, JSON Lines, JSON arrays, Parquet rows; both engines).
+
+    Each turn is ``{"role", "content"}`` (content a string, a list of parts, or ``null``) or ShareGPT's
+    ``{"from", "value"}``; roles go through one table (see the module docstring). Empty turns are dropped;
+    tool turns, ``tool_calls`` turns and turns with non-text parts are skipped (``skipped``).
+
+    Args:
+        record: one parsed record (a JSON object, or ``{column: value}`` for a Parquet row).
+        tokenizer: the target tokenizer (its chat template renders the conversation).
+        fields: the keys the turns may be under, in order; the first is named when none is present.
+
+    Returns:
+        A :class:`ChatDocument`: the text, or the reason the record is refused (a reason of the module
+        docstring), and the reasons of the turns skipped in a kept record.
+    """
+    if not isinstance(record, dict):
+        return ChatDocument(None, "record is not an object")
+    name = next((f for f in fields if record.get(f) is not None), None)
+    if name is None:
+        return ChatDocument(None, f"missing field: {fields[0]}")
+    turns = record[name]
+    if not isinstance(turns, list):
+        return ChatDocument(None, f"wrong type: {name}")
+    sharegpt = name == "conversations"
+    messages: list[dict] = []
+    skipped: list[str] = []
+    for turn in turns:
+        verdict = _judge_turn(turn, sharegpt)
+        if verdict.refuse is not None:
+            return ChatDocument(None, verdict.refuse)
+        if verdict.skip is not None:
+            skipped.append(verdict.skip)
+        elif verdict.message is not None:
+            messages.append(verdict.message)
+    if not messages:
+        return ChatDocument(None, "empty text" if sharegpt else "empty messages")
+    from jinja2.exceptions import TemplateError
+
+    try:
+        text = render_chat(tokenizer, messages)
+    except TemplateError:
+        return ChatDocument(None, "chat template error")
+    return ChatDocument(text, None, tuple(skipped))
+
+
+def flatten_conversation(record, tokenizer) -> tuple[str | None, str | None]:
+    """Render one ShareGPT record as text (:func:`chat_document` on its ``conversations``).
+
+    Args:
+        record: one element of a ShareGPT JSON array.
+        tokenizer: the target tokenizer.
+
+    Returns:
+        ``(text, None)`` or ``(None, reason)`` (skipped turns are not reported here; see :func:`chat_document`).
+    """
+    doc = chat_document(record, tokenizer, SHAREGPT_FIELDS)
+    return doc.text, doc.reason

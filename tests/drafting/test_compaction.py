@@ -1,0 +1,190 @@
+"""The live layer's automatic compaction (:mod:`drafting.compaction`) on the real Postgres: when a compaction is due,
+one compactor per datastore under the advisory lock (a second one and a held lock do nothing), a killed compaction
+leaving the previous live build serving and nothing evicted, then retried; lookups never wait for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from datastore import Datastore
+from datastore.connection import connect
+from datastore.errors import DatastoreError
+from datastore.live import encode_output, live_name
+from datastore.registry import compactor_lock_key
+from drafting import CompactionPolicy, LiveCompactor
+from ingest.tokens import SEPARATOR
+
+FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, check_s=0.2, top_t=500, retry_s=0.5)
+"""Due as soon as one output waits (the tests' policy); the defaults are measured by benchmarks/live_layer.py."""
+
+
+def _documents(stream: np.ndarray, count: int) -> list[np.ndarray]:
+    docs = np.split(stream, np.flatnonzero(stream == SEPARATOR))
+    return [d[d != SEPARATOR] for d in docs if len(d[d != SEPARATOR]) > 1][:count]
+
+
+def _append(url: str, name: str, docs) -> int:
+    """Append ``docs`` as finished outputs of ``name``; returns the newest id."""
+    with connect(url, autocommit=True) as conn:
+        with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+            for d in docs:
+                cp.write_row((name, encode_output(d), len(d), "test"))
+        row = conn.execute("SELECT max(id) FROM live_outputs WHERE name = %s", [name]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _layer(url: str, name: str) -> tuple[int, int] | None:
+    """``(build id, last output id folded in)`` of the serving live build of ``name``, or ``None``."""
+    with connect(url) as conn:
+        row = conn.execute("SELECT id, (corpus->>'last_output_id')::bigint FROM datastores "
+                           "WHERE name = %s AND state = 'ready'", [live_name(name)]).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def _until(what, timeout: float = 120.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout} s")
+
+
+@pytest.mark.parametrize(("waiting", "oldest_s", "since_s", "due"), [
+    (0, None, None, False),     # nothing waits
+    (1, 0.5, None, False),      # one output, not waited long enough, no layer yet
+    (1, 2.0, None, True),       # waited after_s
+    (64, 0.0, None, True),      # enough outputs at once
+    (64, 0.0, 1.0, False),      # ... but the last compaction completed under gap_s ago
+    (1, 5.0, 3.0, True),
+])
+def test_when_a_compaction_is_due(waiting, oldest_s, since_s, due):
+    assert CompactionPolicy().due(waiting, oldest_s, since_s) is due
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("outputs", 0, "CREST_COMPACT_OUTPUTS"), ("after_s", -1.0, "CREST_COMPACT_AFTER_S"),
+    ("gap_s", -1.0, "CREST_COMPACT_GAP_S"), ("top_t", 0, "CREST_LIVE_TOP_T"),
+    ("max_bytes", 10, "CREST_LIVE_MAX_BYTES"), ("check_s", 0.0, "check_s")])
+def test_bad_settings_are_refused_by_name(field, value, named):
+    with pytest.raises(ValueError, match=named):
+        CompactionPolicy(**{field: value})
+
+
+def test_one_compactor_at_a_time_keeps_the_layer_fresh(database_url, real_stream, live_ds):
+    docs = _documents(real_stream, 24)
+    compactors = [LiveCompactor(live_ds, database_url, FAST) for _ in range(2)]  # two processes' compactors
+    try:
+        newest = _append(database_url, live_ds, docs[:8])
+        first = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        assert first[1] == newest  # every output appended so far is in the layer, no cron job
+
+        # someone else (a cron job, another host) holds the compactor lock: nobody compacts meanwhile
+        with connect(database_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", [compactor_lock_key(live_ds)])
+            checks = sum(c.checks for c in compactors)
+            newest = _append(database_url, live_ds, docs[8:16])
+            _until(lambda: sum(c.checks for c in compactors) >= checks + 10)
+            assert _layer(database_url, live_ds) == first
+        second = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        assert second[0] > first[0]
+        _until(lambda: any(r.result and r.result["last_output_id"] == newest for c in compactors for r in c.runs))
+    finally:
+        for c in compactors:
+            c.close()
+    runs = [r for c in compactors for r in c.runs]
+    assert all(r.exit_code == 0 for r in runs) and sum(c.failures for c in compactors) == 0
+    built = sorted((r.started, r.started + r.seconds) for r in runs if r.result and r.result["build_id"])
+    assert len(built) >= 2
+    assert all(a_end <= b_start + 0.5 for (_, a_end), (b_start, _) in zip(built, built[1:]))  # never two at once
+    assert all(r.peak_rss_bytes > 10 << 20 for r in runs)
+
+
+def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_url, real_stream, live_ds, caplog):
+    docs = _documents(real_stream, 16)
+    compactor = LiveCompactor(live_ds, database_url, FAST)
+    try:
+        newest = _append(database_url, live_ds, docs[:8])
+        first = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        newest = _append(database_url, live_ds, docs[8:])
+
+        def building() -> bool:
+            with connect(database_url) as conn:
+                return conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state = 'building'",
+                                    [live_name(live_ds)]).fetchone() is not None
+
+        _until(building, every=0.01)  # the compaction is inside its build
+        child = compactor._child
+        assert child is not None
+        os.kill(child.pid, signal.SIGKILL)
+        _until(lambda: compactor.failures >= 1)
+        assert _layer(database_url, live_ds) == first  # the previous live build serves
+        with connect(database_url) as conn:
+            row = conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone()
+        assert row is not None and row[0] == len(docs)  # nothing evicted
+        again = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        assert again[0] > first[0]  # retried, and it caught up
+    finally:
+        compactor.close()
+    assert "compaction failed" in caplog.text and "previous live build keeps serving" in caplog.text
+
+
+def test_lookups_never_wait_for_automatic_compaction(database_url, real_stream, live_ds):
+    """New clients of the live layer open and look up in their usual time while compactions run back to back and an
+    idle transaction holds the layer's previous table (the DDL rules: the swap never queues a lookup)."""
+    docs = _documents(real_stream, 40)
+    context = [int(t) for t in docs[0][:8]]
+    compactor = LiveCompactor(live_ds, database_url, FAST)
+    seconds: list[float] = []
+    stop = threading.Event()
+
+    def clients() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                with Datastore.open(live_name(live_ds), fingerprint=fingerprint, database_url=database_url) as ds:
+                    ds.lookup(context)
+            except DatastoreError:
+                pass  # swapped out meanwhile: a fast answer all the same
+            seconds.append(time.perf_counter() - t)
+            time.sleep(0.02)
+
+    try:
+        newest = _append(database_url, live_ds, docs[:10])
+        _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest)
+        with connect(database_url) as conn:
+            row = conn.execute("SELECT trees_table, tokenizer_fingerprint FROM datastores WHERE name = %s "
+                               "AND state = 'ready'", [live_name(live_ds)]).fetchone()
+        assert row is not None
+        table, fingerprint = row
+        usual = []
+        for _ in range(5):
+            t = time.perf_counter()
+            with Datastore.open(live_name(live_ds), fingerprint=fingerprint, database_url=database_url) as ds:
+                ds.lookup(context)
+            usual.append(time.perf_counter() - t)
+        holder = connect(database_url)
+        holder.execute(f'SELECT count(*) FROM "{table}"')  # an idle reader in an open transaction
+        thread = threading.Thread(target=clients, daemon=True)
+        thread.start()
+        try:
+            for start in (10, 20, 30):
+                want = _append(database_url, live_ds, docs[start:start + 10])
+                _until(lambda want=want: (got := _layer(database_url, live_ds)) and got[1] == want)
+            _until(lambda: any(r.result and r.result["last_output_id"] == want for r in compactor.runs))
+        finally:
+            stop.set()
+            thread.join(30)
+            holder.close()
+    finally:
+        compactor.close()
+    assert len([r for r in compactor.runs if r.result and r.result["build_id"]]) >= 3 and compactor.failures == 0
+    assert seconds and max(seconds) < max(10 * max(usual), 0.5), (max(usual), max(seconds))
