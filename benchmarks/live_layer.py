@@ -8,8 +8,9 @@
    next token B's draft must start with. Both processes run a compactor with the default :class:`CompactionPolicy`
    (one compacts at a time, under the advisory lock), as two vLLM proposers would. Printed: p50, p90, p99, max.
 2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
-   ``--sizes`` tokens (ShareGPT conversations standing in for outputs): wall time, peak RSS (``wait4``), n-grams,
-   bytes on disk.
+   ``--sizes`` tokens (ShareGPT conversations standing in for outputs): wall time, peak RSS (the largest sum of the
+   resident sets of the command's process tree, sampled every 20 ms; and its main process's ``VmHWM``), n-grams, bytes
+   on disk.
 
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
@@ -57,19 +58,21 @@ def _documents(tokenizer, tokens: int, skip: int = 0) -> list[np.ndarray]:
     return out
 
 
-def _probes(outputs: list[np.ndarray]) -> list[tuple[list[int], int]]:
-    """Per output, a 5-token context found in no earlier output, and the token after it."""
-    seen: set[tuple[int, ...]] = set()
-    probes = []
-    for out in outputs:
-        grams = [tuple(int(t) for t in out[j:j + PROBE]) for j in range(len(out) - PROBE)]
-        pick = next((j for j in range(len(grams) // 2, len(grams)) if grams[j] not in seen
-                     and grams.count(grams[j]) == 1), None)
-        if pick is None:
-            raise ValueError("an output with no new 5-gram: use longer outputs")
-        probes.append((list(grams[pick]), int(out[pick + PROBE])))
-        seen.update(grams)
-    return probes
+def _probes(outputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[list[int], int]]]:
+    """The outputs that hold a 5-token context found nowhere else in ``outputs``, and per output that context and the
+    token after it (so the layer's tree of that context is this output's alone; a conversation repeated in the corpus
+    has none and is left out)."""
+    from collections import Counter
+
+    grams = [[tuple(int(t) for t in out[j:j + PROBE]) for j in range(len(out) - PROBE)] for out in outputs]
+    counts = Counter(g for gs in grams for g in gs)
+    kept, probes = [], []
+    for out, gs in zip(outputs, grams):
+        pick = next((j for j in range(len(gs) // 2, len(gs)) if counts[gs[j]] == 1), None)
+        if pick is not None:
+            kept.append(out)
+            probes.append((list(gs[pick]), int(out[pick + PROBE])))
+    return kept, probes
 
 
 def _drafter(name: str, probes: list[tuple[list[int], int]], inbox, outbox) -> None:
@@ -109,7 +112,7 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, seed: int = 0)
     from datastore.admin.live_writer import LiveWriter
     from drafting import CompactionPolicy, LiveCompactor
 
-    probes = _probes(outputs)
+    outputs, probes = _probes(outputs)
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     b = ctx.Process(target=_drafter, args=(name, probes, inbox, outbox))
@@ -143,6 +146,43 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, seed: int = 0)
             "compaction_s_by_A": [round(r.seconds, 2) for r in runs if r.result and r.result.get("build_id")]}
 
 
+class TreeRss:
+    """Samples the summed resident set of process ``pid`` and its descendants every 20 ms on a thread; ``peak``,
+    bytes."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        import psutil
+
+        self.peak = 0
+        self._root = psutil.Process(pid)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._done.wait(0.02):
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.NoSuchProcess:
+                        pass
+            except psutil.NoSuchProcess:
+                return
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._done.set()
+        self._thread.join()
+
+
 def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
     """Compact outputs of ``tokens`` tokens (the first of ``docs``) into ``name``'s live layer in a child process."""
     from datastore.connection import connect, resolve_database_url
@@ -166,14 +206,15 @@ def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
                               str(max_bytes), "--json", "--quiet"], stdout=subprocess.PIPE,
                              env=dict(os.environ, DATABASE_URL=url))
     assert child.stdout is not None
+    sampler = TreeRss(child.pid)
     out = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
+    sampler.stop()
+    if child.wait() != 0:
         raise RuntimeError(f"compact-live failed with exit code {child.returncode}")
     result = json.loads(out)
     return {"outputs": len(kept), "tokens": total, "wall_s": round(time.perf_counter() - t0, 2),
-            "compact_s": result["seconds"], "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "compact_s": result["seconds"], "peak_rss_mib": round(sampler.peak / 2**20, 1),
+            "process_peak_rss_mib": round(result["process_peak_rss_bytes"] / 2**20, 1),
             "ngrams": result["ngrams"], "bytes_on_disk": result["bytes_on_disk"]}
 
 
@@ -205,7 +246,7 @@ def main() -> None:
     figures: dict = {}
     try:
         docs = _documents(tok, max(args.sizes or [0]) + 400_000, skip=50)
-        outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]
+        outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]  # the first 400 tokens of each
         figures["freshness"] = fr = freshness(args.name, outputs, args.every)
         print(f"freshness, {fr['outputs']} outputs, one every {args.every:.1f} s on average: p50 {fr['p50_s']:.2f} s, "
               f"p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max {fr['max_s']:.2f} s; A compacted "
@@ -215,7 +256,8 @@ def main() -> None:
             row = compaction_cost(args.name, docs[args.outputs:], size)
             figures["compaction"].append(row)
             print(f"compaction of {row['outputs']:,} outputs, {row['tokens']:,} tokens: {row['wall_s']:.1f} s wall "
-                  f"(compact-live {row['compact_s']:.1f} s), peak RSS {row['peak_rss_mib']:.0f} MiB, "
+                  f"(compact-live {row['compact_s']:.1f} s), peak RSS {row['peak_rss_mib']:.0f} MiB (its main process "
+                  f"{row['process_peak_rss_mib']:.0f}), "
                   f"{row['ngrams']:,} n-grams, {row['bytes_on_disk']:,} bytes on disk")
     finally:
         with connect(url, autocommit=True) as conn:

@@ -125,7 +125,8 @@ class CompactionRun:
 
     Attributes:
         started: ``time.time()`` at its start. seconds: its wall time, process start included.
-        peak_rss_bytes: the child's peak resident set size. exit_code: its exit code (0: done or busy).
+        peak_rss_bytes: the child's peak resident set size with its tree worker's, as it reported it (0 when it
+        failed). exit_code: its exit code (0: done or busy).
         result: ``compact-live --json``'s object (``None`` when it failed). error: the last lines of its
         standard error when it failed.
     """
@@ -256,7 +257,7 @@ class LiveCompactor:
                     return None
                 self._child = child = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                                        env=env)
-            status, usage = self._wait(child, t0)
+            status = self._wait(child, t0)
             with self._lock:
                 self._child = None
             code = os.waitstatus_to_exitcode(status)
@@ -268,17 +269,18 @@ class LiveCompactor:
             result = json.loads(text) if code == 0 else None
         except json.JSONDecodeError:
             result, error = None, f"unreadable result: {text[:200]!r}"
-        return CompactionRun(started, time.perf_counter() - t0, usage.ru_maxrss * 1024, code, result, error)
+        # the child's own report (wait4's figure would count the pages of this process it was forked from)
+        peak = int(result.get("peak_rss_bytes", 0)) if result else 0
+        return CompactionRun(started, time.perf_counter() - t0, peak, code, result, error)
 
-    def _wait(self, child: subprocess.Popen, t0: float):
-        """Reap ``child`` (with its resource usage); terminate it when closing or past the timeout. Returns ``(wait
-        status, rusage)``."""
+    def _wait(self, child: subprocess.Popen, t0: float) -> int:
+        """Reap ``child``; terminate it when closing or past the timeout. Returns its wait status."""
         killed_at = None
         while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid == child.pid:
                 child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-                return status, usage
+                return status
             late = time.perf_counter() - t0 > self.policy.timeout_s
             if (self._closing.is_set() or late) and killed_at is None:
                 child.send_signal(signal.SIGTERM)

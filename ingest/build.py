@@ -52,6 +52,8 @@ class TokenizedCorpus:
         path: the stream file. num_documents / num_tokens: documents and tokens in it
         (separators excluded). max_token: largest token id. report: the source report
         (:meth:`ingest.sources.SourceReport.as_dict`).
+        tokenizer: ``(fingerprint, vocabulary size)`` of the tokenizer ``config.tokenizer`` names, when the caller knows
+        them (a live layer's compaction reads them off its datastore's build): the build then does not load it.
     """
 
     path: Path
@@ -59,6 +61,7 @@ class TokenizedCorpus:
     num_tokens: int
     max_token: int
     report: dict
+    tokenizer: tuple[str, int] | None = None
 
 
 def tokenize_corpus(config: BuildConfig, tokenizer, stream_path: Path, progress: bool = True) -> TokenizedCorpus:
@@ -112,20 +115,24 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
     if corpus is None:
         resolve_paths(config.source, config.path)  # a missing or wrong path is refused before anything starts
     url = resolve_database_url(config.database_url)
-    tokenizer = load_tokenizer(config.tokenizer)
-    width = key_width_for(len(tokenizer))
+    tokenizer = None
+    if corpus is not None and corpus.tokenizer is not None:
+        fingerprint, vocab_size = corpus.tokenizer
+    else:
+        tokenizer = load_tokenizer(config.tokenizer)
+        fingerprint, vocab_size = tokenizer_fingerprint(tokenizer), len(tokenizer)
+    width = key_width_for(vocab_size)
     # the name is locked (and the build registered) before the corpus is read: a second build fails at once
-    writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer,
-                                   tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), key_width=width,
-                                   corpus={} if corpus is None else corpus.report,
-                                   params=config.params() | {"vocab_size": len(tokenizer)})
+    writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
+                                   key_width=width, corpus={} if corpus is None else corpus.report,
+                                   params=config.params() | {"vocab_size": vocab_size})
     with writer, tempfile.TemporaryDirectory(prefix="crest-build-", dir=config.workdir) as tmp:
         work = Path(tmp)
         if corpus is None:
             t0 = time.perf_counter()
             corpus = tokenize_corpus(config, tokenizer, work / "tokens.u32", progress)
             timings["tokenize"] = time.perf_counter() - t0
-        check_corpus(corpus.num_tokens, corpus.max_token, len(tokenizer), corpus.report)
+        check_corpus(corpus.num_tokens, corpus.max_token, vocab_size, corpus.report)
         stream = open_stream(corpus.path)
         ranking = None if config.ranking_dir is None else RankingCache(config.ranking_dir, stream_digest(corpus.path))
         recorded = corpus.report | {"tokens": corpus.num_tokens}

@@ -241,6 +241,21 @@ def _rest_index(config: BuildConfig, args) -> None:
           f"suffix sort {report['index_s']:.1f} s; malformed: {malformed}")
 
 
+def peak_rss() -> dict[str, int]:
+    """This process's peak resident set size since it started (``VmHWM``: what it ran, not the process it was started
+    from) and its finished children's (the build's tree worker), bytes; their sum bounds the command's peak."""
+    import resource
+
+    own = 0
+    try:
+        with open("/proc/self/status") as fh:
+            own = next((int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:")), 0)
+    except OSError:
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"peak_rss_bytes": own + children, "process_peak_rss_bytes": own, "workers_peak_rss_bytes": children}
+
+
 def _compact_live(config: BuildConfig, args) -> None:
     from .live import compact_live
     from .workers import exit_with_parent
@@ -250,7 +265,7 @@ def _compact_live(config: BuildConfig, args) -> None:
     result = compact_live(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
                           progress=not args.quiet)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(json.dumps(result.as_dict() | peak_rss(), indent=2))
         return
     d = result.as_dict()
     if result.busy:

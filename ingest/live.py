@@ -94,10 +94,13 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
         require_schema(conn)
         if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(name)])[0]:
             return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
-        row = conn.execute("SELECT tokenizer FROM datastores WHERE name = %s AND state = 'ready'", [name]).fetchone()
+        row = conn.execute("SELECT tokenizer, tokenizer_fingerprint, (params->>'vocab_size')::int FROM datastores "
+                           "WHERE name = %s AND state = 'ready'", [name]).fetchone()
         base = config or BuildConfig()
+        known = None  # the datastore's tokenizer, as its build recorded it: the compaction does not load it
         if row is not None and config is None:
             base = replace(base, tokenizer=row[0])
+            known = None if row[2] is None else (row[1], int(row[2]))
         kept, total, oldest, newest = _newest_outputs(conn, name, keep_tokens)
         if not kept:
             return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started)
@@ -106,7 +109,7 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
             writer.write(kept[::-1])  # oldest first, as appended
         corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
                                  {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
-                                  "malformed": {}, "last_output_id": newest})
+                                  "malformed": {}, "last_output_id": newest}, tokenizer=known)
         cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1)
         build = build_datastore(cfg, progress=progress, corpus=corpus)
         tree_budget = max_bytes - max_bytes // 2
