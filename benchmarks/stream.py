@@ -41,7 +41,7 @@ from _refs import REPO, half, load_references, references_option  # noqa: E402
 from crest_native import MAX_BUDGET  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
 from peers import SuffixMethod  # noqa: E402
-from toolkit.options import int_in  # noqa: E402
+from toolkit.options import int_in, positive_float  # noqa: E402
 
 
 def streams(which: str, references: Path) -> dict[str, list]:
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", nargs="+",
                     default=["ours", "ours+live", "ours+live-own", "ours+auto", "suffix", "suffix-2proc"],
                     help="drafters run on the streams (default: all six).")
-    ap.add_argument("--pace", type=float, default=1.0,
+    ap.add_argument("--pace", type=positive_float, default=1.0,
                     help="ours+auto: wall seconds each request takes, its decoding's stand-in (default: 1.0).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "stream.json",
                     help="the results' JSON file (default: results/stream.json).")
