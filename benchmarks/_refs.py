@@ -52,3 +52,19 @@ def half(refs: list[Reference], which: str) -> list[Reference]:
         if in_half(position, which):
             out.append(r)
     return out
+
+
+def require_clean_datastore(datastore: str, set_name: str, ids: list[str]) -> None:
+    """Refuse to score the items ``ids`` of ``set_name`` on ``datastore`` when its corpus holds any of them
+    (:func:`evaluation.require_clean`, on ``$DATABASE_URL`` or the embedded server).
+
+    Raises:
+        SystemExit: naming the contaminated items and documents, or a datastore that records no screen.
+    """
+    from datastore.connection import resolve_database_url
+    from evaluation.contamination import Contaminated, NotScreened, require_clean
+
+    try:
+        require_clean(resolve_database_url(None), datastore, set_name, ids)
+    except (Contaminated, NotScreened) as exc:
+        raise SystemExit(f"error: {exc}") from None

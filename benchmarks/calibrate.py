@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, Reference, half, load_references, references_option  # noqa: E402
+from _refs import REPO, Reference, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES  # noqa: E402
 from drafting import Calibration, DraftingService, MergedMethod  # noqa: E402
 from drafting.accept import accepted_mask, reference_predictions  # noqa: E402
@@ -230,6 +230,8 @@ def main() -> None:
     stores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
     sources = {name: DatastoreSource(partial(SharedDatastore.open, d, tokenizer=tok)) for name, d in stores.items()}
     refs = {name: load_references(name, args.references) for name in SETS}
+    for name in SETS:  # the corpora must not hold the prompts fitted on or reported
+        require_clean_datastore(stores[name], name, [r.id for r in refs[name]])
     t0 = time.perf_counter()
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     live = _cross_fit_layers(fit, args, tok)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import half, load_references, references_option  # noqa: E402
+from _refs import half, load_references, references_option, require_clean_datastore  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
 
 
@@ -53,6 +53,8 @@ def main() -> None:
     tok = load_tokenizer()
     sets = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
     refs = {name: half(load_references(name, args.references), "fit") for name in sets}
+    for name, datastore in sets.items():
+        require_clean_datastore(datastore, name, [r.id for r in refs[name]])
     print(f"step cost a = {1e3 * a:.1f} ms, b = {1e3 * b:.2f} ms per verified token; fit half; "
           "throughput x no speculation (accept length, drafted per row and step)")
     best: dict[tuple[str, int], tuple[float, int, float]] = {}

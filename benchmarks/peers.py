@@ -57,7 +57,7 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, half, load_references, references_option  # noqa: E402
+from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import MAX_BUDGET  # noqa: E402
 from drafting.draft import Draft, ScoreKind  # noqa: E402
 from drafting.method import Stateless, Step  # noqa: E402
@@ -380,6 +380,9 @@ def main() -> None:
         print(f"{missing}: no `sglang` rows")
     _STATE["args"] = args
     _STATE["refs"] = {name: half(load_references(name, args.references), args.half) for name in args.sets}
+    if (set(OURS) | set(HEADS)) & set(methods):
+        for name, refs in _STATE["refs"].items():  # its corpus must not hold what is scored
+            require_clean_datastore(corpus_of(name, args)[0], name, [r.id for r in refs])
     info: dict[str, Any] = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
     if set(HEADS) & set(methods):
         _load_heads(_STATE["refs"])

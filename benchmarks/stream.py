@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, half, load_references, references_option  # noqa: E402
+from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import MAX_BUDGET  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
 from peers import SuffixMethod  # noqa: E402
@@ -212,6 +212,11 @@ def main() -> None:
     if args.table:
         return _print(json.loads(args.out.read_text()))
     rows = []
+    gated = (("chat", args.datastore, "spec_bench"), ("code", args.code_datastore, "humaneval"))
+    for name, datastore, eval_set in gated:
+        if name in args.streams:  # the corpus must not hold the stream's prompts
+            scored = half(load_references(eval_set, args.references), args.half)
+            require_clean_datastore(datastore, eval_set, [r.id for r in scored])
     for name, stream in streams(args.half, args.references).items():
         if name not in args.streams:
             continue

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -330,6 +331,14 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    if "crest" in args.methods:  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
+        from _refs import require_clean_datastore
+
+        name = dict(kv.split("=", 1) for kv in args.env).get("CREST_DATASTORE",
+                                                             os.environ.get("CREST_DATASTORE", "sharegpt"))
+        for eval_set in args.sets:
+            scored = _prompts(eval_set, args.half, max(PROMPTS.values()))
+            require_clean_datastore(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for c in args.concurrency:

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from datastore.connection import resolve_database_url
 from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from decoder.model import DTYPES, load_target
 from toolkit.console import run, table_console
@@ -22,6 +23,7 @@ from toolkit.tokenizer import cache_dir, load_tokenizer
 
 from .bench import run_bench, summarize, write_csv
 from .budget import CURVE_TOKENS, load_or_measure
+from .contamination import Contaminated, NotScreened, require_clean
 from .prompts import HALVES, SETS, UnknownCategory, load_prompts
 
 DRAFTERS = ("none", "pld", "trie", "datastore", "merged", "rest", "s4c", "merged+s4c")
@@ -243,6 +245,9 @@ def _prepare(args) -> tuple:
     tokenizer = load_tokenizer(args.model)
     prompts = load_prompts(args.prompt_set, tokenizer, data_dir=args.data_dir, limit=args.limit,
                            categories=tuple(args.category) if args.category else None, half=args.half)
+    if {"datastore", "merged", "merged+s4c"} & set(args.drafter):  # its corpus must not hold what is scored
+        require_clean(resolve_database_url(args.database_url), args.datastore, args.prompt_set,
+                      [p.id for p in prompts])
     check_heads(args)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     return prompts, make_drafters(args, target), target
@@ -316,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"bench": _cmd_bench, "replay": _cmd_replay, "budget": _cmd_budget}[args.command](args, console)
 
     return run(command, usage=(BadDatabaseUrl, DatastoreNotFound, TokenizerMismatch, FileNotFoundError,
-                               UnknownCategory, MissingExtra), failures=(DatastoreError,))
+                               UnknownCategory, MissingExtra, Contaminated, NotScreened), failures=(DatastoreError,))
 
 
 if __name__ == "__main__":

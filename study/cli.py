@@ -1,4 +1,5 @@
-"""``python -m study storage``: accept length against datastore bytes, for chat and code.
+"""``python -m study storage``: accept length against datastore bytes, for chat and code; ``python -m study
+corpus-size``: accept length against corpus size (:mod:`study.scaling_cli`).
 
 Per corpus: tokenize it once (cached), replay the evaluation set's plain-greedy
 references (generated once, cached) through REST over corpus fractions, CREST
@@ -21,9 +22,11 @@ from rich.table import Table
 
 from datastore.connection import resolve_database_url
 from datastore.errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound
+from evaluation.contamination import Contaminated, NotScreened
 from evaluation.prompts import MT_BENCH, load_prompts
 from evaluation.replay import reference_store
 from ingest.cli import parse_count
+from ingest.errors import SourceError
 from toolkit.console import EXIT_USAGE, error, run, table_console
 from toolkit.extras import MissingExtra
 from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec
@@ -32,6 +35,7 @@ from toolkit.tokenizer import DEFAULT_MODEL, load_tokenizer
 from .corpus import CORPORA, EVAL_SETS, prepare_corpus
 from .plots import plot_storage, plot_tree_sizes
 from .runner import StudyGrid, StudyRow, run_corpus
+from .scaling_cli import add_parser, run_corpus_size
 from .summary import assess
 
 
@@ -46,7 +50,7 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m study`` parser (subcommand ``storage``)."""
+    """The ``python -m study`` parser (subcommands ``storage`` and ``corpus-size``)."""
     parser = argparse.ArgumentParser(prog="python -m study", description="Studies over datastore configurations.")
     kinds = parser.add_subparsers(dest="study", required=True)
     s = kinds.add_parser("storage", parents=[database_options()],
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
                         "in the package).")
     s.add_argument("--quiet", action="store_true", help="no progress bars.")
+    add_parser(kinds, [database_options()])
     return parser
 
 
@@ -167,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = table_console()
 
+    if args.study == "corpus-size":
+        args.model, args.dtype = None, "float32"  # the default target's references
+        return run(lambda: run_corpus_size(args, console, lambda spec, eval_set, prompts: _references(
+            args, spec, eval_set, prompts, console)), usage=(BadDatabaseUrl, DatastoreNotFound, FileNotFoundError,
+                                                             MissingExtra, Contaminated, NotScreened, SourceError),
+            failures=(DatastoreError,))
     return run(lambda: _run(args, console), usage=(BadDatabaseUrl, DatastoreNotFound, FileNotFoundError, MissingExtra),
                failures=(DatastoreError,))
 

@@ -1,4 +1,5 @@
-"""The study's figures (matplotlib, Agg backend): accept length against bytes, tree size against top-t."""
+"""The studies' figures (matplotlib, Agg backend): accept length against bytes, tree size against top-t, accept length
+against corpus tokens."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless back
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .runner import StudyRow  # noqa: E402
+from .scaling import AcceptRow  # noqa: E402
 
 _STYLE = {"rest": ("REST (corpus fraction)", "tab:red", "s", 2.0),
           "merged": ("merged (CREST combined n<={m} + each request's own tokens)", "tab:green", "^", 2.0)}
@@ -84,6 +86,42 @@ def plot_tree_sizes(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_corpus_size(rows: Sequence[AcceptRow], path: Path, title: str) -> Path:
+    """Accept length (y) against corpus tokens (x, log scale), one line per method and budget (trees solid, chains
+    dashed); the fixed top-t lines in full colour, the scaled top-t lines thin and pale.
+
+    Returns:
+        ``path`` (PNG, parent folders created).
+    """
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=120)
+    pooled = [r for r in rows if r.category == "all"]
+    lines = sorted({(r.method, r.shape, r.budget, rule, r.top_t if rule == "fixed" else 0)
+                    for r in pooled for rule in r.top_t_rule.split("+")})
+    colours = {"datastore": plt.get_cmap("Blues"), "merged": plt.get_cmap("Greens")}
+    budgets = sorted({r.budget for r in pooled})
+    for method, shape, budget, rule, top_t in lines:
+        pts = sorted((r.tokens, r.accept_length) for r in pooled if (r.method, r.shape, r.budget) ==
+                     (method, shape, budget) and rule in r.top_t_rule.split("+") and
+                     (rule == "scaled" or r.top_t == top_t))
+        shade = 0.45 + 0.5 * (budgets.index(budget) + 1) / len(budgets)
+        what = f"top-t {top_t:,}" if rule == "fixed" else "top-t scaled with the corpus"
+        ax.plot([t for t, _ in pts], [a for _, a in pts], marker="o" if shape == "tree" else "s",
+                ls="-" if shape == "tree" else "--", lw=2.0 if rule == "fixed" else 1.0,
+                alpha=1.0 if rule == "fixed" else 0.5, color=colours.get(method, plt.get_cmap("Greys"))(shade),
+                label=f"{method}, {shape} budget {budget}, {what}")
+    ax.set_xscale("log")
+    ax.set_xlabel("corpus tokens (log scale)")
+    ax.set_ylabel("accept length (tokens per verification step)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

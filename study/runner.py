@@ -27,6 +27,7 @@ from datastore.errors import DatastoreNotFound
 from drafting import DatastoreSource, DraftMethod, MergedMethod
 from drafting.drafters import Retrieval, Trie
 from drafting.service import DraftingService
+from evaluation.contamination import require_clean
 from evaluation.prompts import Prompt
 from evaluation.simulate import replay
 from toolkit.tokenizer import tokenizer_fingerprint
@@ -231,6 +232,7 @@ def run_corpus(corpus: StudyCorpus, eval_set: str, prompts: Sequence[Prompt], re
         return rows
     full = full_build(corpus, grid.largest_top_t, grid.max_n, url=url, tokenizer=tokenizer,
                       tokenizer_spec=tokenizer_spec, prefix=prefix, progress=progress)
+    require_clean(url, full.name, eval_set, [p.id for p in prompts])  # refuses a corpus that holds a scored prompt
     log(f"CREST full build {full.name} (top-t {full.top_t:,}, n <= {full.max_n}): "
         + (f"{full.seconds:.0f} s" if full.seconds else "reused") + "; each point below is a server-side copy of it")
     name = f"{prefix}-{corpus.name}-point"

@@ -30,7 +30,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                     "datastore/admin/migrations/versions/0003_live_outputs.py", "drafting/data/calibration.json",
                     "drafting/data/calibration-heads.json", "s4c/data/SmolLM2-135M-Instruct.safetensors",
                     "s4c/__main__.py",
-                    "toolkit/data/smollm2/tokenizer.json.gz", "evaluation/data/eval/spec_bench/questions.jsonl",
+                    "toolkit/data/smollm2/tokenizer.json.gz", "toolkit/data/eval/spec_bench/questions.jsonl",
                     "study/__main__.py", "ingest/__main__.py", "evaluation/__main__.py", "datastore/__main__.py"):
         assert shipped in names, shipped
     assert not any(n.startswith(("tests/", "benchmarks/", "csrc/")) for n in names)

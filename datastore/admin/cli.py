@@ -107,6 +107,12 @@ def _stats(url: str, args) -> None:
         rows.append((f"n={n}", f"{v['rows']:,} rows of {v['distinct_in_corpus'] or 0:,} distinct, "
                                f"min count {v['min_kept_count']}, {v['mean_tree_nodes']:.1f} nodes, "
                                f"{v['mean_blob_bytes']:.1f} B/blob"))
+    screen = (s["corpus"] or {}).get("contamination") or {}
+    if not screen:
+        rows.append(("screen", "none recorded: evaluation sets are not scored on it (ingest.contamination)"))
+    for part, r in screen.get("parts", {}).items():
+        rows.append((f"screen {part}", f"{r['contaminated']} of {r['items']} contaminated (>= {screen['threshold']:.0%}"
+                                       f" of their {screen['n']}-grams), {r['shared_any']} share any"))
     _table("datastore stats", [], [list(r) for r in rows])
 
 

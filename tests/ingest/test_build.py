@@ -70,7 +70,10 @@ def test_stats_and_registry(small_build, database_url):
     assert s["bytes_total"] == result.bytes_on_disk > s["bytes_table"] > 0
     assert set(s["per_n"]) == {"1", "2", "3"}
     assert s["params"]["ns"] == [1, 2, 3] and s["params"]["max_n"] == 3  # what a client probes
-    assert set(s["timings"]) == {"tokenize", "count", "tag", "trees", "encode", "load", "index"}
+    assert set(s["timings"]) == {"tokenize", "screen", "count", "tag", "trees", "encode", "load", "index"}
+    screen = s["corpus"]["contamination"]  # the build screened its corpus: a ShareGPT sample holds no evaluation item
+    assert {p: r["contaminated"] for p, r in screen["parts"].items()} == {
+        "spec_bench": 0, "humaneval": 0, "humaneval_solutions": 0}
     assert s["timings"]["tokenize"] > 0 and s["timings"]["index"] > 0
     assert any(d["name"] == name and d["state"] == "ready" for d in list_datastores(database_url))
 

@@ -233,7 +233,8 @@ def test_openai_jsonl_plain_gzip_and_zstd_give_the_same_documents(tmp_path, toke
                      render_chat(tokenizer, [{"role": "system", "content": "Be brief."}, *PLAIN_CHAT])]
     assert report.duplicates == 4 * 50 - 3 and not report.malformed and not report.notes
     for name in ("log.jsonl.gz", "log.jsonl.zst"):
-        assert runs[name][1] == texts and runs[name][0].as_dict() | {"path": ""} == report.as_dict() | {"path": ""}
+        unnamed = {"path": "", "digest": ""}  # the same records, in files of other names
+        assert runs[name][1] == texts and runs[name][0].as_dict() | unnamed == report.as_dict() | unnamed
     # the rendering keeps the system prompt, every turn and the assistant's answers, in order
     first = texts[0]
     positions = [first.index(m["content"]) for m in SYSTEM_CHAT]
@@ -419,3 +420,45 @@ def test_jsonl_source_reads_compressed_files(tmp_path):
     for report, texts in results:
         assert texts == ["def f():\n    return 1\n", "x = 2\n"]
         assert dict(report.malformed) == {"wrong type: content": 1}
+
+
+# --- what a build read: document names, the digest, the packages -------------------------------------------------
+
+
+def test_documents_are_named_where_they_came_from(code_sample, tmp_path):
+    _, batches = iter_documents("code", code_sample)
+    names = [n for b in batches for n in b.column("name").to_pylist()]
+    assert names and all(Path(n).parent == code_sample and n.endswith(".py") for n in names)
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"content": "a"}\n{"content": 3}\n{"content": "b"}\n')
+    _, batches = iter_documents("jsonl", path)
+    assert [n for b in batches for n in b.column("name").to_pylist()] == [f"{path}#1", f"{path}#3"]
+
+
+def test_the_digest_tells_corpora_apart(code_sample, tmp_path):
+    def digest(path) -> str:
+        report, batches = iter_documents("code", path)
+        for _ in batches:
+            pass
+        return report.digest
+
+    first = digest(code_sample)
+    assert first and digest(code_sample) == first
+    other = tmp_path / "more"
+    other.mkdir()
+    for f in sorted(code_sample.glob("*.py"))[:-1]:
+        (other / f.name).write_bytes(f.read_bytes())
+    assert digest(other) != first
+
+
+def test_a_code_build_records_the_packages_it_read():
+    import platform
+    import sysconfig
+
+    from ingest.files import python_source_roots
+    from ingest.sources import installed_packages
+
+    got = installed_packages(python_source_roots())
+    assert got[str(python_source_roots()[0])] == [f"python=={platform.python_version()}"]
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert any(p.lower().startswith("numpy==") for p in got[str(site)])

@@ -18,6 +18,13 @@ STUDY = [
     (["storage", "--name-prefix", "bad prefix"], 2, ("'bad prefix'",)),
     (["storage", "--model", NO_SUCH], 2, (NO_SUCH,)),
     (["storage", "--database-url", "not-a-url"], 2, ("not-a-url",)),
+    (["corpus-size", "--corpus", "poetry"], 2, ("'poetry'",)),
+    (["corpus-size", "--top-t", "0"], 2, ("--top-t",)),
+    (["corpus-size", "--scaled-top-t", "-3"], 2, ("--scaled-top-t",)),
+    (["corpus-size", "--tree-budgets", "0"], 2, ("--tree-budgets",)),
+    (["corpus-size", "--lookups", "0"], 2, ("--lookups",)),
+    (["corpus-size", "--corpus-limit", "none"], 2, ("--corpus-limit",)),
+    (["corpus-size", "--data-dir", NO_SUCH], 2, (NO_SUCH,)),
 ]
 
 

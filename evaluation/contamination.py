@@ -1,0 +1,95 @@
+"""The gate before scoring: a datastore whose corpus holds the prompts about to be scored is refused.
+
+Every build records its contamination screen (:mod:`ingest.contamination`: per evaluation item, the share of its
+token 13-grams found in the corpus). Before a benchmark scores a set on a datastore, :func:`require_clean` reads that
+record and refuses when any scored item is contaminated (share at or above the recorded threshold, one half): for
+Spec-Bench the question itself, for HumanEval the prompt or its canonical solution. The error names the items and
+the corpus documents that hold them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from datastore.connection import connect
+from datastore.errors import DatastoreNotFound
+from datastore.lookup import server_error
+from datastore.schema import require_schema
+
+__all__ = ["Contaminated", "NotScreened", "PARTS", "require_clean", "screen_record"]
+
+PARTS = {"spec_bench": ("spec_bench",), "humaneval": ("humaneval", "humaneval_solutions")}
+"""The screened parts that decide for each evaluation set."""
+
+
+class Contaminated(ValueError):
+    """Raised when a datastore's corpus holds evaluation items about to be scored on it."""
+
+
+class NotScreened(ValueError):
+    """Raised when a datastore's build records no contamination screen."""
+
+
+def screen_record(url: str, name: str) -> dict | None:
+    """The contamination screen recorded with the ready build of datastore ``name`` (``None``: not screened).
+
+    Raises:
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
+        datastore.errors.DatastoreError: when the registry cannot be read.
+    """
+    try:
+        with connect(url) as conn:
+            require_schema(conn)
+            row = conn.execute("SELECT corpus -> 'contamination' FROM datastores WHERE name = %s AND state = 'ready'",
+                               [name]).fetchone()
+    except psycopg.Error as exc:
+        raise server_error(name, exc) from exc
+    if row is None:
+        raise DatastoreNotFound(f"no ready datastore named {name!r}; see `python -m datastore list`")
+    return row[0]
+
+
+def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -> dict:
+    """Refuse to score ``item_ids`` of ``eval_set`` on datastore ``name`` when its corpus holds any of them.
+
+    Args:
+        url: the database. name: the datastore. eval_set: ``spec_bench`` or ``humaneval``.
+        item_ids: the ids of the prompts about to be scored (:attr:`evaluation.prompts.Prompt.id`).
+
+    Returns:
+        Per screened part of the set, ``{"scored", "shared_any", "contaminated", "max_share"}`` over the scored
+        items: the figures a report gives.
+
+    Raises:
+        ValueError: for an unknown set.
+        NotScreened: when the build records no screen (built before screens were recorded, or with
+            ``--engine spark``): rebuild it with ``--engine duckdb``.
+        Contaminated: when a scored item is contaminated; the message names the items and the documents.
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
+    """
+    if eval_set not in PARTS:
+        raise ValueError(f"unknown evaluation set {eval_set!r}: choose one of {', '.join(PARTS)}")
+    record = screen_record(url, name)
+    if not record:
+        raise NotScreened(f"datastore {name!r} records no contamination screen (it was built before screens were "
+                          "recorded, or with --engine spark), so it cannot be scored on an evaluation set; rebuild it "
+                          "with `python -m ingest build --engine duckdb`")
+    threshold = float(record["threshold"])
+    wanted = set(item_ids)
+    bad: list[str] = []
+    summary = {}
+    for part in PARTS[eval_set]:
+        overlaps = {k: v for k, v in record["parts"][part]["overlaps"].items() if k in wanted}
+        dirty = {k: v for k, v in overlaps.items() if v["share"] >= threshold}
+        summary[part] = {"scored": len(wanted), "shared_any": len(overlaps), "contaminated": len(dirty),
+                         "max_share": max((v["share"] for v in overlaps.values()), default=0.0)}
+        bad += [f"{k} ({part}: {v['share']:.0%} of its {record['n']}-grams, in {', '.join(v['documents'])})"
+                for k, v in sorted(dirty.items())]
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise Contaminated(f"datastore {name!r} holds {len(bad)} of the {eval_set} items scored here (at least "
+                           f"{threshold:.0%} of their {record['n']}-grams occur in its corpus): {shown}. Rebuild it "
+                           "without those documents, or score it on another set")
+    return summary
