@@ -15,7 +15,7 @@ Items shorter than 13 tokens have no 13-gram and are never flagged.
 
 The scan is exact: 13-grams are hashed (64-bit, polynomial), looked up through a bitmap and a sorted table, and every
 hit is compared token by token. One pass over the stream in chunks (memory: a few bytes per token of one chunk),
-about 5 s per 100M tokens on one core.
+about 8 s per 100M tokens on one core (9.3 s for the 115M-token code corpus, evaluation items tokenized included).
 """
 
 from __future__ import annotations
