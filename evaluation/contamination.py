@@ -79,17 +79,19 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -
     threshold = float(record["threshold"])
     wanted = set(item_ids)
     bad: list[str] = []
+    dirty_items: set[str] = set()
     summary = {}
     for part in PARTS[eval_set]:
         overlaps = {k: v for k, v in record["parts"][part]["overlaps"].items() if k in wanted}
         dirty = {k: v for k, v in overlaps.items() if v["share"] >= threshold}
         summary[part] = {"scored": len(wanted), "shared_any": len(overlaps), "contaminated": len(dirty),
                          "max_share": max((v["share"] for v in overlaps.values()), default=0.0)}
+        dirty_items.update(dirty)
         bad += [f"{k} ({part}: {v['share']:.0%} of its {record['n']}-grams, in {', '.join(v['documents'])})"
                 for k, v in sorted(dirty.items())]
     if bad:
         shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise Contaminated(f"datastore {name!r} holds {len(bad)} of the {eval_set} items scored here (at least "
+        raise Contaminated(f"datastore {name!r} holds {len(dirty_items)} of the {eval_set} items scored here (at least "
                            f"{threshold:.0%} of their {record['n']}-grams occur in its corpus): {shown}. Rebuild it "
                            "without those documents, or score it on another set")
     return summary

@@ -49,11 +49,22 @@ def _fraction(text: str) -> float:
     return value
 
 
+def study_options() -> argparse.ArgumentParser:
+    """The options every study takes: reference length, output folder, evaluation sets."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--max-new-tokens", type=int_in(1), default=128, help="reference length, tokens (default: 128).")
+    p.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results).")
+    p.add_argument("--data-dir", type=existing_dir, default=None,
+                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
+                        "in the package).")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m study`` parser (subcommands ``storage`` and ``corpus-size``)."""
     parser = argparse.ArgumentParser(prog="python -m study", description="Studies over datastore configurations.")
     kinds = parser.add_subparsers(dest="study", required=True)
-    s = kinds.add_parser("storage", parents=[database_options()],
+    s = kinds.add_parser("storage", parents=[database_options(), study_options()],
                          help="accept length against bytes on disk: REST, CREST single-n/combined, merged.",
                          description=__doc__)
     d = StudyGrid()
@@ -81,17 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for tokenized corpora, REST indexes and rankings (default: <cache>/study).")
     s.add_argument("--name-prefix", type=datastore_name, default="study",
                    help="datastore names are <prefix>-<corpus>-full and -point (default: %(default)s).")
-    s.add_argument("--max-new-tokens", type=int_in(1), default=128, help="reference length, tokens (default: 128).")
-    s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results).")
     s.add_argument("--model", type=model_spec, default=None,
                    help="target model: local dir, .gguf or hub id (default: SmolLM2-135M-Instruct).")
     s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="dtype of the reference runs (default: float32).")
-    s.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the sets shipped "
-                        "in the package).")
     s.add_argument("--quiet", action="store_true", help="no progress bars.")
-    add_parser(kinds, [database_options()])
+    add_parser(kinds, [database_options(), study_options()])
     return parser
 
 

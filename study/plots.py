@@ -26,6 +26,18 @@ def _bytes_label(x: float, _pos) -> str:
     return f"{x:g} B"
 
 
+def _finish(fig, ax, path: Path, title: str, legend_size: int) -> Path:
+    """Title, grid and the legend outside the axes on the right; save ``fig`` to ``path`` (PNG, folders created)."""
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     """Accept length (y) against bytes on disk (x, log scale): one line per method.
 
@@ -60,14 +72,7 @@ def plot_storage(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
     ax.set_xlabel("datastore bytes on disk (log scale)")
     ax.set_ylabel("accept length (tokens per verification step)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title, legend_size=8)
 
 
 def plot_tree_sizes(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
@@ -119,11 +124,4 @@ def plot_corpus_size(rows: Sequence[AcceptRow], path: Path, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("corpus tokens (log scale)")
     ax.set_ylabel("accept length (tokens per verification step)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title, legend_size=7)

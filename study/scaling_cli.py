@@ -22,7 +22,7 @@ from rich.table import Table
 from datastore.connection import resolve_database_url
 from evaluation.prompts import load_prompts
 from ingest.cli import parse_count
-from toolkit.options import datastore_name, existing_dir, int_in
+from toolkit.options import datastore_name, int_in
 from toolkit.tokenizer import DEFAULT_MODEL, cache_dir, load_tokenizer, tokenizer_fingerprint
 
 from .corpus import EVAL_SETS
@@ -70,10 +70,6 @@ def add_parser(kinds, parents: list[argparse.ArgumentParser]) -> None:
                         "<cache>/study/sizes).")
     s.add_argument("--name-prefix", type=datastore_name, default="size",
                    help="datastores are named <prefix>-<corpus>-<size>-t<top-t> (default: %(default)s).")
-    s.add_argument("--max-new-tokens", type=int_in(1), default=128, help="reference length, tokens (default: 128).")
-    s.add_argument("--out", type=Path, default=Path("results"), help="folder for CSV and PNG files (default: results).")
-    s.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="folder with spec_bench/ and humaneval/ (default: $CREST_EVAL_DATA, else the packaged sets).")
 
 
 def _write(path: Path, rows: list) -> Path:
