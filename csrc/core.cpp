@@ -10,8 +10,8 @@ namespace crest {
 
 // -- retrieval strategies ------------------------------------------------------------------------------------------
 
-StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, std::vector<Tree>* scratch)
-    : stores_{datastore, live}, trees_(scratch) {}
+StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, StoredScratch* scratch)
+    : stores_{datastore, live}, scratch_(scratch) {}
 
 bool StoredTrees::intact() {
   for (int k = 0; k < 2; ++k)
@@ -28,12 +28,13 @@ bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, b
   for (int k = 0; k < 2; ++k) {  // the datastore's candidates (every stored suffix when backing off), the live match
     if (!stores_[k]) continue;
     std::size_t found = 0;
-    if (!stored_suffixes(*stores_[k], tokens, n, k == 0 && back_off, trees_[k], lengths_, found)) {
+    std::vector<Tree>& trees = scratch_->trees[k];
+    if (!stored_suffixes(*stores_[k], tokens, n, k == 0 && back_off, trees, lengths_, found, scratch_->record)) {
       damaged = k;
       return false;
     }
     for (std::size_t j = 0; j < found; ++j) {
-      SourceTree tree = SourceTree::of(trees_[k][j], lengths_[j]);
+      SourceTree tree = SourceTree::of(trees[j], lengths_[j]);
       if (k == 0)
         out.candidates.push_back(tree);
       else

@@ -65,12 +65,18 @@ class GivenTrees final : public Retrieval {
   }
 };
 
+// What a StoredTrees decodes into, kept between steps (its memory is reused): per store, one tree per stored suffix a
+// row retrieves, and the record a probe copies out of the file.
+struct StoredScratch {
+  std::vector<Tree> trees[2];
+  std::vector<uint8_t> record;
+};
+
 // The trees of host-local replicas (the datastore's and, when there is one, the live layer's), probed with the last
 // tokens of each request: the stored lengths, longest first.
 class StoredTrees final : public Retrieval {
  public:
-  // Decodes into `scratch` (two vectors of trees, one per store, kept between steps: their memory is reused).
-  StoredTrees(const Replica* datastore, const Replica* live, std::vector<Tree>* scratch);
+  StoredTrees(const Replica* datastore, const Replica* live, StoredScratch* scratch);
   // Whether the files are as they were mapped (a file changed in place is damaged); sets `damaged` when not.
   bool intact();
   bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
@@ -78,7 +84,7 @@ class StoredTrees final : public Retrieval {
 
  private:
   const Replica* stores_[2];
-  std::vector<Tree>* trees_;  // [2]: per store, one tree per stored suffix a row retrieves
+  StoredScratch* scratch_;
   std::vector<int> lengths_;
 };
 
@@ -135,7 +141,7 @@ class Core {
   void tables(Handle h, const Retrieved& given, const SourceTree& heads, std::vector<NodeTable>& out);
 
   const OutputIndex& outputs() const { return outputs_; }
-  std::vector<Tree>* retrieval_scratch() { return z_.stored; }
+  StoredScratch* retrieval_scratch() { return &z_.stored; }
   const Options& options() const { return options_; }
 
  private:
@@ -170,7 +176,7 @@ class Core {
     std::vector<int32_t> picked, picked_parents;
     Drafted candidate;
     Retrieved retrieved;
-    std::vector<Tree> stored[2];  // the trees a StoredTrees decodes
+    StoredScratch stored;
     std::vector<uint8_t> row_taken, request_taken;  // follow_rows: rows and requests (by slot) followed in the call
     std::vector<int32_t> narrow;                     // follow_rows: an int64 row's ids
   };

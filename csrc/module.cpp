@@ -158,7 +158,8 @@ void bind_replica(nb::module_& m) {
           "find",
           [](const crest::Replica& r, In1D<uint32_t> tokens) -> nb::object {
             crest::Tree t;
-            switch (r.find(tokens.data(), static_cast<int>(tokens.shape(0)), t)) {
+            std::vector<uint8_t> record;
+            switch (r.find(tokens.data(), static_cast<int>(tokens.shape(0)), t, record)) {
               case crest::Probe::kFound:
                 return tree_tuple(std::move(t));
               case crest::Probe::kAbsent:
@@ -176,11 +177,13 @@ void bind_replica(nb::module_& m) {
           [](const crest::Replica& r, In1D<uint32_t> context) -> nb::object {
             std::vector<crest::Tree> trees;
             std::vector<int> lengths;
+            std::vector<uint8_t> record;
             std::size_t found = 0;
             bool intact;
             {
               nb::gil_scoped_release quiet;
-              intact = crest::stored_suffixes(r, context.data(), context.shape(0), false, trees, lengths, found);
+              intact = crest::stored_suffixes(r, context.data(), context.shape(0), false, trees, lengths, found,
+                                              record);
             }
             if (!intact) return nb::str("damaged");
             if (!found) return nb::none();

@@ -1,13 +1,17 @@
 #include "replica.hpp"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "codec.hpp"
 
@@ -18,8 +22,11 @@ namespace {
 constexpr char kMagic[8] = {'C', 'R', 'E', 'S', 'T', 'R', 'P', 'L'};
 // Header fields, little-endian, at these offsets of the first kReplicaHeaderBytes bytes (docs/replica-format.md).
 constexpr std::size_t kVersionAt = 8, kHeaderCrcAt = 12, kFileSizeAt = 16, kEntriesAt = 24, kUnreadableAt = 32,
-                      kSlotsAt = 40, kRecordsAt = 48, kRecordsBytesAt = 56, kSlotTableAt = 64, kSlotsCrcAt = 72,
-                      kKeyWidthAt = 76, kNsMaskAt = 80, kIdentityLenAt = 84, kIdentityAt = 88;
+                      kSlotsAt = 40, kRecordsAt = 48, kRecordsBytesAt = 56, kSlotTableAt = 64, kKeyWidthAt = 72,
+                      kNsMaskAt = 76, kBlockSlotsAt = 80, kIdentityLenAt = 84, kIdentityAt = 88;
+constexpr std::size_t kCheckBytes = 8;  // a block's or a record's check: hash_bytes, little-endian
+// A record's fixed part before its payload: key length, key (at most 31 ids of 4 bytes), payload length (varint).
+constexpr std::size_t kRecordHeadMax = 1 + kMaxKeyTokens * 4 + 10;
 constexpr uint64_t kOffsetMask = (1ULL << 48) - 1;
 constexpr double kLoad = 0.75;  // the slot table's load factor
 
@@ -37,6 +44,14 @@ inline uint64_t load_slot(const uint8_t* p) {
     return v;
   } else {
     return load_le(p, 8);
+  }
+}
+
+inline void store_slot(uint8_t* p, uint64_t v) {
+  if constexpr (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    for (int b = 0; b < 8; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
   }
 }
 
@@ -70,12 +85,90 @@ std::string os_error(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
 }
 
+constexpr std::size_t kBlockCheckAt = kBlockSlots * 8;  // a block: its slots, then their check
+static_assert(kBlockCheckAt + kCheckBytes == kBlockBytes, "a slot block is one cache line");
+
+// -- reads a truncated file cannot crash ------------------------------------------------------------------------------
+// A mapped file cut short under its mapping raises SIGBUS on the next read past its new end. A thread reading the
+// mapping arms its guard (sigsetjmp); the handler jumps back to it, and the read reports failure. Any other SIGBUS goes
+// to the handler that was there before (Python's faulthandler, or the default action).
+
+struct FaultGuard {
+  sigjmp_buf at;
+  volatile sig_atomic_t armed = 0;
+};
+
+FaultGuard& fault_guard() {
+  thread_local FaultGuard guard;
+  return guard;
+}
+
+struct sigaction previous_bus_action;
+
+void on_bus_error(int sig, siginfo_t* info, void* context) {
+  FaultGuard& guard = fault_guard();
+  if (guard.armed) {
+    guard.armed = 0;
+    siglongjmp(guard.at, 1);
+  }
+  const struct sigaction& before = previous_bus_action;
+  if (before.sa_flags & SA_SIGINFO) {
+    before.sa_sigaction(sig, info, context);
+  } else if (before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN) {
+    before.sa_handler(sig);
+  } else {  // the default action: restored, and the faulting read runs again and ends the process as it would have
+    ::signal(SIGBUS, SIG_DFL);
+  }
+}
+
+void install_bus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_bus_error;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;  // not blocked in the handler: the jump back leaves the mask as it was
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &previous_bus_action);
+  });
+}
+
+// Run `read` (loads from a mapping, stores into memory of the caller's; nothing allocated or locked) with this thread's
+// guard armed; false when the mapping raised SIGBUS meanwhile.
+template <class Read>
+bool guarded(Read&& read) {
+  FaultGuard& guard = fault_guard();
+  if (sigsetjmp(guard.at, 0) != 0) return false;
+  guard.armed = 1;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  read();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guard.armed = 0;
+  return true;
+}
+
 }  // namespace
 
-uint64_t key_hash(const uint8_t* key, std::size_t len) {
-  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (static_cast<uint64_t>(len) * 0xC2B2AE3D27D4EB4FULL);
-  for (std::size_t i = 0; i < len; i += 8) {
-    h ^= load_le(key + i, static_cast<int>(std::min<std::size_t>(8, len - i)));
+namespace {
+
+// libc's memcpy, not inlined: the compiler inlines a copy inside a guard as `rep movs`, slow to start on small copies.
+__attribute__((noinline)) void copy_bytes(void* to, const void* from, std::size_t size) { std::memcpy(to, from, size); }
+
+}  // namespace
+
+bool read_mapped(const uint8_t* from, std::size_t size, void* to) {
+  return guarded([&] { copy_bytes(to, from, size); });
+}
+
+uint64_t hash_bytes(const uint8_t* data, std::size_t len, uint64_t seed) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (static_cast<uint64_t>(len) * 0xC2B2AE3D27D4EB4FULL) ^ seed;
+  std::size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    h ^= load_slot(data + i);  // 8 bytes, little-endian
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 31;
+  }
+  if (i < len) {  // the last chunk, zero-padded
+    h ^= load_le(data + i, static_cast<int>(len - i));
     h *= 0xBF58476D1CE4E5B9ULL;
     h ^= h >> 31;
   }
@@ -99,6 +192,7 @@ bool encode_key(const uint32_t* tokens, int n, int width, uint8_t* out) {
 // -- the reader ----------------------------------------------------------------------------------------------------
 
 Replica::Replica(const std::string& path) : path_(path) {
+  install_bus_handler();
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw ReplicaError(os_error("cannot open", path));
   try {
@@ -110,14 +204,15 @@ Replica::Replica(const std::string& path) : path_(path) {
       throw ReplicaError(path + " is " + std::to_string(size_) + " bytes, shorter than a replica's header");
     // A file that fits in half of the RAM is mapped with its page tables filled at once (MAP_POPULATE): a lookup then
     // costs cache misses, not a page fault per first-touched page (a few microseconds each, on every new key). A larger
-    // one is faulted in as lookups touch it, without readahead (a lookup touches a slot and a record).
+    // one is faulted in as lookups touch it, without readahead (a lookup touches a slot block and a record).
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
     const bool fits = pages > 0 && page > 0 && size_ <= static_cast<std::size_t>(pages) * page / 2;
     void* map = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED | (fits ? MAP_POPULATE : 0), fd_, 0);
     if (map == MAP_FAILED) throw ReplicaError(os_error("cannot map", path));
     base_ = static_cast<const uint8_t*>(map);
     if (!fits) ::madvise(map, size_, MADV_RANDOM);
-    const uint8_t* h = base_;
+    uint8_t h[kReplicaHeaderBytes];  // read once, from a copy: the file may be cut short meanwhile
+    if (!read_mapped(base_, kReplicaHeaderBytes, h)) throw ReplicaError(path + " was cut short while it was opened");
     if (std::memcmp(h, kMagic, sizeof kMagic) != 0) throw ReplicaError(path + " is not a crest-spec replica");
     if (load_le(h + kVersionAt, 4) != kReplicaVersion)
       throw ReplicaError(path + " is replica format version " + std::to_string(load_le(h + kVersionAt, 4)) +
@@ -134,14 +229,15 @@ Replica::Replica(const std::string& path) : path_(path) {
     records_bytes_ = load_le(h + kRecordsBytesAt, 8);
     key_width_ = static_cast<int>(load_le(h + kKeyWidthAt, 4));
     uint64_t identity_len = load_le(h + kIdentityLenAt, 4);
-    if ((key_width_ != 2 && key_width_ != 4) || slots_ < entries_ || identity_len > kReplicaHeaderBytes - kIdentityAt ||
-        records_at < kReplicaHeaderBytes || records_at + records_bytes_ > size_ || slots_at + slots_ * 8 > size_ ||
-        records_bytes_ > kOffsetMask)
+    if ((key_width_ != 2 && key_width_ != 4) || slots_ < entries_ || slots_ % kBlockSlots != 0 ||
+        slots_ / kBlockSlots > size_ / kBlockBytes || load_le(h + kBlockSlotsAt, 4) != kBlockSlots ||
+        identity_len > kReplicaHeaderBytes - kIdentityAt || records_at < kReplicaHeaderBytes ||
+        records_at + records_bytes_ > size_ || slots_at % kBlockBytes != 0 ||
+        slots_at + slots_ / kBlockSlots * kBlockBytes > size_ || records_bytes_ > kOffsetMask)
       throw ReplicaError(path + ": the header's sizes and offsets do not fit the file");
     slot_table_ = base_ + slots_at;
     records_ = base_ + records_at;
-    if (load_le(h + kSlotsCrcAt, 4) != crc_of(slot_table_, slots_ * 8))
-      throw ReplicaError(path + ": the slot table fails its CRC");
+    if (!blocks_intact()) throw ReplicaError(path + ": the slot table fails its CRC");
     uint32_t mask = static_cast<uint32_t>(load_le(h + kNsMaskAt, 4));
     for (int n = kMaxKeyTokens; n >= 1; --n)
       if (mask >> n & 1) lengths_.push_back(n);
@@ -167,50 +263,97 @@ bool Replica::unchanged() const {
          now.st_mtim.tv_nsec == opened_.st_mtim.tv_nsec;
 }
 
-Probe Replica::find(const uint32_t* tokens, int n, Tree& out) const {
+bool Replica::blocks_intact() const {
+  uint8_t block[kBlockBytes];
+  for (uint64_t b = 0; b < slots_ / kBlockSlots; ++b)
+    if (!load_block(b, block)) return false;
+  return true;
+}
+
+bool Replica::load_block(uint64_t b, uint8_t* out) const {
+  const uint8_t* from = slot_table_ + b * kBlockBytes;
+  if (!guarded([&] {  // one cache line, as eight 8-byte loads
+        for (std::size_t k = 0; k < kBlockBytes; k += 8) store_slot(out + k, load_slot(from + k));
+      }))
+    return false;
+  return hash_bytes(out, kBlockCheckAt, b) == load_slot(out + kBlockCheckAt);
+}
+
+Replica::Record Replica::read_record(uint64_t at, const uint8_t* key, std::size_t len, Tree& out,
+                                     std::vector<uint8_t>& record) const {
+  if (at >= records_bytes_) return Record::kDamaged;
+  const std::size_t avail = static_cast<std::size_t>(records_bytes_ - at);
+  uint8_t head[kRecordHeadMax];  // the key's length, the key and the payload's length (a varint of at most 10 bytes)
+  std::size_t got = std::min(avail, 1 + len + 10);  // no more than a record of this key reads: a line missed costs
+  if (!read_mapped(records_ + at, got, head)) return Record::kDamaged;
+  if (head[0] != len) {  // another key (checked below as every record is, before it counts as another key's)
+    got = std::min(avail, 1 + static_cast<std::size_t>(head[0]) + 10);
+    if (!read_mapped(records_ + at, got, head)) return Record::kDamaged;
+  }
+  std::size_t pos = 1 + head[0];
+  uint64_t payload_len;
+  try {
+    if (pos > got) return Record::kDamaged;
+    payload_len = read_varint(head, got, pos);
+  } catch (const std::invalid_argument&) {
+    return Record::kDamaged;
+  }
+  if (payload_len > avail || pos + payload_len + kCheckBytes > avail) return Record::kDamaged;
+  const std::size_t size = pos + static_cast<std::size_t>(payload_len);
+  record.resize(size + kCheckBytes);
+  if (!read_mapped(records_ + at, record.size(), record.data())) return Record::kDamaged;
+  const uint8_t* r = record.data();
+  if (hash_bytes(r, size, at) != load_slot(r + size)) return Record::kDamaged;
+  if (r[0] != len || std::memcmp(r + 1, key, len) != 0) return Record::kOtherKey;  // a tag shared by another key
+  if (payload_len == 0) return Record::kUnreadable;
+  try {
+    parse_payload(r + pos + 1, size - pos - 1, r[pos], out);
+  } catch (const std::invalid_argument&) {
+    return Record::kDamaged;
+  }
+  return Record::kFound;
+}
+
+Probe Replica::find(const uint32_t* tokens, int n, Tree& out, std::vector<uint8_t>& record) const {
   if (n < 1 || n > kMaxKeyTokens || slots_ == 0) return Probe::kAbsent;
   uint8_t key[kMaxKeyTokens * 4];
   if (!encode_key(tokens, n, key_width_, key)) return Probe::kAbsent;  // an id wider than the build's keys
   const std::size_t len = static_cast<std::size_t>(n) * key_width_;
   const uint64_t hash = key_hash(key, len), tag = hash & 0xFFFF;
+  alignas(kBlockBytes) uint8_t block[kBlockBytes];
+  uint64_t loaded = UINT64_MAX;  // the slot block in `block`
   uint64_t i = slot_index(hash, slots_);
   for (uint64_t probed = 0; probed < slots_; ++probed, i = i + 1 == slots_ ? 0 : i + 1) {
-    uint64_t slot = load_slot(slot_table_ + i * 8);
+    const uint64_t b = i / kBlockSlots;
+    if (b != loaded) {
+      if (!load_block(b, block)) return Probe::kDamaged;
+      loaded = b;
+    }
+    uint64_t slot = load_slot(block + (i - b * kBlockSlots) * 8);
     if (slot == 0) return Probe::kAbsent;
     if (slot >> 48 != tag) continue;
-    uint64_t at = (slot & kOffsetMask) - 1;
-    if (at >= records_bytes_) return Probe::kDamaged;
-    const uint8_t* rec = records_ + at;
-    const std::size_t avail = static_cast<std::size_t>(records_bytes_ - at);
-    if (rec[0] + 1u > avail) return Probe::kDamaged;
-    if (rec[0] != len || std::memcmp(rec + 1, key, len) != 0) continue;
-    std::size_t pos = 1 + len;
-    uint64_t blob_len;
-    try {
-      blob_len = read_varint(rec, avail, pos);
-    } catch (const std::invalid_argument&) {
-      return Probe::kDamaged;
+    switch (read_record((slot & kOffsetMask) - 1, key, len, out, record)) {
+      case Record::kOtherKey:
+        continue;
+      case Record::kFound:
+        return Probe::kFound;
+      case Record::kUnreadable:
+        return Probe::kUnreadable;
+      case Record::kDamaged:
+        return Probe::kDamaged;
     }
-    if (blob_len == 0) return Probe::kUnreadable;
-    if (blob_len > avail - pos) return Probe::kDamaged;
-    try {
-      decode_plain(rec + pos, static_cast<std::size_t>(blob_len), out);
-    } catch (const std::invalid_argument&) {
-      return Probe::kDamaged;
-    }
-    return Probe::kFound;
   }
   return Probe::kAbsent;
 }
 
 bool stored_suffixes(const Replica& replica, const uint32_t* tokens, std::size_t n, bool every, std::vector<Tree>& trees,
-                     std::vector<int>& lengths, std::size_t& found) {
+                     std::vector<int>& lengths, std::size_t& found, std::vector<uint8_t>& record) {
   found = 0;
   lengths.clear();
   for (int len : replica.lengths()) {  // longest first
     if (static_cast<std::size_t>(len) > n) continue;
     if (trees.size() <= found) trees.resize(found + 1);
-    switch (replica.find(tokens + n - len, len, trees[found])) {
+    switch (replica.find(tokens + n - len, len, trees[found], record)) {
       case Probe::kDamaged:
         return false;
       case Probe::kUnreadable:
@@ -262,7 +405,8 @@ void ReplicaWriter::flush() {
   buffer_.clear();
 }
 
-void ReplicaWriter::add_record(const uint8_t* key, std::size_t key_len, const uint8_t* blob, std::size_t blob_len) {
+void ReplicaWriter::add_record(const uint8_t* key, std::size_t key_len, int width, const uint8_t* payload,
+                               std::size_t size) {
   const std::size_t n = key_len / key_width_;
   if (key_len == 0 || key_len % key_width_ != 0 || n > kMaxKeyTokens)
     throw ReplicaError("a key of " + std::to_string(key_len) + " bytes is not 1.." + std::to_string(kMaxKeyTokens) +
@@ -273,9 +417,17 @@ void ReplicaWriter::add_record(const uint8_t* key, std::size_t key_len, const ui
   const std::size_t before = buffer_.size();
   buffer_.push_back(static_cast<uint8_t>(key_len));
   buffer_.insert(buffer_.end(), key, key + key_len);
-  append_varint(blob_len, buffer_);
-  buffer_.insert(buffer_.end(), blob, blob + blob_len);
-  unreadable_ += blob_len == 0;
+  if (payload == nullptr) {
+    append_varint(0, buffer_);  // the build's tree is unreadable: stored as such
+    ++unreadable_;
+  } else {
+    append_varint(size + 1, buffer_);
+    buffer_.push_back(static_cast<uint8_t>(width));
+    buffer_.insert(buffer_.end(), payload, payload + size);
+  }
+  uint8_t check[kCheckBytes];
+  store_le(check, hash_bytes(buffer_.data() + before, buffer_.size() - before, records_bytes_), kCheckBytes);
+  buffer_.insert(buffer_.end(), check, check + kCheckBytes);
   records_bytes_ += buffer_.size() - before;
   if (buffer_.size() >= (1 << 20)) flush();
 }
@@ -325,16 +477,17 @@ std::size_t ReplicaWriter::add_copy(const uint8_t* data, std::size_t size, std::
     try {
       h = parse_blob_header(blob, static_cast<std::size_t>(blob_len));
     } catch (const std::invalid_argument&) {
-      add_record(key, key_len, nullptr, 0);  // the build's tree is unreadable: stored as such
+      add_record(key, key_len, 0, nullptr, 0);  // the build's tree is unreadable: stored as such
       continue;
     }
     if (h.compression == 0) {
+      bool readable = true;
       try {
         parse_checked(blob, h, blob + h.body, blob_len - h.body, scratch_);
-        add_record(key, key_len, blob, blob_len);
       } catch (const std::invalid_argument&) {
-        add_record(key, key_len, nullptr, 0);
+        readable = false;
       }
+      add_record(key, key_len, h.width, readable ? blob + h.body : nullptr, blob_len - h.body);
       continue;
     }
     Pending row{key, static_cast<std::size_t>(key_len), blob + h.body, blob_len - h.body, {blob[0], blob[1], blob[2]},
@@ -345,20 +498,18 @@ std::size_t ReplicaWriter::add_copy(const uint8_t* data, std::size_t size, std::
 }
 
 void ReplicaWriter::complete(const Pending& row, const uint8_t* payload, std::size_t size) {
-  blob_.clear();
+  BlobHeader h;
+  h.width = row.header3[2] & 0x0F;
+  h.crc = row.crc;
+  h.raw_len = row.raw_len;
   if (payload != nullptr) {
-    BlobHeader h;
-    h.width = row.header3[2] & 0x0F;
-    h.crc = row.crc;
-    h.raw_len = row.raw_len;
     try {
       parse_checked(row.header3, h, payload, size, scratch_);
-      append_plain_blob(h.width, payload, size, blob_);
     } catch (const std::invalid_argument&) {
-      blob_.clear();
+      payload = nullptr;
     }
   }
-  add_record(row.key, row.key_len, blob_.data(), blob_.size());
+  add_record(row.key, row.key_len, h.width, payload, size);
 }
 
 void ReplicaWriter::finish() {
@@ -366,13 +517,20 @@ void ReplicaWriter::finish() {
   flush();
   const uint64_t count = entries_.size();
   uint64_t slots = std::max<uint64_t>(16, static_cast<uint64_t>(static_cast<double>(count) / kLoad) + 1);
-  std::vector<uint8_t> table(slots * 8, 0);
+  slots = (slots + kBlockSlots - 1) / kBlockSlots * kBlockSlots;  // whole blocks
+  const uint64_t blocks = slots / kBlockSlots;
+  std::vector<uint8_t> table(blocks * kBlockBytes, 0);
+  auto at_slot = [&](uint64_t i) { return table.data() + i / kBlockSlots * kBlockBytes + i % kBlockSlots * 8; };
   for (const auto& [hash, at] : entries_) {
     uint64_t i = slot_index(hash, slots);
-    while (load_le(table.data() + i * 8, 8) != 0) i = i + 1 == slots ? 0 : i + 1;
-    store_le(table.data() + i * 8, (hash & 0xFFFF) << 48 | (at + 1), 8);
+    while (load_le(at_slot(i), 8) != 0) i = i + 1 == slots ? 0 : i + 1;
+    store_le(at_slot(i), (hash & 0xFFFF) << 48 | (at + 1), 8);
   }
-  const uint64_t slots_at = (kReplicaHeaderBytes + records_bytes_ + 7) / 8 * 8;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = table.data() + b * kBlockBytes;
+    store_le(block + kBlockCheckAt, hash_bytes(block, kBlockCheckAt, b), kCheckBytes);
+  }
+  const uint64_t slots_at = (kReplicaHeaderBytes + records_bytes_ + kBlockBytes - 1) / kBlockBytes * kBlockBytes;
   write_at(table.data(), table.size(), slots_at);
   uint8_t header[kReplicaHeaderBytes] = {};
   std::memcpy(header, kMagic, sizeof kMagic);
@@ -384,9 +542,9 @@ void ReplicaWriter::finish() {
   store_le(header + kRecordsAt, kReplicaHeaderBytes, 8);
   store_le(header + kRecordsBytesAt, records_bytes_, 8);
   store_le(header + kSlotTableAt, slots_at, 8);
-  store_le(header + kSlotsCrcAt, crc_of(table.data(), table.size()), 4);
   store_le(header + kKeyWidthAt, static_cast<uint64_t>(key_width_), 4);
   store_le(header + kNsMaskAt, ns_mask_, 4);
+  store_le(header + kBlockSlotsAt, kBlockSlots, 4);
   store_le(header + kIdentityLenAt, identity_.size(), 4);
   std::memcpy(header + kIdentityAt, identity_.data(), identity_.size());
   store_le(header + kHeaderCrcAt, header_crc(header), 4);

@@ -1,11 +1,15 @@
 // A host-local replica of one datastore build (docs/replica-format.md): one read-only file per build that every
 // drafting process on the host maps, so the page cache holds a single copy and a lookup is a few memory reads. It is
 // a static hash table (open addressing, linear probing) of the build's n-gram keys over records that hold each key and
-// its tree as a plain codec v1 blob (codec.hpp), written once from the build's rows (ReplicaWriter) and never changed
-// in place. The header ties it to its build (an identity the client checks against the registry) and carries the
-// CRC-32 of itself and of the slot table; every record's blob carries its own CRC. A file that is missing, of another
-// build, truncated or corrupt is refused when it is opened (ReplicaError), and a record that fails its CRC when it is
-// read makes the lookup report the file damaged (Probe::kDamaged): the caller then drafts from the round trip.
+// its tree's payload (codec.hpp), written once from the build's rows (ReplicaWriter) and never changed in place. The
+// header ties it to its build (an identity the client checks against the registry) and carries its own CRC-32.
+//
+// Every byte that decides a lookup is checked before it is used: each block of slots (a cache line) holds their hash,
+// each record (its key, length and payload) has one of its own (hash_bytes: no table, a few cycles per 8 bytes), and a lookup copies what it reads out of the
+// mapping first (checked, then parsed from the copy). A read that the file no longer backs (it was truncated while
+// mapped: SIGBUS) is caught and fails the lookup, as a failed check does: the lookup reports the file damaged
+// (Probe::kDamaged) and the caller drafts from the round trip. A file that is missing, of another build, truncated or
+// corrupt is refused when it is opened (ReplicaError).
 #pragma once
 
 #include <sys/stat.h>
@@ -21,8 +25,11 @@
 
 namespace crest {
 
-constexpr uint32_t kReplicaVersion = 1;
+constexpr uint32_t kReplicaVersion = 2;
 constexpr std::size_t kReplicaHeaderBytes = 4096;
+// The slot table is read a block at a time: a cache line of kBlockSlots slots and their check (replica-format.md).
+constexpr uint64_t kBlockSlots = 7;
+constexpr std::size_t kBlockBytes = 64;
 constexpr int kMaxKeyTokens = 31;  // n-gram lengths are bits of a 32-bit mask
 
 class ReplicaError : public std::runtime_error {
@@ -30,8 +37,11 @@ class ReplicaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The hash of a key's bytes (the slot it starts probing at, and a 16-bit tag kept in the slot).
-uint64_t key_hash(const uint8_t* key, std::size_t len);
+// The format's 64-bit hash of `len` bytes from `seed`: of a key (seed 0: the slot it starts probing at, and a 16-bit tag
+// kept in the slot), and the check of a slot block (seed: its number) and of a record (seed: its offset). A change to
+// any one 8-byte chunk always changes it; any other change, but with probability 2^-64.
+uint64_t hash_bytes(const uint8_t* data, std::size_t len, uint64_t seed);
+inline uint64_t key_hash(const uint8_t* key, std::size_t len) { return hash_bytes(key, len, 0); }
 
 // A key: the n token ids, each `width` bytes big-endian (datastore/keys.py). False when an id does not fit the width.
 bool encode_key(const uint32_t* tokens, int n, int width, uint8_t* out);
@@ -40,8 +50,14 @@ enum class Probe : int {
   kAbsent = 0,      // the build holds no tree for the key
   kFound = 1,       // the tree, decoded
   kUnreadable = 2,  // the build's own tree for the key failed to decode (the round trip serves it as absent)
-  kDamaged = 3,     // the file is damaged: a record failed its CRC or lies outside the file
+  kDamaged = 3,     // the file is damaged: a check failed, a record lies outside the file, or the file was cut short
 };
+
+// Copy `size` mapped bytes at `from` to `to`; false when the file no longer backs them (it was truncated while mapped:
+// the read's SIGBUS is caught, for this thread only, while it copies). Async-signal-safe to abandon: nothing is
+// allocated or locked while it reads. The first Replica installs the SIGBUS handler (any earlier handler is called
+// for every other SIGBUS).
+bool read_mapped(const uint8_t* from, std::size_t size, void* to);
 
 class Replica {
  public:
@@ -51,8 +67,9 @@ class Replica {
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
 
-  // The tree of the n-gram tokens[0..n) into `out`. Reentrant: any number of threads may probe at once.
-  Probe find(const uint32_t* tokens, int n, Tree& out) const;
+  // The tree of the n-gram tokens[0..n) into `out`, its record copied into `record` (scratch) first. Reentrant: any
+  // number of threads may probe at once.
+  Probe find(const uint32_t* tokens, int n, Tree& out, std::vector<uint8_t>& record) const;
   // Whether the mapped file is as it was mapped (fstat: size and modification time); a file written in place is
   // damaged (a replica is never rewritten, only replaced).
   bool unchanged() const;
@@ -68,6 +85,13 @@ class Replica {
   uint64_t inode() const { return static_cast<uint64_t>(opened_.st_ino); }
 
  private:
+  enum class Record { kOtherKey, kFound, kUnreadable, kDamaged };
+  // Slot block `b` copied into `out` and checked; false when it fails its check or cannot be read.
+  bool load_block(uint64_t b, uint8_t* out) const;
+  // The record at offset `at` of the records, copied into `record` and checked; its tree parsed when its key is `key`.
+  Record read_record(uint64_t at, const uint8_t* key, std::size_t len, Tree& out, std::vector<uint8_t>& record) const;
+  bool blocks_intact() const;  // every slot block against its check (when opened)
+
   std::string path_;
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
@@ -83,9 +107,10 @@ class Replica {
 
 // The stored suffixes of tokens[0..n), longest first, into trees[0..k) and their lengths (k returned in `found`): the
 // longest only, unless `every`. A tree the build could not decode counts as absent: the longest lookup stops there (as
-// the round trip's does), `every` skips it. False when the replica is damaged. `trees` grows as needed.
+// the round trip's does), `every` skips it. False when the replica is damaged. `trees` grows as needed; `record` is
+// scratch.
 bool stored_suffixes(const Replica& replica, const uint32_t* tokens, std::size_t n, bool every, std::vector<Tree>& trees,
-                     std::vector<int>& lengths, std::size_t& found);
+                     std::vector<int>& lengths, std::size_t& found, std::vector<uint8_t>& record);
 
 // Writes a replica to a new file: rows are added (a binary COPY stream of (key bytea, tree bytea), or keys with their
 // payloads), then `finish` writes the slot table and the header and syncs the file. The caller renames it into place.
@@ -124,7 +149,8 @@ class ReplicaWriter {
   uint64_t records_bytes() const { return records_bytes_; }
 
  private:
-  void add_record(const uint8_t* key, std::size_t key_len, const uint8_t* blob, std::size_t blob_len);
+  // A record: the key and its tree's payload with its token width (payload nullptr: the build's tree is unreadable).
+  void add_record(const uint8_t* key, std::size_t key_len, int width, const uint8_t* payload, std::size_t size);
   void flush();
   void write_at(const uint8_t* data, std::size_t size, uint64_t offset);
 
@@ -139,7 +165,6 @@ class ReplicaWriter {
   std::vector<uint8_t> buffer_;
   std::vector<std::pair<uint64_t, uint64_t>> entries_;  // (key hash, record offset)
   Tree scratch_;
-  std::vector<uint8_t> blob_;
 };
 
 }  // namespace crest
