@@ -237,7 +237,7 @@ Replica::Replica(const std::string& path) : path_(path) {
       throw ReplicaError(path + ": the header's sizes and offsets do not fit the file");
     slot_table_ = base_ + slots_at;
     records_ = base_ + records_at;
-    if (!blocks_intact()) throw ReplicaError(path + ": the slot table fails its CRC");
+    if (!blocks_intact()) throw ReplicaError(path + ": the slot table fails its check");
     uint32_t mask = static_cast<uint32_t>(load_le(h + kNsMaskAt, 4));
     for (int n = kMaxKeyTokens; n >= 1; --n)
       if (mask >> n & 1) lengths_.push_back(n);
@@ -287,6 +287,7 @@ Replica::Record Replica::read_record(uint64_t at, const uint8_t* key, std::size_
   std::size_t got = std::min(avail, 1 + len + 10);  // no more than a record of this key reads: a line missed costs
   if (!read_mapped(records_ + at, got, head)) return Record::kDamaged;
   if (head[0] != len) {  // another key (checked below as every record is, before it counts as another key's)
+    if (head[0] == 0 || head[0] > kMaxKeyTokens * 4) return Record::kDamaged;  // no key is that long
     got = std::min(avail, 1 + static_cast<std::size_t>(head[0]) + 10);
     if (!read_mapped(records_ + at, got, head)) return Record::kDamaged;
   }

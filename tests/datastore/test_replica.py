@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from crest_native import Replica, ReplicaError
+from crest_native import Replica, ReplicaError, key_hash
 from datastore.admin.catalog import datastore_stats
 from datastore.admin.grants import grant_reader
 from datastore.codec import decode_tree, encode_tree
@@ -37,6 +37,8 @@ from datastore.replica import (
 )
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, DraftingService, MergedMethod
+from oracle import codec as codec_oracle
+from oracle import replica as replica_oracle
 from support import build_small
 
 VOCAB = 49_152
@@ -85,6 +87,17 @@ def test_a_replica_holds_every_tree_of_its_build(database_url, chat_datastore, t
         ids = rng.integers(0, VOCAB, int(rng.integers(1, 6))).astype(np.uint32)
         key = ids.astype(">u2").tobytes()
         assert (replica.find(ids) is None) == (key not in stored)
+    oracle = replica_oracle.read(path.read_bytes())  # every block and record checks as the format says
+    assert sorted(oracle) == sorted(stored)
+    for key, blob in rows:
+        rec, want = oracle[key], decode_tree(blob)
+        assert rec.payload is not None
+        got = codec_oracle.parse_payload(rec.payload, rec.width)
+        assert (got.token_ids.tolist(), got.parents.tolist(), got.counts.tolist(), got.root_count) == \
+            (want.token_ids.tolist(), want.parents.tolist(), want.counts.tolist(), want.root_count)
+    for length in range(0, 40):  # the format's hash: the oracle's, partial chunks included
+        key = rng.integers(0, 256, length).astype(np.uint8).tobytes()
+        assert key_hash(key) == replica_oracle.hash_bytes(key)
     bytes_per_ngram = path.stat().st_size / len(rows)
     assert bytes_per_ngram < 1.1 * datastore_stats(database_url, chat_datastore)["bytes_total"] / len(rows)
 
@@ -138,7 +151,7 @@ def test_a_bad_file_is_refused_when_opened_naming_what_is_wrong(database_url, ch
         (damaged("header.crr", data[:header_at] + bytes([data[header_at] ^ 1]) + data[header_at + 1:]),
          "the header fails its CRC"),
         (damaged("slots.crr", data[:slots_at] + bytes([data[slots_at] ^ 0x10]) + data[slots_at + 1:]),
-         "the slot table fails its CRC"),
+         "the slot table fails its check"),
     ]
     for bad, named in cases:
         with pytest.raises(ReplicaError, match=named):
@@ -150,34 +163,26 @@ def test_a_bad_file_is_refused_when_opened_naming_what_is_wrong(database_url, ch
     assert isinstance(ReplicaError("x"), OSError)
 
 
-def test_a_record_that_fails_its_crc_is_reported_damaged(database_url, chat_datastore, tmp_path):
+@pytest.mark.parametrize("part", ["key", "length", "payload", "check"])
+def test_a_record_that_fails_its_check_is_reported_damaged(part, database_url, chat_datastore, tmp_path):
     """A replica whose record bytes changed (after it was opened, or unnoticed at open: records are checked when
-    read) answers ``damaged`` for that key, never another tree."""
+    read), in its key, its length, its tree or its check, answers ``damaged`` for that key, never another tree nor
+    nothing."""
     info, _ = _build(database_url, chat_datastore)
     path, identity = _write(database_url, chat_datastore, tmp_path)
     key, blob = next((k, b) for k, b in _rows(database_url, info.table) if len(decode_tree(b)) > 8)
     ids = np.asarray(decode_key(key, info.key_width), np.uint32)
     data = bytearray(path.read_bytes())
-    at = _record(bytes(data), key)
-    data[at + 20] ^= 0x04  # a byte of the record's blob
+    rec = replica_oracle.read(bytes(data))[key]
+    assert rec.payload is not None
+    end = rec.at + 1 + len(key) + 1 + 1 + len(rec.payload) + (len(rec.payload) + 1 >= 128)
+    at = {"key": rec.at + 1 + len(key) - 1, "length": rec.at + 1 + len(key), "payload": rec.at + len(key) + 8,
+          "check": end + 3}[part]
+    data[at] ^= 0x04
     flipped = tmp_path / "flipped.crr"
     flipped.write_bytes(bytes(data))
     replica = open_replica(flipped, identity)  # the header and the slot table are intact
     assert replica.find(ids) == "damaged"
-
-
-def _record(data: bytes, key: bytes) -> int:
-    """Where the blob of ``key``'s record starts: a record is the key's length, the key, the blob's length (a varint)
-    and the blob (a plain codec v1 blob: magic 0xC7, version 1)."""
-    at = data.find(bytes([len(key)]) + key, 4096)
-    while at >= 0:
-        pos = at + 1 + len(key)
-        while data[pos] & 0x80:
-            pos += 1
-        if data[pos + 1:pos + 3] == bytes([0xC7, 0x01]):
-            return pos + 1
-        at = data.find(bytes([len(key)]) + key, at + 1)
-    raise AssertionError("no record of the key")
 
 
 def _stores(client: SharedDatastore) -> Stores:
