@@ -96,48 +96,64 @@ void Core::extend(Handle h, const uint32_t* tokens, std::size_t n) {
   r->automaton.extend(tokens, n);
 }
 
-bool Core::follow(Handle h, const int32_t* tokens, std::size_t n) {
-  Request* r = find(h);
-  if (!r) return false;
-  const std::size_t have = r->tokens.size();
-  // one compare of the request's tokens with the row's (ids are non-negative: int32 and uint32 share their bits)
-  if (have > n || (have && std::memcmp(r->tokens.data(), tokens, have * sizeof(uint32_t)) != 0)) return false;
-  const uint32_t* fresh = reinterpret_cast<const uint32_t*>(tokens + have);
-  r->tokens.insert(r->tokens.end(), fresh, fresh + (n - have));
-  r->automaton.extend(fresh, n - have);
-  return true;
+namespace {
+
+// Whether `have` tokens are the first of a row's ids (ids of another type compared by value: an int64 id that does not
+// fit 32 bits matches no token).
+template <class T>
+bool starts_with(const T* row, const std::vector<uint32_t>& have) {
+  if constexpr (sizeof(T) == sizeof(uint32_t)) {  // one compare: a token and a non-negative int32 share their bits
+    return have.empty() || std::memcmp(row, have.data(), have.size() * sizeof(uint32_t)) == 0;
+  } else {
+    for (std::size_t k = 0; k < have.size(); ++k)
+      if (row[k] != static_cast<T>(have[k])) return false;
+    return true;
+  }
 }
 
+}  // namespace
+
 template <class T>
-void Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
-                       const int64_t* index, const T* lengths, std::size_t pairs, uint8_t* followed) {
+int64_t Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
+                          const int64_t* index, const T* lengths, std::size_t pairs, int64_t limit, uint8_t* followed,
+                          int64_t* bad_id) {
   std::vector<uint8_t>& row_taken = z_.row_taken;
   std::vector<uint8_t>& request_taken = z_.request_taken;  // by slot
   row_taken.assign(num_rows, 0);
   request_taken.assign(slots_.size(), 0);
-  std::vector<int32_t>& narrow = z_.narrow;
-  for (std::size_t i = 0; i < pairs; ++i) {
+  for (std::size_t i = 0; i < pairs; ++i) {  // which pairs follow, and their new ids checked: nothing changed yet
     followed[i] = 0;
     const auto row = static_cast<std::size_t>(index[i]);
     const uint64_t slot = static_cast<uint64_t>(handles[i]) & 0xFFFFFFFFULL;
-    if (row_taken[row] || !find(handles[i]) || request_taken[slot]) continue;
+    const Request* r = find(handles[i]);
+    if (row_taken[row] || !r || request_taken[slot]) continue;
     const T* at = rows + row * width;
     const auto n = static_cast<std::size_t>(lengths[row]);
-    const int32_t* ids;
-    if constexpr (sizeof(T) == sizeof(int32_t)) {
-      ids = reinterpret_cast<const int32_t*>(at);
-    } else {
-      narrow.assign(at, at + n);
-      ids = narrow.data();
-    }
-    if (follow(handles[i], ids, n)) followed[i] = row_taken[row] = request_taken[slot] = 1;
+    if (r->tokens.size() > n || !starts_with(at, r->tokens)) continue;
+    for (std::size_t k = r->tokens.size(); k < n; ++k)
+      if (at[k] < 0 || static_cast<int64_t>(at[k]) >= limit) {
+        *bad_id = static_cast<int64_t>(at[k]);
+        std::fill(followed, followed + i, 0);
+        return static_cast<int64_t>(i);
+      }
+    followed[i] = row_taken[row] = request_taken[slot] = 1;
   }
+  for (std::size_t i = 0; i < pairs; ++i) {  // then each followed request takes its row's new ids
+    if (!followed[i]) continue;
+    Request& r = *find(handles[i]);
+    const T* at = rows + static_cast<std::size_t>(index[i]) * width;
+    const auto n = static_cast<std::size_t>(lengths[index[i]]);
+    const std::size_t have = r.tokens.size();
+    r.tokens.insert(r.tokens.end(), at + have, at + n);  // in [0, limit): checked above
+    r.automaton.extend(r.tokens.data() + have, n - have);
+  }
+  return -1;
 }
 
-template void Core::follow_rows<int32_t>(const Handle*, const int32_t*, std::size_t, std::size_t, const int64_t*,
-                                         const int32_t*, std::size_t, uint8_t*);
-template void Core::follow_rows<int64_t>(const Handle*, const int64_t*, std::size_t, std::size_t, const int64_t*,
-                                         const int64_t*, std::size_t, uint8_t*);
+template int64_t Core::follow_rows<int32_t>(const Handle*, const int32_t*, std::size_t, std::size_t, const int64_t*,
+                                            const int32_t*, std::size_t, int64_t, uint8_t*, int64_t*);
+template int64_t Core::follow_rows<int64_t>(const Handle*, const int64_t*, std::size_t, std::size_t, const int64_t*,
+                                            const int64_t*, std::size_t, int64_t, uint8_t*, int64_t*);
 
 bool Core::stop(Handle h, std::vector<uint32_t>& output) {
   Request* r = find(h);

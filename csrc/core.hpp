@@ -114,15 +114,16 @@ class Core {
 
   Handle start(const uint32_t* prompt, std::size_t n);
   void extend(Handle h, const uint32_t* tokens, std::size_t n);
-  // When the request's tokens are the first of tokens[0..n), append the rest and return true; else change nothing.
-  bool follow(Handle h, const int32_t* tokens, std::size_t n);
-  // Pairs i < pairs: request handles[i] follows row index[i] of `rows` ([num_rows, width], each row's count in
-  // `lengths`), as `follow` does; a pair whose row or request an earlier pair of the call followed is skipped (each
-  // row holds one request, each request one row). followed[i]: whether pair i followed. T: int32_t or int64_t (ids
-  // fit 32 bits, checked by the caller, as are the rows and lengths).
+  // Pairs i < pairs: where request handles[i]'s tokens are the first of row index[i] of `rows` ([num_rows, width], each
+  // row's count in `lengths`), its request takes the rest of the row; a pair whose row or request an earlier pair of
+  // the call followed is skipped (each row holds one request, each request one row). Every new id must be in
+  // [0, limit): otherwise nothing is followed and the first such pair is returned (its id in `bad_id`); -1 when every
+  // pair was done. followed[i]: whether pair i followed. T: int32_t or int64_t (rows and lengths checked by the
+  // caller).
   template <class T>
-  void follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
-                   const int64_t* index, const T* lengths, std::size_t pairs, uint8_t* followed);
+  int64_t follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
+                      const int64_t* index, const T* lengths, std::size_t pairs, int64_t limit, uint8_t* followed,
+                      int64_t* bad_id);
   bool stop(Handle h, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
   bool active(Handle h) const { return find(h) != nullptr; }
   std::size_t size() const { return slots_.size() - free_.size(); }
@@ -178,7 +179,6 @@ class Core {
     Retrieved retrieved;
     StoredScratch stored;
     std::vector<uint8_t> row_taken, request_taken;  // follow_rows: rows and requests (by slot) followed in the call
-    std::vector<int32_t> narrow;                     // follow_rows: an int64 row's ids
   };
 
   Scratch z_;

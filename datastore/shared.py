@@ -39,7 +39,7 @@ from toolkit.settings import Settings
 from toolkit.tokenizer import tokenizer_fingerprint
 
 from .connection import connect, resolve_database_url
-from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
+from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
 from .registry import SWAP_CHANNEL
 from .replica import HostReplicas, Stores, database_key
@@ -144,7 +144,7 @@ class SharedDatastore(LookupClient):
                     self._on_notice()  # catch up with anything missed while not listening
                     self._listening.set()
                     while not self._closing.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        for note in conn.notifies(timeout=0.2):  # close() waits at most this long for the thread
                             if note.payload in (self.info.name, self.live_name):
                                 self._on_notice()
             except (psycopg.Error, DatastoreError):
@@ -180,6 +180,8 @@ class SharedDatastore(LookupClient):
             self.replicas.damaged(replica)
 
     def _execute(self, query: str, params) -> list:
+        if self._closing.is_set():
+            raise ClosedError(f"this client of datastore {self.info.name!r} was closed; open a new one")
         try:
             with self._pool.connection(timeout=self._timeout) as conn:
                 return conn.execute(query, params, prepare=True, binary=True).fetchall()
@@ -189,7 +191,9 @@ class SharedDatastore(LookupClient):
     # -- the rest -----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the listener and close the pool."""
+        """Stop the listener and the replicas' keeper (a replica being written is abandoned, its temporary file
+        removed) and close the pool, within about a second; final: a later lookup raises
+        :class:`datastore.errors.ClosedError`."""
         self._closing.set()
         if self._listener is not None:
             self._listener.join(timeout=2.0)

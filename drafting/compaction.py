@@ -40,6 +40,7 @@ from datastore.connection import APPLICATION_NAME, connect, resolve_database_url
 from datastore.errors import DatastoreError
 from datastore.live import live_name
 from datastore.registry import compactor_lock_key
+from toolkit.forks import at_fork
 
 __all__ = ["CompactionPolicy", "CompactionRun", "LiveCompactor"]
 
@@ -175,6 +176,15 @@ class LiveCompactor:
         self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="crest-live-compactor", daemon=True)
         self._thread.start()
+        at_fork(self, after_in_child=LiveCompactor._forked)
+
+    def _forked(self) -> None:
+        """In a forked child: stopped (the parent compacts; its compaction in flight is the parent's)."""
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._closing.set()
+        self._child = None
+        self.stopped = "forked: the parent process compacts"
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop checking; a compaction in flight is terminated (the previous live build keeps serving)."""

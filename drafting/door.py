@@ -17,11 +17,15 @@ from crest_native import MAX_BUDGET
 from datastore.context import check_ids
 from datastore.errors import InvalidContext
 
-__all__ = ["MAX_BUDGET", "RequestId", "budget", "engine_rows", "min_score", "request_id", "rows", "token_ids"]
+__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budget", "chain", "engine_request_ids", "engine_rows",
+           "engine_vocab", "min_score", "request_id", "rows", "token_ids"]
 
 RequestId = int | str
 """How a request is keyed: an ``int`` in the 64-bit range or a ``str``."""
 _SMALLEST, _LARGEST = -(1 << 63), 1 << 63
+ENGINE_ID_LIMIT = 1 << 31
+"""An engine's token ids are below this when it names no vocabulary (``follow_rows``)."""
+_ID_TYPES = (int, str, type(None))
 
 
 def request_id(value: object, what: str = "req_id") -> RequestId:
@@ -66,6 +70,56 @@ def min_score(value: object, what: str = "min_score") -> float:
     if not 0.0 <= out <= 1.0:
         raise ValueError(f"{what}={out}: must be a probability in [0, 1]")
     return out
+
+
+def chain(value: object) -> bool:
+    """``value`` when it says whether to draft chains: a ``bool`` (or ``numpy.bool_``, the same two values).
+
+    Raises:
+        TypeError: for anything else (``1``, ``"yes"``, ``None``), naming it.
+    """
+    if type(value) is bool:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"chain={value!r} is a {type(value).__name__}; pass True (each row's best path) or False (a tree)")
+
+
+def engine_vocab(value: object) -> int:
+    """The id limit of an engine's rows: its model's vocabulary size, an ``int`` in ``1..2**31``, or ``None``
+    (:data:`ENGINE_ID_LIMIT`).
+
+    Raises:
+        TypeError / ValueError: for anything else, naming it.
+    """
+    if value is None:
+        return ENGINE_ID_LIMIT
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"vocab_size={value!r} is a {type(value).__name__}; pass the engine model's vocabulary size "
+                        "(an int) or None")
+    if not 1 <= int(value) <= ENGINE_ID_LIMIT:
+        raise ValueError(f"vocab_size={value} is outside 1..2**31; pass the engine model's vocabulary size")
+    return int(value)
+
+
+def engine_request_ids(req_ids: object, pairs: int) -> Sequence[RequestId | None]:
+    """The request of each of an engine's ``pairs`` rows to follow: a sequence of request ids (as
+    :func:`request_id` takes them) or ``None`` (no request: it follows nothing).
+
+    Raises:
+        TypeError: for anything but a sequence, or an element that is no request id (a ``bool``, a ``float``, a
+            ``list`` ...), naming it. ValueError: for another length than ``pairs``.
+    """
+    if isinstance(req_ids, (str, bytes)) or not isinstance(req_ids, Sequence):
+        raise TypeError(f"req_ids is a {type(req_ids).__name__}; pass a sequence (a list) of request ids, one per "
+                        "row of index")
+    if len(req_ids) != pairs:
+        raise ValueError(f"{len(req_ids)} req_ids for {pairs} rows; pass one request per row of index")
+    if not all(type(r) in _ID_TYPES for r in req_ids):  # the common case at once: the rest names what is wrong
+        for i, r in enumerate(req_ids):
+            if r is not None:
+                request_id(r, f"req_ids[{i}]")
+    return req_ids  # an int outside 64 bits names no request (start_request refuses it): it follows nothing
 
 
 def token_ids(ids: object, vocab_size: int, what: str) -> np.ndarray:
@@ -134,7 +188,8 @@ def engine_rows(tokens: object, lengths: object, index: object) -> tuple[np.ndar
     at = np.array(index, dtype=np.int64)
     used = lengths[at].tolist()  # Python's min and max: a numpy reduction costs microseconds a call
     if used and (min(used) < 0 or max(used) > tokens.shape[1]):
-        raise InvalidContext(f"lengths {used} reach past the rows' {tokens.shape[1]} columns")
+        raise InvalidContext(f"lengths {used} of the rows in index are outside 0..{tokens.shape[1]} (the rows' "
+                             "columns); pass each row's count of tokens")
     return np.ascontiguousarray(tokens), lengths, at
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from crest_native import DEFAULTS
 from datastore.tree import Match
+from toolkit.forks import at_fork
 
 from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration
 from .draft import Drafts, ScoreKind
@@ -158,6 +159,11 @@ class MergedMethod:
         self.lookups, self.live_writer, self.compactor = lookups, live_writer, compactor
         self.key_vocab = vocab_size or (lookups.vocab_size if lookups is not None else None) or 1 << 32
         self.stats = MergeStats()
+        self._stats_lock = threading.Lock()
+        at_fork(self, after_in_child=MergedMethod._forked)
+
+    def _forked(self) -> None:
+        """In a forked child: a fresh lock for the stats (another thread of the parent may have held it)."""
         self._stats_lock = threading.Lock()
 
     @classmethod

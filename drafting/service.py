@@ -21,6 +21,11 @@ Every argument is checked once, at this door (:mod:`drafting.door`). The same ob
 Thread-safe: one lock guards the table and every call on the native core (a step's native work runs with the GIL
 released; the merged drafter's round trip runs outside the lock). A request stopped while another thread drafts for it
 gets an empty draft for its row.
+
+Fork-safe: ``os.fork`` waits for a call in flight on another thread (the lock is taken around the fork), so a child
+inherits a consistent table and a free lock, and drafts on its own (the method opens its own connections there:
+:class:`drafting.source.DatastoreSource`). :meth:`DraftingService.close` is final: any later call raises
+:class:`datastore.errors.ClosedError`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from datastore.context import TokenIds
+from datastore.errors import ClosedError, InvalidContext
+from toolkit.forks import at_fork
 
 from . import door
 from .calibration import Calibration, NodeTable
@@ -102,7 +109,10 @@ class DraftingService:
         self._requests: dict[RequestId, _Request] = {}
         self._stateful = 0  # active requests whose method state is not None (they learn followed tokens)
         self._lock = threading.Lock()
+        self._closed = False
         self.stats = ServiceStats()
+        at_fork(self, before=DraftingService._hold, after_in_parent=DraftingService._release,
+                after_in_child=DraftingService._release)
 
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
@@ -138,6 +148,7 @@ class DraftingService:
         """
         key, prompt = door.request_id(req_id), door.token_ids(prompt_ids, self.vocab_size, "prompt_ids")
         with self._lock:
+            self._check_open()
             if key in self._requests:
                 raise ValueError(f"request {key!r} is already active; stop_request it first")
             state = self.method.start(prompt)
@@ -153,44 +164,54 @@ class DraftingService:
         """
         key, checked = door.request_id(req_id), door.token_ids(tokens, self.vocab_size, "tokens")
         with self._lock:
+            self._check_open()
             r = self._get(key)
             self._core.extend(r.handle, checked)
             self.method.extend(r.state, checked)
 
     def follow_rows(self, req_ids: Sequence[RequestId | None], tokens: np.ndarray, lengths: np.ndarray,
-                    index: Sequence[int]) -> list[bool]:
+                    index: Sequence[int], *, vocab_size: int | None = None) -> list[bool]:
         """An engine's rows, each a request's whole sequence so far: where request ``req_ids[i]``'s tokens are the
         first of row ``index[i]`` (``tokens[index[i], :lengths[index[i]]]``), the rest are appended to it; else it is
         left as it was. Pairs are tried in order, and one whose row or request an earlier pair of the call followed is
         skipped: each row holds one request and each request one row, so a request that may have moved can be tried
         against several rows (and several requests against one row) in one call. One native call for the batch: a
-        compare of each request's known tokens with its row and a copy of the new ones. What an engine that passes no
-        request ids keys its rows by (:class:`serving.RowTracker`). The ids are the engine's, not checked against the
-        vocabulary (a model's may be larger than its tokenizer's).
+        compare of each request's known tokens with its row, a check of the new ids and a copy of them. What an engine
+        that passes no request ids keys its rows by (:class:`serving.RowTracker`). New ids are checked against the
+        engine model's vocabulary (``vocab_size``; a model's may be larger than its tokenizer's), else below 2**31.
 
         Args:
-            req_ids: the request of each pair (``None`` or a request not active: it follows nothing).
+            req_ids: the request of each pair (``None`` or a request not active: it follows nothing), as
+                :meth:`start_request` takes ids.
             tokens: ``[rows, max_len]`` int32 or int64. lengths: ``[>= rows]``, the same dtype: each row's count.
             index: the row of each pair (ints).
+            vocab_size: the engine model's vocabulary size (``None``: ids below 2**31).
 
         Returns:
             ``[len(req_ids)]``: whether each pair's request followed its row.
 
         Raises:
-            datastore.errors.InvalidContext: for arrays of another shape or dtype, lengths past a row's end, or rows
-                outside the arrays.
-            ValueError: when ``req_ids`` and ``index`` differ in length.
+            datastore.errors.InvalidContext: for arrays of another shape or dtype, lengths outside a row, rows outside
+                the arrays, or a new id outside ``[0, vocab_size)`` (naming the row and the id; nothing is followed).
+            TypeError / ValueError: for ``req_ids`` that are not a sequence of request ids (or ``None``), one per row
+                of ``index``, or a ``vocab_size`` that is not an int in ``1..2**31``.
+            datastore.errors.ClosedError: after :meth:`close`.
         """
         rows, counts, at = door.engine_rows(tokens, lengths, index)
-        if len(req_ids) != len(at):
-            raise ValueError(f"{len(req_ids)} req_ids for {len(at)} rows; pass one request per row of index")
+        req_ids = door.engine_request_ids(req_ids, len(at))
+        limit = door.engine_vocab(vocab_size)
         with self._lock:
+            self._check_open()
             requests = self._requests
             entries = [None if r is None else requests.get(r) for r in req_ids]  # None: none, or not active
             handles = np.array([-1 if e is None else e.handle for e in entries], np.int64)
             stateful = [e for e in entries if e is not None and e.state is not None] if self._stateful else []
             before = {id(e): self._core.count(e.handle) for e in stateful}
-            followed = self._core.follow_rows(handles, rows, at, counts)
+            followed, bad, bad_id = self._core.follow_rows(handles, rows, at, counts, limit)
+            if followed is None:
+                raise InvalidContext(f"row {int(at[bad])} holds token id {bad_id} (outside 0..{limit - 1}) after "
+                                     f"request {req_ids[bad]!r}'s tokens; pass the engine's ids (and its model's "
+                                     "vocab_size); nothing was followed")
             for e in stateful:  # a method with its own state learns the new tokens
                 if self._core.count(e.handle) != before[id(e)]:
                     self.method.extend(e.state, self._core.tokens(e.handle, before[id(e)]))
@@ -208,6 +229,7 @@ class DraftingService:
             raise TypeError(f"the {self.name} drafter reads no hidden states")
         key = door.request_id(req_id)
         with self._lock:
+            self._check_open()
             self.method.add_hidden_states(self._get(key).state, hidden)
 
     def stop_request(self, req_id: RequestId) -> None:
@@ -215,6 +237,7 @@ class DraftingService:
         is told (the merged drafter hands it to the live layer's writer)."""
         key = door.request_id(req_id)
         with self._lock:
+            self._check_open()
             r = self._requests.pop(key, None)
             if r is None:
                 return
@@ -231,6 +254,7 @@ class DraftingService:
         """
         key = door.request_id(req_id)
         with self._lock:
+            self._check_open()
             return self._core.tokens(self._get(key).handle, 0)
 
     @property
@@ -238,6 +262,12 @@ class DraftingService:
         """The ids of the requests started and not stopped."""
         with self._lock:
             return frozenset(self._requests)
+
+    def _check_open(self) -> None:
+        """Under the lock: raise when the service was closed."""
+        if self._closed:
+            raise ClosedError(f"this {self.name} drafter was closed (close() or the end of its with block); open a new "
+                              "one")
 
     def _get(self, key: RequestId) -> _Request:
         try:
@@ -271,11 +301,13 @@ class DraftingService:
         """
         start = time.perf_counter()
         ids, budgets = door.rows(batch)
+        chain = door.chain(chain)
         cut = None if min_score is None else door.min_score(min_score)
         if cut and self.score_kind is not ScoreKind.PROBABILITY:
             raise ValueError(f"min_score={cut} is a probability; the {self.name} drafter's scores are "
                              f"{self.score_kind.value}")
         with self._lock:
+            self._check_open()
             requests = self._requests
             try:
                 entries = [requests[rid] for rid in ids]
@@ -308,6 +340,7 @@ class DraftingService:
 
         key = door.request_id(req_id)
         with self._lock:
+            self._check_open()
             tables = self._core.tables(self._get(key).handle, [native_tree(m) for m in candidates], native_tree(live),
                                        None if heads is None or not len(heads) else heads.native())
         return [NodeTable(*t) for t in tables]
@@ -327,8 +360,23 @@ class DraftingService:
         return self.method.config()
 
     def close(self) -> None:
-        """Release what the method opened (its lookups, its writer)."""
+        """Release what the method opened (its lookups, its writer, their threads), within about a second; final:
+        any later call raises :class:`datastore.errors.ClosedError` (a second ``close`` does nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self.method.close()
+
+    # -- os.fork ----------------------------------------------------------------------------------------------
+
+    def _hold(self) -> None:
+        """Before a fork: wait for a call in flight on another thread, so the child inherits a consistent table."""
+        self._lock.acquire()
+
+    def _release(self) -> None:
+        """After a fork, in the parent and in the child (the thread that forked holds the lock in both)."""
+        self._lock.release()
 
     def __enter__(self) -> DraftingService:
         return self

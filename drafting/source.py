@@ -13,6 +13,10 @@ or REST's :class:`datastore.SuffixIndex`) and turns each
 - a rebuild with the same tokenizer is followed by the client itself, silently;
 - a corrupt or undecodable tree: the client serves it as absent (one warning per client), so that
   context drafts without the datastore.
+
+In a forked child the parent's backend (its connections, threads and replicas' keeper) is left to the parent: the
+child opens its own on its first lookup. :meth:`DatastoreSource.close` is final: a later lookup raises
+:class:`datastore.errors.ClosedError`.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from datastore.context import TokenIds
-from datastore.errors import DatastoreError, DatastoreNotFound
+from datastore.errors import ClosedError, DatastoreError, DatastoreNotFound
 from datastore.lookup import Retrieval
 from datastore.tree import Match
+from toolkit.forks import at_fork
 
 if TYPE_CHECKING:
     from crest_native import Replica
@@ -102,7 +107,10 @@ class DatastoreSource:
         self.faults: Counter = Counter()
         self._down_at = float("-inf")
         self._degraded = False
+        self._closed = False
+        self._inherited: list[Retriever] = []  # a forked child's parent's backends: left alone, never closed
         self._lock = threading.RLock()
+        at_fork(self, after_in_child=DatastoreSource._forked)
         with self._lock:
             self._reopen()
 
@@ -112,7 +120,7 @@ class DatastoreSource:
             level = logging.INFO if self._optional and isinstance(exc, DatastoreNotFound) else logging.WARNING
             log.log(level, "%s; drafting without the datastore until it is back (output is unaffected)", exc)
             self._degraded = True
-        self.close()
+        self._drop()
         self._down_at = time.monotonic()
 
     def _reopen(self) -> bool:
@@ -128,14 +136,24 @@ class DatastoreSource:
             client = self._connect()
         except DatastoreError as exc:
             with self._lock:
-                self._fault(exc)
+                if not self._closed:
+                    self._fault(exc)
             return
         with self._lock:
-            self.client = client
+            if not self._closed:
+                self.client = client
+                return
+        client.close()  # closed meanwhile
 
     def _client(self) -> Retriever | None:
-        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down."""
+        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down.
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`.
+        """
         with self._lock:
+            if self._closed:
+                raise ClosedError("this datastore source was closed; open a new one")
             if self.client is not None or time.monotonic() - self._down_at < self.retry_s:
                 return self.client
             if not self._background:
@@ -220,9 +238,24 @@ class DatastoreSource:
         client = self._client()
         return {"down": True} if client is None else client.identity()
 
-    def close(self) -> None:
-        """Close the backend (a later lookup reopens it)."""
+    def _drop(self) -> None:
+        """Close the backend after a fault (a later lookup reopens it)."""
         with self._lock:
             client, self.client = self.client, None
         if client is not None:
             client.close()
+
+    def close(self) -> None:
+        """Close the backend, for good: a later lookup raises :class:`datastore.errors.ClosedError` (a second ``close``
+        does nothing)."""
+        with self._lock:
+            self._closed = True
+        self._drop()
+
+    def _forked(self) -> None:
+        """In a forked child: a fresh lock, and the parent's backend left to the parent (not closed: its connections
+        are the parent's); the child opens its own on its first lookup."""
+        self._lock = threading.RLock()
+        if self.client is not None:
+            self._inherited.append(self.client)
+        self.client, self._reopening, self._down_at = None, None, float("-inf")

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import psycopg
 
+from toolkit.forks import at_fork
+
 from ..connection import APPLICATION_NAME, connect, resolve_database_url
 from ..errors import DatastoreError
 from ..live import encode_output
@@ -57,11 +59,22 @@ class LiveWriter:
         self.origin = origin if origin is not None else f"{socket.gethostname()}:{os.getpid()}"
         self.appended = self.dropped = self.written = self.failed = 0
         self._pending_bytes = 0
+        self._lock: threading.Lock
+        self._queue: queue.Queue
+        self._idle: threading.Event
+        self._thread: threading.Thread
+        self._warned = False
+        self._start()
+        at_fork(self, after_in_child=LiveWriter._start)
+
+    def _start(self) -> None:
+        """A fresh queue and its thread (at construction, and in a forked child: the parent's outputs queued at the
+        fork are the parent's to write)."""
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue = queue.Queue()
+        self._pending_bytes = 0
         self._idle = threading.Event()
         self._idle.set()
-        self._warned = False
         self._thread = threading.Thread(target=self._run, name="crest-live-writer", daemon=True)
         self._thread.start()
 
