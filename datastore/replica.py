@@ -15,9 +15,10 @@ tokenizer and key width) that is checked when it is opened, with the header's CR
 file's size; each slot block and record a lookup reads is checked again then, and a read the file no longer backs (it
 was truncated under the mapping) fails that lookup instead of the process. A replica that is missing, of another
 build, truncated or corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a
-good one (the client drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or damaged mid-run is
-dropped with one warning and written again. Old replicas are removed once no process maps them (readers hold a shared
-``flock`` on the file; the remover takes an exclusive one, or leaves the file).
+good one (the client drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or
+damaged mid-run is dropped with one warning and written again. Old replicas are removed once no process maps them
+(readers hold a shared ``flock`` on the file; the remover takes an exclusive one, or leaves the file). Closing a client
+abandons a replica it is writing (its temporary file removed) within about a second; so does the interpreter's exit.
 
 Settings: ``CREST_REPLICAS`` (:class:`toolkit.settings.Settings`): the replicas' folder, or ``off``.
 """
