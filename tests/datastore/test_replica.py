@@ -7,8 +7,10 @@ replicas are removed. Real Postgres, real builds, real tokens."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import cast
@@ -23,7 +25,7 @@ from datastore.admin.catalog import datastore_stats
 from datastore.admin.grants import grant_reader
 from datastore.codec import decode_tree, encode_tree
 from datastore.connection import connect
-from datastore.errors import CodecError
+from datastore.errors import ClosedError, CodecError
 from datastore.keys import decode_key
 from datastore.lookup import resolve_build
 from datastore.replica import (
@@ -199,6 +201,7 @@ def _service(url: str, name: str, tokenizer, replicas: Path | bool):
 
 
 FAULTS = {
+    "rotted": lambda p: _rot(p),
     "deleted": lambda p: p.unlink(),
     "truncated": lambda p: os.truncate(p, p.stat().st_size // 2),
     "bit-flipped": lambda p: _flip(p, p.stat().st_size // 3),
@@ -212,6 +215,16 @@ def _flip(path: Path, at: int) -> None:
         byte = f.read(1)
         f.seek(at)
         f.write(bytes([byte[0] ^ 0x20]))
+
+
+def _rot(path: Path) -> None:
+    """Random bytes over the slot table, the file's size and modification time kept (a failing disk)."""
+    stat = path.stat()
+    start, end = replica_oracle.layout(path.read_bytes()).slots
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(np.random.default_rng(3).integers(0, 256, end - start).astype(np.uint8).tobytes())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def _garbage(path: Path) -> Path:
@@ -262,7 +275,7 @@ def test_a_fault_mid_run_never_changes_a_draft_and_the_replica_is_written_again(
         else:
             raise AssertionError(f"the replica was not written again after it was {fault}")
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    damaged = fault in ("truncated", "bit-flipped")
+    damaged = fault in ("truncated", "bit-flipped", "rotted")
     assert len(warned) == (1 if damaged or fault == "replaced" else 0), warned
     # a damaged file is read by at most one step (the background check may find it first)
     assert method.stats.damaged <= (1 if damaged else 0) and compared > 300
@@ -327,3 +340,42 @@ def test_processes_of_one_host_write_a_replica_once(database_url, chat_datastore
     finally:
         for c in clients:
             c.close()
+
+
+def test_close_during_a_replica_write_returns_within_a_second_and_leaves_nothing(database_url, chat_datastore,
+                                                                              tokenizer, tmp_path):
+    """A client closed while its replica is being written: ``close()`` returns within 1 s, the write is abandoned (no
+    temporary file, no replica), no thread of the client is left, and a later lookup raises ClosedError."""
+    before = set(threading.enumerate())
+    client = SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, replicas=tmp_path)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.rglob("*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert list(tmp_path.rglob("*.tmp")), "the replica's write was not seen"
+    start = time.monotonic()
+    client.close()
+    took = time.monotonic() - start
+    assert took < 1.0, f"close() took {took:.2f} s during a replica write"
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.crr"))
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    with pytest.raises(ClosedError, match="was closed"):
+        client.lookup([1, 2, 3])
+
+
+def test_close_while_another_process_writes_the_replica_returns_within_a_second(database_url, chat_datastore,
+                                                                               tokenizer, tmp_path):
+    """The host's writer lock held elsewhere (another process writing the replica): the client waits for it, and
+    ``close()`` still returns within 1 s with no thread left."""
+    info, db = _build(database_url, chat_datastore)
+    path = replica_path(tmp_path, db, info)
+    path.parent.mkdir(parents=True)
+    before = set(threading.enumerate())
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url,
+                                      replicas=tmp_path)
+        time.sleep(0.3)
+        start = time.monotonic()
+        client.close()
+        assert time.monotonic() - start < 1.0
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]

@@ -20,7 +20,7 @@ import pytest
 from crest_native import MAX_BUDGET
 from datastore import Datastore
 from datastore.admin.live_writer import LiveWriter
-from datastore.errors import InvalidContext
+from datastore.errors import ClosedError, InvalidContext
 from datastore.live import live_name
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, Draft, DraftingService, MergedMethod, ScoreKind
@@ -307,6 +307,16 @@ def started(shared_source, eval_prompts):
 
 
 ROWS = np.zeros((2, 8), np.int32)
+
+
+def _row(prompt, new_id: int, dtype=np.int32) -> np.ndarray:
+    """One engine row: the request's prompt, then ``new_id``."""
+    return np.array([list(prompt) + [new_id]], dtype)
+
+
+def _lengths(prompt, dtype=np.int32) -> np.ndarray:
+    return np.array([len(prompt) + 1], dtype)
+
 BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the error, what its message names)
     (lambda s, p: s.start_request("v", [49_152]), ValueError, "prompt_ids holds token id 49152"),
     (lambda s, p: s.start_request("v", [10**9]), ValueError, "outside the tokenizer's vocabulary [0, 49152)"),
@@ -338,8 +348,29 @@ BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the 
     (lambda s, p: s.follow_rows(["a"], ROWS.astype(float), np.array([2]), [0]), InvalidContext, "float64"),
     (lambda s, p: s.follow_rows(["a"], ROWS, np.array([2]), [0]), InvalidContext, "lengths is a 1-D numpy array of "
                                                                                   "int64"),
-    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([9, 1], np.int32), [0]), InvalidContext, "reach past"),
+    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([9, 1], np.int32), [0]), InvalidContext, "[9] of the rows in "
+                                                                                                 "index are outside "
+                                                                                                 "0..8"),
+    (lambda s, p: s.follow_rows(["a"], ROWS, np.array([-1, 1], np.int32), [0]), InvalidContext, "outside 0..8"),
     (lambda s, p: s.follow_rows(["a"], ROWS, np.array([1, 1], np.int32), [2]), InvalidContext, "index [2]"),
+    (lambda s, p: s.follow_rows([True], ROWS, np.array([1, 1], np.int32), [0]), TypeError, "req_ids[0] True is a bool"),
+    (lambda s, p: s.follow_rows([1.0], ROWS, np.array([1, 1], np.int32), [0]), TypeError, "req_ids[0] 1.0 is a float"),
+    (lambda s, p: s.follow_rows([["a"]], ROWS, np.array([1, 1], np.int32), [0]), TypeError, "req_ids[0] ['a'] is a "
+                                                                                              "list"),
+    (lambda s, p: s.follow_rows((r for r in ["a"]), ROWS, np.array([1, 1], np.int32), [0]), TypeError,
+     "req_ids is a generator; pass a sequence"),
+    (lambda s, p: s.follow_rows(["a"], _row(p, -1), _lengths(p), [0]), InvalidContext, "holds token id -1 (outside "
+                                                                                        "0..2147483647)"),
+    (lambda s, p: s.follow_rows(["a"], _row(p, 2**32 + 7, np.int64), _lengths(p, np.int64), [0]), InvalidContext,
+     f"holds token id {2**32 + 7}"),
+    (lambda s, p: s.follow_rows(["a"], _row(p, 2**31, np.int64), _lengths(p, np.int64), [0]), InvalidContext,
+     f"holds token id {2**31}"),
+    (lambda s, p: s.follow_rows(["a"], _row(p, 49_152), _lengths(p), [0], vocab_size=49_152), InvalidContext,
+     "holds token id 49152 (outside 0..49151)"),
+    (lambda s, p: s.follow_rows(["a"], _row(p, 7), _lengths(p), [0], vocab_size=True), TypeError, "vocab_size=True"),
+    (lambda s, p: s.propose([("a", 3)], chain=cast(Any, "yes")), TypeError, "chain='yes' is a str; pass True"),
+    (lambda s, p: s.propose([("a", 3)], chain=cast(Any, 1)), TypeError, "chain=1 is a int"),
+    (lambda s, p: s.propose([("a", 3)], chain=cast(Any, None)), TypeError, "chain=None"),
     (lambda s, p: s.add_hidden_states("a", np.zeros((1, 4))), TypeError, "the merged drafter reads no hidden states"),
 ]
 
@@ -363,6 +394,27 @@ def test_settings_are_checked_where_the_method_is_built(shared_source):
     for vocab in (0, 2**32 + 1, 3.5, True):
         with pytest.raises(ValueError, match="vocab_size"):
             DraftingService(MergedMethod(None), vocab_size=cast(Any, vocab))
+
+
+def test_chain_takes_numpy_bools_and_a_closed_service_refuses_every_call(started):
+    """``chain`` is a bool (numpy's too); after ``close()`` (or a ``with`` block) every call raises ClosedError, naming
+    the fix, and nothing reopens (a second close does nothing)."""
+    service, prompt = started
+    assert service.propose([("a", 4)], chain=np.bool_(True))[0].token_ids.tolist() == \
+        service.propose([("a", 4)], chain=True)[0].token_ids.tolist()
+    with service:
+        pass
+    service.close()
+    calls = [lambda: service.propose([("a", 3)]), lambda: service.start_request("z", prompt),
+             lambda: service.add_tokens("a", [1]), lambda: service.stop_request("a"), lambda: service.tokens("a"),
+             lambda: service.follow_rows(["a"], _row(prompt, 5), _lengths(prompt), [0])]
+    for call in calls:
+        with pytest.raises(ClosedError, match="was closed .*open a new one"):
+            call()
+    source = cast(DatastoreSource, cast(MergedMethod, service.method).lookups)
+    assert source.client is None
+    with pytest.raises(ClosedError):
+        source.lookup([1, 2, 3])
 
 
 def test_budget_zero_drafts_nothing_and_a_stopped_request_is_forgotten(started):
