@@ -86,8 +86,8 @@ def chain(value: object) -> bool:
 
 
 def engine_vocab(value: object) -> int:
-    """The id limit of an engine's rows: its model's vocabulary size, an ``int`` in ``1..2**31``, or ``None``
-    (:data:`ENGINE_ID_LIMIT`).
+    """The id limit of an engine's rows: its model's vocabulary size, an ``int`` in ``1..2**32`` (as a service's
+    ``vocab_size``), or ``None`` (:data:`ENGINE_ID_LIMIT`).
 
     Raises:
         TypeError / ValueError: for anything else, naming it.
@@ -97,8 +97,8 @@ def engine_vocab(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"vocab_size={value!r} is a {type(value).__name__}; pass the engine model's vocabulary size "
                         "(an int) or None")
-    if not 1 <= int(value) <= ENGINE_ID_LIMIT:
-        raise ValueError(f"vocab_size={value} is outside 1..2**31; pass the engine model's vocabulary size")
+    if not 1 <= int(value) <= 1 << 32:
+        raise ValueError(f"vocab_size={value} is outside 1..2**32; pass the engine model's vocabulary size")
     return int(value)
 
 

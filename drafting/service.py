@@ -194,7 +194,7 @@ class DraftingService:
             datastore.errors.InvalidContext: for arrays of another shape or dtype, lengths outside a row, rows outside
                 the arrays, or a new id outside ``[0, vocab_size)`` (naming the row and the id; nothing is followed).
             TypeError / ValueError: for ``req_ids`` that are not a sequence of request ids (or ``None``), one per row
-                of ``index``, or a ``vocab_size`` that is not an int in ``1..2**31``.
+                of ``index``, or a ``vocab_size`` that is not an int in ``1..2**32``.
             datastore.errors.ClosedError: after :meth:`close`.
         """
         rows, counts, at = door.engine_rows(tokens, lengths, index)

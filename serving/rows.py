@@ -41,6 +41,7 @@ class RowTracker:
 
     def __init__(self, service: DraftingService) -> None:
         self.service = service
+        self._vocab = service.vocab_size  # new ids are checked against it, as a prompt's are
         self._by_row: dict[int, int] = {}
         self._ids = itertools.count()
         self.started = self.moved = self.stopped = 0
@@ -62,7 +63,7 @@ class RowTracker:
         """
         previous = self._by_row
         guess: list[int | None] = [previous.get(i) for i in index]
-        followed = self.service.follow_rows(guess, tokens, lengths, index)
+        followed = self.service.follow_rows(guess, tokens, lengths, index, vocab_size=self._vocab)
         if len(index) == len(previous) and all(followed):  # every row holds its request still: nothing else to do
             return guess  # type: ignore[return-value]
         claimed = {rid for rid, ok in zip(guess, followed) if ok}
@@ -70,7 +71,8 @@ class RowTracker:
         open_at = [k for k, ok in enumerate(followed) if not ok]
         if free and open_at:  # requests that moved: every (free request, open row) pair in one call, rows in order
             pairs = [(k, rid) for k in open_at for rid in free]
-            moved = self.service.follow_rows([rid for _, rid in pairs], tokens, lengths, [index[k] for k, _ in pairs])
+            moved = self.service.follow_rows([rid for _, rid in pairs], tokens, lengths, [index[k] for k, _ in pairs],
+                                             vocab_size=self._vocab)
             for (k, rid), ok in zip(pairs, moved):
                 if ok:
                     guess[k] = rid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -105,5 +106,9 @@ source.close()
         out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
         assert "BACK" in out.stdout
+        # its exit stopped the server it brought back, quietly (no ignored exception, no pg_ctl complaint)
+        assert not re.search(r"Traceback|Exception ignored|pg_ctl|NoSuchProcess", out.stderr), out.stderr[-3000:]
+        running = subprocess.run(["pgrep", "-f", str(pgdata)], capture_output=True, text=True).stdout.split()
+        assert not running, f"server processes left behind: {running}"
     finally:
         subprocess.run(["rm", "-rf", str(pgdata)], check=False)
