@@ -284,7 +284,7 @@ class DraftingService:
         Args:
             batch: the rows: an active request and its budget, an int in ``0..MAX_BUDGET``
                 (:data:`crest_native.MAX_BUDGET`).
-            chain: each row's best path (at most ``budget`` tokens) instead of a tree.
+            chain: each row's best path (at most ``budget`` tokens) instead of a tree: a ``bool`` (or ``numpy.bool_``).
             min_score: this step's cut, a probability in [0, 1]: nodes whose acceptance probability is below it are
                 not drafted (``None``: the method's own setting). Only methods whose scores are probabilities
                 (``score_kind``) take a positive cut.
@@ -296,8 +296,9 @@ class DraftingService:
         Raises:
             KeyError: when a request is not active when the call starts.
             TypeError / ValueError: for a malformed row (naming it), a budget that is not an int in
-                ``0..MAX_BUDGET``, a ``min_score`` outside [0, 1], or a positive ``min_score`` given to a method whose
-                scores are not probabilities.
+                ``0..MAX_BUDGET``, a ``chain`` that is not a bool, a ``min_score`` outside [0, 1], or a positive
+                ``min_score`` given to a method whose scores are not probabilities.
+            datastore.errors.ClosedError: after :meth:`close` (every method raises it then).
         """
         start = time.perf_counter()
         ids, budgets = door.rows(batch)
