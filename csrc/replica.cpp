@@ -47,14 +47,6 @@ inline uint64_t load_slot(const uint8_t* p) {
   }
 }
 
-inline void store_slot(uint8_t* p, uint64_t v) {
-  if constexpr (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
-    std::memcpy(p, &v, sizeof v);
-  } else {
-    for (int b = 0; b < 8; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
-  }
-}
-
 void store_le(uint8_t* p, uint64_t v, int bytes) {
   for (int b = 0; b < bytes; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
 }
@@ -132,31 +124,18 @@ void install_bus_handler() {
   });
 }
 
-// Run `read` (loads from a mapping, stores into memory of the caller's; nothing allocated or locked) with this thread's
-// guard armed; false when the mapping raised SIGBUS meanwhile.
-template <class Read>
-bool guarded(Read&& read) {
-  FaultGuard& guard = fault_guard();
-  if (sigsetjmp(guard.at, 0) != 0) return false;
-  guard.armed = 1;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  read();
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  guard.armed = 0;
-  return true;
-}
-
-}  // namespace
-
-namespace {
-
-// libc's memcpy, not inlined: the compiler inlines a copy inside a guard as `rep movs`, slow to start on small copies.
-__attribute__((noinline)) void copy_bytes(void* to, const void* from, std::size_t size) { std::memcpy(to, from, size); }
 
 }  // namespace
 
 bool read_mapped(const uint8_t* from, std::size_t size, void* to) {
-  return guarded([&] { copy_bytes(to, from, size); });
+  FaultGuard& guard = fault_guard();
+  if (sigsetjmp(guard.at, 0) != 0) return false;  // the handler jumped back: the file no longer holds these bytes
+  guard.armed = 1;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(to, from, size);  // nothing allocated or locked while armed: safe to abandon
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guard.armed = 0;
+  return true;
 }
 
 uint64_t hash_bytes(const uint8_t* data, std::size_t len, uint64_t seed) {
@@ -271,11 +250,7 @@ bool Replica::blocks_intact() const {
 }
 
 bool Replica::load_block(uint64_t b, uint8_t* out) const {
-  const uint8_t* from = slot_table_ + b * kBlockBytes;
-  if (!guarded([&] {  // one cache line, as eight 8-byte loads
-        for (std::size_t k = 0; k < kBlockBytes; k += 8) store_slot(out + k, load_slot(from + k));
-      }))
-    return false;
+  if (!read_mapped(slot_table_ + b * kBlockBytes, kBlockBytes, out)) return false;
   return hash_bytes(out, kBlockCheckAt, b) == load_slot(out + kBlockCheckAt);
 }
 
