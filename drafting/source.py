@@ -15,8 +15,7 @@ or REST's :class:`datastore.SuffixIndex`) and turns each
   context drafts without the datastore.
 
 In a forked child the parent's backend (its connections, threads and replicas' keeper) is left to the parent: the
-child opens its own on its first lookup. :meth:`DatastoreSource.close` is final: a later lookup raises
-:class:`datastore.errors.ClosedError`.
+child opens its own on its first lookup.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from datastore.context import TokenIds
-from datastore.errors import ClosedError, DatastoreError, DatastoreNotFound
+from datastore.errors import DatastoreError, DatastoreNotFound
 from datastore.lookup import Retrieval
 from datastore.tree import Match
 from toolkit.forks import at_fork
@@ -107,7 +106,7 @@ class DatastoreSource:
         self.faults: Counter = Counter()
         self._down_at = float("-inf")
         self._degraded = False
-        self._closed = False
+        self._generation = 0  # close() abandons a reopen in flight (its backend is closed when it arrives)
         self._inherited: list[Retriever] = []  # a forked child's parent's backends: left alone, never closed
         self._lock = threading.RLock()
         at_fork(self, after_in_child=DatastoreSource._forked)
@@ -132,28 +131,23 @@ class DatastoreSource:
         return True
 
     def _reopen_later(self) -> None:
+        generation = self._generation
         try:
             client = self._connect()
         except DatastoreError as exc:
             with self._lock:
-                if not self._closed:
+                if generation == self._generation:
                     self._fault(exc)
             return
         with self._lock:
-            if not self._closed:
+            if generation == self._generation:
                 self.client = client
                 return
-        client.close()  # closed meanwhile
+        client.close()  # closed meanwhile: no pool or listener is left open behind close()
 
     def _client(self) -> Retriever | None:
-        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down.
-
-        Raises:
-            datastore.errors.ClosedError: after :meth:`close`.
-        """
+        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down."""
         with self._lock:
-            if self._closed:
-                raise ClosedError("this datastore source was closed; open a new one")
             if self.client is not None or time.monotonic() - self._down_at < self.retry_s:
                 return self.client
             if not self._background:
@@ -246,10 +240,10 @@ class DatastoreSource:
             client.close()
 
     def close(self) -> None:
-        """Close the backend, for good: a later lookup raises :class:`datastore.errors.ClosedError` (a second ``close``
-        does nothing)."""
+        """Close the backend, and abandon a reopen in flight (a later lookup reopens it: a source may serve several
+        drafters in turn; a :class:`drafting.DraftingService`'s ``close`` is final)."""
         with self._lock:
-            self._closed = True
+            self._generation += 1
         self._drop()
 
     def _forked(self) -> None:

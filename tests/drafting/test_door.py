@@ -45,8 +45,8 @@ BAD_ROWS = [  # (tokens, lengths, index, what the message names)
     (ROWS, LENGTHS, [-1], "outside the 2 given"),
     (ROWS, LENGTHS, [True], "sequence of row numbers"),
     (ROWS, LENGTHS, [0.0], "sequence of row numbers"),
-    (ROWS, np.array([5, 1], np.int64), [0], "past the rows' 4 columns"),
-    (ROWS, np.array([-1, 1], np.int64), [0], "past the rows' 4 columns"),
+    (ROWS, np.array([5, 1], np.int64), [0], "lengths [5] of the rows in index are outside 0..4 (the rows' columns)"),
+    (ROWS, np.array([-1, 1], np.int64), [0], "lengths [-1] of the rows in index are outside 0..4"),
 ]
 
 
