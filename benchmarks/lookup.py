@@ -8,7 +8,8 @@ same run, plus bytes per stored n-gram (table + index). Then the shared client
 lookup is a round trip) and a cache-hit lookup (the same contexts again, cache on). Then the host-local replica
 (:mod:`datastore.replica`): written afresh into a temporary folder (seconds, bytes, bytes per n-gram, its size against
 the Postgres table's), opened, and the same longest-match lookups through it (:meth:`crest_native.Replica.longest`,
-one native call each) with a cold page cache (its pages evicted first, ``posix_fadvise(DONTNEED)``) and a warm one.
+one native call each, in microseconds) with a cold page cache (its pages evicted first, ``posix_fadvise(DONTNEED)``) and
+a warm one.
 
     python benchmarks/lookup.py --name sharegpt [--database-url URL] [--lookups 5000]
 
@@ -45,6 +46,11 @@ def _contexts(tokenizer, limit: int) -> list[list[int]]:
 def _pct(samples: list[float]) -> str:
     a = np.array(samples) * 1e3
     return f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  p99 {np.percentile(a, 99):.3f} ms"
+
+
+def _pct_us(samples: list[float]) -> str:
+    a = np.array(samples) * 1e6
+    return f"p50 {np.percentile(a, 50):.2f} µs  p90 {np.percentile(a, 90):.2f} µs  p99 {np.percentile(a, 99):.2f} µs"
 
 
 def _timed(call, items) -> list[float]:
@@ -85,8 +91,8 @@ def replica_figures(url: str, name: str, contexts: list[list[int]], table_bytes:
         found = sum(replica.longest(a) is not None for a in arrays)
     print(f"replica written in {report.seconds:.1f} s: {report.bytes:,} bytes, {report.bytes / rows:.1f} per n-gram, "
           f"{report.bytes / table_bytes:.2f}x the Postgres table and index; opened in {1e3 * open_s:.1f} ms")
-    print(f"replica longest match, cold page cache ({len(cold)}): {_pct(cold)}")
-    print(f"replica longest match, warm page cache ({len(warm)}): {_pct(warm)}")
+    print(f"replica longest match, cold page cache ({len(cold)}): {_pct_us(cold)}")
+    print(f"replica longest match, warm page cache ({len(warm)}): {_pct_us(warm)}")
     print(f"replica hit rate {found / len(arrays):.3f}")
 
 
