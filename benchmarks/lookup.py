@@ -43,14 +43,11 @@ def _contexts(tokenizer, limit: int) -> list[list[int]]:
     return out[:limit]
 
 
-def _pct(samples: list[float]) -> str:
-    a = np.array(samples) * 1e3
-    return f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  p99 {np.percentile(a, 99):.3f} ms"
-
-
-def _pct_us(samples: list[float]) -> str:
-    a = np.array(samples) * 1e6
-    return f"p50 {np.percentile(a, 50):.2f} µs  p90 {np.percentile(a, 90):.2f} µs  p99 {np.percentile(a, 99):.2f} µs"
+def _pct(samples: list[float], unit: str = "ms") -> str:
+    """p50, p90 and p99 of ``samples`` (seconds) in ``unit``: ``ms`` (3 decimals) or ``µs`` (2)."""
+    scale, digits = {"ms": (1e3, 3), "µs": (1e6, 2)}[unit]
+    a = np.array(samples) * scale
+    return "  ".join(f"p{q} {np.percentile(a, q):.{digits}f} {unit}" for q in (50, 90, 99))
 
 
 def _timed(call, items) -> list[float]:
@@ -91,8 +88,8 @@ def replica_figures(url: str, name: str, contexts: list[list[int]], table_bytes:
         found = sum(replica.longest(a) is not None for a in arrays)
     print(f"replica written in {report.seconds:.1f} s: {report.bytes:,} bytes, {report.bytes / rows:.1f} per n-gram, "
           f"{report.bytes / table_bytes:.2f}x the Postgres table and index; opened in {1e3 * open_s:.1f} ms")
-    print(f"replica longest match, cold page cache ({len(cold)}): {_pct_us(cold)}")
-    print(f"replica longest match, warm page cache ({len(warm)}): {_pct_us(warm)}")
+    print(f"replica longest match, cold page cache ({len(cold)}): {_pct(cold, 'µs')}")
+    print(f"replica longest match, warm page cache ({len(warm)}): {_pct(warm, 'µs')}")
     print(f"replica hit rate {found / len(arrays):.3f}")
 
 
