@@ -75,22 +75,6 @@ void parse_checked(const uint8_t* header3, const BlobHeader& h, const uint8_t* p
   parse_payload(payload, size, h.width, out);
 }
 
-void decode_plain(const uint8_t* blob, std::size_t size, Tree& out) {
-  BlobHeader h = parse_blob_header(blob, size);
-  if (h.compression != 0)
-    throw std::invalid_argument("compression id " + std::to_string(h.compression) + " where a plain blob was expected");
-  parse_checked(blob, h, blob + h.body, size - h.body, out);
-}
-
-void append_plain_blob(int width, const uint8_t* payload, std::size_t size, std::vector<uint8_t>& out) {
-  uint8_t head[kBlobFixedHeader] = {kBlobMagic, kBlobVersion, static_cast<uint8_t>(width), 0, 0, 0, 0};
-  uint32_t crc = blob_crc(head, payload, size);
-  for (int b = 0; b < 4; ++b) head[3 + b] = static_cast<uint8_t>(crc >> (8 * b));
-  out.insert(out.end(), head, head + kBlobFixedHeader);
-  append_varint(size, out);
-  out.insert(out.end(), payload, payload + size);
-}
-
 void parse_payload(const uint8_t* data, std::size_t size, int width, Tree& out) {
   if (width < 1 || width > 4) throw std::invalid_argument("token width " + std::to_string(width) + " is outside 1..4");
   out.clear();

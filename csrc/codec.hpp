@@ -1,7 +1,7 @@
 // Token-tree blobs, codec v1 (docs/tree-format.md): the header, the CRC and the payload, checked and parsed here once.
 // datastore.codec.decode_tree reads the header here, decompresses the body in Python (zstd, lz4) and hands the payload
-// back for its length, CRC and parse; a replica's records (replica.hpp) are plain (uncompressed) v1 blobs decoded here
-// whole. Its Python oracle is tests/oracle/codec.py.
+// back for its length, CRC and parse; a replica's records (replica.hpp) hold a tree's payload, checked by the replica
+// and parsed here. Its Python oracle is tests/oracle/codec.py.
 #pragma once
 
 #include <cstddef>
@@ -37,13 +37,6 @@ uint32_t blob_crc(const uint8_t* header3, const uint8_t* payload, std::size_t si
 // The payload of the blob whose header is `h` (its first three bytes at `header3`), checked against the header's length
 // and CRC, parsed into `out`. Throws std::invalid_argument with datastore.codec's messages.
 void parse_checked(const uint8_t* header3, const BlobHeader& h, const uint8_t* payload, std::size_t size, Tree& out);
-
-// A whole uncompressed blob (compression id 0), checked and parsed. Throws std::invalid_argument as above, and for a
-// compressed blob.
-void decode_plain(const uint8_t* blob, std::size_t size, Tree& out);
-
-// Append the uncompressed blob of a payload whose token ids are `width` bytes wide to `out`.
-void append_plain_blob(int width, const uint8_t* payload, std::size_t size, std::vector<uint8_t>& out);
 
 // Parse an uncompressed payload with token ids `width` (1..4) bytes wide into `out`.
 // Throws std::invalid_argument with datastore.codec's own message when the payload is not a valid tree.

@@ -124,7 +124,6 @@ void install_bus_handler() {
   });
 }
 
-
 }  // namespace
 
 bool read_mapped(const uint8_t* from, std::size_t size, void* to) {
