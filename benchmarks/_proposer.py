@@ -36,14 +36,7 @@ class InstrumentedProposer(CrestProposer):
         self.times: deque = deque(maxlen=STEP_TIMES_KEPT)
         self.cuts: deque = deque(maxlen=STEP_TIMES_KEPT)
         self.expected = 0.0  # the calibrated expected accepted tokens of every chain proposed (the sum of its scores)
-        self._drafts: Drafts | None = None
-        drafting = self.service.propose
-
-        def kept(*args, **kwargs) -> Drafts:  # the step's drafts, summed after the timed call
-            self._drafts = drafting(*args, **kwargs)
-            return self._drafts
-
-        self.service.propose = kept  # type: ignore[method-assign]
+        self.native: deque = deque(maxlen=STEP_TIMES_KEPT)  # each step's seconds in the native core
         InstrumentedProposer._last = weakref.ref(self)
 
     @classmethod
@@ -51,30 +44,29 @@ class InstrumentedProposer(CrestProposer):
         """The proposer built last in this process while vLLM still holds it, else ``None``."""
         return None if cls._last is None else cls._last()
 
-    def choose(self, drafts, rows: int):
+    def choose(self, drafts: Drafts, rows: int):
         keep = super().choose(drafts, rows)
-        kept = drafts.scores if keep is None else drafts.scores[keep]
+        kept = drafts.scores if keep is None else drafts.scores[keep]  # what the engine is asked to verify
         self.cuts.append(max(self.config.min_score, float(kept.min())) if len(kept) else 1.0)  # the lowest kept score
-        if keep is not None:
-            self.expected -= float(drafts.scores[~keep].sum())  # what the engine is not asked to verify
+        self.expected += float(kept.sum())
         return keep
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        core = self.method.stats.core_s
         start = time.perf_counter()
         out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
         spent = time.perf_counter() - start
         self.step_s += spent
         self.times.append(spent)
+        self.native.append(self.method.stats.core_s - core)
         self.steps += 1
         self.tokens_proposed += sum(map(len, out))
-        if self._drafts is not None:
-            self.expected += float(self._drafts.scores.sum())
-            self._drafts = None
         return out
 
     def reset_times(self) -> None:
         """Forget the timed steps so far (a run's figures then cover that run only)."""
         self.times.clear()
+        self.native.clear()
         self.service.stats.step_times.clear()
 
     def stats(self) -> dict:
@@ -86,10 +78,14 @@ class InstrumentedProposer(CrestProposer):
         client = lookups.client if lookups is not None else None
         times = np.asarray(self.times) * 1e3
         service = np.asarray(st.step_times) * 1e3
+        native = np.asarray(self.native) * 1e3
         return {"steps": self.steps, "step_ms_mean": 1e3 * self.step_s / max(self.steps, 1),
                 "propose_ms_p50": float(np.median(times)) if len(times) else 0.0,
                 "propose_ms_p99": float(np.percentile(times, 99)) if len(times) else 0.0,
                 "service_step_ms_p50": float(np.median(service)) if len(service) else 0.0,
+                # the drafting call itself (core_s: the native call, timed around it) and the rest of the hook
+                "native_ms_p50": float(np.median(native)) if len(native) else 0.0,
+                "outside_ms_p50": float(np.median(times - native)) if len(native) else 0.0,
                 "lookup_share": merged.lookup_s / max(st.step_s, 1e-12), "lookup_s": merged.lookup_s,
                 "replica_steps": merged.replica_steps, "round_trip_steps": merged.round_trip_steps,
                 "tokens_proposed": self.tokens_proposed, "expected_accepted": self.expected,

@@ -240,6 +240,7 @@ def child(args) -> None:
                 - ds0.get("cache_hit_rate", 0) * ds0.get("lookups", 0)
             run["proposer"] = {"steps": ps["steps"] - pstats0["steps"], "step_ms_p50": ps["service_step_ms_p50"],
                                "propose_ms_p50": ps["propose_ms_p50"], "propose_ms_p99": ps["propose_ms_p99"],
+                               "native_ms_p50": ps["native_ms_p50"], "outside_ms_p50": ps["outside_ms_p50"],
                                "replica_steps": ps["replica_steps"] - pstats0["replica_steps"],
                                "step_ms_mean": ps["step_ms_mean"], "lookup_share": ps["lookup_share"],
                                "cache_hit_rate": hits / max(looks, 1), "cut_mean": ps["cut_mean"],
@@ -452,11 +453,13 @@ def main() -> None:
     args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature}, indent=1))
     print(f"temperature {args.temperature}")
     print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
-          f"{'x none':>6} {'identical':>9} {'propose p50/p99 ms':>19}  ours: replica steps / lookup share")
+          f"{'x none':>6} {'identical':>9} {'propose p50/p99 ms':>19}  ours: replica steps / lookup share; the hook's "
+          "native call and the rest")
     for r in rows:
         extra = ""
         if "proposer_replica_steps" in r:
-            extra = f"  {r['proposer_replica_steps']}/{r['proposer_steps']} / {r['proposer_lookup_share']:.0%}"
+            extra = (f"  {r['proposer_replica_steps']}/{r['proposer_steps']} / {r['proposer_lookup_share']:.0%}; "
+                     f"p50 native {r['proposer_native_ms_p50']:.3f} + rest {r['proposer_outside_ms_p50']:.3f} ms")
         same = "-" if r["identical"] is None else f"{r['identical']}/{r['prompts']}"
         sp = "-" if r["speedup_vs_none"] is None else f"{r['speedup_vs_none']:.2f}"
         own = "-" if r.get("propose_p50_ms") is None else f"{r['propose_p50_ms']:.3f}/{r['propose_p99_ms']:.3f}"

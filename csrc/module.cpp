@@ -1,5 +1,6 @@
 // Python bindings of the native drafting core (nanobind): the module crest_native._core. The callers (drafting.door,
 // datastore.replica, datastore.codec) check every argument first; these bindings convert and trust them.
+#include <algorithm>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -139,6 +140,43 @@ nb::tuple follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T
   }
   if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id);
   return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0);
+}
+
+// A steady engine step in one call: follow each row's new tokens (as follow_rows), then, when every pair followed,
+// draft the rows from the replicas (as draft_stored). Returns (followed, bad, bad_id, drafts, damaged): followed and
+// bad/bad_id as follow_rows; drafts None when a pair did not follow or an id was refused (nothing drafted), else
+// draft_stored's tuple (empty arrays when a replica was found damaged, its index in damaged, else -1).
+template <typename T>
+nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
+                              const In1D<int64_t>& index, const In1D<T>& lengths, int64_t limit,
+                              const In1D<int64_t>& budgets, const crest::Replica* datastore, const crest::Replica* live,
+                              nb::handle heads, bool chain, double min_score) {
+  std::size_t pairs = handles.shape(0);
+  if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
+  std::vector<uint8_t> followed(pairs);
+  std::vector<Held> keep;
+  keep.reserve(pairs);
+  auto h = handles_of(handles);
+  auto b = budgets_of(budgets);
+  auto heads_trees = heads_of(heads, pairs, keep);
+  crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
+  std::vector<crest::Drafted> out;
+  int64_t bad = -1, bad_id = 0;
+  bool all = false, ok = false;
+  {
+    nb::gil_scoped_release quiet;
+    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
+                           pairs, limit, followed.data(), &bad_id);
+    all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
+    if (all) ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+  }
+  if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
+  nb::object drafts = nb::none();
+  if (all) {
+    if (!ok) out.clear();
+    drafts = drafts_tuple(out);
+  }
+  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0, drafts, stored.damaged);
 }
 
 // Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: chain_cut and tree_cut take any tree).
@@ -314,6 +352,18 @@ void bind_core(nb::module_& m) {
            "handle"_a, "tokens"_a)
       .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
+      .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
+           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a)
+      .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
+           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a)
+      .def(
+          "inactive",
+          [](const crest::Core& c, const In1D<int64_t>& handles) {
+            int64_t n = 0;
+            for (std::size_t i = 0; i < handles.shape(0); ++i) n += !c.active(handles.data()[i]);
+            return n;
+          },
+          "handles"_a)
       .def(
           "stop",
           [](crest::Core& c, int64_t h) -> nb::object {

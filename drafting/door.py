@@ -17,8 +17,8 @@ from crest_native import MAX_BUDGET
 from datastore.context import check_ids
 from datastore.errors import InvalidContext
 
-__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budget", "chain", "engine_request_ids", "engine_rows",
-           "engine_vocab", "min_score", "request_id", "rows", "token_ids"]
+__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budget", "budgets", "chain", "engine_request_ids",
+           "engine_rows", "engine_vocab", "min_score", "request_id", "rows", "token_ids"]
 
 RequestId = int | str
 """How a request is keyed: an ``int`` in the 64-bit range or a ``str``."""
@@ -55,6 +55,32 @@ def budget(value: object, what: str = "budget") -> int:
     out = int(value)
     if not 0 <= out <= MAX_BUDGET:
         raise ValueError(f"{what} {out} is outside 0..{MAX_BUDGET}; pass the draft nodes to verify (0: none)")
+    return out
+
+
+def budgets(values: object, rows: int) -> np.ndarray:
+    """An engine step's budgets, one per row: a 1-D integer numpy array (or a sequence of ints), each in
+    ``0..MAX_BUDGET``, as ``[rows]`` int64.
+
+    Raises:
+        TypeError: for anything else. ValueError: for another length than ``rows``, or a budget outside
+            ``0..MAX_BUDGET`` (naming the first).
+    """
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise TypeError(f"budgets is a {values.ndim}-D numpy array of {values.dtype}; pass 1-D integers, one per "
+                            "row")
+        out = values.astype(np.int64, copy=False)
+    else:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise TypeError(f"budgets is a {type(values).__name__}; pass a 1-D integer array or a list of ints")
+        out = np.array([budget(v, f"budgets[{i}]") for i, v in enumerate(values)], dtype=np.int64)
+    if len(out) != rows:
+        raise ValueError(f"{len(out)} budgets for {rows} rows; pass one budget per row of index")
+    if len(out) and (int(out.min()) < 0 or int(out.max()) > MAX_BUDGET):
+        bad = int(np.flatnonzero((out < 0) | (out > MAX_BUDGET))[0])
+        raise ValueError(f"budgets[{bad}] {int(out[bad])} is outside 0..{MAX_BUDGET}; pass the draft nodes to verify "
+                         "(0: none)")
     return out
 
 

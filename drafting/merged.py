@@ -39,7 +39,7 @@ from toolkit.forks import at_fork
 from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration
 from .draft import Drafts, ScoreKind
 from .heads import HeadSource
-from .method import CoreSettings, Step
+from .method import CoreSettings, Follow, FollowedStep, Step
 from .source import DatastoreSource
 
 __all__ = ["MergeStats", "MergedMethod", "OutputSink", "native_tree"]
@@ -231,22 +231,49 @@ class MergedMethod:
         cut = self.min_score if step.min_score is None else step.min_score
         heads = self._heads(step)
         stores = self.lookups.stores() if self.lookups is not None else None
-        made = None
+        made, damaged = None, -1
         if stores is not None:
             start = time.perf_counter()
             with step.lock:
                 made, damaged = step.core.draft_stored(step.handles, step.budgets, stores.datastore, stores.live,
                                                           heads, step.chain, cut)
-            with self._stats_lock:
-                self.stats.core_s += time.perf_counter() - start
-                if damaged < 0:
-                    self.stats.replica_steps += 1
-                else:
-                    self.stats.damaged += 1
-            if damaged >= 0:
-                assert self.lookups is not None
-                self.lookups.replica_damaged(stores[damaged])
-                made = None
+            self._replica_step(start, stores, damaged)
+        return self._drafts(step, heads, cut, None if damaged >= 0 else made)
+
+    def draft_following(self, step: Step, follow: Follow) -> FollowedStep | None:
+        """The engine's rows followed and the step drafted from the replicas in one native call
+        (``Core.follow_draft_stored``); ``None`` before the replicas are ready (the service follows, then drafts by
+        the round trip). A replica found damaged drafts the step by the round trip."""
+        stores = self.lookups.stores() if self.lookups is not None else None
+        if stores is None:
+            return None
+        cut = self.min_score if step.min_score is None else step.min_score
+        heads = self._heads(step)
+        start = time.perf_counter()
+        with step.lock:
+            followed, bad, bad_id, made, damaged = step.core.follow_draft_stored(
+                step.handles, follow.rows, follow.at, follow.lengths, follow.limit, step.budgets, stores.datastore,
+                stores.live, heads, step.chain, cut)
+        if made is None:  # a pair did not follow, or an id was refused: nothing drafted
+            return followed, bad, bad_id, None
+        self._replica_step(start, stores, damaged)
+        return followed, -1, 0, self._drafts(step, heads, cut, None if damaged >= 0 else made)
+
+    def _replica_step(self, start: float, stores, damaged: int) -> None:
+        """Count a step drafted from the replicas (``damaged``: the replica found damaged, -1: none), and drop a damaged
+        replica (it is written again)."""
+        with self._stats_lock:
+            self.stats.core_s += time.perf_counter() - start
+            if damaged < 0:
+                self.stats.replica_steps += 1
+            else:
+                self.stats.damaged += 1
+        if damaged >= 0:
+            assert self.lookups is not None
+            self.lookups.replica_damaged(stores[damaged])
+
+    def _drafts(self, step: Step, heads: list | None, cut: float, made: tuple | None) -> Drafts:
+        """The step's drafts from the native call's arrays (``None``: drafted by the round trip instead)."""
         if made is None:
             made = self._round_trip(step, heads, cut)
         tokens, parents, scores, offsets, chosen = made
@@ -270,7 +297,7 @@ class MergedMethod:
                 live[i] = native_tree(got.live)
         looked = time.perf_counter()
         with step.lock:
-            gone = sum(not step.core.active(int(step.handles[i])) for i in asked)
+            gone = step.core.inactive(step.handles[asked])
             made = step.core.draft_given(step.handles, step.budgets, stored, live, heads, step.chain, cut)
         with self._stats_lock:
             st = self.stats

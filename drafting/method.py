@@ -19,9 +19,9 @@ import numpy as np
 
 from crest_native import FEATURES, Core
 
-from .draft import Draft, ScoreKind
+from .draft import Draft, Drafts, ScoreKind
 
-__all__ = ["CoreSettings", "DraftMethod", "Step", "TABLE_ONLY"]
+__all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TABLE_ONLY"]
 
 
 class CoreSettings(NamedTuple):
@@ -76,6 +76,23 @@ class Step:
             return self.core.tokens(handle, max(self.core.count(handle) - n, 0))
 
 
+class Follow(NamedTuple):
+    """An engine's rows to follow before a step is drafted (:meth:`drafting.DraftingService.follow_rows`'s checked
+    arguments): ``rows`` ``[rows, max_len]`` int32 or int64 (C order), ``at`` ``[pairs]`` int64 (each pair's row),
+    ``lengths`` ``[>= rows]`` of ``rows``' dtype, ``limit`` (new ids must be below it)."""
+
+    rows: np.ndarray
+    at: np.ndarray
+    lengths: np.ndarray
+    limit: int
+
+
+FollowedStep = tuple[list[bool] | None, int, int, Drafts | None]
+"""What :meth:`DraftMethod.draft_following` returns: ``(followed per pair, bad pair, bad id, drafts)``; ``followed``
+``None`` when pair ``bad`` holds the new id ``bad_id`` outside ``[0, limit)`` (nothing followed, nothing drafted);
+``drafts`` ``None`` when a pair did not follow (nothing drafted)."""
+
+
 class DraftMethod(Protocol):
     """How a service drafts (see the module docstring). The service calls ``start`` and ``extend`` under its lock, and
     ``draft`` outside it."""
@@ -101,6 +118,11 @@ class DraftMethod(Protocol):
     def draft(self, step: Step) -> Sequence[Draft]:
         """One draft per row of a checked batch (empty for a budget of 0 or a request stopped meanwhile): a list, or
         the :class:`drafting.draft.Drafts` of one native call."""
+
+    def draft_following(self, step: Step, follow: Follow) -> FollowedStep | None:
+        """An engine's steady step in one native call: follow the rows (pair ``i``: request ``step.handles[i]``, row
+        ``follow.at[i]``), then, when every pair followed, draft the step. ``None`` when the method cannot do both
+        in one call now (the service then follows, then drafts)."""
 
     def stopped(self, state: Any, output: np.ndarray) -> None:
         """A request ended: its state, and its ``[N]`` uint32 output (which already joined the core's output index)."""
@@ -132,6 +154,9 @@ class Stateless:
 
     def add_hidden_states(self, state: None, hidden: Any) -> None:
         """Never called: the method reads no hidden states."""
+
+    def draft_following(self, step: Step, follow: Follow) -> None:
+        """Not in one call: the service follows, then drafts."""
 
     def stopped(self, state: None, output: np.ndarray) -> None:
         """Nothing learned from finished requests."""

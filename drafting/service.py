@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from .calibration import Calibration, NodeTable
 from .door import RequestId
 from .draft import Drafts, ScoreKind
 from .heads import HeadTree
-from .method import DraftMethod, Step
+from .method import DraftMethod, Follow, Step
 
 if TYPE_CHECKING:
     from datastore.tree import Match
@@ -200,6 +200,11 @@ class DraftingService:
         rows, counts, at = door.engine_rows(tokens, lengths, index)
         req_ids = door.engine_request_ids(req_ids, len(at))
         limit = door.engine_vocab(vocab_size)
+        return self._follow(req_ids, rows, at, counts, limit)
+
+    def _follow(self, req_ids: Sequence[RequestId | None], rows: np.ndarray, at: np.ndarray, counts: np.ndarray,
+                limit: int) -> list[bool]:
+        """:meth:`follow_rows` with its arguments checked."""
         with self._lock:
             self._check_open()
             requests = self._requests
@@ -209,13 +214,61 @@ class DraftingService:
             before = {id(e): self._core.count(e.handle) for e in stateful}
             followed, bad, bad_id = self._core.follow_rows(handles, rows, at, counts, limit)
             if followed is None:
-                raise InvalidContext(f"row {int(at[bad])} holds token id {bad_id} (outside 0..{limit - 1}) after "
-                                     f"request {req_ids[bad]!r}'s tokens; pass the engine's ids (and its model's "
-                                     "vocab_size); nothing was followed")
+                raise _bad_new_id(req_ids, at, limit, bad, bad_id)
             for e in stateful:  # a method with its own state learns the new tokens
                 if self._core.count(e.handle) != before[id(e)]:
                     self.method.extend(e.state, self._core.tokens(e.handle, before[id(e)]))
         return followed
+
+    def follow_and_propose(self, req_ids: Sequence[RequestId | None], tokens: np.ndarray, lengths: np.ndarray,
+                           index: Sequence[int], budgets: np.ndarray | Sequence[int], *, chain: bool,
+                           min_score: float | None = None,
+                           vocab_size: int | None = None) -> tuple[list[bool], Drafts | None]:
+        """An engine's steady step: :meth:`follow_rows`, then, when every pair followed, :meth:`propose` for the pairs'
+        requests, ``budgets[i]`` nodes for pair ``i``. One native call where the method can (the merged drafter once
+        its replicas are mapped: ``Core.follow_draft_stored``), else a call each.
+
+        Args:
+            req_ids / tokens / lengths / index / vocab_size: as :meth:`follow_rows`.
+            budgets: ``[len(index)]`` ints (a numpy integer array, or a sequence), each in ``0..MAX_BUDGET``.
+            chain / min_score: as :meth:`propose`.
+
+        Returns:
+            ``(followed, drafts)``: as :meth:`follow_rows`, and the pairs' drafts (a :class:`drafting.draft.Drafts`,
+            in pair order), or ``None`` when a pair did not follow (nothing drafted: start or move its request, then
+            :meth:`propose`).
+
+        Raises:
+            As :meth:`follow_rows` and :meth:`propose` (a request not active follows nothing; it raises no
+            ``KeyError``).
+        """
+        start = time.perf_counter()
+        rows, counts, at = door.engine_rows(tokens, lengths, index)
+        req_ids = door.engine_request_ids(req_ids, len(at))
+        limit = door.engine_vocab(vocab_size)
+        sizes = door.budgets(budgets, len(at))
+        chain = door.chain(chain)
+        cut = self._cut(min_score)
+        with self._lock:
+            self._check_open()
+            entries = [None if r is None else self._requests.get(r) for r in req_ids]
+            steady = not self._stateful and None not in entries
+            handles = np.array([-1 if e is None else e.handle for e in entries], np.int64)
+        if steady:
+            made = self.method.draft_following(Step(self._core, self._lock, handles, [None] * len(entries), sizes,
+                                                    chain, cut), Follow(rows, at, counts, limit))
+            if made is not None:
+                followed, bad, bad_id, drafts = made
+                if followed is None:
+                    raise _bad_new_id(req_ids, at, limit, bad, bad_id)
+                if drafts is not None:
+                    self._count(drafts, start)
+                return followed, drafts
+        followed = self._follow(req_ids, rows, at, counts, limit)
+        if not all(followed):
+            return followed, None
+        ids = cast("list[RequestId]", list(req_ids))  # every pair followed: none is None
+        return followed, self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score)
 
     def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
         """Append the target's hidden states of ``req_id``'s next positions, for a method that reads them (S4C's heads;
@@ -303,10 +356,7 @@ class DraftingService:
         start = time.perf_counter()
         ids, budgets = door.rows(batch)
         chain = door.chain(chain)
-        cut = None if min_score is None else door.min_score(min_score)
-        if cut and self.score_kind is not ScoreKind.PROBABILITY:
-            raise ValueError(f"min_score={cut} is a probability; the {self.name} drafter's scores are "
-                             f"{self.score_kind.value}")
+        cut = self._cut(min_score)
         with self._lock:
             self._check_open()
             requests = self._requests
@@ -318,6 +368,19 @@ class DraftingService:
         made = self.method.draft(Step(self._core, self._lock, handles, [e.state for e in entries], budgets, chain,
                                       cut))
         drafts = made if isinstance(made, Drafts) else Drafts.of(made, self.score_kind)
+        self._count(drafts, start)
+        return drafts
+
+    def _cut(self, min_score: object) -> float | None:
+        """A step's cut, checked: ``None`` (the method's own) or a probability this method's scores can take."""
+        cut = None if min_score is None else door.min_score(min_score)
+        if cut and self.score_kind is not ScoreKind.PROBABILITY:
+            raise ValueError(f"min_score={cut} is a probability; the {self.name} drafter's scores are "
+                             f"{self.score_kind.value}")
+        return cut
+
+    def _count(self, drafts: Drafts, start: float) -> None:
+        """Add a step's drafts, begun at ``start`` (``time.perf_counter``), to :attr:`stats`."""
         spent = time.perf_counter() - start
         with self._lock:
             st = self.stats
@@ -326,7 +389,6 @@ class DraftingService:
             st.nodes += drafts.nodes
             st.step_s += spent
             st.step_times.append(spent)
-        return drafts
 
     def node_tables(self, req_id: RequestId, candidates: Sequence[Match], live: Match | None,
                     heads: HeadTree | None = None) -> list[NodeTable]:
@@ -385,3 +447,11 @@ class DraftingService:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+def _bad_new_id(req_ids: Sequence[RequestId | None], at: np.ndarray, limit: int, bad: int,
+                bad_id: int) -> InvalidContext:
+    """The error for pair ``bad``'s new id ``bad_id`` outside ``[0, limit)`` (nothing was followed)."""
+    return InvalidContext(f"row {int(at[bad])} holds token id {bad_id} (outside 0..{limit - 1}) after request "
+                          f"{req_ids[bad]!r}'s tokens; pass the engine's ids (and its model's vocab_size); nothing was "
+                          "followed")

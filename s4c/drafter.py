@@ -24,7 +24,7 @@ import torch
 from drafting import DraftingService, MergedMethod
 from drafting.draft import Draft, ScoreKind
 from drafting.heads import HeadTree
-from drafting.method import TABLE_ONLY, CoreSettings, Step
+from drafting.method import TABLE_ONLY, CoreSettings, Follow, Step
 from drafting.source import DatastoreSource
 
 from .heads import S4CHeads
@@ -172,6 +172,9 @@ class S4CMethod:
                 budget = int(step.budgets[i])
                 drafts[i] = draft.best_path(budget) if step.chain else draft.top(budget)
         return drafts
+
+    def draft_following(self, step: Step, follow: Follow) -> None:
+        """Not in one call: the service follows, then drafts."""
 
     def stopped(self, state: Any, output: np.ndarray) -> None:
         """Nothing learned across requests."""

@@ -14,6 +14,10 @@ preempted, or the batch is condensed. A request's drafting state depends only on
 - requests not seen in a step are stopped (they finished or were preempted; a preempted request that resumes is
   rebuilt from its tokens).
 
+:meth:`RowTracker.propose` does a whole step: in a steady step (every row still holds its request) following the rows
+and drafting them is one native call (:meth:`drafting.DraftingService.follow_and_propose`); a step that starts, moves
+or stops requests takes a few more calls (never one per row).
+
 The tracker keeps only which request each row held: the service holds the one request table.
 """
 
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from drafting import DraftingService
+from drafting.draft import Drafts
 
 __all__ = ["RowTracker"]
 
@@ -61,9 +66,41 @@ class RowTracker:
         Raises:
             datastore.errors.InvalidContext: for arrays of another shape or dtype.
         """
-        previous = self._by_row
-        guess: list[int | None] = [previous.get(i) for i in index]
+        guess: list[int | None] = [self._by_row.get(i) for i in index]
         followed = self.service.follow_rows(guess, tokens, lengths, index, vocab_size=self._vocab)
+        return self._settle(index, tokens, lengths, guess, followed)
+
+    def propose(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
+                min_score: float | None = None) -> tuple[list[int], Drafts]:
+        """:meth:`step`, then each row's chain (:meth:`drafting.DraftingService.propose`, ``chain=True``): one native
+        call when every row holds the request it held at the last step.
+
+        Args:
+            index / tokens / lengths: as :meth:`step`. budgets: ``[len(index)]`` integers, each row's most draft tokens.
+            min_score: as :meth:`drafting.DraftingService.propose`.
+
+        Returns:
+            ``(request ids, drafts)``, in the order of ``index``.
+
+        Raises:
+            As :meth:`step` and :meth:`drafting.DraftingService.propose`.
+        """
+        guess: list[int | None] = [self._by_row.get(i) for i in index]
+        if index and None not in guess:  # perhaps a steady step: follow and draft in one call
+            followed, drafts = self.service.follow_and_propose(guess, tokens, lengths, index, budgets, chain=True,
+                                                               min_score=min_score, vocab_size=self._vocab)
+            ids = self._settle(index, tokens, lengths, guess, followed)
+            if drafts is not None:
+                return ids, drafts
+        else:
+            ids = self.step(index, tokens, lengths)
+        return ids, self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score)
+
+    def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
+                followed: list[bool]) -> list[int]:
+        """After the rows were followed by their last requests (``guess``, ``followed``): follow the moved requests,
+        start the new ones, stop those gone; each row's request id."""
+        previous = self._by_row
         if len(index) == len(previous) and all(followed):  # every row holds its request still: nothing else to do
             return guess  # type: ignore[return-value]
         claimed = {rid for rid, ok in zip(guess, followed) if ok}

@@ -204,18 +204,28 @@ class CrestProposer:
             ``[num_rows]`` lists of at most ``num_speculative_tokens`` token ids.
         """
         start = time.perf_counter()
-        out: list[list[int]] = [[] for _ in sampled_token_ids]
+        rows = len(sampled_token_ids)
         index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
-        started = self.rows.started
-        req_ids = self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
-        if self._last_end is not None and self.rows.started == started and len(index) == len(sampled_token_ids):
-            self.cost.observe(self._last_tokens, start - self._last_end)  # a decode-only step: no prefill in it
+        started, verified = self.rows.started, rows
         if index:
-            k, last = self.k, self.max_model_len - 1
-            budgets = [max(0, min(k, last - n)) for n in num_tokens_no_spec[index].tolist()]
-            drafts = self.service.propose(list(zip(req_ids, budgets)), chain=True, min_score=self.config.min_score)
-            for i, tokens in zip(index, drafts.token_lists(self.choose(drafts, len(index)))):
-                out[i] = tokens
-        self._last_tokens = sum(1 + len(d) for d in out)
+            # [len(index)] int64: each row's most draft tokens (k, fewer near max_model_len)
+            budgets = np.clip(self.max_model_len - 1 - num_tokens_no_spec[index].astype(np.int64), 0, self.k)
+            _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
+                                          min_score=self.config.min_score)
+            keep = self.choose(drafts, len(index))
+            lists = drafts.token_lists(keep)
+            verified += drafts.nodes if keep is None else int(keep.sum())
+            if len(index) == rows:
+                out = lists
+            else:
+                out = [[] for _ in sampled_token_ids]
+                for i, tokens in zip(index, lists):
+                    out[i] = tokens
+        else:
+            self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
+            out = [[] for _ in sampled_token_ids]
+        if self._last_end is not None and self.rows.started == started and len(index) == rows:
+            self.cost.observe(self._last_tokens, start - self._last_end)  # a decode-only step: no prefill in it
+        self._last_tokens = verified
         self._last_end = time.perf_counter()
         return out

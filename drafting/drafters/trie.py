@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..draft import Draft, ScoreKind
-from ..method import TABLE_ONLY, CoreSettings, Step
+from ..method import TABLE_ONLY, CoreSettings, Follow, Step
 from .ngram_trie import NGramTrie
 
 __all__ = ["Trie"]
@@ -69,6 +69,9 @@ class Trie:
             whole = Draft.from_tree(match.tree, self.prior)
             out.append(whole.best_path(budget) if step.chain else whole.top(budget))
         return out
+
+    def draft_following(self, step: Step, follow: Follow) -> None:
+        """Not in one call: the service follows, then drafts."""
 
     def stopped(self, state: Any, output: np.ndarray) -> None:
         """Nothing learned across requests."""

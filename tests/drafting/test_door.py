@@ -54,3 +54,17 @@ BAD_ROWS = [  # (tokens, lengths, index, what the message names)
 def test_engine_rows_refuse_what_no_engine_passes(tokens, lengths, index, named):
     with pytest.raises(InvalidContext, match=re.escape(named)):
         door.engine_rows(tokens, lengths, index)
+
+
+def test_an_engine_steps_budgets():
+    got = door.budgets(np.array([0, 3, MAX_BUDGET], np.int32), 3)
+    assert got.dtype == np.int64 and got.tolist() == [0, 3, MAX_BUDGET]
+    assert door.budgets([1, np.int64(2)], 2).tolist() == [1, 2] and door.budgets([], 0).tolist() == []
+    for bad, error, named in [(np.array([1.0, 2.0]), TypeError, "pass 1-D integers"),
+                              (np.zeros((1, 2), np.int64), TypeError, "2-D"),
+                              ("12", TypeError, "is a str"), ([1, True], TypeError, r"budgets\[1\]"),
+                              (np.array([1, 2]), ValueError, "2 budgets for 3 rows"),
+                              (np.array([1, -1, 2]), ValueError, r"budgets\[1\] -1 is outside"),
+                              (np.array([1, 2, MAX_BUDGET + 1]), ValueError, r"budgets\[2\]")]:
+        with pytest.raises(error, match=named):
+            door.budgets(bad, 3)

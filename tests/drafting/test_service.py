@@ -7,6 +7,7 @@ prompts as the sequences; no model needed to check drafts)."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import re
@@ -25,6 +26,7 @@ from datastore.live import live_name
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, Draft, DraftingService, MergedMethod, ScoreKind
 from ingest.live import compact_live
+from serving.rows import RowTracker
 from support import UNREACHABLE, build_small
 
 BUDGETS = (1, 3, 8, 32)
@@ -131,6 +133,66 @@ def test_the_replica_drafts_what_the_round_trip_drafts_bit_for_bit(shared_source
         assert local_method.stats.replica_steps == local.stats.steps and local_method.stats.round_trip_steps == 0
         assert trip_method.stats.backed_off > 0 or chain  # trees of 32 and 64 nodes chose among stored suffixes
         assert local_method.stats.backed_off == trip_method.stats.backed_off
+
+
+class CountingCore:
+    """A service's real native core with every call on it counted by name (what the service and its method call)."""
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.calls: collections.Counter = collections.Counter()
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.core, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
+    """An engine's rows followed and drafted by RowTracker.propose: one native call a step while every row holds its
+    request, a few when requests start, stop or move (never one per row); the drafts are bit for bit those of following
+    the rows, then drafting, in two calls."""
+    one, _ = merged(replica_source, min_score=0.1)
+    two, _ = merged(replica_source, min_score=0.1)
+    counting = CountingCore(one._core)
+    one._core = counting  # type: ignore[assignment]
+    trackers = RowTracker(one), RowTracker(two)
+    lives = [_steps(p.token_ids) for p in eval_prompts[:6]]
+    width = max(len(p.token_ids) for p in eval_prompts[:6]) + 8
+    tokens, lengths = np.zeros((8, width), np.int32), np.zeros(8, np.int32)
+    seqs = [list(prompt) for prompt, _ in lives]
+    steady = compared = 0
+    for step in range(max(len(c) for _, c in lives)):
+        rows = [i for i, (_, c) in enumerate(lives) if step < len(c)]
+        rows = rows[::-1] if step == 3 else rows  # the engine reorders its rows once: requests move
+        for r, i in enumerate(rows):
+            tokens[r, :len(seqs[i])] = seqs[i]
+            lengths[r] = len(seqs[i])
+        index = list(range(len(rows)))
+        budgets = np.full(len(rows), 8, np.int64)
+        t = trackers[0]
+        before = (t.started, t.moved, t.stopped)
+        counting.calls.clear()
+        _, got = t.propose(index, tokens, lengths, budgets, min_score=0.1)
+        ids = trackers[1].step(index, tokens, lengths)
+        want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1)
+        if (t.started, t.moved, t.stopped) == before:  # every row held its request: a steady step
+            assert counting.calls == {"follow_draft_stored": 1}, counting.calls
+            steady += 1
+        else:  # a fixed number of calls, and one per request started or stopped
+            assert sum(counting.calls.values()) - counting.calls["start"] - counting.calls["stop"] <= 4, counting.calls
+        for a, b in zip(got, want):
+            assert _same(a, b)
+            compared += 1
+        for i in rows:
+            seqs[i] += lives[i][1][step]
+    assert steady > 10 and compared > 50
 
 
 def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
