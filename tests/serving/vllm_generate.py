@@ -33,6 +33,9 @@ def main() -> None:
               disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
+    if job.get("temperatures"):  # one per prompt, each sampled request seeded by its position
+        params = [SamplingParams(temperature=t, max_tokens=job["max_tokens"], seed=i)
+                  for i, t in enumerate(job["temperatures"])]
     outs = llm.generate(prompts, params, use_tqdm=False)
     result: dict[str, Any] = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
     if job.get("after_live"):  # once the proposer's own compactor has built the live layer, generate again
