@@ -37,19 +37,21 @@ class InstrumentedProposer(CrestProposer):
         self.cuts: deque = deque(maxlen=STEP_TIMES_KEPT)
         self.expected = 0.0  # the calibrated expected accepted tokens of every chain proposed (the sum of its scores)
         self.native: deque = deque(maxlen=STEP_TIMES_KEPT)  # each step's seconds in the native core
+        self._drafts: Drafts | None = None
+        drafting = self.rows.propose
+
+        def kept(*args, **kwargs):  # the step's drafts (cut to the engine's step cost), counted after the timed call
+            ids, drafts = drafting(*args, **kwargs)
+            self._drafts = drafts
+            return ids, drafts
+
+        self.rows.propose = kept  # type: ignore[method-assign]
         InstrumentedProposer._last = weakref.ref(self)
 
     @classmethod
     def last(cls) -> InstrumentedProposer | None:
         """The proposer built last in this process while vLLM still holds it, else ``None``."""
         return None if cls._last is None else cls._last()
-
-    def choose(self, drafts: Drafts, rows: int):
-        keep = super().choose(drafts, rows)
-        kept = drafts.scores if keep is None else drafts.scores[keep]  # what the engine is asked to verify
-        self.cuts.append(max(self.config.min_score, float(kept.min())) if len(kept) else 1.0)  # the lowest kept score
-        self.expected += float(kept.sum())
-        return keep
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         core = self.method.stats.core_s
@@ -61,6 +63,11 @@ class InstrumentedProposer(CrestProposer):
         self.native.append(self.method.stats.core_s - core)
         self.steps += 1
         self.tokens_proposed += sum(map(len, out))
+        if self._drafts is not None:  # what the engine is asked to verify, and the lowest score kept
+            scores = self._drafts.scores
+            self.expected += float(scores.sum())
+            self.cuts.append(max(self.config.min_score, float(scores.min())) if len(scores) else 1.0)
+            self._drafts = None
         return out
 
     def reset_times(self) -> None:

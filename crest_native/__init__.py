@@ -8,7 +8,8 @@ lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas)
 - :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
 - :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs (codec v1,
-  ``docs/tree-format.md``); :func:`chain_cut` and :func:`tree_cut` cut any scored tree;
+  ``docs/tree-format.md``); :func:`chain_cut` and :func:`tree_cut` cut any scored tree; :func:`goodput_keep` keeps a
+  batch's draft nodes that maximise its expected tokens per second on an engine's step-cost curve;
 - :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order.
 
 The Python oracle of every stage is in ``tests/oracle/``. Importing this package fails with :class:`ImportError`
@@ -22,7 +23,7 @@ import hashlib
 from pathlib import Path
 
 __all__ = ["Core", "DEFAULTS", "FEATURES", "MAX_BUDGET", "Replica", "ReplicaError", "ReplicaWriter", "SOURCES",
-           "blob_header", "chain_cut", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
+           "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
 
@@ -39,6 +40,7 @@ try:
         ReplicaWriter,
         blob_header,
         chain_cut,
+        goodput_keep,
         key_hash,
         parse_blob,
         parse_tree_payload,

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,7 @@
 #include "core.hpp"
 #include "cut.hpp"
 #include "features.hpp"
+#include "goodput.hpp"
 #include "replica.hpp"
 
 #ifndef CREST_SOURCE_DIGEST
@@ -142,20 +144,68 @@ nb::tuple follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T
   return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0);
 }
 
+// A step-cost curve given as (tokens, seconds, tail) (drafting.CostCurve), its arrays held while it is used.
+struct HeldCurve {
+  In1D<double> tokens, seconds;
+  crest::StepCurve curve;
+};
+
+// `given` checked: 1..1024 points, tokens increasing, seconds and tail finite and >= 0.
+HeldCurve curve_of(nb::handle given) {
+  if (!nb::isinstance<nb::tuple>(given) || nb::len(given) != 3)
+    throw nb::type_error("curve must be (tokens, seconds, tail): a drafting.CostCurve");
+  In1D<double> tokens = nb::cast<In1D<double>>(given[0]), seconds = nb::cast<In1D<double>>(given[1]);
+  double tail = nb::cast<double>(given[2]);
+  std::size_t m = tokens.shape(0);
+  if (m < 1 || m > 1024 || seconds.shape(0) != m)
+    throw nb::value_error("a step-cost curve has 1..1024 points, as many seconds as tokens");
+  for (std::size_t i = 0; i < m; ++i) {
+    if (!(seconds.data()[i] >= 0) || (i && !(tokens.data()[i] > tokens.data()[i - 1])))
+      throw nb::value_error("a step-cost curve's tokens must increase and its seconds be >= 0");
+  }
+  if (!(tail >= 0) || tail == std::numeric_limits<double>::infinity())
+    throw nb::value_error("a step-cost curve's tail must be finite and >= 0");
+  const double* t = tokens.data();
+  const double* s = seconds.data();
+  return {std::move(tokens), std::move(seconds), {t, s, m, tail}};
+}
+
+// Each chain of `out` cut to its nodes among the batch's goodput-best (crest::goodput_keep; a chain's are a prefix).
+void keep_goodput(std::vector<crest::Drafted>& out, int64_t rows, const crest::StepCurve& curve) {
+  std::vector<double> scores;
+  for (const auto& d : out) scores.insert(scores.end(), d.scores.begin(), d.scores.end());
+  std::vector<uint8_t> keep;
+  std::vector<int32_t> order;
+  crest::goodput_keep(scores.data(), scores.size(), rows, curve, keep, order);
+  std::size_t at = 0;
+  for (auto& d : out) {
+    std::size_t n = d.scores.size();
+    std::size_t k = static_cast<std::size_t>(std::count(keep.begin() + at, keep.begin() + at + n, uint8_t{1}));
+    d.tokens.resize(k);
+    d.parents.resize(k);
+    d.scores.resize(k);
+    at += n;
+  }
+}
+
 // A steady engine step in one call: follow each row's new tokens (as follow_rows), then, when every pair followed,
 // draft the rows from the replicas (as draft_stored). Returns (followed, bad, bad_id, drafts, damaged): followed and
 // bad/bad_id as follow_rows; drafts None when a pair did not follow or an id was refused (nothing drafted), else
-// draft_stored's tuple (empty arrays when a replica was found damaged, its index in damaged, else -1).
+// draft_stored's tuple (empty arrays when a replica was found damaged, its index in damaged, else -1). With a step-cost
+// curve (chains only), each chain is cut to the batch's goodput-best nodes (keep_goodput).
 template <typename T>
 nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
                               const In1D<int64_t>& index, const In1D<T>& lengths, int64_t limit,
                               const In1D<int64_t>& budgets, const crest::Replica* datastore, const crest::Replica* live,
-                              nb::handle heads, bool chain, double min_score) {
+                              nb::handle heads, bool chain, double min_score, nb::handle curve) {
   std::size_t pairs = handles.shape(0);
   if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
+  if (!curve.is_none() && !chain) throw nb::value_error("a step-cost curve cuts chains only (chain=True)");
   std::vector<uint8_t> followed(pairs);
   std::vector<Held> keep;
   keep.reserve(pairs);
+  HeldCurve cost{};
+  if (!curve.is_none()) cost = curve_of(curve);
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
   auto heads_trees = heads_of(heads, pairs, keep);
@@ -169,6 +219,7 @@ nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, cons
                            pairs, limit, followed.data(), &bad_id);
     all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
     if (all) ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+    if (ok && !curve.is_none()) keep_goodput(out, static_cast<int64_t>(pairs), cost.curve);
   }
   if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
   nb::object drafts = nb::none();
@@ -353,9 +404,11 @@ void bind_core(nb::module_& m) {
       .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
-           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a)
+           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
+           "curve"_a.none() = nb::none())
       .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
-           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a)
+           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
+           "curve"_a.none() = nb::none())
       .def(
           "inactive",
           [](const crest::Core& c, const In1D<int64_t>& handles) {
@@ -528,6 +581,17 @@ NB_MODULE(_core, m) {
   m.def(
       "key_hash", [](nb::bytes key) { return crest::key_hash(reinterpret_cast<const uint8_t*>(key.c_str()), key.size()); },
       "key"_a);
+  m.def(
+      "goodput_keep",
+      [](In1D<double> scores, int64_t rows, nb::handle curve) {
+        if (rows < 1) throw nb::value_error("rows must be >= 1");
+        HeldCurve cost = curve_of(curve);
+        std::vector<uint8_t> keep;
+        std::vector<int32_t> order;
+        crest::goodput_keep(scores.data(), scores.shape(0), rows, cost.curve, keep, order);
+        return to_numpy(std::move(keep));
+      },
+      "scores"_a, "rows"_a, "curve"_a);
   m.def(
       "chain_cut",
       [](In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {

@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import overload
+from typing import NamedTuple, overload
 
 import numpy as np
 
-from crest_native import chain_cut, tree_cut
+from crest_native import chain_cut, goodput_keep, tree_cut
 from datastore.tree import TokenTree
 
-__all__ = ["Draft", "Drafts", "ScoreKind"]
+__all__ = ["CostCurve", "Draft", "Drafts", "ScoreKind"]
 
 
 class ScoreKind(str, Enum):
@@ -168,6 +168,22 @@ class Draft:
         return cls(tree.token_ids.astype(np.int64), tree.parents.astype(np.int32), scores, ScoreKind.COUNT_RATIO)
 
 
+class CostCurve(NamedTuple):
+    """``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`serving.cost.StepCostModel`):
+    interpolated between points, flat below the first, ``tail`` seconds per token past the last. What a step's chains
+    are cut to (:func:`crest_native.goodput_keep`: the batch's draft tokens that maximise its expected tokens per
+    second, SmartSpec's goodput, https://arxiv.org/abs/2406.14066 §4).
+
+    Attributes:
+        tokens: ``[points]`` float64, increasing (1..1024 points). seconds: ``[points]`` float64, >= 0 (non-decreasing
+            as fitted). tail: seconds per token past the last point, >= 0.
+    """
+
+    tokens: np.ndarray
+    seconds: np.ndarray
+    tail: float
+
+
 class Drafts(Sequence[Draft]):
     """A batch's drafts in flat arrays, as one native call makes them: draft ``i`` holds nodes
     ``offsets[i]:offsets[i + 1]``. A sequence of :class:`Draft` (each made when it is asked for, as read-only views of
@@ -228,15 +244,23 @@ class Drafts(Sequence[Draft]):
         """Draft nodes in the whole batch."""
         return self._bounds[-1]
 
-    def token_lists(self, keep: np.ndarray | None = None) -> list[list[int]]:
-        """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch.
-
-        Args:
-            keep: ``[nodes]`` bool, the nodes to return (``None``: all); each draft returns its first ``k`` nodes,
-                ``k`` its count of kept ones (for chains cut to the batch's best tokens, a prefix each).
-        """
+    def token_lists(self) -> list[list[int]]:
+        """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch."""
         tokens, b = self.token_ids.tolist(), self._bounds
-        if keep is None:
-            return [tokens[s:e] for s, e in zip(b, b[1:])]
-        kept = np.concatenate(([0], np.cumsum(keep))).tolist()
-        return [tokens[s:s + kept[e] - kept[s]] for s, e in zip(b, b[1:])]
+        return [tokens[s:e] for s, e in zip(b, b[1:])]
+
+    def goodput(self, curve: CostCurve, rows: int) -> Drafts:
+        """These chains cut to the batch's draft tokens that maximise its expected tokens per second on ``curve`` with
+        ``rows`` rows decoding (:func:`crest_native.goodput_keep`; a chain's kept tokens are a prefix of it).
+
+        Raises:
+            ValueError: for a malformed curve or ``rows < 1``.
+        """
+        keep = np.zeros(self.nodes + 1, np.int64)
+        np.cumsum(goodput_keep(self.scores, rows, curve), out=keep[1:])
+        b = np.asarray(self._bounds, np.int64)
+        counts = keep[b[1:]] - keep[b[:-1]]
+        kept = np.zeros(len(self) + 1, np.int64)
+        np.cumsum(counts, out=kept[1:])
+        index = np.repeat(b[:-1] - kept[:-1], counts) + np.arange(kept[-1])  # each chain's first kept nodes
+        return Drafts(self.token_ids[index], self.parents[index], self.scores[index], kept, self.score_kind)

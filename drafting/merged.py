@@ -253,7 +253,7 @@ class MergedMethod:
         with step.lock:
             followed, bad, bad_id, made, damaged = step.core.follow_draft_stored(
                 step.handles, follow.rows, follow.at, follow.lengths, follow.limit, step.budgets, stores.datastore,
-                stores.live, heads, step.chain, cut)
+                stores.live, heads, step.chain, cut, step.curve)
         if made is None:  # a pair did not follow, or an id was refused: nothing drafted
             return followed, bad, bad_id, None
         self._replica_step(start, stores, damaged)

@@ -19,7 +19,7 @@ import numpy as np
 
 from crest_native import FEATURES, Core
 
-from .draft import Draft, Drafts, ScoreKind
+from .draft import CostCurve, Draft, Drafts, ScoreKind
 
 __all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TABLE_ONLY"]
 
@@ -52,6 +52,7 @@ class Step:
         budgets: ``[rows]`` int64, each in ``0..MAX_BUDGET``. chain: draft each row's best path only.
         min_score: the step's cut, a probability (``None``: the method's own; only probability-scored methods get a
             positive one).
+        curve: the engine's step-cost curve the step's chains are cut to (``None``: none; chains only).
     """
 
     core: Core
@@ -61,6 +62,7 @@ class Step:
     budgets: np.ndarray
     chain: bool
     min_score: float | None
+    curve: CostCurve | None = None
 
     def tokens(self, row: int, start: int = 0) -> tuple[int, np.ndarray]:
         """Row ``row``'s token count and its tokens from position ``start`` on (``[count - start]`` uint32), copied out

@@ -46,7 +46,7 @@ from toolkit.forks import at_fork
 from . import door
 from .calibration import Calibration, NodeTable
 from .door import RequestId
-from .draft import Drafts, ScoreKind
+from .draft import CostCurve, Drafts, ScoreKind
 from .heads import HeadTree
 from .method import DraftMethod, Follow, Step
 
@@ -222,8 +222,8 @@ class DraftingService:
 
     def follow_and_propose(self, req_ids: Sequence[RequestId | None], tokens: np.ndarray, lengths: np.ndarray,
                            index: Sequence[int], budgets: np.ndarray | Sequence[int], *, chain: bool,
-                           min_score: float | None = None,
-                           vocab_size: int | None = None) -> tuple[list[bool], Drafts | None]:
+                           min_score: float | None = None, vocab_size: int | None = None,
+                           curve: CostCurve | None = None) -> tuple[list[bool], Drafts | None]:
         """An engine's steady step: :meth:`follow_rows`, then, when every pair followed, :meth:`propose` for the pairs'
         requests, ``budgets[i]`` nodes for pair ``i``. One native call where the method can (the merged drafter once
         its replicas are mapped: ``Core.follow_draft_stored``), else a call each.
@@ -232,6 +232,8 @@ class DraftingService:
             req_ids / tokens / lengths / index / vocab_size: as :meth:`follow_rows`.
             budgets: ``[len(index)]`` ints (a numpy integer array, or a sequence), each in ``0..MAX_BUDGET``.
             chain / min_score: as :meth:`propose`.
+            curve: the engine's step-cost curve: the chains are cut to the batch's draft tokens that maximise its
+                expected tokens per second (:meth:`drafting.draft.Drafts.goodput`; ``None``: not cut; chains only).
 
         Returns:
             ``(followed, drafts)``: as :meth:`follow_rows`, and the pairs' drafts (a :class:`drafting.draft.Drafts`,
@@ -240,7 +242,7 @@ class DraftingService:
 
         Raises:
             As :meth:`follow_rows` and :meth:`propose` (a request not active follows nothing; it raises no
-            ``KeyError``).
+            ``KeyError``). ValueError: for a ``curve`` with ``chain=False``, or a malformed one.
         """
         start = time.perf_counter()
         rows, counts, at = door.engine_rows(tokens, lengths, index)
@@ -249,6 +251,8 @@ class DraftingService:
         sizes = door.budgets(budgets, len(at))
         chain = door.chain(chain)
         cut = self._cut(min_score)
+        if curve is not None and not chain:
+            raise ValueError("a step-cost curve cuts chains: pass chain=True (or curve=None)")
         with self._lock:
             self._check_open()
             entries = [None if r is None else self._requests.get(r) for r in req_ids]
@@ -256,7 +260,7 @@ class DraftingService:
             handles = np.array([-1 if e is None else e.handle for e in entries], np.int64)
         if steady:
             made = self.method.draft_following(Step(self._core, self._lock, handles, [None] * len(entries), sizes,
-                                                    chain, cut), Follow(rows, at, counts, limit))
+                                                    chain, cut, curve), Follow(rows, at, counts, limit))
             if made is not None:
                 followed, bad, bad_id, drafts = made
                 if followed is None:
@@ -268,7 +272,8 @@ class DraftingService:
         if not all(followed):
             return followed, None
         ids = cast("list[RequestId]", list(req_ids))  # every pair followed: none is None
-        return followed, self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score)
+        drafts = self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score)
+        return followed, drafts if curve is None else drafts.goodput(curve, len(ids))
 
     def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
         """Append the target's hidden states of ``req_id``'s next positions, for a method that reads them (S4C's heads;

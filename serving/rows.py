@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from drafting import DraftingService
-from drafting.draft import Drafts
+from drafting.draft import CostCurve, Drafts
 
 __all__ = ["RowTracker"]
 
@@ -71,13 +71,15 @@ class RowTracker:
         return self._settle(index, tokens, lengths, guess, followed)
 
     def propose(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
-                min_score: float | None = None) -> tuple[list[int], Drafts]:
+                min_score: float | None = None, curve: CostCurve | None = None) -> tuple[list[int], Drafts]:
         """:meth:`step`, then each row's chain (:meth:`drafting.DraftingService.propose`, ``chain=True``): one native
         call when every row holds the request it held at the last step.
 
         Args:
             index / tokens / lengths: as :meth:`step`. budgets: ``[len(index)]`` integers, each row's most draft tokens.
             min_score: as :meth:`drafting.DraftingService.propose`.
+            curve: the engine's step-cost curve the chains are cut to (``None``: not cut; see
+                :meth:`drafting.DraftingService.follow_and_propose`).
 
         Returns:
             ``(request ids, drafts)``, in the order of ``index``.
@@ -88,13 +90,15 @@ class RowTracker:
         guess: list[int | None] = [self._by_row.get(i) for i in index]
         if index and None not in guess:  # perhaps a steady step: follow and draft in one call
             followed, drafts = self.service.follow_and_propose(guess, tokens, lengths, index, budgets, chain=True,
-                                                               min_score=min_score, vocab_size=self._vocab)
+                                                               min_score=min_score, vocab_size=self._vocab,
+                                                               curve=curve)
             ids = self._settle(index, tokens, lengths, guess, followed)
             if drafts is not None:
                 return ids, drafts
         else:
             ids = self.step(index, tokens, lengths)
-        return ids, self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score)
+        drafts = self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score)
+        return ids, drafts if curve is None else drafts.goodput(curve, len(ids))
 
     def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
                 followed: list[bool]) -> list[int]:

@@ -66,9 +66,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod
-from drafting.draft import Drafts
 
-from .cost import StepCostModel, best_mask
+from .cost import StepCostModel
 from .rows import RowTracker
 
 __all__ = ["CrestProposer"]
@@ -187,14 +186,6 @@ class CrestProposer:
     def load_model(self, model) -> None:
         """Nothing to load: the drafts come from the datastore and the requests' own tokens."""
 
-    def choose(self, drafts: Drafts, rows: int) -> np.ndarray | None:
-        """The draft tokens this step verifies: ``[nodes]`` bool, the batch's best-scored tokens that maximise its
-        expected tokens per second (:meth:`serving.cost.StepCostModel.keep`), or ``None``: all of them."""
-        if not self.config.adaptive or not drafts.nodes:
-            return None
-        n = self.cost.keep(drafts.scores, rows)
-        return None if n == drafts.nodes else best_mask(drafts.scores, n)
-
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
         """One chain of draft token ids per row (``[]``: no draft).
@@ -218,10 +209,10 @@ class CrestProposer:
             # [len(index)] int64: each row's most draft tokens (k, fewer near max_model_len)
             budgets = np.clip(self.max_model_len - 1 - num_tokens_no_spec[index].astype(np.int64), 0, self.k)
             _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
-                                          min_score=self.config.min_score)
-            keep = self.choose(drafts, len(index))
-            lists = drafts.token_lists(keep)
-            verified += drafts.nodes if keep is None else int(keep.sum())
+                                          min_score=self.config.min_score,
+                                          curve=self.cost.curve if self.config.adaptive else None)
+            lists = drafts.token_lists()
+            verified += drafts.nodes
             if len(index) == rows:
                 out = lists
             else:

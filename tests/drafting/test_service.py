@@ -25,6 +25,7 @@ from datastore.errors import ClosedError, InvalidContext
 from datastore.live import live_name
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, Draft, DraftingService, MergedMethod, ScoreKind
+from drafting.draft import CostCurve
 from ingest.live import compact_live
 from serving.rows import RowTracker
 from support import UNREACHABLE, build_small
@@ -156,18 +157,18 @@ class CountingCore:
 
 def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
     """An engine's rows followed and drafted by RowTracker.propose: one native call a step while every row holds its
-    request, a few when requests start, stop or move (never one per row); the drafts are bit for bit those of following
-    the rows, then drafting, in two calls."""
+    request, a few when requests start, stop or move (never one per row); the drafts, cut to a step-cost curve, are bit
+    for bit those of following the rows, then drafting, then cutting, in three calls."""
     one, _ = merged(replica_source, min_score=0.1)
     two, _ = merged(replica_source, min_score=0.1)
     counting = CountingCore(one._core)
-    one._core = counting  # type: ignore[assignment]
+    one._core = counting
     trackers = RowTracker(one), RowTracker(two)
     lives = [_steps(p.token_ids) for p in eval_prompts[:6]]
     width = max(len(p.token_ids) for p in eval_prompts[:6]) + 8
     tokens, lengths = np.zeros((8, width), np.int32), np.zeros(8, np.int32)
     seqs = [list(prompt) for prompt, _ in lives]
-    steady = compared = 0
+    steady = compared = cut = 0
     for step in range(max(len(c) for _, c in lives)):
         rows = [i for i, (_, c) in enumerate(lives) if step < len(c)]
         rows = rows[::-1] if step == 3 else rows  # the engine reorders its rows once: requests move
@@ -179,9 +180,11 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
         t = trackers[0]
         before = (t.started, t.moved, t.stopped)
         counting.calls.clear()
-        _, got = t.propose(index, tokens, lengths, budgets, min_score=0.1)
+        curve = CostCurve(np.array([1.0, 6.0]), np.array([0.020, 0.021]), 0.008)  # a knee at 6 tokens
+        _, got = t.propose(index, tokens, lengths, budgets, min_score=0.1, curve=curve)
         ids = trackers[1].step(index, tokens, lengths)
-        want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1)
+        want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1).goodput(curve, len(ids))
+        cut += want.nodes < two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1).nodes
         if (t.started, t.moved, t.stopped) == before:  # every row held its request: a steady step
             assert counting.calls == {"follow_draft_stored": 1}, counting.calls
             steady += 1
@@ -192,7 +195,7 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
             compared += 1
         for i in rows:
             seqs[i] += lives[i][1][step]
-    assert steady > 10 and compared > 50
+    assert steady > 10 and compared > 50 and cut > 5
 
 
 def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):

@@ -1,13 +1,16 @@
-"""The engine's step-cost curve and the batch's goodput choice of draft tokens (:mod:`serving.cost`): the curve of
-known line, knee and step costs, and the tokens chosen on each, where the best count is known by hand."""
+"""The engine's step-cost curve (:mod:`serving.cost`) and the goodput choice of a step's draft tokens on it (the native
+:func:`crest_native.goodput_keep` against its oracle, ``tests/oracle/goodput.py``): the curve of known line, knee and
+step costs, and the tokens kept on each, where the best count is known by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from drafting.draft import Drafts, ScoreKind
-from serving.cost import StepCostModel, StepCurve, best_mask
+from crest_native import goodput_keep
+from drafting.draft import CostCurve, Drafts, ScoreKind
+from oracle import goodput as oracle
+from serving.cost import StepCostModel, fit_curve
 
 CHAIN = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 """One row's chain scores (path probabilities: never rising)."""
@@ -21,8 +24,8 @@ def _model(cost, counts=range(1, 41), repeat: int = 3) -> StepCostModel:
     return model
 
 
-def _batch(rows: int) -> np.ndarray:
-    return np.array(CHAIN * rows)
+def _at(curve: CostCurve, n) -> float:
+    return oracle.curve_at(curve.tokens.tolist(), curve.seconds.tolist(), curve.tail, n)
 
 
 def test_a_line_is_recovered_from_noisy_steps():
@@ -31,10 +34,9 @@ def test_a_line_is_recovered_from_noisy_steps():
     for n in rng.integers(1, 129, 400):
         model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4))
     curve = model.curve
-    assert curve is not None
-    n = np.array([16, 64, 128, 200])
-    assert np.allclose(curve(n), 0.021 + 0.0025 * n, rtol=0.02)  # 200: past the steps seen, by the tail
-    assert np.all(np.diff(curve.seconds) >= 0)
+    assert curve is not None and np.all(np.diff(curve.seconds) >= 0) and np.all(np.diff(curve.tokens) > 0)
+    for n in (16, 64, 128, 200):  # 200: past the steps seen, by the tail
+        assert _at(curve, n) == pytest.approx(0.021 + 0.0025 * n, rel=0.02)
 
 
 @pytest.mark.parametrize(("name", "cost", "rows", "best"), [
@@ -48,13 +50,25 @@ def test_a_line_is_recovered_from_noisy_steps():
     ("steps", lambda n: 0.020 + 0.010 * ((n - 1) // 16), 4, 28),
 ])
 def test_the_goodput_choice_on_known_curves(name, cost, rows, best):
-    model = _model(cost)
-    scores = _batch(rows)
-    assert model.keep(scores, rows) == best
-    # the brute force over every count agrees
-    order = np.sort(scores)[::-1]
-    value = [(rows + order[:n].sum()) / cost(rows + n) for n in range(len(scores) + 1)]
-    assert int(np.argmax(value)) == best
+    curve = _model(cost).curve
+    assert curve is not None
+    scores = np.array(CHAIN * rows)
+    keep = goodput_keep(scores, rows, curve).view(bool)
+    assert keep.sum() == best and keep.tolist() == oracle.goodput_keep(scores.tolist(), rows, curve)
+    order = np.sort(scores)[::-1]  # the brute force over every count, on the true cost, agrees
+    assert int(np.argmax([(rows + order[:n].sum()) / cost(rows + n) for n in range(len(scores) + 1)])) == best
+
+
+def test_the_native_choice_is_the_oracles_on_random_batches():
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        points = int(rng.integers(1, 6))
+        tokens = np.cumsum(rng.uniform(0.5, 20, points))
+        curve = CostCurve(tokens, np.cumsum(rng.uniform(0, 0.02, points)) + 0.01, float(rng.uniform(0, 0.01)))
+        scores = np.round(rng.uniform(0, 1, int(rng.integers(0, 40))), 2)  # ties included
+        rows = int(rng.integers(1, 9))
+        want = oracle.goodput_keep(scores.tolist(), rows, curve)
+        assert goodput_keep(scores, rows, curve).view(bool).tolist() == want
 
 
 def test_one_slow_step_does_not_move_the_curve():
@@ -62,35 +76,46 @@ def test_one_slow_step_does_not_move_the_curve():
     model = _model(lambda n: 0.035 + 0.0024 * n, counts=range(1, 30), repeat=2)
     model.observe(3, 0.27)
     curve = model.curve
-    assert curve is not None
-    assert curve(np.array([3]))[0] == pytest.approx(0.035 + 0.0024 * 3, rel=0.01)
+    assert curve is not None and _at(curve, 3) == pytest.approx(0.035 + 0.0024 * 3, rel=0.01)
 
 
-def test_nothing_is_cut_before_the_curve_is_known_and_bad_arguments():
+def test_no_curve_without_spread_and_bad_arguments():
     model = StepCostModel(min_steps=4)
-    assert model.keep(_batch(2), 2) == 16  # nothing observed yet: draft freely
+    assert model.curve is None  # nothing observed yet: not cut
     for _ in range(10):
         model.observe(4, 0.03)  # every step the same size: the slope cannot be told
     model.observe(0, 0.03)  # ignored
     model.observe(5, -1.0)  # ignored
-    assert model.curve is None and model.keep(_batch(2), 2) == 16
-    assert StepCurve.fit(np.array([4.0, 4.0]), np.array([0.1, 0.2])) is None
+    assert model.curve is None and fit_curve(np.array([4.0, 4.0]), np.array([0.1, 0.2])) is None
     for bad in ({"window": 2}, {"min_steps": 1}, {"refit_every": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             StepCostModel(**bad)
+    ok = CostCurve(np.array([1.0, 2.0]), np.array([0.1, 0.2]), 0.0)
+    for curve, named in [(CostCurve(np.array([2.0, 1.0]), np.array([0.1, 0.2]), 0.0), "increase"),
+                         (CostCurve(np.array([1.0]), np.array([0.1, 0.2]), 0.0), "as many seconds"),
+                         (CostCurve(np.array([1.0]), np.array([-0.1]), 0.0), ">= 0"),
+                         (CostCurve(np.array([1.0]), np.array([0.1]), float("inf")), "tail")]:
+        with pytest.raises(ValueError, match=named):
+            goodput_keep(np.array([0.5]), 1, curve)
+    with pytest.raises(ValueError, match="rows"):
+        goodput_keep(np.array([0.5]), 0, ok)
+    with pytest.raises(TypeError, match="CostCurve"):
+        goodput_keep(np.array([0.5]), 1, (ok.tokens, ok.seconds))
 
 
-def test_the_best_tokens_are_a_prefix_of_every_chain():
-    scores = np.array([0.9, 0.5, 0.5, 0.2, 0.8, 0.5, 0.1, 0.5, 0.5])  # three chains, with ties across them
-    offsets = np.array([0, 4, 7, 9])
+def test_chains_keep_a_prefix_each():
+    scores = np.array([0.9, 0.5, 0.5, 0.2, 0.8, 0.5, 0.1, 0.5, 0.5])  # three chains and an empty one, ties across them
+    offsets = np.array([0, 4, 7, 7, 9])
     drafts = Drafts(np.arange(9, dtype=np.int64), np.array([-1, 0, 1, 2, -1, 0, 1, -1, 0], np.int32), scores,
                     offsets, ScoreKind.PROBABILITY)
-    for n in range(10):
-        keep = best_mask(scores, n)
-        assert keep.sum() == n
-        lists = drafts.token_lists(keep)
-        assert sum(map(len, lists)) == n
-        for s, got in zip(offsets, lists):
-            assert got == list(range(s, s + len(got)))  # a prefix of its chain
-            assert keep[s:s + len(got)].all()
-    assert drafts.token_lists() == [[0, 1, 2, 3], [4, 5, 6], [7, 8]]
+    for fixed in np.linspace(0.0, 0.3, 13):  # from every token paying to none paying
+        curve = CostCurve(np.array([1.0, 2.0]), np.array([0.1, 0.1 + fixed]), fixed)
+        keep = goodput_keep(scores, 4, curve).view(bool)
+        cut = drafts.goodput(curve, 4)
+        assert len(cut) == 4 and cut.nodes == keep.sum()
+        for whole, part in zip(drafts, cut):
+            n = len(part)
+            assert part.token_ids.tolist() == whole.token_ids[:n].tolist()  # a prefix of its chain
+            assert part.scores.tolist() == whole.scores[:n].tolist()
+            assert part.parents.tolist() == whole.parents[:n].tolist()
+    assert drafts.token_lists() == [[0, 1, 2, 3], [4, 5, 6], [], [7, 8]]

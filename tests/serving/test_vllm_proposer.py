@@ -121,7 +121,7 @@ def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, eval_prompts, chat
     sampled = [i for i, t in enumerate(temperatures) if t > 0]
     assert any(got["outputs"][i] != plain_vllm[i] for i in sampled)  # they were sampled
     stats = got["stats"]
-    assert got["accepted"] > 0.2 * stats["tokens_proposed"], (got["accepted"], stats["tokens_proposed"])
+    assert got["accepted"] > 0.15 * stats["tokens_proposed"], (got["accepted"], stats["tokens_proposed"])
 
 
 def test_proposer_settings_from_the_environment(monkeypatch):

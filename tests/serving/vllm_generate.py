@@ -32,7 +32,7 @@ def main() -> None:
               max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), speculative_config=spec,
               disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
+    params: SamplingParams | list[SamplingParams] = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
     if job.get("temperatures"):  # one per prompt, each sampled request seeded by its position
         params = [SamplingParams(temperature=t, max_tokens=job["max_tokens"], seed=i)
                   for i, t in enumerate(job["temperatures"])]
