@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -174,7 +175,7 @@ class LiveCompactor:
                         "hi": key >> 32, "lo": key & 0xFFFFFFFF}
         self._closing = threading.Event()
         self._lock = threading.Lock()
-        self._child: _Child | None = None
+        self._child: subprocess.Popen | None = None
         self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="crest-live-compactor", daemon=True)
         self._thread.start()
@@ -267,7 +268,7 @@ class LiveCompactor:
             with self._lock:
                 if self._closing.is_set():
                     return None
-                self._child = child = _Child(spawn_idle(argv, env, out.fileno(), err.fileno()))
+                self._child = child = spawn_idle(argv, env, out, err)
             status = self._wait(child, t0)
             with self._lock:
                 self._child = None
@@ -284,13 +285,13 @@ class LiveCompactor:
         peak = int(result.get("peak_rss_bytes", 0)) if result else 0
         return CompactionRun(started, time.perf_counter() - t0, peak, code, result, error)
 
-    def _wait(self, child: _Child, t0: float) -> int:
+    def _wait(self, child: subprocess.Popen, t0: float) -> int:
         """Reap ``child``; terminate it when closing or past the timeout. Returns its wait status."""
         killed_at = None
         while True:
             pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid == child.pid:
-                child.returncode = os.waitstatus_to_exitcode(status)
+                child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
                 return status
             late = time.perf_counter() - t0 > self.policy.timeout_s
             if (self._closing.is_set() or late) and killed_at is None:
@@ -305,51 +306,24 @@ class LiveCompactor:
             time.sleep(0.05)
 
 
-class _Child:
-    """A compaction child spawned by :func:`spawn_idle`: its pid, its exit code once reaped, and signals."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:  # exited, not reaped yet
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def spawn_idle(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> int:
+def spawn_idle(argv: list[str], env: dict[str, str], stdout, stderr) -> subprocess.Popen:
     """Start ``argv`` as a child at the lowest CPU priority there is: ``SCHED_IDLE`` (Linux: it runs only on a core
     nothing else wants, so an engine whose threads hold every core is never stalled by it, and its threads and
-    children inherit it), else ``nice 19``. Set the moment ``posix_spawn`` returns (the child has just started its
-    interpreter; CPython's ``posix_spawn(scheduler=...)`` fails with EINVAL on glibc 2.36), so its work is idle.
+    children inherit it), else ``nice 19``. Set the moment the child has started (``Popen`` returns once it runs the
+    command, before its interpreter has run a line), so its work is idle.
 
     Args:
-        argv: the command (``argv[0]`` a path). env: its environment. stdout / stderr: file descriptors it writes
-            to (its stdin is ``/dev/null``).
-
-    Returns:
-        The child's pid (reap it with ``os.waitpid``).
+        argv: the command. env: its environment. stdout / stderr: files it writes to (its stdin is ``/dev/null``).
 
     Raises:
         OSError: when it cannot be started.
     """
-    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_DUP2, stdout, 1), (os.POSIX_SPAWN_DUP2, stderr, 2)]
-    pid = os.posix_spawn(argv[0], argv, env, file_actions=actions)
+    child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env)
     try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # no SCHED_IDLE here (or the child is gone already): the lowest nice instead
         try:
-            os.setpriority(os.PRIO_PROCESS, pid, 19)
+            os.setpriority(os.PRIO_PROCESS, child.pid, 19)
         except OSError:
             pass
-    return pid
+    return child

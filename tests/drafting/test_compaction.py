@@ -84,15 +84,15 @@ def test_bad_settings_are_refused_by_name(field, value, named):
 
 def test_a_compaction_child_runs_at_idle_priority_from_its_first_line():
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = spawn_idle([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
-                         dict(os.environ), out.fileno(), err.fileno())
-        _, status = os.waitpid(pid, 0)
+        child = spawn_idle([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], dict(os.environ),
+                           out, err)
+        code = child.wait()
         out.seek(0)
         policy = int(out.read())
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert code == 0
     assert policy == os.SCHED_IDLE and os.sched_getscheduler(0) != os.SCHED_IDLE  # the child only, not this process
     with pytest.raises(OSError):
-        spawn_idle(["/nonexistent/python"], {}, 1, 2)
+        spawn_idle(["/nonexistent/python"], {}, None, None)
 
 
 def test_one_compactor_at_a_time_keeps_the_layer_fresh(database_url, real_stream, live_ds):
