@@ -86,14 +86,24 @@ Handle Core::start(const uint32_t* prompt, std::size_t n) {
   r.automaton = Automaton();
   r.automaton.extend(prompt, n);
   r.outputs_match = OutputMatch{};
+  r.last.clear();
+  r.verdicts = Verdicts{};
   return static_cast<Handle>(static_cast<uint64_t>(r.generation) << 32 | slot);
 }
 
 void Core::extend(Handle h, const uint32_t* tokens, std::size_t n) {
   Request* r = find(h);
   if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
-  r->tokens.insert(r->tokens.end(), tokens, tokens + n);
-  r->automaton.extend(tokens, n);
+  append(*r, tokens, n);
+}
+
+void Core::append(Request& r, const uint32_t* tokens, std::size_t n) {
+  if (n == 0) return;
+  const Drafted& d = r.last;
+  judge(d.tokens.data(), d.parents.data(), d.scores.data(), d.tokens.size(), tokens, n, r.verdicts, verdicts_);
+  r.last.clear();
+  r.tokens.insert(r.tokens.end(), tokens, tokens + n);
+  r.automaton.extend(tokens, n);
 }
 
 namespace {
@@ -144,8 +154,13 @@ int64_t Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_
     const T* at = rows + static_cast<std::size_t>(index[i]) * width;
     const auto n = static_cast<std::size_t>(lengths[index[i]]);
     const std::size_t have = r.tokens.size();
-    r.tokens.insert(r.tokens.end(), at + have, at + n);  // in [0, limit): checked above
-    r.automaton.extend(r.tokens.data() + have, n - have);
+    if constexpr (sizeof(T) == sizeof(uint32_t)) {  // in [0, limit): checked above
+      append(r, reinterpret_cast<const uint32_t*>(at + have), n - have);
+    } else {
+      std::vector<uint32_t>& next = z_.next;
+      next.assign(at + have, at + n);
+      append(r, next.data(), next.size());
+    }
   }
   return -1;
 }
@@ -160,6 +175,7 @@ bool Core::stop(Handle h, std::vector<uint32_t>& output) {
   if (!r) return false;
   output.assign(r->tokens.begin() + static_cast<std::ptrdiff_t>(r->prompt_len), r->tokens.end());
   r->active = false;
+  r->last.clear();
   std::vector<uint32_t>().swap(r->tokens);
   r->automaton = Automaton();
   free_.push_back(static_cast<uint32_t>(static_cast<uint64_t>(h) & 0xFFFFFFFFULL));
@@ -249,12 +265,43 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& bud
   for (std::size_t i = 0; i < handles.size(); ++i) {
     Request* r = find(handles[i]);
     out[i].clear();
-    if (!r || budgets[i] <= 0) continue;  // stopped while its lookups ran, or no draft asked: an empty draft
-    if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budgets[i], chain), z_.retrieved))
-      return false;
-    draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budgets[i], chain, min_score, out[i]);
+    if (!r) continue;  // stopped while its lookups ran: an empty draft
+    if (budgets[i] > 0) {
+      if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budgets[i], chain), z_.retrieved))
+        return false;
+      draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budgets[i], chain, min_score, out[i]);
+    }
+    r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
   }
   return true;
+}
+
+void Core::cut_to_curve(const std::vector<Handle>& handles, const StepCurve& curve, std::vector<Drafted>& out) {
+  if (out.empty()) return;
+  std::vector<double>& s = z_.discounted;
+  s.clear();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const Request* r = find(handles[i]);
+    const std::size_t at = s.size(), n = out[i].scores.size();
+    s.resize(at + n);
+    discount_chain(out[i].scores.data(), n, r ? acceptance_ratio(r->verdicts, verdicts_) : 1.0, s.data() + at);
+  }
+  goodput_keep(s.data(), s.size(), static_cast<int64_t>(out.size()), curve, z_.keep, z_.order);
+  std::size_t at = 0;
+  for (auto& d : out) {
+    const std::size_t n = d.scores.size();
+    const auto k = static_cast<std::size_t>(std::count(z_.keep.begin() + static_cast<std::ptrdiff_t>(at),
+                                                       z_.keep.begin() + static_cast<std::ptrdiff_t>(at + n), 1));
+    d.tokens.resize(k);
+    d.parents.resize(k);
+    d.scores.resize(k);
+    at += n;
+  }
+}
+
+double Core::acceptance(Handle h) const {
+  const Request* r = find(h);
+  return r ? acceptance_ratio(r->verdicts, verdicts_) : -1.0;
 }
 
 void Core::plan(const std::vector<Handle>& handles, const std::vector<int>& budgets, bool chain, std::size_t tail,

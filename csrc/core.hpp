@@ -6,6 +6,8 @@
 // merged (stage 3), featured (stage 4), scored (stage 5) and cut to a chain (stage 6) or a tree (stage 7); among the
 // datastore's candidate n-grams (its stored suffixes of the context, longest first) the one whose draft has the
 // largest expected accepted length wins (the back-off lookup, for trees of at least `back_off_min_budget` nodes).
+// Each request keeps its last draft until its next tokens come, which judge it (csrc/feedback.hpp): an engine's chains
+// can then be cut to its step-cost curve with each request's scores discounted by what the engine accepted.
 //
 // Input is trusted: drafting.door checks it at the public API. Not thread-safe: drafting.DraftingService holds one
 // lock around every call (a step runs with the GIL released).
@@ -18,6 +20,8 @@
 #include "automaton.hpp"
 #include "cut.hpp"
 #include "features.hpp"
+#include "feedback.hpp"
+#include "goodput.hpp"
 #include "merge.hpp"
 #include "output_index.hpp"
 #include "replica.hpp"
@@ -124,6 +128,12 @@ class Core {
   int64_t follow_rows(const Handle* handles, const T* rows, std::size_t num_rows, std::size_t width,
                       const int64_t* index, const T* lengths, std::size_t pairs, int64_t limit, uint8_t* followed,
                       int64_t* bad_id);
+  // Cut a step's chains (out[i]: request handles[i]'s) to the batch's goodput-best nodes on `curve`, each request's
+  // scores discounted by its acceptance ratio (goodput_keep, discount_chain); a chain's kept nodes are a prefix.
+  void cut_to_curve(const std::vector<Handle>& handles, const StepCurve& curve, std::vector<Drafted>& out);
+  // A request's acceptance ratio (accepted over expected tokens of its judged drafts, shrunk towards the core's);
+  // -1 when it is not active.
+  double acceptance(Handle h) const;
   bool stop(Handle h, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
   bool active(Handle h) const { return find(h) != nullptr; }
   std::size_t size() const { return slots_.size() - free_.size(); }
@@ -151,11 +161,14 @@ class Core {
     std::size_t prompt_len = 0;
     Automaton automaton;
     OutputMatch outputs_match;  // where its last tokens match the output index
+    Drafted last;               // its last draft, until its next tokens judge it
+    Verdicts verdicts;          // the engine's verdicts on its drafts
     uint32_t generation = 0;
     bool active = false;
   };
   Request* find(Handle h);
   const Request* find(Handle h) const;
+  void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft
   bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
   // The sources of one step but the datastore's: the live tree, the request's own match, the output index's and the
   // heads' tree.
@@ -179,12 +192,17 @@ class Core {
     Retrieved retrieved;
     StoredScratch stored;
     std::vector<uint8_t> row_taken, request_taken;  // follow_rows: rows and requests (by slot) followed in the call
+    std::vector<uint32_t> next;                     // follow_rows: a row's new int64 ids as tokens
+    std::vector<double> discounted;                 // cut_to_curve: the batch's discounted scores
+    std::vector<uint8_t> keep;
+    std::vector<int32_t> order;
   };
 
   Scratch z_;
   Calibration calibration_;
   Options options_;
   OutputIndex outputs_;
+  Verdicts verdicts_;  // every request's, decayed: where a new request's ratio starts
   std::vector<Request> slots_;
   std::vector<uint32_t> free_;
 };

@@ -170,29 +170,18 @@ HeldCurve curve_of(nb::handle given) {
   return {std::move(tokens), std::move(seconds), {t, s, m, tail}};
 }
 
-// Each chain of `out` cut to its nodes among the batch's goodput-best (crest::goodput_keep; a chain's are a prefix).
-void keep_goodput(std::vector<crest::Drafted>& out, int64_t rows, const crest::StepCurve& curve) {
-  std::vector<double> scores;
-  for (const auto& d : out) scores.insert(scores.end(), d.scores.begin(), d.scores.end());
-  std::vector<uint8_t> keep;
-  std::vector<int32_t> order;
-  crest::goodput_keep(scores.data(), scores.size(), rows, curve, keep, order);
-  std::size_t at = 0;
-  for (auto& d : out) {
-    std::size_t n = d.scores.size();
-    std::size_t k = static_cast<std::size_t>(std::count(keep.begin() + at, keep.begin() + at + n, uint8_t{1}));
-    d.tokens.resize(k);
-    d.parents.resize(k);
-    d.scores.resize(k);
-    at += n;
-  }
+// A step's curve (None: not cut, an empty curve) for drafts that are chains (`chain`, else ValueError).
+HeldCurve cost_of(nb::handle curve, bool chain) {
+  if (curve.is_none()) return {};
+  if (!chain) throw nb::value_error("a step-cost curve cuts chains only (chain=True)");
+  return curve_of(curve);
 }
 
 // A steady engine step in one call: follow each row's new tokens (as follow_rows), then, when every pair followed,
 // draft the rows from the replicas (as draft_stored). Returns (followed, bad, bad_id, drafts, damaged): followed and
 // bad/bad_id as follow_rows; drafts None when a pair did not follow or an id was refused (nothing drafted), else
 // draft_stored's tuple (empty arrays when a replica was found damaged, its index in damaged, else -1). With a step-cost
-// curve (chains only), each chain is cut to the batch's goodput-best nodes (keep_goodput).
+// curve (chains only), each chain is cut to the batch's goodput-best nodes (Core::cut_to_curve).
 template <typename T>
 nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
                               const In1D<int64_t>& index, const In1D<T>& lengths, int64_t limit,
@@ -200,12 +189,10 @@ nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, cons
                               nb::handle heads, bool chain, double min_score, nb::handle curve) {
   std::size_t pairs = handles.shape(0);
   if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
-  if (!curve.is_none() && !chain) throw nb::value_error("a step-cost curve cuts chains only (chain=True)");
   std::vector<uint8_t> followed(pairs);
   std::vector<Held> keep;
   keep.reserve(pairs);
-  HeldCurve cost{};
-  if (!curve.is_none()) cost = curve_of(curve);
+  HeldCurve cost = cost_of(curve, chain);
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
   auto heads_trees = heads_of(heads, pairs, keep);
@@ -219,7 +206,7 @@ nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, cons
                            pairs, limit, followed.data(), &bad_id);
     all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
     if (all) ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
-    if (ok && !curve.is_none()) keep_goodput(out, static_cast<int64_t>(pairs), cost.curve);
+    if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
   }
   if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
   nb::object drafts = nb::none();
@@ -426,6 +413,7 @@ void bind_core(nb::module_& m) {
           },
           "handle"_a)
       .def("active", &crest::Core::active, "handle"_a)
+      .def("acceptance", &crest::Core::acceptance, "handle"_a)
       .def("count", &crest::Core::count, "handle"_a)
       .def(
           "tokens",
@@ -440,29 +428,31 @@ void bind_core(nb::module_& m) {
   core.def(
           "draft_stored",
           [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, const crest::Replica* datastore,
-             const crest::Replica* live, nb::handle heads, bool chain, double min_score) {
+             const crest::Replica* live, nb::handle heads, bool chain, double min_score, nb::handle curve) {
             std::vector<Held> keep;
             keep.reserve(handles.shape(0));
             auto h = handles_of(handles);
             auto b = budgets_of(budgets);
             auto heads_trees = heads_of(heads, h.size(), keep);
+            HeldCurve cost = cost_of(curve, chain);
             crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
             std::vector<crest::Drafted> out;
             bool ok;
             {
               nb::gil_scoped_release quiet;
               ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+              if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
             }
             if (!ok) out.clear();
             nb::tuple drafts = drafts_tuple(out);
             return nb::make_tuple(drafts, stored.damaged);
           },
           "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a,
-          "min_score"_a)
+          "min_score"_a, "curve"_a.none() = nb::none())
       .def(
           "draft_given",
           [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored, nb::list live,
-             nb::handle heads, bool chain, double min_score) {
+             nb::handle heads, bool chain, double min_score, nb::handle curve) {
             std::size_t rows = handles.shape(0);
             if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows)
               throw nb::value_error("handles, budgets, stored and live must have one entry per row");
@@ -479,14 +469,17 @@ void bind_core(nb::module_& m) {
             auto h = handles_of(handles);
             auto b = budgets_of(budgets);
             auto heads_trees = heads_of(heads, rows, keep);
+            HeldCurve cost = cost_of(curve, chain);
             std::vector<crest::Drafted> out;
             {
               nb::gil_scoped_release quiet;
               c.draft(h, b, heads_trees, given, chain, min_score, out);
+              if (!curve.is_none()) c.cut_to_curve(h, cost.curve, out);
             }
             return drafts_tuple(out);
           },
-          "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(), "chain"_a, "min_score"_a)
+          "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(), "chain"_a, "min_score"_a,
+          "curve"_a.none() = nb::none())
       .def(
           "plan",
           [](const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, bool chain, std::size_t tail,

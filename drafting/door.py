@@ -17,7 +17,9 @@ from crest_native import MAX_BUDGET
 from datastore.context import check_ids
 from datastore.errors import InvalidContext
 
-__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budget", "budgets", "chain", "engine_request_ids",
+from .draft import CostCurve
+
+__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budget", "budgets", "chain", "curve", "engine_request_ids",
            "engine_rows", "engine_vocab", "min_score", "request_id", "rows", "token_ids"]
 
 RequestId = int | str
@@ -109,6 +111,24 @@ def chain(value: object) -> bool:
     if isinstance(value, np.bool_):
         return bool(value)
     raise TypeError(f"chain={value!r} is a {type(value).__name__}; pass True (each row's best path) or False (a tree)")
+
+
+def curve(value: object, chained: bool) -> CostCurve | None:
+    """``value`` when it is a step-cost curve for this step's drafts: ``None``, or a
+    :class:`drafting.draft.CostCurve` when the drafts are chains (``chained``); its arrays are checked where they are
+    read (:func:`crest_native.goodput_keep`).
+
+    Raises:
+        TypeError: for anything but ``None`` or a ``CostCurve``. ValueError: for a curve with ``chain=False``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, CostCurve):
+        raise TypeError(f"curve={_describe(value)}: pass a drafting.draft.CostCurve (serving.cost.StepCostModel.curve) "
+                        "or None")
+    if not chained:
+        raise ValueError("a step-cost curve cuts chains: pass chain=True (or curve=None)")
+    return value
 
 
 def engine_vocab(value: object) -> int:

@@ -127,6 +127,7 @@ class MergedMethod:
     """
 
     score_kind = ScoreKind.PROBABILITY
+    cuts_to_curve = True  # in the native call, each request's scores discounted by the engine's verdicts
 
     def __init__(self, lookups: DatastoreSource | None = None, *, vocab_size: int | None = None,
                  calibration: Calibration | None = None, sources: tuple[str, ...] = RETRIEVAL_SOURCES,
@@ -236,7 +237,7 @@ class MergedMethod:
             start = time.perf_counter()
             with step.lock:
                 made, damaged = step.core.draft_stored(step.handles, step.budgets, stores.datastore, stores.live,
-                                                          heads, step.chain, cut)
+                                                          heads, step.chain, cut, step.curve)
             self._replica_step(start, stores, damaged)
         return self._drafts(step, heads, cut, None if damaged >= 0 else made)
 
@@ -298,7 +299,7 @@ class MergedMethod:
         looked = time.perf_counter()
         with step.lock:
             gone = step.core.inactive(step.handles[asked])
-            made = step.core.draft_given(step.handles, step.budgets, stored, live, heads, step.chain, cut)
+            made = step.core.draft_given(step.handles, step.budgets, stored, live, heads, step.chain, cut, step.curve)
         with self._stats_lock:
             st = self.stats
             st.round_trip_steps += 1

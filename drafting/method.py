@@ -103,6 +103,10 @@ class DraftMethod(Protocol):
     score_kind: ScoreKind
     hidden_states: bool
     """Whether the method reads the target's hidden states (S4C's heads): :meth:`add_hidden_states` then feeds it."""
+    cuts_to_curve: bool
+    """Whether :meth:`draft` cuts a step's chains to ``step.curve`` itself (the merged drafter, in its native call,
+    with each request's scores discounted by the engine's verdicts on its earlier drafts); else the service cuts them
+    (:meth:`drafting.draft.Drafts.goodput`)."""
 
     def core_settings(self) -> CoreSettings:
         """The native core the service holds the requests in (:data:`TABLE_ONLY` when the method does not draft in
@@ -143,6 +147,7 @@ class Stateless:
     """The parts of a :class:`DraftMethod` of a method that keeps nothing per request and opens nothing."""
 
     hidden_states = False
+    cuts_to_curve = False
 
     def core_settings(self) -> CoreSettings:
         """Only the request table (:data:`TABLE_ONLY`)."""

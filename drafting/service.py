@@ -232,8 +232,7 @@ class DraftingService:
             req_ids / tokens / lengths / index / vocab_size: as :meth:`follow_rows`.
             budgets: ``[len(index)]`` ints (a numpy integer array, or a sequence), each in ``0..MAX_BUDGET``.
             chain / min_score: as :meth:`propose`.
-            curve: the engine's step-cost curve: the chains are cut to the batch's draft tokens that maximise its
-                expected tokens per second (:meth:`drafting.draft.Drafts.goodput`; ``None``: not cut; chains only).
+            curve: as :meth:`propose`.
 
         Returns:
             ``(followed, drafts)``: as :meth:`follow_rows`, and the pairs' drafts (a :class:`drafting.draft.Drafts`,
@@ -251,8 +250,7 @@ class DraftingService:
         sizes = door.budgets(budgets, len(at))
         chain = door.chain(chain)
         cut = self._cut(min_score)
-        if curve is not None and not chain:
-            raise ValueError("a step-cost curve cuts chains: pass chain=True (or curve=None)")
+        curve = door.curve(curve, chain)
         with self._lock:
             self._check_open()
             entries = [None if r is None else self._requests.get(r) for r in req_ids]
@@ -272,8 +270,7 @@ class DraftingService:
         if not all(followed):
             return followed, None
         ids = cast("list[RequestId]", list(req_ids))  # every pair followed: none is None
-        drafts = self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score)
-        return followed, drafts if curve is None else drafts.goodput(curve, len(ids))
+        return followed, self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score, curve=curve)
 
     def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
         """Append the target's hidden states of ``req_id``'s next positions, for a method that reads them (S4C's heads;
@@ -336,7 +333,7 @@ class DraftingService:
     # -- drafting -----------------------------------------------------------------------------------------------
 
     def propose(self, batch: Sequence[tuple[RequestId, int]], *, chain: bool = False,
-                min_score: float | None = None) -> Drafts:
+                min_score: float | None = None, curve: CostCurve | None = None) -> Drafts:
         """One draft per row ``(req_id, budget)`` of the batch, each of at most ``budget`` nodes (0: none).
 
         Args:
@@ -346,6 +343,10 @@ class DraftingService:
             min_score: this step's cut, a probability in [0, 1]: nodes whose acceptance probability is below it are
                 not drafted (``None``: the method's own setting). Only methods whose scores are probabilities
                 (``score_kind``) take a positive cut.
+            curve: an engine's step-cost curve: the chains are cut to the batch's draft tokens that maximise its
+                expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
+                scores discounted by what the engine accepted of its earlier drafts where the method keeps that (the
+                merged drafter: ``csrc/feedback.hpp``); ``None``: not cut. Chains only.
 
         Returns:
             ``[len(batch)]`` drafts (a :class:`drafting.draft.Drafts`: a sequence of :class:`Draft`, and the token
@@ -355,13 +356,15 @@ class DraftingService:
             KeyError: when a request is not active when the call starts.
             TypeError / ValueError: for a malformed row (naming it), a budget that is not an int in
                 ``0..MAX_BUDGET``, a ``chain`` that is not a bool, a ``min_score`` outside [0, 1], or a positive
-                ``min_score`` given to a method whose scores are not probabilities.
+                ``min_score`` given to a method whose scores are not probabilities, or a ``curve`` with
+                ``chain=False`` or malformed.
             datastore.errors.ClosedError: after :meth:`close` (every method raises it then).
         """
         start = time.perf_counter()
         ids, budgets = door.rows(batch)
         chain = door.chain(chain)
         cut = self._cut(min_score)
+        curve = door.curve(curve, chain)
         with self._lock:
             self._check_open()
             requests = self._requests
@@ -371,8 +374,10 @@ class DraftingService:
                 raise KeyError(f"request {exc.args[0]!r} is not active; start_request it first") from None
         handles = np.array([e.handle for e in entries], np.int64)
         made = self.method.draft(Step(self._core, self._lock, handles, [e.state for e in entries], budgets, chain,
-                                      cut))
+                                      cut, curve))
         drafts = made if isinstance(made, Drafts) else Drafts.of(made, self.score_kind)
+        if curve is not None and not self.method.cuts_to_curve:
+            drafts = drafts.goodput(curve, len(drafts))
         self._count(drafts, start)
         return drafts
 

@@ -144,6 +144,7 @@ class S4CMethod:
     name = "s4c"
     score_kind = ScoreKind.MODEL
     hidden_states = True
+    cuts_to_curve = False
 
     def __init__(self, heads: HeadsSource) -> None:
         self.source = heads

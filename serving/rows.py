@@ -97,8 +97,8 @@ class RowTracker:
                 return ids, drafts
         else:
             ids = self.step(index, tokens, lengths)
-        drafts = self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score)
-        return ids, drafts if curve is None else drafts.goodput(curve, len(ids))
+        return ids, self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score,
+                                         curve=curve)
 
     def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
                 followed: list[bool]) -> list[int]:

@@ -31,6 +31,7 @@ class Trie:
     name = "trie"
     score_kind = ScoreKind.COUNT_RATIO
     hidden_states = False
+    cuts_to_curve = False
 
     def __init__(self, window: int = 13, max_prefix: int = 3, prior: float = 1.0) -> None:
         if prior < 0:

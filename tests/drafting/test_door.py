@@ -68,3 +68,14 @@ def test_an_engine_steps_budgets():
                               (np.array([1, 2, MAX_BUDGET + 1]), ValueError, r"budgets\[2\]")]:
         with pytest.raises(error, match=named):
             door.budgets(bad, 3)
+
+
+def test_a_step_cost_curve_is_a_cost_curve_for_chains():
+    from drafting.draft import CostCurve
+
+    curve = CostCurve(np.array([1.0, 2.0]), np.array([0.02, 0.03]), 0.01)
+    assert door.curve(curve, True) is curve and door.curve(None, False) is None
+    with pytest.raises(TypeError, match="CostCurve"):
+        door.curve((curve.tokens, curve.seconds, curve.tail), True)
+    with pytest.raises(ValueError, match="chain=True"):
+        door.curve(curve, False)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import crest_native
 from datastore.tree import Match
 from drafting.calibration import FEATURES, Calibration
+from drafting.draft import CostCurve
 from oracle.core import CONTEXT_TOKENS, MATCH_NODES, PythonCore
 from support import random_head_tree, random_tree
 
@@ -77,18 +78,33 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
             heads = [random_head_tree(rng, vocab, int(rng.integers(0, 16))) if rng.random() < 0.6 else None
                      for _ in active]
             want = oracle.draft(active, budgets, stored, live, chain, min_score, heads)
+            curve = None
+            if chain and rng.random() < 0.5:  # an engine's step-cost curve: a knee at a random batch size
+                knee, fixed = float(rng.integers(2, 3 * len(active) + 3)), float(rng.uniform(0.01, 0.03))
+                curve = CostCurve(np.array([1.0, knee, knee + 1.0]), np.array([fixed, fixed, fixed * 1.2]),
+                                  float(rng.uniform(0.0, 0.01)))
+            kept = oracle.cut_to_curve(active, [d for d, _ in want], curve) if curve else [len(d) for d, _ in want]
             tokens, parents, scores, offsets, chosen = native.draft_given(
                 np.asarray([handles[k] for k in active], np.int64), np.asarray(budgets, np.int64),
                 [[tree(m) for m in c] for c in stored], [tree(m) for m in live],
-                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score)
+                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score, curve)
             for j, (draft, c) in enumerate(want):
-                s, e = offsets[j], offsets[j + 1]
-                same_bits(draft, (tokens[s:e], parents[s:e], scores[s:e]))
+                s, e, n = offsets[j], offsets[j + 1], kept[j]
+                assert e - s == n  # a cut chain keeps its first n nodes
+                same_bits(draft, (np.concatenate([tokens[s:e], draft.token_ids[n:]]),
+                                  np.concatenate([parents[s:e], draft.parents[n:]]),
+                                  np.concatenate([scores[s:e], draft.scores[n:]])))
                 assert c == chosen[j]
-            for key in active:  # the target commits a few tokens
+            for key, (draft, _) in zip(active, want):  # the target commits a few tokens: some of the draft's, or not
                 toks = rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
+                if len(draft) and rng.random() < 0.6:  # the path to a random node, cut at a random depth
+                    path = [int(rng.integers(len(draft)))]
+                    while draft.parents[path[-1]] >= 0:
+                        path.append(int(draft.parents[path[-1]]))
+                    toks = draft.token_ids[path[::-1][:int(rng.integers(0, len(path) + 1))]].tolist() + toks[:1]
                 oracle.extend(key, toks)
                 native.extend(handles[key], np.asarray(toks, np.uint32))
+                assert native.acceptance(handles[key]) == oracle.acceptance(key)  # the engine's verdicts, bit for bit
     info = native.outputs_info()
     o = oracle.outputs
     assert (info["outputs"], info["bytes"], info["evictions"]) == (o.num_outputs, o.nbytes, o.evictions)

@@ -183,7 +183,7 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
         curve = CostCurve(np.array([1.0, 6.0]), np.array([0.020, 0.021]), 0.008)  # a knee at 6 tokens
         _, got = t.propose(index, tokens, lengths, budgets, min_score=0.1, curve=curve)
         ids = trackers[1].step(index, tokens, lengths)
-        want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1).goodput(curve, len(ids))
+        want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1, curve=curve)
         cut += want.nodes < two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1).nodes
         if (t.started, t.moved, t.stopped) == before:  # every row held its request: a steady step
             assert counting.calls == {"follow_draft_stored": 1}, counting.calls

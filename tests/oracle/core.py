@@ -5,13 +5,14 @@ bits (``tests/drafting/test_native.py``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from datastore.tree import Match
 from drafting.calibration import Calibration
 from drafting.draft import Draft
 from drafting.heads import HeadTree
 
+from . import feedback, goodput
 from .calibration import draft_from_candidates
 from .local import RequestAutomaton
 from .output_index import OutputIndex
@@ -25,6 +26,8 @@ class _Request:
     local: RequestAutomaton
     tokens: list[int]
     prompt_len: int
+    last: Draft | None = None  # its last draft, until its next tokens judge it
+    verdicts: feedback.Verdicts = field(default_factory=feedback.Verdicts)
 
 
 class PythonCore:
@@ -40,6 +43,7 @@ class PythonCore:
         self.calibration, self.local_depth, self.sources = calibration, local_depth, set(sources)
         self.outputs = OutputIndex(outputs_bytes, outputs_depth)
         self.requests: dict = {}
+        self.verdicts = feedback.Verdicts()
 
     def start(self, key, prompt: list[int]) -> None:
         local = RequestAutomaton(self.local_depth)
@@ -48,8 +52,27 @@ class PythonCore:
 
     def extend(self, key, tokens: list[int]) -> None:
         r = self.requests[key]
+        if r.last is not None and tokens:
+            d = r.last
+            feedback.judge(d.token_ids.tolist(), d.parents.tolist(), d.scores.tolist(), tokens, r.verdicts,
+                           self.verdicts)
+        r.last = None
         r.local.extend(tokens)
         r.tokens += tokens
+
+    def acceptance(self, key) -> float:
+        """The request's acceptance ratio (``feedback.acceptance_ratio``)."""
+        return feedback.acceptance_ratio(self.requests[key].verdicts, self.verdicts)
+
+    def cut_to_curve(self, keys: Sequence, chains: Sequence[Draft], curve: tuple) -> list[int]:
+        """How many of each chain's tokens the goodput cut keeps, each request's scores discounted by its ratio."""
+        discounted = [feedback.discount_chain(d.scores.tolist(), self.acceptance(k)) for k, d in zip(keys, chains)]
+        keep = goodput.goodput_keep([s for row in discounted for s in row], len(keys), curve)
+        out, at = [], 0
+        for row in discounted:
+            out.append(sum(keep[at:at + len(row)]))
+            at += len(row)
+        return out
 
     def stop(self, key) -> list[int]:
         r = self.requests.pop(key)
@@ -72,4 +95,5 @@ class PythonCore:
             cands = list(cands) if "ds" in self.sources else []
             out.append(draft_from_candidates(self.calibration, cands, others, budget, chain=chain,
                                              min_score=min_score))
+            r.last = out[-1][0]
         return out
