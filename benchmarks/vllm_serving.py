@@ -112,20 +112,24 @@ def _timed(original, record):
 PHASES = ("step", "schedule", "update", "execute", "sample_tokens", "forward", "sample", "propose_hook")
 
 
-def _instrument() -> dict[str, list[float]]:
+def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     """Time the engine's phases: each wrapped method adds its seconds and a call to ``timers[phase]``
-    (``[seconds, calls]``). Applied to the classes before the engine is built; behaviour is unchanged."""
+    (``[seconds, calls]``), and each forward pass its ``(time.time() at its end, seconds)`` to the second list.
+    Applied to the classes before the engine is built; behaviour is unchanged."""
 
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     timers = {phase: [0.0, 0] for phase in PHASES}
+    forwards: list[tuple[float, float]] = []
 
     def wrap(cls, method: str, phase: str) -> None:
         def add(seconds: float) -> None:
             timers[phase][0] += seconds
             timers[phase][1] += 1
+            if phase == "forward":
+                forwards.append((time.time(), seconds))
 
         setattr(cls, method, _timed(getattr(cls, method), add))
 
@@ -136,7 +140,22 @@ def _instrument() -> dict[str, list[float]]:
                                (GPUModelRunner, "_model_forward", "forward"), (GPUModelRunner, "_sample", "sample"),
                                (GPUModelRunner, "propose_draft_token_ids", "propose_hook")):
         wrap(cls, method, phase)
-    return timers
+    return timers, forwards
+
+
+def _during_compaction(forwards: list[tuple[float, float]], runs) -> dict:
+    """The forward passes that overlapped one of ``runs`` (the live layer's compactions: ``started``, ``seconds``)
+    against the others: how many, and their median ms."""
+    spans = [(r.started, r.started + r.seconds) for r in runs]
+    during = [s for end, s in forwards if any(a < end and end - s < b for a, b in spans)]
+    outside = [s for end, s in forwards if not any(a < end and end - s < b for a, b in spans)]
+
+    def median_ms(xs: list[float]) -> float | None:
+        return 1e3 * float(np.median(xs)) if xs else None
+
+    return {"compactions": sum(any(a < end and end - s < b for end, s in forwards) for a, b in spans),
+            "steps_during": len(during), "forward_ms_p50_during": median_ms(during),
+            "steps_outside": len(outside), "forward_ms_p50_outside": median_ms(outside)}
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -190,7 +209,7 @@ def child(args) -> None:
         from serving.vllm_fixes import fix_cpu_sampling
 
         fix_cpu_sampling()
-    timers = _instrument() if args.accounting else None
+    timers, forwards = _instrument() if args.accounting else (None, [])
     concurrency = args.concurrency[0]
     t0 = time.perf_counter()
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
@@ -225,6 +244,7 @@ def child(args) -> None:
         if own_times is not None:
             own_times.clear()
         timed0 = {k: list(v) for k, v in timers.items()} if timers else None
+        forwards0 = len(forwards)
         cpu0, own0 = _thread_cpu(), proposer.step_s if proposer else 0.0
         t = time.perf_counter()
         batch: list[TokensPrompt] = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
@@ -266,6 +286,9 @@ def child(args) -> None:
             acc: dict[str, Any] = {k: [timers[k][0] - timed0[k][0], timers[k][1] - timed0[k][1]] for k in timers}
             acc["proposer_own"] = [(proposer.step_s if proposer else 0.0) - own0, 0]
             acc["threads_cpu"] = {k: cpu1[k] - cpu0[k] for k in cpu1}
+            compactor = proposer.method.compactor if proposer else None
+            if compactor is not None:
+                acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])))
             run["accounting"] = acc
         result["sets"][name] = run
     Path(args.out).write_text(json.dumps(result))
@@ -507,6 +530,11 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
                   f"{ms['step']:>7.2f} {ms['schedule'] + ms['update']:>6.2f} {ms['forward']:>7.2f} "
                   f"{ms['sample']:>6.2f} {ms['propose_hook']:>6.2f} {ms['proposer_own']:>6.2f} {runner_rest:>7.2f} "
                   f"{engine_rest:>7.2f} {thr['ours']:>7.2f} {thr['other']:>7.2f}")
+            c = acc.get("compaction")
+            if c and c["steps_during"]:
+                print(f"{'':<11} {'':>4} {'':<7} forward p50 {c['forward_ms_p50_during']:.2f} ms in "
+                      f"{c['steps_during']} steps during {c['compactions']} compaction(s), "
+                      f"{c['forward_ms_p50_outside']:.2f} ms in the {c['steps_outside']} others")
 
 
 if __name__ == "__main__":
