@@ -147,13 +147,14 @@ def _during_compaction(forwards: list[tuple[float, float]], runs) -> dict:
     """The forward passes that overlapped one of ``runs`` (the live layer's compactions: ``started``, ``seconds``)
     against the others: how many, and their median ms."""
     spans = [(r.started, r.started + r.seconds) for r in runs]
-    during = [s for end, s in forwards if any(a < end and end - s < b for a, b in spans)]
-    outside = [s for end, s in forwards if not any(a < end and end - s < b for a, b in spans)]
+    hits = [[a < end and end - s < b for a, b in spans] for end, s in forwards]  # [forward][compaction] overlaps
+    during = [s for (_, s), hit in zip(forwards, hits) if any(hit)]
+    outside = [s for (_, s), hit in zip(forwards, hits) if not any(hit)]
 
     def median_ms(xs: list[float]) -> float | None:
         return 1e3 * float(np.median(xs)) if xs else None
 
-    return {"compactions": sum(any(a < end and end - s < b for end, s in forwards) for a, b in spans),
+    return {"compactions": sum(any(column) for column in zip(*hits)) if hits else 0,
             "steps_during": len(during), "forward_ms_p50_during": median_ms(during),
             "steps_outside": len(outside), "forward_ms_p50_outside": median_ms(outside)}
 
