@@ -13,7 +13,7 @@ import pytest
 
 from support import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.clone]
 
 
 def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample, ds_name):

@@ -6,6 +6,8 @@ import pytest
 
 from toolkit.tokenizer import load_tokenizer, render_chat, resolve_model, tokenizer_fingerprint
 
+pytestmark = pytest.mark.clone  # the tokenizer the repository carries (toolkit/data/smollm2)
+
 TEXTS = ["def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
          "Ich möchte drei Äpfel, s'il vous plaît — 你好, мир! 🙂", "  leading spaces\t\tand tabs\n\n\n", ""]
 
