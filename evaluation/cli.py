@@ -247,7 +247,7 @@ def _prepare(args) -> tuple:
                            categories=tuple(args.category) if args.category else None, half=args.half)
     if {"datastore", "merged", "merged+s4c"} & set(args.drafter):  # its corpus must not hold what is scored
         require_clean(resolve_database_url(args.database_url), args.datastore, args.prompt_set,
-                      [p.id for p in prompts])
+                      [p.id for p in prompts], args.data_dir)
     check_heads(args)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     return prompts, make_drafters(args, target), target

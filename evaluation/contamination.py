@@ -14,14 +14,16 @@ output scored (what the run itself appends is its own traffic, as a serving proc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import psycopg
 
 from datastore.connection import connect
 from datastore.errors import DatastoreNotFound
-from datastore.lookup import server_error
+from datastore.registry import server_error
 from datastore.schema import require_schema
+from toolkit.eval_sets import item_digests
 
 __all__ = ["Contaminated", "LIVE_WINDOW", "NotScreened", "PARTS", "live_mark", "require_clean", "require_fresh_live",
            "screen_record"]
@@ -60,12 +62,17 @@ def screen_record(url: str, name: str) -> dict | None:
     return row[0]
 
 
-def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -> dict:
-    """Refuse to score ``item_ids`` of ``eval_set`` on datastore ``name`` when its corpus holds any of them.
+def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str],
+                  data_dir: str | os.PathLike | None = None) -> dict:
+    """Refuse to score ``item_ids`` of ``eval_set`` on datastore ``name`` when its corpus holds any of them, or when
+    its screen did not cover one of them: each scored item's text (read from ``data_dir``, as the prompts were) must
+    be the text the build screened under that id (the digests the screen recorded,
+    :func:`toolkit.eval_sets.item_digests`).
 
     Args:
         url: the database. name: the datastore. eval_set: ``spec_bench`` or ``humaneval``.
         item_ids: the ids of the prompts about to be scored (:attr:`evaluation.prompts.Prompt.id`).
+        data_dir: where the scored prompts were read (default: ``CREST_EVAL_DATA`` or the packaged sets).
 
     Returns:
         Per screened part of the set, ``{"scored", "shared_any", "contaminated", "max_share"}`` over the scored
@@ -74,7 +81,8 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -
     Raises:
         ValueError: for an unknown set.
         NotScreened: when the build records no screen (built before screens were recorded, or with
-            ``--engine spark``): rebuild it with ``--engine duckdb``.
+            ``--engine spark``): rebuild it with ``--engine duckdb``; or when its screen did not cover a scored
+            item (another text under its id, or an id it never saw; the message names them).
         Contaminated: when a scored item is contaminated; the message names the items and the documents.
         datastore.errors.DatastoreNotFound: when ``name`` has no ready build.
     """
@@ -85,6 +93,7 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -
         raise NotScreened(f"datastore {name!r} records no contamination screen (it was built before screens were "
                           "recorded, or with --engine spark), so it cannot be scored on an evaluation set; rebuild it "
                           "with `python -m ingest build --engine duckdb`")
+    _require_screened(name, record, eval_set, item_ids, data_dir)
     threshold = float(record["threshold"])
     wanted = set(item_ids)
     bad: list[str] = []
@@ -104,6 +113,28 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str]) -
                            f"{threshold:.0%} of their {record['n']}-grams occur in its corpus): {shown}. Rebuild it "
                            "without those documents, or score it on another set")
     return summary
+
+
+def _require_screened(name: str, record: dict, eval_set: str, item_ids: Sequence[str],
+                      data_dir: str | os.PathLike | None) -> None:
+    """Refuse (:class:`NotScreened`) when a scored item is not, text for text, one the build's screen covered."""
+    screened = record.get("screened")
+    if screened is None:
+        raise NotScreened(f"datastore {name!r} records which evaluation items its screen covered by id only (it was "
+                          "built before screens recorded the items' digests), so items of another copy of the sets "
+                          "would pass unscreened; rebuild it (`python -m ingest build`)")
+    here = item_digests(data_dir)
+    missed: list[str] = []
+    for part in PARTS[eval_set]:
+        covered = screened.get(part, {})
+        missed += [f"{item} ({part})" for item in item_ids if covered.get(item) is None
+                   or covered[item] != here[part].get(item)]
+    if missed:
+        shown = ", ".join(missed[:10]) + (f" and {len(missed) - 10} more" if len(missed) > 10 else "")
+        raise NotScreened(f"the build of datastore {name!r} did not screen {len(missed)} of the {eval_set} items "
+                          f"scored here, as they read now (another text under the id, or an id it never saw): "
+                          f"{shown}. Rebuild the datastore with CREST_EVAL_DATA pointing at these sets, so that its "
+                          "screen covers them, or score the sets it screened")
 
 
 def live_mark(url: str, name: str) -> int:

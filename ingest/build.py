@@ -36,7 +36,7 @@ from datastore.keys import encode_keys, key_width_for
 from toolkit.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 from .config import BuildConfig, BuildResult
-from .contamination import screen_items, screen_stream
+from .contamination import screen_corpus
 from .counting import KeptNgrams, count_top_t
 from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
@@ -143,8 +143,8 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
         recorded = corpus.report | {"tokens": corpus.num_tokens}
         if config.screen:
             t0 = time.perf_counter()
-            items = screen_items(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
-            recorded["contamination"] = screen_stream(corpus.path, items)
+            recorded["contamination"] = screen_corpus(
+                corpus.path, tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
             timings["screen"] = time.perf_counter() - t0
         ngram_stats: dict[str, dict] = {}
         nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,

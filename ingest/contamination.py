@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.eval_sets import screened_texts
+from toolkit.eval_sets import item_digests, screened_texts
 
 from .tokens import SEPARATOR, document_names, open_stream
 
-__all__ = ["NGRAM", "THRESHOLD", "screen_items", "screen_stream"]
+__all__ = ["NGRAM", "THRESHOLD", "screen_corpus", "screen_items", "screen_stream"]
 
 NGRAM = 13
 """Tokens per screened n-gram (GPT-3's 13-gram rule)."""
@@ -86,6 +86,17 @@ def screen_items(tokenizer, data_dir: str | Path | None = None) -> dict[str, lis
         encodings = backend.encode_batch([text for _, text in pairs], add_special_tokens=False)
         out[part] = [(item, np.asarray(e.ids, dtype=np.uint32)) for (item, _), e in zip(pairs, encodings)]
     return out
+
+
+def screen_corpus(stream_path: Path, tokenizer, data_dir: str | Path | None = None) -> dict:
+    """A build's screen: :func:`screen_stream` of the evaluation sets in ``data_dir`` (default: ``CREST_EVAL_DATA``
+    or the packaged sets), with ``screened``: per part, the digest of every item screened
+    (:func:`toolkit.eval_sets.item_digests`), which the gate before scoring checks the scored items against.
+
+    Raises:
+        FileNotFoundError: when an evaluation set's file is missing.
+    """
+    return screen_stream(stream_path, screen_items(tokenizer, data_dir)) | {"screened": item_digests(data_dir)}
 
 
 def _table(items: Mapping[str, Sequence[tuple[str, np.ndarray]]], n: int) -> _Table:

@@ -7,13 +7,14 @@ The sets ship in the package (``toolkit/data/eval``: Spec-Bench and HumanEval, w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 from .settings import Settings
 
-__all__ = ["PACKAGED", "SETS", "default_data_dir", "read_rows", "screened_texts"]
+__all__ = ["PACKAGED", "SETS", "default_data_dir", "item_digests", "read_rows", "screened_texts"]
 
 SETS = ("spec_bench", "humaneval")
 PACKAGED = Path(__file__).with_name("data") / "eval"
@@ -57,3 +58,16 @@ def screened_texts(data_dir: str | os.PathLike | None = None) -> dict[str, list[
     code = read_rows("humaneval", data_dir)
     return {"spec_bench": chat, "humaneval": [(r["task_id"], r["prompt"]) for r in code],
             "humaneval_solutions": [(r["task_id"], r["canonical_solution"]) for r in code]}
+
+
+def item_digests(data_dir: str | os.PathLike | None = None) -> dict[str, dict[str, str]]:
+    """Per screened part (as :func:`screened_texts`), each item's digest: the first 16 hex digits of the SHA-256 of
+    its text as screened (UTF-8). A build records them with its contamination screen, and the gate before scoring
+    (:func:`evaluation.require_clean`) compares the scored items' with them: an item whose text the build did not
+    screen is not scored.
+
+    Raises:
+        FileNotFoundError: when a set's file is missing.
+    """
+    return {part: {item: hashlib.sha256(text.encode()).hexdigest()[:16] for item, text in pairs}
+            for part, pairs in screened_texts(data_dir).items()}

@@ -1,9 +1,12 @@
 """The gate before scoring (:func:`evaluation.require_clean`): a datastore whose corpus holds scored prompts is refused,
-by the function and by ``python -m evaluation``, naming the items and the documents; an unscreened one too."""
+by the function and by ``python -m evaluation``, naming the items and the documents; an unscreened one too, and
+items its screen did not cover (another copy of the sets)."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +63,28 @@ def test_an_unscreened_datastore_is_refused(database_url, ds_name, code_sample):
                                 screen=False), progress=False)
     with pytest.raises(NotScreened, match="--engine duckdb"):
         require_clean(database_url, ds_name, "humaneval", ["HumanEval/1"])
+
+
+def test_items_the_screen_did_not_cover_are_refused(database_url, ds_name, code_sample, tmp_path):
+    """The gate passes only items the build screened, text for text: another copy of the sets, with another text
+    under a scored id or an id the build never saw, is refused, naming the items; the copy the build screened
+    passes."""
+    from evaluation import NotScreened, require_clean
+    from ingest.build import BuildConfig, build_datastore
+    from toolkit.eval_sets import PACKAGED
+
+    build_datastore(BuildConfig(name=ds_name, source="code", path=code_sample, top_t=200, database_url=database_url),
+                    progress=False)
+    rows = read_rows("humaneval")
+    ids = [rows[1]["task_id"], rows[3]["task_id"]]
+    assert require_clean(database_url, ds_name, "humaneval", ids, PACKAGED)["humaneval"]["contaminated"] == 0
+    other = tmp_path / "eval"
+    shutil.copytree(PACKAGED, other)
+    rows[3]["prompt"] += "    # another item under the same id\n"
+    rows.append(rows[5] | {"task_id": "HumanEval/new"})
+    (other / "humaneval" / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(NotScreened, match=re.escape(f"{rows[3]['task_id']} (humaneval)")) as refused:
+        require_clean(database_url, ds_name, "humaneval", ids, other)
+    assert rows[1]["task_id"] + " " not in str(refused.value)  # the item it screened is not named
+    with pytest.raises(NotScreened, match="HumanEval/new"):
+        require_clean(database_url, ds_name, "humaneval", ["HumanEval/new"], other)
