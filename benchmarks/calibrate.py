@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, Reference, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES  # noqa: E402
+from datastore.live import LIVE_TOP_T  # noqa: E402
 from drafting import Calibration, DraftingService, MergedMethod  # noqa: E402
 from drafting.accept import accepted_mask, reference_predictions  # noqa: E402
 from drafting.calibration import HEADS_PATH, RETRIEVAL_SOURCES  # noqa: E402
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the requests' automata's deepest continuation node.")
     ap.add_argument("--outputs-mb", type=float_in(0), default=64.0,
                     help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off).")
-    ap.add_argument("--live-top-t", type=int_in(1), default=200_000, help="top-t of the cross-fitted live layers.")
+    ap.add_argument("--live-top-t", type=int_in(1), default=LIVE_TOP_T, help="top-t of the cross-fitted live layers.")
     references_option(ap)
     return ap
 

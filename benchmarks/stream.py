@@ -39,6 +39,7 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import MAX_BUDGET  # noqa: E402
+from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T  # noqa: E402
 from evaluation.simulate import replay  # noqa: E402
 from peers import SuffixMethod  # noqa: E402
 from toolkit.options import int_in, positive_float  # noqa: E402
@@ -191,9 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--window", type=int_in(1), default=8, help="requests between two compactions of the live layer.")
     ap.add_argument("--datastore", default="sharegpt", help="the chat stream's datastore.")
     ap.add_argument("--code-datastore", default="code", help="the code stream's datastore.")
-    ap.add_argument("--live-top-t", type=int_in(1), default=200_000,
+    ap.add_argument("--live-top-t", type=int_in(1), default=LIVE_TOP_T,
                     help="n-grams per n kept by each compaction of the live layer (default: 200000).")
-    ap.add_argument("--live-max-bytes", type=int_in(1), default=256 << 20,
+    ap.add_argument("--live-max-bytes", type=int_in(1), default=LIVE_MAX_BYTES,
                     help="the live layer's byte bound at compaction (default: 268435456).")
     ap.add_argument("--methods", nargs="+",
                     default=["ours", "ours+live", "ours+live-own", "ours+auto", "suffix", "suffix-2proc"],

@@ -16,6 +16,11 @@ from collections import OrderedDict
 
 from .tree import TokenTree
 
+__all__ = ["CACHE_BYTES", "TreeCache"]
+
+CACHE_BYTES = 64 << 20
+"""The tree cache's default bound, bytes (``CREST_CACHE_MB``)."""
+
 _ENTRY_OVERHEAD = 200  # dict slot, key tuple and bytes object, TokenTree and three ndarray headers (measured ~190 B)
 
 
@@ -106,8 +111,3 @@ class TreeCache:
             for k in stale:
                 self.bytes -= self._entries.pop(k)[1]
             return len(stale)
-
-    def hit_rate(self) -> float:
-        """Hits / (hits + misses) since creation (0.0 before the first :meth:`get`)."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0

@@ -25,7 +25,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["live_name", "encode_output", "decode_output"]
+__all__ = ["LIVE_MAX_BYTES", "LIVE_TOP_T", "live_name", "encode_output", "decode_output"]
+
+LIVE_TOP_T = 200_000
+"""The n-grams per n a compaction of the live layer keeps, by default (``compact-live --top-t``,
+``CREST_LIVE_TOP_T``)."""
+LIVE_MAX_BYTES = 256_000_000
+"""The live layer's default size bound, bytes: half for the outputs kept, half for the trees (``compact-live
+--max-bytes``, ``CREST_LIVE_MAX_BYTES``)."""
 
 
 def live_name(name: str) -> str:

@@ -38,10 +38,11 @@ from toolkit.console import clause
 from toolkit.settings import Settings
 from toolkit.tokenizer import tokenizer_fingerprint
 
+from .cache import CACHE_BYTES
 from .connection import connect, resolve_database_url
 from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
-from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
-from .registry import SWAP_CHANNEL
+from .lookup import READER_APPLICATION, LookupClient, configure_reader
+from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
 from .replica import HostReplicas, Stores, database_key
 from .schema import require_schema
 
@@ -77,7 +78,7 @@ class SharedDatastore(LookupClient):
 
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None, database_url: str | None = None,
-             pool_size: int = 4, cache_bytes: int = 64 << 20, listen: bool = True,
+             pool_size: int = 4, cache_bytes: int = CACHE_BYTES, listen: bool = True,
              connect_timeout_s: float = 2.0, live: str | None = None,
              replicas: bool | Path = True) -> SharedDatastore:
         """Check and open the ready datastore ``name``; never writes.

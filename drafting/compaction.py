@@ -41,7 +41,7 @@ import psycopg
 
 from datastore.connection import APPLICATION_NAME, connect, resolve_database_url
 from datastore.errors import DatastoreError
-from datastore.live import live_name
+from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, live_name
 from datastore.registry import compactor_lock_key
 from toolkit.forks import at_fork
 
@@ -97,8 +97,8 @@ class CompactionPolicy:
     after_s: float = 2.0
     gap_s: float = 2.0
     check_s: float = 1.0
-    top_t: int = 200_000
-    max_bytes: int = 256_000_000
+    top_t: int = LIVE_TOP_T
+    max_bytes: int = LIVE_MAX_BYTES
     retry_s: float = 30.0
     timeout_s: float = 1800.0
 

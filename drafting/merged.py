@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from crest_native import DEFAULTS
+from datastore.cache import CACHE_BYTES
 from datastore.tree import Match
 from toolkit.forks import at_fork
 
@@ -169,7 +170,7 @@ class MergedMethod:
 
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
-             cache_bytes: int = 64 << 20, replicas: bool = True, calibration: Calibration | None = None,
+             cache_bytes: int = CACHE_BYTES, replicas: bool = True, calibration: Calibration | None = None,
              min_score: float = 0.0, outputs_bytes: int | None = None, live_writer: OutputSink | None = None,
              compactor: Closeable | None = None, reopen_in_background: bool = True) -> MergedMethod:
         """The merged method over datastore ``datastore``, its lookups composed in one place (what an engine's proposer

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from datastore.cache import CACHE_BYTES
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
 from toolkit.forks import at_fork
@@ -116,7 +117,7 @@ class DraftingService:
 
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
-             cache_bytes: int = 64 << 20, replicas: bool = True, calibration: Calibration | None = None,
+             cache_bytes: int = CACHE_BYTES, replicas: bool = True, calibration: Calibration | None = None,
              min_score: float = 0.0, outputs_bytes: int | None = None, live_writer=None, compactor=None,
              vocab_size: int | None = None, reopen_in_background: bool = True) -> DraftingService:
         """The merged drafter over datastore ``datastore``: a service drafting with

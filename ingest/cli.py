@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T
 from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec
 
 from .build import BuildConfig, config_dict, summary_rows
@@ -179,9 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(one per datastore, across hosts); decoders never wait for it.")
     lv.add_argument("--name", type=datastore_name, default=d.name,
                     help="the datastore whose outputs to compact (default: %(default)s).")
-    lv.add_argument("--top-t", type=parse_count, default=200_000,
+    lv.add_argument("--top-t", type=parse_count, default=LIVE_TOP_T,
                     help="n-grams kept per n, e.g. 200K (default: 200K).")
-    lv.add_argument("--max-bytes", type=_layer_bytes, default=256_000_000,
+    lv.add_argument("--max-bytes", type=_layer_bytes, default=LIVE_MAX_BYTES,
                     help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
                          "trees (default: 256M).")
     lv.add_argument("--json", action="store_true", help="print the result as JSON.")

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from datastore.connection import APPLICATION_NAME, connect, one_row, resolve_database_url
-from datastore.live import decode_output, live_name
+from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, decode_output, live_name
 from datastore.registry import compactor_lock_key
 from datastore.schema import require_schema
 
@@ -67,8 +67,9 @@ class CompactionResult:
                 "build_id": None if b is None else b.build_id}
 
 
-def compact_live(name: str, *, top_t: int = 200_000, max_bytes: int = 256 << 20, database_url: str | None = None,
-                 config: BuildConfig | None = None, progress: bool = False) -> CompactionResult:
+def compact_live(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_MAX_BYTES,
+                 database_url: str | None = None, config: BuildConfig | None = None,
+                 progress: bool = False) -> CompactionResult:
     """Fold ``name``'s appended outputs into the datastore ``live_name(name)``, unless another compactor of ``name``
     is running (then nothing is done and the result says ``busy``).
 
