@@ -23,7 +23,6 @@ replayed set inserts about 0.3M), which changes nothing here: no node is ever ev
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import numpy as np
 
 from drafting.draft import Draft, ScoreKind
 from drafting.method import Stateless, Step
+from toolkit.settings import Settings
 
 SGLANG_VERSION = "0.5.23"
 # the sources, in the order sglang/kernels/ops/speculative/ngram_corpus.py compiles them
@@ -67,7 +67,7 @@ def load_module(cache: Path | None = None) -> type:
     from tvm_ffi.libinfo import find_dlpack_include_path, find_include_path, find_libtvm_ffi
 
     jit = _jit_dir()
-    out_dir = cache or Path(os.environ.get("CREST_CACHE", Path.home() / ".cache" / "crest-spec")) / "sglang-ngram"
+    out_dir = cache or Settings.from_env().cache_dir / "sglang-ngram"
     so = out_dir / f"ngram_corpus-{SGLANG_VERSION}.so"
     sources = [jit / "csrc" / s for s in SOURCES]
     if not so.exists():

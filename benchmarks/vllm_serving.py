@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving.server import cpu_env
+from serving.vllm_proposer import ProposerConfig
 from toolkit.options import float_in, int_in
 
 if TYPE_CHECKING:
@@ -458,7 +459,7 @@ def main() -> None:
         return
     runs = runs_of(args)
     shared = _assignments(args.env, "--env")
-    name = shared.get("CREST_DATASTORE", os.environ.get("CREST_DATASTORE", "sharegpt"))
+    name = ProposerConfig.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
     if "crest" in args.methods:  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
         from _refs import require_clean_datastore
 

@@ -30,6 +30,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from toolkit.settings import env_whole
+
 __all__ = ["ChatLog", "ChatLogMiddleware"]
 
 log = logging.getLogger(__name__)
@@ -88,13 +90,7 @@ class ChatLog:
         if not path:
             return None
 
-        def whole(name: str, default: int) -> int:
-            try:
-                return int(env.get(name, default))
-            except ValueError:
-                raise ValueError(f"{name}={env[name]!r} is not a whole number") from None
-
-        return cls(path, max_bytes=whole(MAX_BYTES_ENV, 100_000_000), backups=whole(BACKUPS_ENV, 10))
+        return cls(path, max_bytes=env_whole(env, MAX_BYTES_ENV, 100_000_000), backups=env_whole(env, BACKUPS_ENV, 10))
 
     def write(self, messages: list, answer: str) -> None:
         """Append one chat: the request's ``messages`` (as the client sent them) and the assistant's ``answer``."""

@@ -61,11 +61,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from datastore.cache import CACHE_BYTES
 from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod
+from toolkit.settings import Settings, env_flag, env_number, env_whole
 
 from .cost import StepCostModel
 from .rows import RowTracker
@@ -85,7 +88,7 @@ class ProposerConfig:
     database_url: str | None = None
     min_score: float = 0.1
     adaptive: bool = True
-    cache_mb: float = 64.0
+    cache_mb: float = CACHE_BYTES / 2**20
     live: bool = True
     live_url: str | None = None
     outputs_mb: float = 64.0
@@ -102,42 +105,26 @@ class ProposerConfig:
             raise ValueError(f"CREST_OUTPUTS_MB={self.outputs_mb}: must be >= 0")
 
     @classmethod
-    def from_env(cls) -> ProposerConfig:
-        """Read the ``CREST_*`` variables and ``DATABASE_URL``."""
-        env = os.environ
-
-        def number(name: str, default: float) -> float:
-            try:
-                return float(env.get(name, default))
-            except ValueError:
-                raise ValueError(f"{name}={env[name]!r} is not a number") from None
-
-        def flag(name: str, default: str) -> bool:
-            value = env.get(name, default)
-            if value not in ("0", "1"):
-                raise ValueError(f"{name}={value!r}: must be 0 or 1")
-            return value == "1"
-
-        def whole(name: str, default: int) -> int:
-            try:
-                return int(env.get(name, default))
-            except ValueError:
-                raise ValueError(f"{name}={env[name]!r} is not a whole number") from None
-
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ProposerConfig:
+        """Read the ``CREST_*`` variables and ``DATABASE_URL`` of ``env`` (default: this process's environment), each
+        unset one at this class's default (:mod:`toolkit.settings` parses them)."""
+        env = os.environ if env is None else env
+        settings, d = Settings.from_env(env), cls()
         compaction = None
-        if flag("CREST_COMPACT", "1"):
-            d = CompactionPolicy()
-            compaction = CompactionPolicy(outputs=whole("CREST_COMPACT_OUTPUTS", d.outputs),
-                                          after_s=number("CREST_COMPACT_AFTER_S", d.after_s),
-                                          gap_s=number("CREST_COMPACT_GAP_S", d.gap_s),
-                                          top_t=whole("CREST_LIVE_TOP_T", d.top_t),
-                                          max_bytes=whole("CREST_LIVE_MAX_BYTES", d.max_bytes))
-
-        return cls(datastore=env.get("CREST_DATASTORE", "sharegpt"), database_url=env.get("DATABASE_URL") or None,
-                   min_score=number("CREST_MIN_SCORE", 0.1), adaptive=flag("CREST_ADAPTIVE", "1"),
-                   cache_mb=number("CREST_CACHE_MB", 64.0), live=flag("CREST_LIVE", "1"),
-                   live_url=env.get("CREST_LIVE_URL") or None, outputs_mb=number("CREST_OUTPUTS_MB", 64.0),
-                   replicas=env.get("CREST_REPLICAS") != "off", compaction=compaction,
+        if env_flag(env, "CREST_COMPACT", True):
+            p = CompactionPolicy()
+            compaction = CompactionPolicy(outputs=env_whole(env, "CREST_COMPACT_OUTPUTS", p.outputs),
+                                          after_s=env_number(env, "CREST_COMPACT_AFTER_S", p.after_s),
+                                          gap_s=env_number(env, "CREST_COMPACT_GAP_S", p.gap_s),
+                                          top_t=env_whole(env, "CREST_LIVE_TOP_T", p.top_t),
+                                          max_bytes=env_whole(env, "CREST_LIVE_MAX_BYTES", p.max_bytes))
+        return cls(datastore=env.get("CREST_DATASTORE", d.datastore), database_url=settings.database_url,
+                   min_score=env_number(env, "CREST_MIN_SCORE", d.min_score),
+                   adaptive=env_flag(env, "CREST_ADAPTIVE", d.adaptive),
+                   cache_mb=env_number(env, "CREST_CACHE_MB", d.cache_mb), live=env_flag(env, "CREST_LIVE", d.live),
+                   live_url=env.get("CREST_LIVE_URL") or None,
+                   outputs_mb=env_number(env, "CREST_OUTPUTS_MB", d.outputs_mb),
+                   replicas=settings.replicas is not None, compaction=compaction,
                    compact_url=env.get("CREST_COMPACT_URL") or None)
 
 

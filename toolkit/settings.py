@@ -11,8 +11,10 @@
                               evaluation sets shipped in the package
 ============================  ==========================================================================
 
-Library code never writes the environment. The vLLM proposer's own ``CREST_*`` settings are read by
-:meth:`serving.vllm_proposer.ProposerConfig.from_env`, where vLLM builds it.
+Library code never writes the environment. Every variable is parsed here: the vLLM proposer's own ``CREST_*``
+settings (:meth:`serving.vllm_proposer.ProposerConfig.from_env`, where vLLM builds it) and the serving log's
+(:meth:`serving.chat_log.ChatLog.from_env`) are read with :func:`env_number`, :func:`env_whole` and
+:func:`env_flag`, whose errors name the variable.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Settings", "check_libpq", "redacted"]
+__all__ = ["Settings", "check_libpq", "env_flag", "env_number", "env_whole", "redacted"]
 
 
 def default_pgdata(env: Mapping[str, str], euid: int | None) -> Path:
@@ -74,6 +76,44 @@ class Settings:
             eval_data=Path(evals).expanduser() if evals else None,
             replicas=None if replicas == "off" else Path(replicas).expanduser() if replicas else cache_dir / "replicas",
         )
+
+
+def env_number(env: Mapping[str, str], name: str, default: float) -> float:
+    """Variable ``name`` of ``env`` as a float (``default`` when unset).
+
+    Raises:
+        ValueError: naming the variable and its value, when it is not a number.
+    """
+    try:
+        return float(env.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not a number") from None
+
+
+def env_whole(env: Mapping[str, str], name: str, default: int) -> int:
+    """Variable ``name`` of ``env`` as an int (``default`` when unset).
+
+    Raises:
+        ValueError: naming the variable and its value, when it is not a whole number.
+    """
+    try:
+        return int(env.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not a whole number") from None
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """Variable ``name`` of ``env`` as a flag: ``1`` or ``0`` (``default`` when unset).
+
+    Raises:
+        ValueError: naming the variable and its value, for anything else (``true``, ``yes`` ...).
+    """
+    value = env.get(name)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: must be 0 or 1")
+    return value == "1"
 
 
 def masked(url: str) -> str:
