@@ -66,7 +66,7 @@ def replica_figures(url: str, name: str, contexts: list[list[int]], table_bytes:
     import tempfile
     from pathlib import Path
 
-    from datastore.lookup import resolve_build
+    from datastore.registry import resolve_build
     from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
 
     with connect(url, autocommit=True) as conn:

@@ -15,7 +15,8 @@ import psycopg
 from toolkit.tokenizer import tokenizer_fingerprint
 
 from .connection import connect, resolve_database_url
-from .lookup import READER_APPLICATION, DatastoreInfo, LookupClient, check_tokenizer, configure_reader, resolve_build
+from .lookup import READER_APPLICATION, LookupClient, configure_reader
+from .registry import DatastoreInfo, check_tokenizer, resolve_build
 from .schema import require_schema
 
 

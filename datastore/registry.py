@@ -16,8 +16,16 @@ writers import).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
-__all__ = ["SWAP_CHANNEL", "compactor_lock_key", "name_lock_key"]
+import psycopg
+
+from toolkit.console import clause
+
+from .errors import DatabaseUnavailable, DatastoreError, DatastoreNotFound, LookupFailed, TokenizerMismatch
+
+__all__ = ["SWAP_CHANNEL", "DatastoreInfo", "check_tokenizer", "compactor_lock_key", "name_lock_key", "resolve_build",
+           "server_error"]
 
 STATES = ("building", "ready", "failed", "retired", "dropped")
 TREE_TABLE_PREFIX = "token_trees_"
@@ -35,3 +43,86 @@ def compactor_lock_key(name: str) -> int:
     """The signed 64-bit advisory lock key the compactor of datastore ``name``'s live layer holds while it runs
     (another key than the build's own name lock; :mod:`ingest.live`)."""
     return name_lock_key(f"compact-live {name}")
+
+
+@dataclass(frozen=True)
+class DatastoreInfo:
+    """What a client needs to know about a ready build.
+
+    Attributes:
+        id: the build's registry id (changes with every rebuild).
+        name: the datastore name. table: its tree table. key_width: bytes per token id in keys.
+        ns: the n-gram lengths it holds, ascending (``params.ns``).
+        tokenizer / tokenizer_fingerprint: what it was built with.
+        params: the build parameters as recorded.
+    """
+
+    id: int
+    name: str
+    table: str
+    key_width: int
+    ns: tuple[int, ...]
+    tokenizer: str
+    tokenizer_fingerprint: str
+    params: dict
+
+    @property
+    def max_n(self) -> int:
+        """The longest n-gram stored (0 for an empty build)."""
+        return max(self.ns, default=0)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are below this: the build's tokenizer's vocabulary (``params.vocab_size``; builds made before
+        it was recorded: what the key width can hold)."""
+        return int(self.params.get("vocab_size") or 1 << (8 * self.key_width))
+
+
+def server_error(name: str, exc: psycopg.Error) -> DatastoreError:
+    """The :class:`~datastore.errors.DatastoreError` for a server-side failure of a query on datastore ``name``."""
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(f"datastore {name!r} is unreachable: {clause(exc)}")
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return LookupFailed(f"this role may not read datastore {name!r} ({clause(exc)}); grant it with "
+                            f"`python -m datastore grant-reader ROLE --name {name}`")
+    return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {clause(exc)}")
+
+
+def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
+    """The ready build of datastore ``name`` (one registry query).
+
+    Raises:
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build (the message lists the ready ones).
+        datastore.errors.LookupFailed: when the registry row records no n-gram lengths, or the role may not read it.
+        datastore.errors.DatabaseUnavailable: when the server cannot be reached.
+    """
+    try:
+        row = conn.execute(
+            "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint FROM datastores "
+            "WHERE name = %s AND state = 'ready'", [name]).fetchone()
+        if row is None:
+            names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
+    except psycopg.Error as exc:
+        raise server_error(name, exc) from exc
+    if row is None:
+        raise DatastoreNotFound(
+            f"no ready datastore named {name!r} (ready: {', '.join(names) or 'none'}); "
+            f"build it with `python -m ingest build --name {name}`")
+    ds_id, table, width, params, tok, fp = row
+    if "ns" not in params:
+        raise LookupFailed(f"build {ds_id} of datastore {name!r} records no n-gram lengths (params.ns); "
+                           "run `python -m datastore migrate`, or rebuild it")
+    return DatastoreInfo(ds_id, name, table, width, tuple(sorted(int(n) for n in params["ns"])), tok, fp, params)
+
+
+def check_tokenizer(info: DatastoreInfo, fingerprint: str) -> None:
+    """Refuse a caller whose tokenizer differs from the build's.
+
+    Raises:
+        datastore.errors.TokenizerMismatch: naming both tokenizers and the fix.
+    """
+    if info.tokenizer_fingerprint != fingerprint:
+        raise TokenizerMismatch(
+            f"datastore {info.name!r} was built with tokenizer {info.tokenizer!r} "
+            f"(fingerprint {info.tokenizer_fingerprint[:12]}), the caller's tokenizer has fingerprint "
+            f"{fingerprint[:12]}; rebuild the datastore with this tokenizer (--tokenizer) or use the matching one")

@@ -49,7 +49,7 @@ from psycopg import sql
 from crest_native import Replica, ReplicaError, ReplicaWriter
 
 from .connection import APPLICATION_NAME, connect
-from .lookup import DatastoreInfo
+from .registry import DatastoreInfo
 
 __all__ = ["HostReplicas", "ReplicaError", "Stores", "WriteCancelled", "database_key", "identity_of", "open_replica",
            "replica_path", "write_replica"]

@@ -245,7 +245,7 @@ def lookup_latency(url: str, name: str, fingerprint: str, contexts: Sequence[np.
     """Longest-match lookup latency of datastore ``name``: ``(pg p50, pg p99, replica p50, replica p99)`` in ms,
     then the replica's bytes and write seconds (written into ``folder`` and removed)."""
     from datastore.connection import connect
-    from datastore.lookup import resolve_build
+    from datastore.registry import resolve_build
     from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
 
     with Datastore.open(name, fingerprint=fingerprint, database_url=url) as client:

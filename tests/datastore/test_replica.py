@@ -27,7 +27,7 @@ from datastore.codec import decode_tree, encode_tree
 from datastore.connection import connect
 from datastore.errors import ClosedError, CodecError
 from datastore.keys import decode_key
-from datastore.lookup import resolve_build
+from datastore.registry import resolve_build
 from datastore.replica import (
     Stores,
     database_key,

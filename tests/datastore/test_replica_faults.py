@@ -23,7 +23,7 @@ import numpy as np
 
 from crest_native import Replica, ReplicaError
 from datastore.connection import connect
-from datastore.lookup import resolve_build
+from datastore.registry import resolve_build
 from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
 from drafting import DatastoreSource, DraftingService, MergedMethod
 from oracle import replica as replica_oracle

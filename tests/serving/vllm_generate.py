@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.v1.metrics.reader import Counter
 
-    from datastore.lookup import DatastoreInfo
+    from datastore.registry import DatastoreInfo
     from datastore.shared import SharedDatastore
     from drafting import LiveCompactor
 
