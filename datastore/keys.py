@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["key_width_for", "encode_keys"]
+__all__ = ["decode_key", "encode_key", "encode_keys", "key_width_for"]
 
 _DTYPES = {2: ">u2", 4: ">u4"}
 _STRUCT = {2: "H", 4: "I"}

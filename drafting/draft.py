@@ -117,6 +117,11 @@ class Draft:
         order, parents = tree_cut(self.parents, self.scores, budget, min_score)
         return Draft(self.token_ids[order], parents, self.scores[order], self.score_kind)
 
+    def cut(self, budget: int, chain: bool) -> Draft:
+        """What a verifier of ``budget`` nodes takes from this draft: :meth:`best_path` for a chain verifier
+        (``chain``), else :meth:`top`."""
+        return self.best_path(budget) if chain else self.top(budget)
+
     def best_path(self, max_len: int, min_score: float = 0.0) -> Draft:
         """The root path of at most ``max_len`` nodes, each scoring at least ``min_score`` (a probability),
         with the largest sum of scores, as a chain: what a chain verifier such as vLLM's takes from a tree

@@ -171,7 +171,7 @@ class S4CMethod:
             if tree is not None:
                 draft = Draft(tree.token_ids, tree.parents, _path_probs(tree), self.score_kind)
                 budget = int(step.budgets[i])
-                drafts[i] = draft.best_path(budget) if step.chain else draft.top(budget)
+                drafts[i] = draft.cut(budget, step.chain)
         return drafts
 
     def draft_following(self, step: Step, follow: Follow) -> None:

@@ -88,14 +88,7 @@ def plot_tree_sizes(rows: Sequence[StudyRow], path: Path, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("top-t (n-grams kept per n)")
     ax.set_ylabel("mean nodes per token tree")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title, 8)
 
 
 def plot_corpus_size(rows: Sequence[AcceptRow], path: Path, title: str) -> Path:

@@ -48,7 +48,7 @@ class Retrieval(Stateless):
             if match is not None:
                 whole = Draft.from_tree(match.tree, self.prior)
                 budget = int(step.budgets[i])
-                out[i] = whole.best_path(budget) if step.chain else whole.top(budget)
+                out[i] = whole.cut(budget, step.chain)
         return out
 
     def close(self) -> None:

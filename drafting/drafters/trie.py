@@ -68,7 +68,7 @@ class Trie:
                 out.append(Draft.empty(self.score_kind))
                 continue
             whole = Draft.from_tree(match.tree, self.prior)
-            out.append(whole.best_path(budget) if step.chain else whole.top(budget))
+            out.append(whole.cut(budget, step.chain))
         return out
 
     def draft_following(self, step: Step, follow: Follow) -> None:

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from ..chat_files import TAIL_BYTES, read_chat_file, truncation_note
 from ..chats import SHAREGPT_FIELDS, ChatDocument, chat_document
-from ..sources import check_text, document_digest
+from ..sources import SOURCES, check_text, document_digest
 
 RECORD_SCHEMA = pa.schema([("o1", pa.int64()), ("o2", pa.int64()), ("o3", pa.int64()), ("reason", pa.string()),
                            ("digest", pa.binary()), ("ids", pa.list_(pa.int32())), ("note", pa.string())])
@@ -224,7 +224,7 @@ def parse_records(batches: Iterator[pa.RecordBatch], source: str, tokenizer_spec
     Raises:
         ValueError: for an unknown ``source``.
     """
-    if source not in ("sharegpt", "code", "jsonl", "parquet", "chat"):
+    if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}")
     tokenizer = tokenizer_for(tokenizer_spec)
     backend = tokenizer.backend_tokenizer
