@@ -59,10 +59,12 @@ def _second_turns(tokenizer, first: dict[str, list[int]]) -> list[tuple[str, str
 
 
 def _generate(llm, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy outputs of ``prompts`` (token ids), with vLLM's progress bar: prompts done, tokens/s and the time
+    left."""
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=True)
     return [list(map(int, o.outputs[0].token_ids)) for o in outs]
 
 
