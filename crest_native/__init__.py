@@ -22,13 +22,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["Core", "DEFAULTS", "FEATURES", "MAX_BUDGET", "Replica", "ReplicaError", "ReplicaWriter", "SOURCES",
+__all__ = ["COMPRESSION_IDS", "Core", "DEFAULTS", "FEATURES", "MAX_BUDGET", "Replica", "ReplicaError", "ReplicaWriter",
+           "SOURCES",
            "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
 
 try:
     from ._core import (
+        COMPRESSION_IDS,
         DEFAULTS,
         FEATURES,
         MAX_BUDGET,

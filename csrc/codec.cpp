@@ -46,7 +46,7 @@ BlobHeader parse_blob_header(const uint8_t* blob, std::size_t size) {
     throw std::invalid_argument("tree format version " + std::to_string(blob[1]) +
                                 " is not supported (this build reads version " + std::to_string(kBlobVersion) + ")");
   BlobHeader h;
-  h.compression = blob[2] >> 4;
+  h.compression = compression_of(blob[2]);
   h.width = blob[2] & 0x0F;
   if (h.width < 1 || h.width > 4)
     throw std::invalid_argument("token width " + std::to_string(h.width) + " is outside 1..4");
@@ -57,7 +57,7 @@ BlobHeader parse_blob_header(const uint8_t* blob, std::size_t size) {
   if (h.raw_len > kMaxPayload)
     throw std::invalid_argument("payload length " + std::to_string(h.raw_len) + " exceeds the " +
                                 std::to_string(kMaxPayload) + "-byte limit");
-  if (h.compression > 2) throw std::invalid_argument("unknown compression id " + std::to_string(h.compression));
+  if (h.compression > kCompressionLz4) throw std::invalid_argument("unknown compression id " + std::to_string(h.compression));
   h.body = pos;
   return h;
 }

@@ -17,8 +17,15 @@ constexpr uint8_t kBlobVersion = 1;
 constexpr std::size_t kBlobFixedHeader = 7;  // magic, version, flags, CRC-32
 constexpr uint64_t kMaxPayload = 1ULL << 24;  // guards decompression bombs
 
-// A blob's header: compression id (0 none, 1 zstd, 2 lz4), token width, CRC-32, the payload's length and where the
-// body starts.
+// A blob's compression id (the high nibble of its third byte), named once: datastore.codec and datastore.replica read
+// these numbers from crest_native.COMPRESSION_IDS. A zstd body is stored magicless (the frame's magic number cut).
+enum Compression : int { kCompressionNone = 0, kCompressionZstd = 1, kCompressionLz4 = 2 };
+
+// The compression id a header's third byte holds.
+inline int compression_of(uint8_t flags) { return flags >> 4; }
+
+// A blob's header: compression id (a Compression), token width, CRC-32, the payload's length and where the body
+// starts.
 struct BlobHeader {
   int compression = 0;
   int width = 0;

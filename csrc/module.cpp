@@ -295,31 +295,21 @@ void bind_replica(nb::module_& m) {
             if (!self.pending.empty()) throw nb::value_error("complete() the pending rows first");
             self.data = data;
             std::size_t used;
-            std::vector<uint8_t> frames;
-            std::vector<uint64_t> segments, sizes;
+            crest::ReplicaWriter::ZstdFrames z;
             {
               nb::gil_scoped_release quiet;
               used = self.w.add_copy(reinterpret_cast<const uint8_t*>(data.c_str()), data.size(), self.pending);
-              // each body as a whole zstd frame (the stored ones are magicless: the magic number put back), with its
-              // (offset, length) and its payload's length: what zstandard's multi_decompress_to_buffer reads
-              static constexpr uint8_t kZstdMagic[4] = {0x28, 0xB5, 0x2F, 0xFD};
-              for (const auto& p : self.pending) {
-                if ((p.header3[2] >> 4) != 1) continue;
-                segments.push_back(frames.size());
-                segments.push_back(p.body_len + 4);
-                sizes.push_back(p.raw_len);
-                frames.insert(frames.end(), kZstdMagic, kZstdMagic + 4);
-                frames.insert(frames.end(), p.body, p.body + p.body_len);
-              }
+              z = crest::ReplicaWriter::zstd_frames(self.pending);
             }
             nb::list others;  // (compression id, body, payload length) of the rows of another compression (lz4)
             for (const auto& p : self.pending)
-              if ((p.header3[2] >> 4) != 1)
-                others.append(nb::make_tuple(p.header3[2] >> 4, nb::bytes(reinterpret_cast<const char*>(p.body),
-                                                                            p.body_len), p.raw_len));
-            return nb::make_tuple(used, nb::bytes(reinterpret_cast<const char*>(frames.data()), frames.size()),
-                                  nb::bytes(reinterpret_cast<const char*>(segments.data()), segments.size() * 8),
-                                  nb::bytes(reinterpret_cast<const char*>(sizes.data()), sizes.size() * 8), others);
+              if (!p.zstd())
+                others.append(nb::make_tuple(crest::compression_of(p.header3[2]),
+                                             nb::bytes(reinterpret_cast<const char*>(p.body), p.body_len), p.raw_len));
+            return nb::make_tuple(used, nb::bytes(reinterpret_cast<const char*>(z.frames.data()), z.frames.size()),
+                                  nb::bytes(reinterpret_cast<const char*>(z.segments.data()), z.segments.size() * 8),
+                                  nb::bytes(reinterpret_cast<const char*>(z.sizes.data()), z.sizes.size() * 8),
+                                  others);
           },
           "data"_a)
       .def(
@@ -328,12 +318,12 @@ void bind_replica(nb::module_& m) {
             // the payloads of the pending rows: the zstd ones from `zstd`, the others from `others`, each in order
             // (a payload is a buffer, or None: it did not decompress)
             std::size_t zstd_rows = 0;
-            for (const auto& row : self.pending) zstd_rows += (row.header3[2] >> 4) == 1;
+            for (const auto& row : self.pending) zstd_rows += row.zstd();
             if (nb::len(zstd) != zstd_rows || nb::len(others) != self.pending.size() - zstd_rows)
               throw nb::value_error("complete() takes one payload (or None) per pending row");
             std::size_t z = 0, o = 0;
             for (const auto& row : self.pending) {
-              nb::object p = (row.header3[2] >> 4) == 1 ? zstd[z++] : others[o++];
+              nb::object p = row.zstd() ? zstd[z++] : others[o++];
               if (p.is_none()) {
                 self.w.complete(row, nullptr, 0);
                 continue;
@@ -545,6 +535,11 @@ NB_MODULE(_core, m) {
   m.attr("SOURCE_DIGEST") = CREST_SOURCE_DIGEST;
   m.attr("MAX_BUDGET") = crest::kMaxBudget;
   m.attr("REPLICA_VERSION") = crest::kReplicaVersion;
+  nb::dict compression;
+  compression["none"] = static_cast<int>(crest::kCompressionNone);
+  compression["zstd"] = static_cast<int>(crest::kCompressionZstd);
+  compression["lz4"] = static_cast<int>(crest::kCompressionLz4);
+  m.attr("COMPRESSION_IDS") = compression;
 
   m.def(
       "blob_header",

@@ -415,6 +415,20 @@ uint32_t be32(const uint8_t* p) {
 
 }  // namespace
 
+ReplicaWriter::ZstdFrames ReplicaWriter::zstd_frames(const std::vector<Pending>& pending) {
+  static constexpr uint8_t kZstdMagic[4] = {0x28, 0xB5, 0x2F, 0xFD};
+  ZstdFrames out;
+  for (const auto& p : pending) {
+    if (!p.zstd()) continue;
+    out.segments.push_back(out.frames.size());
+    out.segments.push_back(p.body_len + sizeof kZstdMagic);
+    out.sizes.push_back(p.raw_len);
+    out.frames.insert(out.frames.end(), kZstdMagic, kZstdMagic + sizeof kZstdMagic);
+    out.frames.insert(out.frames.end(), p.body, p.body + p.body_len);
+  }
+  return out;
+}
+
 std::size_t ReplicaWriter::add_copy(const uint8_t* data, std::size_t size, std::vector<Pending>& pending) {
   static constexpr uint8_t kSignature[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xFF, '\r', '\n', 0};
   std::size_t pos = 0;
@@ -455,7 +469,7 @@ std::size_t ReplicaWriter::add_copy(const uint8_t* data, std::size_t size, std::
       add_record(key, key_len, 0, nullptr, 0);  // the build's tree is unreadable: stored as such
       continue;
     }
-    if (h.compression == 0) {
+    if (h.compression == kCompressionNone) {
       bool readable = true;
       try {
         parse_checked(blob, h, blob + h.body, blob_len - h.body, scratch_);

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec.hpp"
 #include "tree.hpp"
 
 namespace crest {
@@ -126,7 +127,19 @@ class ReplicaWriter {
     uint8_t header3[3];
     uint32_t crc;
     uint64_t raw_len;
+
+    bool zstd() const { return compression_of(header3[2]) == kCompressionZstd; }
   };
+
+  // The zstd bodies of `pending`, in order, each as a whole zstd frame (the magic number put back): the frames
+  // concatenated, each one's (offset, length), and its payload's length: what a batched decompressor (zstandard's
+  // multi_decompress_to_buffer) reads.
+  struct ZstdFrames {
+    std::vector<uint8_t> frames;
+    std::vector<uint64_t> segments;
+    std::vector<uint64_t> sizes;
+  };
+  static ZstdFrames zstd_frames(const std::vector<Pending>& pending);
 
   // Create `path` (it must not exist). Throws ReplicaError.
   ReplicaWriter(const std::string& path, int key_width, std::string identity);

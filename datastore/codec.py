@@ -39,18 +39,19 @@ import lz4.block
 import numpy as np
 import zstandard
 
-from crest_native import blob_header, parse_blob
+from crest_native import COMPRESSION_IDS, blob_header, parse_blob
 
 from .errors import CodecError
 from .tree import TokenTree
 from .varint import encode_varints, varint_lengths, zigzag
 
-__all__ = ["TreeBatch", "encode_trees", "decode_tree", "Compression"]
+__all__ = ["TreeBatch", "encode_trees", "decode_tree", "decompress_body", "Compression"]
 
 MAGIC = 0xC7
 FORMAT_VERSION = 1
 Compression = Literal["none", "zstd", "lz4"]
-_COMPRESSION_IDS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
+_COMPRESSION_IDS: dict[str, int] = dict(COMPRESSION_IDS)  # named once, in the native core (csrc/codec.hpp)
+_NONE, _ZSTD = _COMPRESSION_IDS["none"], _COMPRESSION_IDS["zstd"]
 _HEADER = struct.Struct("<BBBI")  # magic, version, compression<<4 | token width, crc32
 
 
@@ -223,18 +224,28 @@ def _zstd() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def _decompress(cid: int, body: bytes, raw_len: int) -> bytes:
-    """The payload of a body compressed as compression id ``cid`` says (the header read by the native core, which
-    refuses any other id)."""
-    if cid == 0:
-        return body
-    if cid == 1:
-        dobj = _zstd().decompressobj()
-        raw = dobj.decompress(body)
-        if not dobj.eof or dobj.unused_data:
-            raise CodecError("zstd body is truncated or followed by extra bytes")
-        return raw
-    return lz4.block.decompress(body, uncompressed_size=raw_len)
+def decompress_body(cid: int, body: bytes, raw_len: int) -> bytes:
+    """The payload of a stored blob's body (what follows its header), compressed as compression id ``cid`` says
+    (``crest_native.COMPRESSION_IDS``; a zstd body is magicless): ``raw_len`` bytes. The one decompressor of a body:
+    decoding a tree and writing a replica both use it (a replica writes its zstd bodies in batches first).
+
+    Raises:
+        CodecError: when the body does not decompress (truncated, extra bytes, corrupt), or ``cid`` is unknown.
+    """
+    try:
+        if cid == _NONE:
+            return body
+        if cid == _ZSTD:
+            dobj = _zstd().decompressobj()
+            raw = dobj.decompress(body)
+            if not dobj.eof or dobj.unused_data:
+                raise CodecError("zstd body is truncated or followed by extra bytes")
+            return raw
+        if cid == _COMPRESSION_IDS["lz4"]:
+            return lz4.block.decompress(body, uncompressed_size=raw_len)
+    except (zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
+        raise CodecError(f"corrupt tree blob: {exc}") from exc
+    raise CodecError(f"unknown compression id {cid}")
 
 
 def decode_tree(blob: bytes) -> TokenTree:
@@ -258,12 +269,7 @@ def decode_tree(blob: bytes) -> TokenTree:
         cid, raw_len, body = blob_header(blob)
     except ValueError as exc:
         raise CodecError(str(exc)) from None
-    try:
-        raw = _decompress(cid, blob[body:], raw_len)
-    except CodecError:
-        raise
-    except (zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
-        raise CodecError(f"corrupt tree blob: {exc}") from exc
+    raw = decompress_body(cid, blob[body:], raw_len)
     try:
         tokens, parents, counts, root = parse_blob(blob, raw)
     except ValueError as exc:

@@ -40,15 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import lz4.block
-import numpy as np
 import psycopg
 import zstandard
 from psycopg import sql
 
 from crest_native import Replica, ReplicaError, ReplicaWriter
 
+from .codec import decompress_body
 from .connection import APPLICATION_NAME, connect
+from .errors import CodecError
 from .registry import DatastoreInfo
 
 __all__ = ["HostReplicas", "ReplicaError", "Stores", "WriteCancelled", "database_key", "identity_of", "open_replica",
@@ -118,29 +118,32 @@ class WriteReport:
     seconds: float
 
 
-def _payload(kind: int, body: bytes, size: int, zstd: zstandard.ZstdDecompressor) -> bytes | None:
-    """A compressed body's payload (codec v1 compression ids 1 zstd, as a whole frame; 2 lz4); ``None`` when it does
-    not decompress."""
+def _payload(kind: int, body: bytes, size: int) -> bytes | None:
+    """A stored body's payload (:func:`datastore.codec.decompress_body`); ``None`` when it does not decompress."""
     try:
-        if kind == 1:
-            return zstd.decompress(body, max_output_size=size)
-        return lz4.block.decompress(body, uncompressed_size=size)
-    except (zstandard.ZstdError, lz4.block.LZ4BlockError):
+        return decompress_body(kind, body, size)
+    except CodecError:
         return None
 
 
-def _payloads(frames: bytes, segments: bytes, sizes: bytes, zstd: zstandard.ZstdDecompressor):
-    """The payloads of a batch's zstd frames, decompressed in one call; one by one (``None`` for a frame that does not
-    decompress) when one of them fails."""
+def _payloads(frames: bytes, segments: bytes, sizes: bytes,
+              zstd: zstandard.ZstdDecompressor) -> zstandard.BufferWithSegmentsCollection | list:
+    """The payloads of a batch's zstd frames (framed by the native writer, ``ReplicaWriter.add_copy``), decompressed
+    in one call; frame by frame (``None`` for a frame that does not decompress) when one of them fails."""
     if not segments:
         return []
     try:
         return zstd.multi_decompress_to_buffer(zstandard.BufferWithSegments(frames, segments),
                                                decompressed_sizes=sizes)
     except zstandard.ZstdError:
-        spans = np.frombuffer(segments, dtype=np.uint64).reshape(-1, 2).tolist()
-        return [_payload(1, frames[a:a + n], size, zstd)
-                for (a, n), size in zip(spans, np.frombuffer(sizes, dtype=np.uint64).tolist())]
+        out: list = []
+        for k in range(len(sizes) // 8):
+            one = zstandard.BufferWithSegments(frames, segments[16 * k:16 * (k + 1)])
+            try:
+                out.append(zstd.multi_decompress_to_buffer(one, decompressed_sizes=sizes[8 * k:8 * (k + 1)])[0])
+            except zstandard.ZstdError:
+                out.append(None)
+        return out
 
 
 class WriteCancelled(ReplicaError):
@@ -168,7 +171,7 @@ def write_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes,
         def hand(data: bytes) -> bytes:
             used, frames, segments, sizes, others = writer.add_copy(data)
             writer.complete(_payloads(frames, segments, sizes, zstd),
-                            [_payload(kind, body, size, zstd) for kind, body, size in others])
+                            [_payload(kind, body, size) for kind, body, size in others])
             return data[used:]
 
         query = sql.SQL("COPY (SELECT key, tree FROM {}) TO STDOUT (FORMAT BINARY)").format(sql.Identifier(info.table))

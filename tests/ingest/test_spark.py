@@ -62,7 +62,8 @@ def _assert_identical(r: dict) -> None:
     assert r["spark_rows"] == r["duckdb_rows"]  # same blobs
     assert spark.ngram_stats == duck.ngram_stats
     assert (spark.num_documents, spark.num_tokens) == (duck.num_documents, duck.num_tokens)
-    # what the Spark engine does not record (docs/building.md, "Contamination screen"): its builds are refused for scoring
+    # what the Spark engine does not record (docs/building.md, "Contamination screen"): its builds are refused for
+    # scoring
     local_only = {"digest", "packages", "contamination"}
     assert {k: v for k, v in spark.report.items() if k not in local_only} == \
         {k: v for k, v in duck.report.items() if k not in local_only}
