@@ -17,6 +17,25 @@ from support import with_params
 from toolkit.tokenizer import load_tokenizer
 
 DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
+ENGINE_GROUP = "engine"  # the xdist_group of the modules that start a vLLM engine
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How ``scripts/test.sh`` spreads the tests over its workers (pytest-xdist, ``--dist loadgroup``): each module's
+    tests run on one worker, so that its module fixtures are built once; the modules that start a vLLM engine (marked
+    ``xdist_group("engine")``) share one worker, since two engines on the same cores would stall each other's every
+    layer; and the groups with slow tests come first (with ``--no-loadscope-reorder``, the order the workers take them
+    in), so that no long group starts last. The order within each part stays pytest-randomly's."""
+    groups: dict[str, str] = {}
+    for item in items:
+        marked = item.get_closest_marker("xdist_group")
+        group = str(marked.args[0]) if marked is not None else item.nodeid.split("::")[0]
+        if marked is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = group
+    slow = {groups[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (groups[item.nodeid] != ENGINE_GROUP, groups[item.nodeid] not in slow))
 
 
 def _server_url() -> str:
