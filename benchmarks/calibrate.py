@@ -3,7 +3,7 @@ them on the other half, with the calibration curve as a plot.
 
 Every position of every reference output is visited (not only a drafter's steps, so the logs do not
 depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), and for each
-candidate the native core's node table (:meth:`drafting.DraftingService.node_tables`): its union with the request's
+candidate the native core's node table (:meth:`drafting.MergedMethod.node_tables`): its union with the request's
 own match (prompt and output so far), the match in the outputs of the requests before it (this process's output
 index: the set's prompts run in file order, as a server would meet them) and the live layer's, with every node's
 features. A node is accepted when its path
@@ -107,8 +107,8 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
             if pos % stride == 0:
                 cands = source.candidates_batch([seq[-8:]])[0]
                 tree = None if heads is None else heads.tree(r)
-                for j, table in enumerate(core.node_tables(r.id, cands, None if layer is None
-                                                           else layer.lookup(seq[-8:]), tree)):
+                live_match = None if layer is None else layer.lookup(seq[-8:])
+                for j, table in enumerate(method.node_tables(core, r.id, cands, live_match, tree)):
                     ok = accepted_mask(table.tokens, table.parents, table.depths,
                                        reference_predictions(table.depths, ref, pos))
                     parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)

@@ -4,8 +4,8 @@ in the native core, each argument checked once at the door), the methods it draf
 scored by its calibrated acceptance probability, in the native core; the papers' drafters, :mod:`drafting.drafters`),
 and the draft type they share.
 
-Public API: :class:`DraftingService` (:meth:`DraftingService.open` composes the merged drafter for a datastore name),
-:class:`MergedMethod` and its scorer :class:`Calibration`, the fault-tolerant :class:`DatastoreSource` it draws on, the
+Public API: :class:`DraftingService`, :class:`MergedMethod` (:meth:`MergedMethod.open` composes it for a datastore
+name) and its scorer :class:`Calibration`, the fault-tolerant :class:`DatastoreSource` it draws on, the
 :class:`Draft` every drafter proposes (and its :class:`ScoreKind`), the :class:`Drafter` protocol, the
 :class:`DraftMethod` protocol and the :class:`Step` a method drafts; a draft model's candidate tree
 (:class:`HeadTree`) and the protocol of a draft model as a source (:class:`HeadSource`, S4C's: :mod:`s4c`). The

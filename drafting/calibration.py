@@ -15,7 +15,7 @@ adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over
 node's verification cost is weighed against.
 
 :class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``benchmarks/calibrate.py``,
-reading the core's node tables: :meth:`drafting.DraftingService.node_tables`) on one half of the public prompts,
+reading the core's node tables: :meth:`drafting.MergedMethod.node_tables`) on one half of the public prompts,
 reported on the other half, and ships with the package (``drafting/data/calibration.json``).
 """
 

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -37,11 +37,15 @@ from datastore.cache import CACHE_BYTES
 from datastore.tree import Match
 from toolkit.forks import at_fork
 
-from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration
+from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration, NodeTable
 from .draft import Drafts, ScoreKind
-from .heads import HeadSource
+from .heads import HeadSource, HeadTree
 from .method import CoreSettings, Follow, FollowedStep, Step
 from .source import DatastoreSource
+
+if TYPE_CHECKING:
+    from .door import RequestId
+    from .service import DraftingService
 
 __all__ = ["MergeStats", "MergedMethod", "OutputSink", "native_tree"]
 
@@ -174,7 +178,7 @@ class MergedMethod:
              min_score: float = 0.0, outputs_bytes: int | None = None, live_writer: OutputSink | None = None,
              compactor: Closeable | None = None, reopen_in_background: bool = True) -> MergedMethod:
         """The merged method over datastore ``datastore``, its lookups composed in one place (what an engine's proposer
-        uses; :meth:`drafting.DraftingService.open` wraps it in a service).
+        uses; ``DraftingService(method, vocab_size=len(tokenizer))`` drafts with it).
 
         Args:
             datastore: the datastore name. tokenizer: the target's tokenizer (checked against the build's).
@@ -206,6 +210,23 @@ class MergedMethod:
     def core_settings(self) -> CoreSettings:
         """The calibration and the core's settings."""
         return self._settings
+
+    def node_tables(self, service: DraftingService, req_id: RequestId, candidates: Sequence[Match],
+                    live: Match | None, heads: HeadTree | None = None) -> list[NodeTable]:
+        """The merged node table of each datastore candidate (or of none) of request ``req_id``, active in ``service``
+        (which drafts with this method), with its features and scores exactly as this method's step merges them: what
+        fitting the calibration reads (``benchmarks/calibrate.py``; CREST, the calibrated acceptance probability).
+
+        Raises:
+            ValueError: when ``service`` drafts with another method. KeyError: when ``req_id`` is not active.
+        """
+        if service.method is not self:
+            raise ValueError(f"the service drafts with {service.method.name!r}, not this merged method: pass the "
+                             "DraftingService made with this method")
+        stored, layer = [native_tree(m) for m in candidates], native_tree(live)
+        native_heads = None if heads is None or not len(heads) else heads.native()
+        tables = service.read_request(req_id, lambda core, handle: core.tables(handle, stored, layer, native_heads))
+        return [NodeTable(*t) for t in tables]
 
     # -- per request ----------------------------------------------------------------------------------------------
 

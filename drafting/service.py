@@ -33,31 +33,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from datastore.cache import CACHE_BYTES
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
 from toolkit.forks import at_fork
 
 from . import door
-from .calibration import Calibration, NodeTable
 from .door import RequestId
 from .draft import CostCurve, Drafts, ScoreKind
-from .heads import HeadTree
 from .method import DraftMethod, Follow, Step
-
-if TYPE_CHECKING:
-    from datastore.tree import Match
 
 __all__ = ["DraftingService", "STEP_TIMES_KEPT", "ServiceStats"]
 
 STEP_TIMES_KEPT = 10_000
 """Steps whose seconds :class:`ServiceStats` keeps one by one."""
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,8 +83,9 @@ class DraftingService:
     """A drafter: a request table and a drafting method (:class:`drafting.Drafter`).
 
     Args:
-        method: how it drafts (:class:`drafting.merged.MergedMethod`, the merged drafter: :meth:`open` composes it for a
-            datastore name; or a paper's drafter, :mod:`drafting.drafters`; or S4C's heads, :mod:`s4c`).
+        method: how it drafts (:class:`drafting.merged.MergedMethod`, the merged drafter:
+            :meth:`~drafting.merged.MergedMethod.open` composes it for a datastore name; or a paper's drafter,
+            :mod:`drafting.drafters`; or S4C's heads, :mod:`s4c`).
         vocab_size: token ids are checked to be below this where they enter (``len(tokenizer)``; an engine's model's
             vocabulary when it is larger), >= 1.
 
@@ -114,26 +111,6 @@ class DraftingService:
         self.stats = ServiceStats()
         at_fork(self, before=DraftingService._hold, after_in_parent=DraftingService._release,
                 after_in_child=DraftingService._release)
-
-    @classmethod
-    def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
-             cache_bytes: int = CACHE_BYTES, replicas: bool = True, calibration: Calibration | None = None,
-             min_score: float = 0.0, outputs_bytes: int | None = None, live_writer=None, compactor=None,
-             vocab_size: int | None = None, reopen_in_background: bool = True) -> DraftingService:
-        """The merged drafter over datastore ``datastore``: a service drafting with
-        :meth:`drafting.merged.MergedMethod.open` (whose arguments these are), taking ids below ``vocab_size``
-        (default ``len(tokenizer)``).
-
-        Raises:
-            ValueError: as the constructor and the method.
-        """
-        from .merged import MergedMethod
-
-        method = MergedMethod.open(datastore, tokenizer=tokenizer, database_url=database_url, live=live,
-                                   cache_bytes=cache_bytes, replicas=replicas, calibration=calibration,
-                                   min_score=min_score, outputs_bytes=outputs_bytes, live_writer=live_writer,
-                                   compactor=compactor, reopen_in_background=reopen_in_background)
-        return cls(method, vocab_size=vocab_size or len(tokenizer))
 
     # -- the request table --------------------------------------------------------------------------------------
 
@@ -401,23 +378,18 @@ class DraftingService:
             st.step_s += spent
             st.step_times.append(spent)
 
-    def node_tables(self, req_id: RequestId, candidates: Sequence[Match], live: Match | None,
-                    heads: HeadTree | None = None) -> list[NodeTable]:
-        """The merged node table of each datastore candidate (or of none) of an active request, with its features and
-        scores, exactly as the merged drafter's step merges it: what fitting the calibration reads
-        (``benchmarks/calibrate.py``).
+    def read_request(self, req_id: RequestId, read: Callable[[Any, int], T]) -> T:
+        """``read(core, handle)`` for active request ``req_id`` under the service's lock: what a method reads of a
+        request's state in the native core (``crest_native.Core``; ``handle`` its request), as
+        :meth:`drafting.merged.MergedMethod.node_tables` does. ``read`` must not keep either past the call.
 
         Raises:
-            KeyError: when ``req_id`` is not active.
+            KeyError: when ``req_id`` is not active. datastore.errors.ClosedError: after :meth:`close`.
         """
-        from .merged import native_tree
-
         key = door.request_id(req_id)
         with self._lock:
             self._check_open()
-            tables = self._core.tables(self._get(key).handle, [native_tree(m) for m in candidates], native_tree(live),
-                                       None if heads is None or not len(heads) else heads.native())
-        return [NodeTable(*t) for t in tables]
+            return read(self._core, self._get(key).handle)
 
     def outputs_info(self) -> dict:
         """This process's output index: ``outputs`` held, ``bytes`` (its size model, what ``max_bytes`` bounds),

@@ -23,12 +23,13 @@ def test_the_core_node_table_known_answer():
     """Two datastore candidates and a live tree below a request whose own tokens predict nothing yet: the core's
     tables (one per candidate), the features by name and the scores of the shipped calibration."""
     cal = Calibration.load()
-    service = DraftingService(MergedMethod(None, outputs_bytes=0, calibration=cal), vocab_size=100)
+    method = MergedMethod(None, outputs_bytes=0, calibration=cal)
+    service = DraftingService(method, vocab_size=100)
     service.start_request("r", [1, 2, 3])  # no repeated suffix: no local match
     ds = Match((1, 2, 3), tree_from_paths({(5,): 10, (6,): 3, (5, 7): 8}, root=14))
     shorter = Match((3,), tree_from_paths({(8,): 4}, root=9))
     live = Match((3,), tree_from_paths({(5,): 2, (5, 9): 1, (8,): 1}, root=3))
-    tables = service.node_tables("r", [ds, shorter], live)
+    tables = method.node_tables(service, "r", [ds, shorter], live)
     assert len(tables) == 2
     t = tables[0]
     paths = [(5,), (6,), (5, 7), (5, 9), (8,)]  # the first candidate whole, then the live tree's new nodes
@@ -48,7 +49,10 @@ def test_the_core_node_table_known_answer():
     assert t.scores.tobytes() == scores(cal, oracle).tobytes()  # P(node) = product of conditionals, the same bits
     assert tables[1].tokens.tolist() == [8, 5, 9]  # the shorter candidate's union
     with pytest.raises(KeyError, match="'q' is not active"):
-        service.node_tables("q", [ds], None)
+        method.node_tables(service, "q", [ds], None)
+    other = DraftingService(MergedMethod(None, outputs_bytes=0, calibration=cal), vocab_size=100)
+    with pytest.raises(ValueError, match="not this merged method"):
+        method.node_tables(other, "r", [ds], None)
 
 
 def test_fit_recovers_a_known_model():

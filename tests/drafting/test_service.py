@@ -539,9 +539,8 @@ def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, l
     assert writer.flush(30)
     writer.close()
     compact_live(live_ds, top_t=1000, database_url=database_url)
-    service = DraftingService.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0,
-                                   replicas=False)
-    method = cast(MergedMethod, service.method)
+    method = MergedMethod.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0, replicas=False)
+    service = DraftingService(method, vocab_size=len(tokenizer))
     try:
         assert method.lookups is not None
         client = cast(SharedDatastore, method.lookups.client)
