@@ -3,8 +3,10 @@ lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas)
 
 - :class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
   (suffix automaton, output index, merge, features, scores, chain cut, tree cut), its datastore trees read from
-  host-local replicas (:class:`Replica`) or given by a round trip; its settings are keyword arguments whose defaults are
-  :data:`DEFAULTS`; :data:`MAX_BUDGET` is the one limit on a budget;
+  host-local replicas (:class:`Replica`) or given by a round trip: ``Core(coef, intercept, prior, options)``, where
+  ``options`` maps a setting's keyword to its value (any left out: its default in :data:`DEFAULTS`, whose keys are every
+  setting; an unknown keyword is a ``ValueError``, a value of the wrong type a ``TypeError``, each naming it);
+  :data:`MAX_BUDGET` is the one limit on a budget;
 - :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
 - :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs (codec v1,

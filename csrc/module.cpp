@@ -109,22 +109,75 @@ nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
                         to_numpy(std::move(offsets)), to_numpy(std::move(chosen)));
 }
 
-crest::Options options_of(int local_depth, int match_nodes, int64_t outputs_bytes, int outputs_depth,
-                          int context_tokens, int back_off_min_budget, const std::vector<std::string>& sources) {
-  if (outputs_bytes < 0) throw nb::value_error("outputs_bytes must be >= 0 (0: no output index)");
-  crest::Options o;
-  o.local_depth = local_depth;
-  o.match_nodes = match_nodes;
-  o.outputs_bytes = static_cast<std::size_t>(outputs_bytes);
-  o.outputs_depth = outputs_depth;
-  o.context_tokens = context_tokens;
-  o.back_off_min_budget = back_off_min_budget;
+// Core's options, each named once, here: its keyword (crest_native.DEFAULTS, Core's `options`) and its field of
+// crest::Options, whose initializers are the defaults. Each is a whole number; `sources` (names of
+// crest_native.SOURCES) is apart.
+struct OptionField {
+  const char* name;
+  int crest::Options::*whole;          // an int field, or
+  std::size_t crest::Options::*bytes;  // a byte count (>= 0)
+};
+constexpr OptionField kOptionFields[] = {
+    {"local_depth", &crest::Options::local_depth, nullptr},
+    {"match_nodes", &crest::Options::match_nodes, nullptr},
+    {"outputs_bytes", nullptr, &crest::Options::outputs_bytes},
+    {"outputs_depth", &crest::Options::outputs_depth, nullptr},
+    {"context_tokens", &crest::Options::context_tokens, nullptr},
+    {"back_off_min_budget", &crest::Options::back_off_min_budget, nullptr},
+};
+
+// Every option of `o` by its keyword (crest_native.DEFAULTS is this of the defaults).
+nb::dict options_dict(const crest::Options& o) {
+  nb::dict d;
+  for (const OptionField& f : kOptionFields) d[f.name] = f.whole ? nb::cast(o.*(f.whole)) : nb::cast(o.*(f.bytes));
+  nb::list sources;
+  for (int k = 0; k < crest::kNumSources; ++k)
+    if (o.sources[k]) sources.append(nb::str(crest::kSourceNames[k]));
+  d["sources"] = nb::tuple(sources);
+  return d;
+}
+
+void set_sources(crest::Options& o, nb::handle names) {
   for (bool& on : o.sources) on = false;
-  for (const std::string& name : sources) {
+  for (nb::handle item : names) {
+    std::string name = nb::cast<std::string>(item);
     int k = 0;
     while (k < crest::kNumSources && name != crest::kSourceNames[k]) ++k;
     if (k == crest::kNumSources) throw nb::value_error(("unknown source '" + name + "'; see crest_native.SOURCES").c_str());
     o.sources[k] = true;
+  }
+}
+
+void set_option(crest::Options& o, const OptionField& f, nb::handle value) {
+  std::string name = f.name;
+  if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
+    throw nb::type_error((name + " must be an int").c_str());
+  int64_t v = nb::cast<int64_t>(value);
+  if (f.bytes) {
+    if (v < 0) throw nb::value_error((name + " must be >= 0 (0: off)").c_str());
+    o.*(f.bytes) = static_cast<std::size_t>(v);
+  } else {
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      throw nb::value_error((name + " is out of an int's range").c_str());
+    o.*(f.whole) = static_cast<int>(v);
+  }
+}
+
+// crest::Options from `given` (keyword -> value); an option left out keeps its default. The core checks the values
+// it cannot draft with (crest::Core's constructor).
+crest::Options options_of(const nb::dict& given) {
+  crest::Options o;
+  for (auto [key, value] : given) {
+    std::string name = nb::cast<std::string>(key);
+    if (name == "sources") {
+      set_sources(o, value);
+      continue;
+    }
+    const OptionField* f = std::find_if(std::begin(kOptionFields), std::end(kOptionFields),
+                                        [&](const OptionField& x) { return name == x.name; });
+    if (f == std::end(kOptionFields))
+      throw nb::value_error(("unknown Core option '" + name + "'; the options are crest_native.DEFAULTS' keys").c_str());
+    set_option(o, *f, value);
   }
   return o;
 }
@@ -229,46 +282,45 @@ std::vector<int32_t> depths_of(const In1D<int32_t>& parents, const In1D<double>&
   return d;
 }
 
-void bind_replica(nb::module_& m) {
+// Replica.find: the tree, None (absent), or "unreadable" / "damaged".
+nb::object replica_find(const crest::Replica& r, In1D<uint32_t> tokens) {
+  crest::Tree t;
+  std::vector<uint8_t> record;
+  switch (r.find(tokens.data(), static_cast<int>(tokens.shape(0)), t, record)) {
+    case crest::Probe::kFound:
+      return tree_tuple(std::move(t));
+    case crest::Probe::kAbsent:
+      return nb::none();
+    case crest::Probe::kUnreadable:
+      return nb::str("unreadable");
+    case crest::Probe::kDamaged:
+      break;
+  }
+  return nb::str("damaged");
+}
+
+// Replica.longest: (n-gram length, tree) of the longest stored suffix of `context`, None, or "damaged".
+nb::object replica_longest(const crest::Replica& r, In1D<uint32_t> context) {
+  std::vector<crest::Tree> trees;
+  std::vector<int> lengths;
+  std::vector<uint8_t> record;
+  std::size_t found = 0;
+  bool intact;
+  {
+    nb::gil_scoped_release quiet;
+    intact = crest::stored_suffixes(r, context.data(), context.shape(0), false, trees, lengths, found, record);
+  }
+  if (!intact) return nb::str("damaged");
+  if (!found) return nb::none();
+  return nb::make_tuple(lengths[0], tree_tuple(std::move(trees[0])));
+}
+
+void bind_replica_reader(nb::module_& m) {
   nb::exception<crest::ReplicaError>(m, "ReplicaError", PyExc_OSError);
   nb::class_<crest::Replica>(m, "Replica")
       .def(nb::init<const std::string&>(), "path"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def(
-          "find",
-          [](const crest::Replica& r, In1D<uint32_t> tokens) -> nb::object {
-            crest::Tree t;
-            std::vector<uint8_t> record;
-            switch (r.find(tokens.data(), static_cast<int>(tokens.shape(0)), t, record)) {
-              case crest::Probe::kFound:
-                return tree_tuple(std::move(t));
-              case crest::Probe::kAbsent:
-                return nb::none();
-              case crest::Probe::kUnreadable:
-                return nb::str("unreadable");
-              case crest::Probe::kDamaged:
-                break;
-            }
-            return nb::str("damaged");
-          },
-          "tokens"_a)
-      .def(
-          "longest",
-          [](const crest::Replica& r, In1D<uint32_t> context) -> nb::object {
-            std::vector<crest::Tree> trees;
-            std::vector<int> lengths;
-            std::vector<uint8_t> record;
-            std::size_t found = 0;
-            bool intact;
-            {
-              nb::gil_scoped_release quiet;
-              intact = crest::stored_suffixes(r, context.data(), context.shape(0), false, trees, lengths, found,
-                                              record);
-            }
-            if (!intact) return nb::str("damaged");
-            if (!found) return nb::none();
-            return nb::make_tuple(lengths[0], tree_tuple(std::move(trees[0])));
-          },
-          "context"_a)
+      .def("find", &replica_find, "tokens"_a)
+      .def("longest", &replica_longest, "context"_a)
       .def("unchanged", &crest::Replica::unchanged)
       .def_prop_ro("identity", [](const crest::Replica& r) { return nb::bytes(r.identity().data(), r.identity().size()); })
       .def_prop_ro("lengths", [](const crest::Replica& r) { return r.lengths(); })
@@ -279,106 +331,220 @@ void bind_replica(nb::module_& m) {
       .def_prop_ro("file_size", &crest::Replica::file_size)
       .def_prop_ro("path", &crest::Replica::path)
       .def_prop_ro("inode", &crest::Replica::inode);
+}
 
-  // A replica writer and the COPY bytes its pending (compressed) rows point into, until `complete` stores them.
-  struct Writer {
-    crest::ReplicaWriter w;
-    nb::bytes data;
-    std::vector<crest::ReplicaWriter::Pending> pending;
-    Writer(const std::string& path, int width, const std::string& identity) : w(path, width, identity) {}
-  };
+// A replica writer and the COPY bytes its pending (compressed) rows point into, until `complete` stores them.
+struct Writer {
+  crest::ReplicaWriter w;
+  nb::bytes data;
+  std::vector<crest::ReplicaWriter::Pending> pending;
+  Writer(const std::string& path, int width, const std::string& identity) : w(path, width, identity) {}
+};
+
+nb::bytes bytes_of(const void* data, std::size_t size) { return nb::bytes(static_cast<const char*>(data), size); }
+
+// ReplicaWriter.add_copy: (bytes used, the zstd rows' frames, their segments and sizes, the other rows'
+// (compression id, body, payload length)); the rows stay pending until `complete`.
+nb::tuple writer_add_copy(Writer& self, nb::bytes data) {
+  if (!self.pending.empty()) throw nb::value_error("complete() the pending rows first");
+  self.data = data;
+  std::size_t used;
+  crest::ReplicaWriter::ZstdFrames z;
+  {
+    nb::gil_scoped_release quiet;
+    used = self.w.add_copy(reinterpret_cast<const uint8_t*>(data.c_str()), data.size(), self.pending);
+    z = crest::ReplicaWriter::zstd_frames(self.pending);
+  }
+  nb::list others;
+  for (const auto& p : self.pending)
+    if (!p.zstd()) others.append(nb::make_tuple(crest::compression_of(p.header3[2]), bytes_of(p.body, p.body_len),
+                                                p.raw_len));
+  return nb::make_tuple(used, bytes_of(z.frames.data(), z.frames.size()),
+                        bytes_of(z.segments.data(), z.segments.size() * 8), bytes_of(z.sizes.data(), z.sizes.size() * 8),
+                        others);
+}
+
+// ReplicaWriter.complete: the payloads of the pending rows, the zstd ones from `zstd`, the others from `others`, each
+// in order (a payload is a buffer, or None: it did not decompress).
+void writer_complete(Writer& self, nb::handle zstd, nb::handle others) {
+  std::size_t zstd_rows = 0;
+  for (const auto& row : self.pending) zstd_rows += row.zstd();
+  if (nb::len(zstd) != zstd_rows || nb::len(others) != self.pending.size() - zstd_rows)
+    throw nb::value_error("complete() takes one payload (or None) per pending row");
+  std::size_t z = 0, o = 0;
+  for (const auto& row : self.pending) {
+    nb::object p = row.zstd() ? zstd[z++] : others[o++];
+    if (p.is_none()) {
+      self.w.complete(row, nullptr, 0);
+      continue;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(p.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+    self.w.complete(row, static_cast<const uint8_t*>(view.buf), static_cast<std::size_t>(view.len));
+    PyBuffer_Release(&view);
+  }
+  self.pending.clear();
+  self.data = nb::bytes();
+}
+
+void bind_replica_writer(nb::module_& m) {
   nb::class_<Writer>(m, "ReplicaWriter")
       .def(nb::init<const std::string&, int, const std::string&>(), "path"_a, "key_width"_a, "identity"_a)
-      .def(
-          "add_copy",
-          [](Writer& self, nb::bytes data) {
-            if (!self.pending.empty()) throw nb::value_error("complete() the pending rows first");
-            self.data = data;
-            std::size_t used;
-            crest::ReplicaWriter::ZstdFrames z;
-            {
-              nb::gil_scoped_release quiet;
-              used = self.w.add_copy(reinterpret_cast<const uint8_t*>(data.c_str()), data.size(), self.pending);
-              z = crest::ReplicaWriter::zstd_frames(self.pending);
-            }
-            nb::list others;  // (compression id, body, payload length) of the rows of another compression (lz4)
-            for (const auto& p : self.pending)
-              if (!p.zstd())
-                others.append(nb::make_tuple(crest::compression_of(p.header3[2]),
-                                             nb::bytes(reinterpret_cast<const char*>(p.body), p.body_len), p.raw_len));
-            return nb::make_tuple(used, nb::bytes(reinterpret_cast<const char*>(z.frames.data()), z.frames.size()),
-                                  nb::bytes(reinterpret_cast<const char*>(z.segments.data()), z.segments.size() * 8),
-                                  nb::bytes(reinterpret_cast<const char*>(z.sizes.data()), z.sizes.size() * 8),
-                                  others);
-          },
-          "data"_a)
-      .def(
-          "complete",
-          [](Writer& self, nb::handle zstd, nb::handle others) {
-            // the payloads of the pending rows: the zstd ones from `zstd`, the others from `others`, each in order
-            // (a payload is a buffer, or None: it did not decompress)
-            std::size_t zstd_rows = 0;
-            for (const auto& row : self.pending) zstd_rows += row.zstd();
-            if (nb::len(zstd) != zstd_rows || nb::len(others) != self.pending.size() - zstd_rows)
-              throw nb::value_error("complete() takes one payload (or None) per pending row");
-            std::size_t z = 0, o = 0;
-            for (const auto& row : self.pending) {
-              nb::object p = row.zstd() ? zstd[z++] : others[o++];
-              if (p.is_none()) {
-                self.w.complete(row, nullptr, 0);
-                continue;
-              }
-              Py_buffer view;
-              if (PyObject_GetBuffer(p.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
-              self.w.complete(row, static_cast<const uint8_t*>(view.buf), static_cast<std::size_t>(view.len));
-              PyBuffer_Release(&view);
-            }
-            self.pending.clear();
-            self.data = nb::bytes();
-          },
-          "zstd"_a, "others"_a)
+      .def("add_copy", &writer_add_copy, "data"_a)
+      .def("complete", &writer_complete, "zstd"_a, "others"_a)
       .def("finish", [](Writer& self) { self.w.finish(); }, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("entries", [](const Writer& self) { return self.w.entries(); })
       .def_prop_ro("unreadable", [](const Writer& self) { return self.w.unreadable(); })
       .def_prop_ro("records_bytes", [](const Writer& self) { return self.w.records_bytes(); });
 }
 
-void bind_core(nb::module_& m) {
-  const crest::Options d;
-  std::vector<std::string> default_sources;
-  for (int k = 0; k < crest::kNumSources; ++k)
-    if (d.sources[k]) default_sources.push_back(crest::kSourceNames[k]);
-  nb::dict defaults;
-  defaults["local_depth"] = d.local_depth;
-  defaults["match_nodes"] = d.match_nodes;
-  defaults["outputs_bytes"] = d.outputs_bytes;
-  defaults["outputs_depth"] = d.outputs_depth;
-  defaults["context_tokens"] = d.context_tokens;
-  defaults["back_off_min_budget"] = d.back_off_min_budget;
-  defaults["sources"] = nb::tuple(nb::cast(default_sources));
-  m.attr("DEFAULTS") = defaults;
+void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const nb::dict& options) {
+  crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior};
+  new (self) crest::Core(std::move(cal), options_of(options));
+}
 
-  nb::class_<crest::Core> core(m, "Core");
-  core.def(
-      "__init__",
-      [](crest::Core* self, In1D<double> coef, double intercept, double prior, int local_depth, int match_nodes,
-         int64_t outputs_bytes, int outputs_depth, int context_tokens, int back_off_min_budget,
-         const std::vector<std::string>& sources) {
-        crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior};
-        new (self) crest::Core(std::move(cal), options_of(local_depth, match_nodes, outputs_bytes, outputs_depth,
-                                                          context_tokens, back_off_min_budget, sources));
-      },
-      "coef"_a, "intercept"_a, "prior"_a, nb::kw_only(), "local_depth"_a = d.local_depth,
-      "match_nodes"_a = d.match_nodes, "outputs_bytes"_a = static_cast<int64_t>(d.outputs_bytes),
-      "outputs_depth"_a = d.outputs_depth, "context_tokens"_a = d.context_tokens,
-      "back_off_min_budget"_a = d.back_off_min_budget, "sources"_a = default_sources);
+// Core.stop: the request's output (None: it was not active).
+nb::object core_stop(crest::Core& c, int64_t h) {
+  std::vector<uint32_t> output;
+  if (!c.stop(h, output)) return nb::none();
+  return nb::cast(to_numpy(std::move(output)));
+}
 
-  core.def("start",
-           [](crest::Core& c, In1D<uint32_t> prompt) { return c.start(prompt.data(), prompt.shape(0)); }, "prompt"_a)
-      .def("extend",
-           [](crest::Core& c, int64_t h, In1D<uint32_t> tokens) { c.extend(h, tokens.data(), tokens.shape(0)); },
-           "handle"_a, "tokens"_a)
-      .def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
+int64_t core_inactive(const crest::Core& c, const In1D<int64_t>& handles) {
+  int64_t n = 0;
+  for (std::size_t i = 0; i < handles.shape(0); ++i) n += !c.active(handles.data()[i]);
+  return n;
+}
+
+Out1D<uint32_t> core_tokens(const crest::Core& c, int64_t h, std::size_t from) {
+  std::vector<uint32_t> out;
+  c.tokens(h, from, out);
+  return to_numpy(std::move(out));
+}
+
+// The request table: start, extend, stop and read requests.
+void bind_core_requests(nb::class_<crest::Core>& core) {
+  core.def("start", [](crest::Core& c, In1D<uint32_t> p) { return c.start(p.data(), p.shape(0)); }, "prompt"_a)
+      .def(
+          "extend", [](crest::Core& c, int64_t h, In1D<uint32_t> t) { c.extend(h, t.data(), t.shape(0)); },
+          "handle"_a, "tokens"_a)
+      .def("inactive", &core_inactive, "handles"_a)
+      .def("stop", &core_stop, "handle"_a)
+      .def("active", &crest::Core::active, "handle"_a)
+      .def("acceptance", &crest::Core::acceptance, "handle"_a)
+      .def("count", &crest::Core::count, "handle"_a)
+      .def("tokens", &core_tokens, "handle"_a, "start"_a = 0)
+      .def("__len__", &crest::Core::size);
+}
+
+// Core.draft_stored: (drafts, damaged) of a step drafted from the replicas (empty drafts when one was found damaged,
+// its index in damaged, else -1); with a step-cost curve (chains only), each chain cut to the batch's goodput.
+nb::tuple core_draft_stored(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets,
+                            const crest::Replica* datastore, const crest::Replica* live, nb::handle heads, bool chain,
+                            double min_score, nb::handle curve) {
+  std::vector<Held> keep;
+  keep.reserve(handles.shape(0));
+  auto h = handles_of(handles);
+  auto b = budgets_of(budgets);
+  auto heads_trees = heads_of(heads, h.size(), keep);
+  HeldCurve cost = cost_of(curve, chain);
+  crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
+  std::vector<crest::Drafted> out;
+  bool ok;
+  {
+    nb::gil_scoped_release quiet;
+    ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+    if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
+  }
+  if (!ok) out.clear();
+  nb::tuple drafts = drafts_tuple(out);
+  return nb::make_tuple(drafts, stored.damaged);
+}
+
+// The trees a caller looked up, per row: its datastore candidates (a list) and its live-layer tree (or None).
+crest::GivenTrees given_trees(nb::list stored, nb::list live, std::vector<Held>& keep) {
+  std::size_t rows = stored.size(), trees = 2 * rows;
+  for (nb::handle s : stored) trees += nb::len(s);
+  keep.reserve(trees);  // the borrowed arrays stay put
+  crest::GivenTrees given;
+  given.rows.resize(rows);
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (nb::handle t : nb::cast<nb::list>(stored[i])) given.rows[i].candidates.push_back(source(t, keep));
+    if (!live[i].is_none()) given.rows[i].live = source(live[i], keep);
+  }
+  return given;
+}
+
+// Core.draft_given: the drafts of a step from the trees the caller looked up (the round trip).
+nb::tuple core_draft_given(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored,
+                           nb::list live, nb::handle heads, bool chain, double min_score, nb::handle curve) {
+  std::size_t rows = handles.shape(0);
+  if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows)
+    throw nb::value_error("handles, budgets, stored and live must have one entry per row");
+  std::vector<Held> keep;
+  crest::GivenTrees given = given_trees(stored, live, keep);
+  auto h = handles_of(handles);
+  auto b = budgets_of(budgets);
+  auto heads_trees = heads_of(heads, rows, keep);
+  HeldCurve cost = cost_of(curve, chain);
+  std::vector<crest::Drafted> out;
+  {
+    nb::gil_scoped_release quiet;
+    c.draft(h, b, heads_trees, given, chain, min_score, out);
+    if (!curve.is_none()) c.cut_to_curve(h, cost.curve, out);
+  }
+  return drafts_tuple(out);
+}
+
+// Core.plan: (back_off per row, each row's context tail to look up) of a round-trip step.
+nb::tuple core_plan(const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, bool chain, std::size_t tail,
+                    uint64_t limit) {
+  std::vector<uint8_t> back_off;
+  std::vector<std::vector<uint32_t>> tails;
+  c.plan(handles_of(handles), budgets_of(budgets), chain, tail, limit, back_off, tails);
+  nb::list out;
+  for (auto& t : tails) {
+    nb::list ids;
+    for (uint32_t v : t) ids.append(v);
+    out.append(ids);
+  }
+  return nb::make_tuple(to_numpy(std::move(back_off)), out);
+}
+
+// Core.tables: the merged node table of each candidate, (tokens, parents, depths, features [N, F], scores).
+nb::list core_tables(crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads) {
+  std::vector<Held> keep;
+  keep.reserve(nb::len(stored) + 2);
+  crest::Retrieved given;
+  for (nb::handle t : stored) given.candidates.push_back(source(t, keep));
+  if (!live.is_none()) given.live = source(live, keep);
+  crest::SourceTree heads_view = heads_tree(heads, keep);
+  std::vector<crest::NodeTable> tables;
+  c.tables(h, given, heads_view, tables);
+  nb::list out;
+  for (auto& t : tables) {
+    std::size_t n = t.shape.size();
+    out.append(nb::make_tuple(to_numpy(std::move(t.shape.tokens)), to_numpy(std::move(t.shape.parents)),
+                              to_numpy(std::move(t.shape.depths)),
+                              to_numpy_2d(std::move(t.features), n, crest::kNumFeatures), to_numpy(std::move(t.scores))));
+  }
+  return out;
+}
+
+nb::dict core_outputs_info(const crest::Core& c) {
+  const auto& o = c.outputs();
+  nb::dict d;
+  d["outputs"] = o.num_outputs();
+  d["bytes"] = o.nbytes();
+  d["allocated"] = o.allocated();
+  d["max_bytes"] = o.max_bytes();
+  d["evictions"] = o.evictions;
+  return d;
+}
+
+// The step: follow an engine's rows, draft (from the replicas, or from trees the caller looked up), plan, score.
+void bind_core_steps(nb::class_<crest::Core>& core) {
+  core.def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
            "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
@@ -386,147 +552,24 @@ void bind_core(nb::module_& m) {
       .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
            "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
            "curve"_a.none() = nb::none())
-      .def(
-          "inactive",
-          [](const crest::Core& c, const In1D<int64_t>& handles) {
-            int64_t n = 0;
-            for (std::size_t i = 0; i < handles.shape(0); ++i) n += !c.active(handles.data()[i]);
-            return n;
-          },
-          "handles"_a)
-      .def(
-          "stop",
-          [](crest::Core& c, int64_t h) -> nb::object {
-            std::vector<uint32_t> output;
-            if (!c.stop(h, output)) return nb::none();
-            return nb::cast(to_numpy(std::move(output)));
-          },
-          "handle"_a)
-      .def("active", &crest::Core::active, "handle"_a)
-      .def("acceptance", &crest::Core::acceptance, "handle"_a)
-      .def("count", &crest::Core::count, "handle"_a)
-      .def(
-          "tokens",
-          [](const crest::Core& c, int64_t h, std::size_t from) {
-            std::vector<uint32_t> out;
-            c.tokens(h, from, out);
-            return to_numpy(std::move(out));
-          },
-          "handle"_a, "start"_a = 0)
-      .def("__len__", &crest::Core::size);
-
-  core.def(
-          "draft_stored",
-          [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, const crest::Replica* datastore,
-             const crest::Replica* live, nb::handle heads, bool chain, double min_score, nb::handle curve) {
-            std::vector<Held> keep;
-            keep.reserve(handles.shape(0));
-            auto h = handles_of(handles);
-            auto b = budgets_of(budgets);
-            auto heads_trees = heads_of(heads, h.size(), keep);
-            HeldCurve cost = cost_of(curve, chain);
-            crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
-            std::vector<crest::Drafted> out;
-            bool ok;
-            {
-              nb::gil_scoped_release quiet;
-              ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
-              if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
-            }
-            if (!ok) out.clear();
-            nb::tuple drafts = drafts_tuple(out);
-            return nb::make_tuple(drafts, stored.damaged);
-          },
-          "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a,
-          "min_score"_a, "curve"_a.none() = nb::none())
-      .def(
-          "draft_given",
-          [](crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored, nb::list live,
-             nb::handle heads, bool chain, double min_score, nb::handle curve) {
-            std::size_t rows = handles.shape(0);
-            if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows)
-              throw nb::value_error("handles, budgets, stored and live must have one entry per row");
-            std::vector<Held> keep;
-            std::size_t trees = 2 * rows;
-            for (nb::handle s : stored) trees += nb::len(s);
-            keep.reserve(trees);  // the borrowed arrays stay put
-            crest::GivenTrees given;
-            given.rows.resize(rows);
-            for (std::size_t i = 0; i < rows; ++i) {
-              for (nb::handle t : nb::cast<nb::list>(stored[i])) given.rows[i].candidates.push_back(source(t, keep));
-              if (!live[i].is_none()) given.rows[i].live = source(live[i], keep);
-            }
-            auto h = handles_of(handles);
-            auto b = budgets_of(budgets);
-            auto heads_trees = heads_of(heads, rows, keep);
-            HeldCurve cost = cost_of(curve, chain);
-            std::vector<crest::Drafted> out;
-            {
-              nb::gil_scoped_release quiet;
-              c.draft(h, b, heads_trees, given, chain, min_score, out);
-              if (!curve.is_none()) c.cut_to_curve(h, cost.curve, out);
-            }
-            return drafts_tuple(out);
-          },
-          "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(), "chain"_a, "min_score"_a,
-          "curve"_a.none() = nb::none())
-      .def(
-          "plan",
-          [](const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, bool chain, std::size_t tail,
-             uint64_t limit) {
-            std::vector<uint8_t> back_off;
-            std::vector<std::vector<uint32_t>> tails;
-            c.plan(handles_of(handles), budgets_of(budgets), chain, tail, limit, back_off, tails);
-            nb::list out;
-            for (auto& t : tails) {
-              nb::list ids;
-              for (uint32_t v : t) ids.append(v);
-              out.append(ids);
-            }
-            return nb::make_tuple(to_numpy(std::move(back_off)), out);
-          },
-          "handles"_a, "budgets"_a, "chain"_a, "tail"_a, "limit"_a)
-      .def(
-          "tables",
-          [](crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads) {
-            std::vector<Held> keep;
-            keep.reserve(nb::len(stored) + 2);
-            crest::Retrieved given;
-            for (nb::handle t : stored) given.candidates.push_back(source(t, keep));
-            if (!live.is_none()) given.live = source(live, keep);
-            crest::SourceTree heads_view = heads_tree(heads, keep);
-            std::vector<crest::NodeTable> tables;
-            c.tables(h, given, heads_view, tables);
-            nb::list out;
-            for (auto& t : tables) {
-              std::size_t n = t.shape.size();
-              out.append(nb::make_tuple(to_numpy(std::move(t.shape.tokens)), to_numpy(std::move(t.shape.parents)),
-                                        to_numpy(std::move(t.shape.depths)),
-                                        to_numpy_2d(std::move(t.features), n, crest::kNumFeatures),
-                                        to_numpy(std::move(t.scores))));
-            }
-            return out;
-          },
-          "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none())
-      .def("outputs_info", [](const crest::Core& c) {
-        const auto& o = c.outputs();
-        nb::dict d;
-        d["outputs"] = o.num_outputs();
-        d["bytes"] = o.nbytes();
-        d["allocated"] = o.allocated();
-        d["max_bytes"] = o.max_bytes();
-        d["evictions"] = o.evictions;
-        return d;
-      });
+      .def("draft_stored", &core_draft_stored, "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(),
+           "heads"_a.none(), "chain"_a, "min_score"_a, "curve"_a.none() = nb::none())
+      .def("draft_given", &core_draft_given, "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(),
+           "chain"_a, "min_score"_a, "curve"_a.none() = nb::none())
+      .def("plan", &core_plan, "handles"_a, "budgets"_a, "chain"_a, "tail"_a, "limit"_a)
+      .def("tables", &core_tables, "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none())
+      .def("outputs_info", &core_outputs_info);
 }
 
-}  // namespace
+void bind_core(nb::module_& m) {
+  m.attr("DEFAULTS") = options_dict(crest::Options());
+  nb::class_<crest::Core> core(m, "Core");
+  core.def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a = nb::dict());
+  bind_core_requests(core);
+  bind_core_steps(core);
+}
 
-NB_MODULE(_core, m) {
-  m.doc() = "The native drafting core of crest-spec (see crest_native, drafting.DraftingService, datastore.replica).";
-  // Replicas are held by daemon threads until exit; nanobind would report them as leaks on
-  // a clean shutdown, which is not a fault (a clean run prints no warnings).
-  nb::set_leak_warnings(false);
+void bind_constants(nb::module_& m) {
   nb::list features, sources;
   for (const auto& name : crest::feature_names()) features.append(nb::str(name.c_str()));
   for (const char* name : crest::kSourceNames) sources.append(nb::str(name));
@@ -540,7 +583,24 @@ NB_MODULE(_core, m) {
   compression["zstd"] = static_cast<int>(crest::kCompressionZstd);
   compression["lz4"] = static_cast<int>(crest::kCompressionLz4);
   m.attr("COMPRESSION_IDS") = compression;
+}
 
+nb::tuple parse_blob(nb::bytes blob, nb::bytes payload) {
+  const auto* b = reinterpret_cast<const uint8_t*>(blob.c_str());
+  crest::BlobHeader h = crest::parse_blob_header(b, blob.size());
+  crest::Tree t;
+  crest::parse_checked(b, h, reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), t);
+  return tree_tuple(std::move(t));
+}
+
+nb::tuple parse_tree_payload(nb::bytes payload, int width) {
+  crest::Tree t;
+  crest::parse_payload(reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), width, t);
+  return tree_tuple(std::move(t));
+}
+
+// The codec of a stored tree (datastore.codec): blob header, checked parse, payload parse, key hash.
+void bind_codec(nb::module_& m) {
   m.def(
       "blob_header",
       [](nb::bytes blob) {
@@ -548,62 +608,59 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(h.compression, h.raw_len, h.body);
       },
       "blob"_a);
-  m.def(
-      "parse_blob",
-      [](nb::bytes blob, nb::bytes payload) {
-        const auto* b = reinterpret_cast<const uint8_t*>(blob.c_str());
-        crest::BlobHeader h = crest::parse_blob_header(b, blob.size());
-        crest::Tree t;
-        crest::parse_checked(b, h, reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), t);
-        return tree_tuple(std::move(t));
-      },
-      "blob"_a, "payload"_a);
-  m.def(
-      "parse_tree_payload",
-      [](nb::bytes payload, int width) {
-        crest::Tree t;
-        crest::parse_payload(reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), width, t);
-        return tree_tuple(std::move(t));
-      },
-      "payload"_a, "width"_a);
+  m.def("parse_blob", &parse_blob, "blob"_a, "payload"_a);
+  m.def("parse_tree_payload", &parse_tree_payload, "payload"_a, "width"_a);
   m.def(
       "key_hash", [](nb::bytes key) { return crest::key_hash(reinterpret_cast<const uint8_t*>(key.c_str()), key.size()); },
       "key"_a);
-  m.def(
-      "goodput_keep",
-      [](In1D<double> scores, int64_t rows, nb::handle curve) {
-        if (rows < 1) throw nb::value_error("rows must be >= 1");
-        HeldCurve cost = curve_of(curve);
-        std::vector<uint8_t> keep;
-        std::vector<int32_t> order;
-        crest::goodput_keep(scores.data(), scores.shape(0), rows, cost.curve, keep, order);
-        return to_numpy(std::move(keep));
-      },
-      "scores"_a, "rows"_a, "curve"_a);
-  m.def(
-      "chain_cut",
-      [](In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {
-        std::vector<int32_t> depths = depths_of(parents, scores);
-        if (max_len < 0) throw nb::value_error("max_len must be >= 0");
-        crest::CutScratch z;
-        std::vector<int32_t> path;
-        crest::chain_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, max_len, min_score, z, path);
-        return to_numpy(std::vector<int64_t>(path.begin(), path.end()));
-      },
-      "parents"_a, "scores"_a, "max_len"_a, "min_score"_a);
-  m.def(
-      "tree_cut",
-      [](In1D<int32_t> parents, In1D<double> scores, int budget, double min_score) {
-        std::vector<int32_t> depths = depths_of(parents, scores);
-        if (budget < 0) throw nb::value_error("budget must be >= 0");
-        crest::CutScratch z;
-        std::vector<int32_t> order, renumbered;
-        crest::tree_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, budget, min_score, z, order,
-                        renumbered);
-        return nb::make_tuple(to_numpy(std::vector<int64_t>(order.begin(), order.end())),
-                              to_numpy(std::move(renumbered)));
-      },
-      "parents"_a, "scores"_a, "budget"_a, "min_score"_a);
-  bind_replica(m);
+}
+
+Out1D<uint8_t> goodput_keep(In1D<double> scores, int64_t rows, nb::handle curve) {
+  if (rows < 1) throw nb::value_error("rows must be >= 1");
+  HeldCurve cost = curve_of(curve);
+  std::vector<uint8_t> keep;
+  std::vector<int32_t> order;
+  crest::goodput_keep(scores.data(), scores.shape(0), rows, cost.curve, keep, order);
+  return to_numpy(std::move(keep));
+}
+
+Out1D<int64_t> chain_cut(In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {
+  std::vector<int32_t> depths = depths_of(parents, scores);
+  if (max_len < 0) throw nb::value_error("max_len must be >= 0");
+  crest::CutScratch z;
+  std::vector<int32_t> path;
+  crest::chain_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, max_len, min_score, z, path);
+  return to_numpy(std::vector<int64_t>(path.begin(), path.end()));
+}
+
+nb::tuple tree_cut(In1D<int32_t> parents, In1D<double> scores, int budget, double min_score) {
+  std::vector<int32_t> depths = depths_of(parents, scores);
+  if (budget < 0) throw nb::value_error("budget must be >= 0");
+  crest::CutScratch z;
+  std::vector<int32_t> order, renumbered;
+  crest::tree_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, budget, min_score, z, order,
+                  renumbered);
+  return nb::make_tuple(to_numpy(std::vector<int64_t>(order.begin(), order.end())), to_numpy(std::move(renumbered)));
+}
+
+// The cuts a caller checks drafts with (the oracle tests): goodput, chain and tree cuts.
+void bind_cuts(nb::module_& m) {
+  m.def("goodput_keep", &goodput_keep, "scores"_a, "rows"_a, "curve"_a);
+  m.def("chain_cut", &chain_cut, "parents"_a, "scores"_a, "max_len"_a, "min_score"_a);
+  m.def("tree_cut", &tree_cut, "parents"_a, "scores"_a, "budget"_a, "min_score"_a);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "The native drafting core of crest-spec (see crest_native, drafting.DraftingService, datastore.replica).";
+  // Replicas are held by daemon threads until exit; nanobind would report them as leaks on
+  // a clean shutdown, which is not a fault (a clean run prints no warnings).
+  nb::set_leak_warnings(false);
+  bind_constants(m);
+  bind_codec(m);
+  bind_cuts(m);
+  bind_replica_reader(m);
+  bind_replica_writer(m);
   bind_core(m);
 }

@@ -26,7 +26,7 @@ __all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TAB
 
 class CoreSettings(NamedTuple):
     """What the service builds its native core with: the calibration's weights (``[len(FEATURES)]`` float64), intercept
-    and count-ratio prior, and the core's keyword settings (:data:`crest_native.DEFAULTS` for any left out)."""
+    and count-ratio prior, and the core's settings by keyword (:data:`crest_native.DEFAULTS` for any left out)."""
 
     coef: np.ndarray
     intercept: float
@@ -35,7 +35,7 @@ class CoreSettings(NamedTuple):
 
     def core(self) -> Core:
         """The native core these settings describe."""
-        return Core(self.coef, self.intercept, self.prior, **self.options)
+        return Core(self.coef, self.intercept, self.prior, self.options)
 
 
 TABLE_ONLY = CoreSettings(np.zeros(len(FEATURES)), 0.0, 1.0, {"outputs_bytes": 0, "sources": []})

@@ -21,7 +21,7 @@ CURVE = CostCurve(np.array([1.0, 4.0, 9.0]), np.array([0.020, 0.022, 0.045]), 0.
 @pytest.fixture()
 def core() -> crest_native.Core:
     cal = Calibration.load()
-    return crest_native.Core(cal.coef, cal.intercept, cal.prior, sources=["ds"], outputs_bytes=0)
+    return crest_native.Core(cal.coef, cal.intercept, cal.prior, {"sources": ["ds"], "outputs_bytes": 0})
 
 
 def _draft(core, handle: int, curve: CostCurve | None) -> np.ndarray:

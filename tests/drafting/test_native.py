@@ -20,8 +20,8 @@ DEFAULTS = crest_native.DEFAULTS
 
 
 def native_core(cal: Calibration, outputs_bytes: int, sources=crest_native.SOURCES) -> crest_native.Core:
-    return crest_native.Core(cal.coef, cal.intercept, cal.prior, local_depth=16, outputs_bytes=outputs_bytes,
-                             sources=list(sources))
+    return crest_native.Core(cal.coef, cal.intercept, cal.prior,
+                             {"local_depth": 16, "outputs_bytes": outputs_bytes, "sources": list(sources)})
 
 
 def test_the_oracle_uses_the_native_defaults():
@@ -123,9 +123,13 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
     cal = Calibration(np.zeros(len(FEATURES)), 0.0)
     with pytest.raises(ValueError, match="unknown source 'corpus'"):
         native_core(cal, 0, ["ds", "corpus"])
-    for bad in ({"outputs_bytes": -1}, {"back_off_min_budget": -1}, {"match_nodes": 0}):
+    for bad in ({"outputs_bytes": -1}, {"back_off_min_budget": -1}, {"match_nodes": 0}, {"match_nodez": 64}):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            crest_native.Core(cal.coef, cal.intercept, cal.prior, **bad)
+            crest_native.Core(cal.coef, cal.intercept, cal.prior, bad)
+    for bad in ({"local_depth": 16.0}, {"outputs_bytes": True}):
+        with pytest.raises(TypeError, match=f"{next(iter(bad))} must be an int"):
+            crest_native.Core(cal.coef, cal.intercept, cal.prior, bad)
+    crest_native.Core(cal.coef, cal.intercept, cal.prior, dict(crest_native.DEFAULTS))  # every default, by keyword
     core = native_core(cal, 0)
     a = core.start(np.array([5, 6], np.uint32))
     assert core.active(a) and core.count(a) == 2 and core.tokens(a, 1).tolist() == [6] and len(core) == 1
