@@ -126,9 +126,9 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
     for bad in ({"outputs_bytes": -1}, {"back_off_min_budget": -1}, {"match_nodes": 0}, {"match_nodez": 64}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             crest_native.Core(cal.coef, cal.intercept, cal.prior, bad)
-    for bad in ({"local_depth": 16.0}, {"outputs_bytes": True}):
-        with pytest.raises(TypeError, match=f"{next(iter(bad))} must be an int"):
-            crest_native.Core(cal.coef, cal.intercept, cal.prior, bad)
+    for wrong in ({"local_depth": 16.0}, {"outputs_bytes": True}):
+        with pytest.raises(TypeError, match=f"{next(iter(wrong))} must be an int"):
+            crest_native.Core(cal.coef, cal.intercept, cal.prior, wrong)
     crest_native.Core(cal.coef, cal.intercept, cal.prior, dict(crest_native.DEFAULTS))  # every default, by keyword
     core = native_core(cal, 0)
     a = core.start(np.array([5, 6], np.uint32))
