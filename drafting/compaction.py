@@ -21,6 +21,15 @@ follow the new build by the swap's ``NOTIFY`` as they follow any rebuild, and th
 
 The role needs what ``compact-live`` needs (the datastores' owner); a role that cannot read ``live_outputs`` turns the
 compactor off with one warning naming the setting.
+
+Why the compactor runs ``ingest``'s command rather than importing it: ``ingest`` requires the build stack (DuckDB,
+PyArrow; the ``ingest`` extra), which an engine's process should neither need nor load (hundreds of MB and seconds of
+import in every serving process, for work it never does itself), and a compaction must not share the engine's process
+(its memory peak, a crash or a kill stays the child's, and ``SCHED_IDLE`` applies to the child alone). So the command
+line is the contract between the two packages: its flags are the ones :class:`CompactionPolicy` names, it runs end
+to end under this class in ``tests/drafting/test_compaction.py`` and inside vLLM in
+``tests/serving/test_vllm_proposer.py``, and a refusal (exit 2: the extra missing, a bad setting) is reported once
+and not retried.
 """
 
 from __future__ import annotations
