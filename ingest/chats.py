@@ -136,13 +136,60 @@ def _judge_turn(turn, sharegpt: bool) -> _Turn:
     return _Turn({"role": role, "content": text}) if text.strip() else _Turn()
 
 
-def chat_document(record, tokenizer, fields: tuple[str, ...] = CHAT_FIELDS) -> ChatDocument:
-    """Render one chat record with :func:`toolkit.tokenizer.render_chat` (the one rule of every chat format:
-    OpenAI ``messages``, ShareGPT ``conversations``, JSON Lines, JSON arrays, Parquet rows; both engines).
+class ChatMessages(NamedTuple):
+    """One chat record's turns, normalized (:func:`chat_messages`).
+
+    Attributes:
+        messages: ``[{"role", "content"}]`` (roles through the role table, content as text), or ``None``.
+        reason: why the record is refused (a reason of the module docstring), or ``None``.
+        skipped: the reasons of the turns skipped in a kept record.
+    """
+
+    messages: list[dict] | None
+    reason: str | None
+    skipped: tuple[str, ...] = ()
+
+
+def chat_messages(record, fields: tuple[str, ...] = CHAT_FIELDS) -> ChatMessages:
+    """One chat record's turns as ``{"role", "content"}`` messages: the one reading of every chat format (OpenAI
+    ``messages``, ShareGPT ``conversations``; JSON Lines, JSON arrays, Parquet rows), which :func:`chat_document`
+    renders and ``python -m serving distill`` takes its prompts from.
 
     Each turn is ``{"role", "content"}`` (content a string, a list of parts, or ``null``) or ShareGPT's
     ``{"from", "value"}``; roles go through one table (see the module docstring). Empty turns are dropped;
     tool turns, ``tool_calls`` turns and turns with non-text parts are skipped (``skipped``).
+
+    Args:
+        record: one parsed record (a JSON object, or ``{column: value}`` for a Parquet row).
+        fields: the keys the turns may be under, in order; the first is named when none is present.
+    """
+    if not isinstance(record, dict):
+        return ChatMessages(None, "record is not an object")
+    name = next((f for f in fields if record.get(f) is not None), None)
+    if name is None:
+        return ChatMessages(None, f"missing field: {fields[0]}")
+    turns = record[name]
+    if not isinstance(turns, list):
+        return ChatMessages(None, f"wrong type: {name}")
+    sharegpt = name == "conversations"
+    messages: list[dict] = []
+    skipped: list[str] = []
+    for turn in turns:
+        verdict = _judge_turn(turn, sharegpt)
+        if verdict.refuse is not None:
+            return ChatMessages(None, verdict.refuse)
+        if verdict.skip is not None:
+            skipped.append(verdict.skip)
+        elif verdict.message is not None:
+            messages.append(verdict.message)
+    if not messages:
+        return ChatMessages(None, "empty text" if sharegpt else "empty messages")
+    return ChatMessages(messages, None, tuple(skipped))
+
+
+def chat_document(record, tokenizer, fields: tuple[str, ...] = CHAT_FIELDS) -> ChatDocument:
+    """Render one chat record's messages (:func:`chat_messages`) with :func:`toolkit.tokenizer.render_chat` (the one
+    rule of every chat format, both engines).
 
     Args:
         record: one parsed record (a JSON object, or ``{column: value}`` for a Parquet row).
@@ -153,34 +200,16 @@ def chat_document(record, tokenizer, fields: tuple[str, ...] = CHAT_FIELDS) -> C
         A :class:`ChatDocument`: the text, or the reason the record is refused (a reason of the module
         docstring), and the reasons of the turns skipped in a kept record.
     """
-    if not isinstance(record, dict):
-        return ChatDocument(None, "record is not an object")
-    name = next((f for f in fields if record.get(f) is not None), None)
-    if name is None:
-        return ChatDocument(None, f"missing field: {fields[0]}")
-    turns = record[name]
-    if not isinstance(turns, list):
-        return ChatDocument(None, f"wrong type: {name}")
-    sharegpt = name == "conversations"
-    messages: list[dict] = []
-    skipped: list[str] = []
-    for turn in turns:
-        verdict = _judge_turn(turn, sharegpt)
-        if verdict.refuse is not None:
-            return ChatDocument(None, verdict.refuse)
-        if verdict.skip is not None:
-            skipped.append(verdict.skip)
-        elif verdict.message is not None:
-            messages.append(verdict.message)
-    if not messages:
-        return ChatDocument(None, "empty text" if sharegpt else "empty messages")
+    read = chat_messages(record, fields)
+    if read.messages is None:
+        return ChatDocument(None, read.reason)
     from jinja2.exceptions import TemplateError
 
     try:
-        text = render_chat(tokenizer, messages)
+        text = render_chat(tokenizer, read.messages)
     except TemplateError:
         return ChatDocument(None, "chat template error")
-    return ChatDocument(text, None, tuple(skipped))
+    return ChatDocument(text, None, read.skipped)
 
 
 def flatten_conversation(record, tokenizer) -> tuple[str | None, str | None]:

@@ -31,7 +31,7 @@ from toolkit.eval_sets import item_digests, screened_texts
 
 from .tokens import SEPARATOR, document_names, open_stream
 
-__all__ = ["NGRAM", "THRESHOLD", "screen_corpus", "screen_items", "screen_stream"]
+__all__ = ["NGRAM", "THRESHOLD", "screen_corpus", "screen_documents", "screen_items", "screen_stream"]
 
 NGRAM = 13
 """Tokens per screened n-gram (GPT-3's 13-gram rule)."""
@@ -193,3 +193,35 @@ def screen_stream(stream_path: Path, items: Mapping[str, Sequence[tuple[str, np.
     for (part, item), docs in wanted_docs.items():
         parts[part]["overlaps"][item]["documents"] = [names.get(d, f"document #{d}") for d in docs]
     return {"n": n, "threshold": threshold, "seconds": round(time.perf_counter() - t0, 3), "parts": parts}
+
+
+def screen_documents(documents: Sequence[np.ndarray], items: Mapping[str, Sequence[tuple[str, np.ndarray]]],
+                     n: int = NGRAM, threshold: float = THRESHOLD) -> list[str | None]:
+    """Screen each document alone (the same rule as :func:`screen_stream`, the share counted within the document):
+    for each, ``"part/item"`` of the first evaluation item it holds at least ``threshold`` of, else ``None``. What
+    ``python -m serving distill`` skips a prompt for, before the target answers it.
+
+    Args:
+        documents: token ids, each ``[len]`` integers below 2**32 (no separator token inside).
+        items: per part, ``(item id, [len] uint32 token ids)`` pairs (:func:`screen_items`).
+        n, threshold: as :func:`screen_stream`.
+
+    Raises:
+        ValueError: when ``n`` < 1 or ``threshold`` is not in (0, 1].
+    """
+    if n < 1 or not 0.0 < threshold <= 1.0:
+        raise ValueError(f"n={n}, threshold={threshold}: n must be >= 1 and the threshold in (0, 1]")
+    out: list[str | None] = [None] * len(documents)
+    if not documents:
+        return out
+    table = _table(items, n)
+    sep = np.array([SEPARATOR], dtype=np.uint64)
+    stream = np.concatenate([piece for doc in documents for piece in (np.asarray(doc, dtype=np.uint64), sep)])
+    pairs = _scan(stream, table, n)
+    for doc in np.unique(pairs[:, 1]):
+        held = pairs[pairs[:, 1] == doc, 0]
+        for part, item, uids in table.items:
+            if len(uids) and np.isin(uids, held).mean() >= threshold:
+                out[int(doc)] = f"{part}/{item}"
+                break
+    return out

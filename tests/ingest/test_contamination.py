@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.contamination import NGRAM, THRESHOLD, screen_items, screen_stream
+from ingest.contamination import NGRAM, THRESHOLD, screen_documents, screen_items, screen_stream
 from ingest.tokens import TokenStreamWriter
 from toolkit.eval_sets import read_rows
 
@@ -82,3 +82,30 @@ def test_screen_refuses_bad_parameters(tmp_path, tokenizer):
     for kw in ({"n": 0}, {"threshold": 0.0}, {"threshold": 1.5}):
         with pytest.raises(ValueError, match="threshold"):
             screen_stream(path, {}, **kw)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_each_document_screened_alone_matches_the_oracle(tokenizer, seed):
+    """Random documents, some holding most of a real item, some a third of one, some half of one split between two
+    neighbours: a document is flagged exactly when the oracle, on that document alone, finds at least the threshold's
+    share of an item's 13-grams in it (a share split across documents flags neither)."""
+    rng = random.Random(seed)
+    items = screen_items(tokenizer)
+    flat = [(part, item, ids) for part, pairs in items.items() for item, ids in pairs if len(ids) >= 4 * NGRAM]
+    docs: list[list[int]] = []
+    for k in range(30):
+        doc = [rng.randrange(1, 49_000) for _ in range(rng.randrange(5, 200))]
+        _, _, ids = rng.choice(flat)
+        keep = {0: len(ids), 1: len(ids) // 3}.get(k % 4, 0)
+        doc[len(doc) // 2:len(doc) // 2] = [int(t) for t in ids[:keep]]
+        docs.append(doc)
+    _, _, ids = flat[seed]
+    docs[10] += [int(t) for t in ids[:len(ids) // 2]]
+    docs[11] = [int(t) for t in ids[len(ids) // 2:]] + docs[11]
+    got = screen_documents([np.asarray(d) for d in docs], items)
+    for doc, flag in zip(docs, got):
+        alone = _oracle([doc], items, NGRAM)
+        over = [f"{part}/{item}" for (part, item), (shared, total) in alone.items() if shared / total >= THRESHOLD]
+        assert (flag is not None) == bool(over) and (flag is None or flag in over)
+    assert sum(f is not None for f in got) >= 8 and got[10] is None and got[11] is None
+    assert screen_documents([], items) == []
