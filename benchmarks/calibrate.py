@@ -83,19 +83,22 @@ class HeadTrees:
 
 
 def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
-            live=None, heads: HeadTrees | None = None):
+            live=None, heads: HeadTrees | None = None, desc: str = "replay"):
     """Replay logs: ``(features, accepted, conditional score)`` of nodes whose parent was accepted (for fitting; the
     conditional is the node's score over its parent's), and per node of the longest candidate's union
     ``(calibrated score, count-ratio score, accepted)``, from the native core's node tables under ``calibration``
     (its prior sets the features; its weights the scores).
     ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
     ``heads``: the S4C heads' trees, a fifth source (``None``: none).
-    The requests' outputs go into the core's output index, each after its request (as a server's finish)."""
+    The requests' outputs go into the core's output index, each after its request (as a server's finish).
+    ``desc`` labels the progress bar (references done, the time left)."""
+    from tqdm import tqdm
+
     xs, ys, conds, scored = [], [], [], []
     method = MergedMethod(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
                           sources=calibration.sources)
     core = DraftingService(method, vocab_size=vocab_size)
-    for r in refs:
+    for r in tqdm(refs, desc=desc, unit="reference", dynamic_ncols=True):
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]
         ref = np.asarray(r.output, dtype=np.int64)
@@ -241,7 +244,7 @@ def main() -> None:
     settings = {"outputs_bytes": int(args.outputs_mb * 2**20), "vocab_size": len(tok), "stride": args.stride,
                 "heads": heads}
     parts = [collect(half(refs[name], "fit"), sources[name], calibration=features_only, live=lambda r: live[r.id],
-                     **settings) for name in SETS]
+                     desc=f"fit {name}", **settings) for name in SETS]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     cal = Calibration.fit(x, y, prior=args.prior, sources=weighed, meta={
         "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
@@ -254,7 +257,7 @@ def main() -> None:
     fig_rows = []
     for name in SETS:
         held = half(refs[name], "report")
-        _, yr, q, scored = collect(held, sources[name], calibration=cal, **settings)
+        _, yr, q, scored = collect(held, sources[name], calibration=cal, desc=f"report {name}", **settings)
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])
         old_curve = reliability(scored[:, 1], scored[:, 2])

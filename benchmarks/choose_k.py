@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
+    from tqdm import tqdm
+
     from datastore.shared import SharedDatastore
     from drafting import DatastoreSource, DraftingService, MergedMethod
     from evaluation.simulate import replay
@@ -70,7 +72,7 @@ def main() -> None:
                         service = DraftingService(MergedMethod(source, vocab_size=len(tok), min_score=cut),
                                                   vocab_size=len(tok))
                         tokens = steps = drafted = 0
-                        for r in refs[name]:
+                        for r in tqdm(refs[name], desc=f"{name} k={k} cut={cut:g}", unit="reference", leave=False):
                             res = replay(service, r.prompt, r.output, k, chain=True)
                             tokens += len(res.output_ids) - 1
                             steps += len(res.steps)

@@ -420,7 +420,9 @@ def main() -> None:
         for i, got in enumerate(pool.imap_unordered(run_task, tasks), 1):
             rows += got
             r = got[0]
-            print(f"[{i}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {r['set']} {r['method']} {r['form']} "
+            spent = time.perf_counter() - t0
+            print(f"[{i}/{len(tasks)} {spent:.0f}s, ~{spent / i * (len(tasks) - i):.0f}s left] {r['set']} "
+                  f"{r['method']} {r['form']} "
                   f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)", flush=True)
     order = {m: i for i, m in enumerate(methods)}
     rows.sort(key=lambda r: (args.sets.index(r["set"]), r["budget"], order[r["method"]], r["form"], r["category"]))
