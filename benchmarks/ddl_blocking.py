@@ -13,9 +13,9 @@ datastore and look up a context, again and again, and each round's seconds are r
 
 Printed: per phase, how long the DDL command took, and the new clients' rounds, p50 / max (ms) and how many
 raised. The datastore is a small build of the packaged ShareGPT file's first conversations
-(``ddl-bench``), dropped at the end.
+(``--name``, default ``ddl-bench``), dropped at the end.
 
-    python benchmarks/ddl_blocking.py [--database-url URL] [--seconds 4]
+    python benchmarks/ddl_blocking.py [--database-url URL] [--seconds 4] [--name ddl-bench]
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ from toolkit.options import positive_float
 NAME = "ddl-bench"
 
 
-def _rounds(url: str, tokenizer, context: list[int], stop: threading.Event, out: list[tuple[float, bool]]) -> None:
-    """New clients, one after another: (seconds of open + lookup, whether it raised) per round."""
+def _rounds(url: str, name: str, tokenizer, context: list[int], stop: threading.Event,
+            out: list[tuple[float, bool]]) -> None:
+    """New clients of datastore ``name``, one after another: (seconds of open + lookup, whether it raised) per
+    round."""
     while not stop.is_set():
         t = time.perf_counter()
         try:
-            with Datastore.open(NAME, tokenizer=tokenizer, database_url=url) as ds:
+            with Datastore.open(name, tokenizer=tokenizer, database_url=url) as ds:
                 ds.lookup(context)
             failed = False
         except DatastoreError:
@@ -54,10 +56,11 @@ def _rounds(url: str, tokenizer, context: list[int], stop: threading.Event, out:
         time.sleep(0.02)
 
 
-def _phase(url: str, tokenizer, context: list[int], seconds: float, ddl) -> tuple[float, list[tuple[float, bool]]]:
-    """Run ``ddl`` (or nothing) while new clients look up for ``seconds``; returns (ddl seconds, rounds)."""
+def _phase(url: str, name: str, tokenizer, context: list[int], seconds: float,
+           ddl) -> tuple[float, list[tuple[float, bool]]]:
+    """Run ``ddl`` (or nothing) while new clients look up ``name`` for ``seconds``; returns (ddl seconds, rounds)."""
     stop, rounds = threading.Event(), list[tuple[float, bool]]()
-    thread = threading.Thread(target=_rounds, args=(url, tokenizer, context, stop, rounds), daemon=True)
+    thread = threading.Thread(target=_rounds, args=(url, name, tokenizer, context, stop, rounds), daemon=True)
     thread.start()
     time.sleep(0.3)
     t = time.perf_counter()
@@ -70,10 +73,10 @@ def _phase(url: str, tokenizer, context: list[int], seconds: float, ddl) -> tupl
     return took, rounds
 
 
-def _build(url: str) -> str:
-    build_datastore(BuildConfig(name=NAME, path=default_sharegpt_path(), limit=20, top_t=200, max_n=3,
+def _build(url: str, name: str) -> str:
+    build_datastore(BuildConfig(name=name, path=default_sharegpt_path(), limit=20, top_t=200, max_n=3,
                                 database_url=url), progress=False)
-    return datastore_stats(url, NAME)["table"]
+    return datastore_stats(url, name)["table"]
 
 
 def _hold(url: str, table: str):
@@ -82,13 +85,13 @@ def _hold(url: str, table: str):
     return conn
 
 
-def _plain_drop(url: str, table: str) -> None:
+def _plain_drop(url: str, table: str, cap: float) -> None:
     with connect(url, autocommit=True) as conn:
-        conn.execute("SET statement_timeout = '10s'")
+        conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{round(cap * 1000)}ms")))
         try:
             conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
         except psycopg.errors.QueryCanceled:
-            print("  plain DROP TABLE gave up after its 10 s cap (still behind the idle reader)")
+            print(f"  plain DROP TABLE gave up after its {cap:g} s cap (still behind the idle reader)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--database-url", default=None, help="builder's URL (default: DATABASE_URL).")
     ap.add_argument("--seconds", type=positive_float, default=4.0, help="seconds of lookups per phase (default: 4).")
+    ap.add_argument("--name", default=NAME, help=f"the datastore built, looked up and dropped (default: {NAME}).")
+    ap.add_argument("--drop-cap", type=positive_float, default=10.0,
+                    help="seconds the plain DROP TABLE may wait behind the idle reader before it gives up (default: "
+                         "10).")
     return ap
 
 
@@ -105,23 +112,24 @@ def main() -> None:
     tokenizer = load_tokenizer()
     context = tokenizer.encode("How do I sort a list in Python?")
     rows = []
-    table = _build(url)
-    rows.append(("usual (no DDL)", *_phase(url, tokenizer, context, args.seconds, None)))
+    name = args.name
+    table = _build(url, name)
+    rows.append(("usual (no DDL)", *_phase(url, name, tokenizer, context, args.seconds, None)))
     holder = _hold(url, table)
     try:
-        rows.append(("datastore drop (ours)", *_phase(url, tokenizer, context, args.seconds,
-                                                      lambda: drop_datastore(url, NAME))))
+        rows.append(("datastore drop (ours)", *_phase(url, name, tokenizer, context, args.seconds,
+                                                      lambda: drop_datastore(url, name))))
     finally:
         holder.close()
     vacuum_datastores(url)
-    table = _build(url)
+    table = _build(url, name)
     holder = _hold(url, table)
     try:
-        rows.append(("plain DROP TABLE", *_phase(url, tokenizer, context, args.seconds,
-                                                 lambda: _plain_drop(url, table))))
+        rows.append(("plain DROP TABLE", *_phase(url, name, tokenizer, context, args.seconds,
+                                                 lambda: _plain_drop(url, table, args.drop_cap))))
     finally:
         holder.close()
-    drop_datastore(url, NAME)
+    drop_datastore(url, name)
     print("| phase | DDL s | new-client rounds | p50 ms | max ms | raised |")
     print("|---|---|---|---|---|---|")
     for label, took, rounds in rows:

@@ -245,7 +245,8 @@ def main() -> None:
     build_datastore(BuildConfig(name=args.name, limit=50, top_t=10_000, database_url=url), progress=False)
     figures: dict = {}
     try:
-        docs = _documents(tok, max(args.sizes or [0]) + 400_000, skip=50)
+        # the outputs' conversations (a margin of 10K tokens each: 400K at the default 40), then the largest size's
+        docs = _documents(tok, max(args.sizes or [0]) + 10_000 * args.outputs, skip=50)
         outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]  # the first 400 tokens of each
         figures["freshness"] = fr = freshness(args.name, outputs, args.every)
         print(f"freshness, {fr['outputs']} outputs, one every {args.every:.1f} s on average: p50 {fr['p50_s']:.2f} s, "

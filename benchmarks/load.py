@@ -46,21 +46,21 @@ NAME = "crest-load"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _build(url: str, limit: int) -> int:
+def _build(url: str, name: str, limit: int) -> int:
     from ingest import BuildConfig, build_datastore
 
-    return build_datastore(BuildConfig(name=NAME, limit=limit, top_t=500_000, database_url=url),
+    return build_datastore(BuildConfig(name=name, limit=limit, top_t=500_000, database_url=url),
                            progress=False).build_id
 
 
-def _build_niced(url: str, limit: int) -> int:
+def _build_niced(url: str, name: str, limit: int) -> int:
     os.nice(10)  # as a rebuild on a serving host would run: the lookups keep their cores
-    return _build(url, limit)
+    return _build(url, name, limit)
 
 
-def _build_in_child(url: str, limit: int) -> int:
+def _build_in_child(url: str, name: str, limit: int) -> int:
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-        return ex.submit(_build_niced, url, limit).result()
+        return ex.submit(_build_niced, url, name, limit).result()
 
 
 def _contexts(n: int) -> list[list[int]]:
@@ -74,10 +74,10 @@ def _contexts(n: int) -> list[list[int]]:
     return spec_bench_contexts(load_tokenizer(), n)
 
 
-def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, fallback: bool,
+def _client_proc(url: str, name: str, threads: int, stop, step_s: float, cache_mb: float, fallback: bool,
                  contexts: list, seed: int, out) -> None:
-    """One serving process: ``threads`` clients sharing one SharedDatastore, until ``stop`` (an event) is set;
-    sends its samples to ``out``."""
+    """One serving process: ``threads`` clients sharing one SharedDatastore of datastore ``name``, until ``stop`` (an
+    event) is set; sends its samples to ``out``."""
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -88,7 +88,7 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # a restart's reconnect attempts: counted below
     tok = load_tokenizer()
     conns = min(threads, 4)  # per process, for lookups and for SELECT 1 alike (max_connections is 100)
-    opener = lambda: SharedDatastore.open(NAME, tokenizer=tok, database_url=url, pool_size=conns,  # noqa: E731
+    opener = lambda: SharedDatastore.open(name, tokenizer=tok, database_url=url, pool_size=conns,  # noqa: E731
                                           cache_bytes=int(cache_mb * 2**20))
     bare = ConnectionPool(url, min_size=conns, max_size=conns, kwargs={"autocommit": True}, open=True)
     client = source = None
@@ -156,8 +156,8 @@ def _client_proc(url: str, threads: int, stop, step_s: float, cache_mb: float, f
     out.put(res)
 
 
-def _swap_listener(url: str, seen: list, stop: threading.Event) -> None:
-    """Records when each swap of the load datastore is notified (the swap's commit)."""
+def _swap_listener(url: str, name: str, seen: list, stop: threading.Event) -> None:
+    """Records when each swap of the load datastore ``name`` is notified (the swap's commit)."""
     import psycopg
 
     from datastore.registry import SWAP_CHANNEL
@@ -166,7 +166,7 @@ def _swap_listener(url: str, seen: list, stop: threading.Event) -> None:
         conn.execute(f'LISTEN "{SWAP_CHANNEL}"')
         while not stop.is_set():
             for note in conn.notifies(timeout=0.2):
-                if note.payload == NAME:
+                if note.payload == name:
                     seen.append(time.time())
 
 
@@ -191,12 +191,13 @@ def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedde
     per = [clients // procs + (i < clients % procs) for i in range(procs)]
     ctx = mp.get_context("spawn")
     out, done = ctx.Queue(), ctx.Event()
-    workers = [ctx.Process(target=_client_proc, args=(url, n, done, args.step_ms / 1e3, args.cache_mb,
-                                                      args.restart, contexts, i, out)) for i, n in enumerate(per)]
+    workers = [ctx.Process(target=_client_proc, args=(url, args.name, n, done, args.step_ms / 1e3, args.cache_mb,
+                                                      args.restart, contexts, i, out))
+               for i, n in enumerate(per)]
     swaps: list[float] = []
     stop = threading.Event()
     if not args.restart:
-        threading.Thread(target=_swap_listener, args=(url, swaps, stop), daemon=True).start()
+        threading.Thread(target=_swap_listener, args=(url, args.name, swaps, stop), daemon=True).start()
     t0 = time.time()
     for w in workers:
         w.start()
@@ -209,7 +210,7 @@ def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedde
     else:  # the rebuild starts early, as it competes with the clients for the cores
         time.sleep(args.seconds / 6)
         t = time.time()
-        event["build_id"] = _build_in_child(url, args.limit)  # the GIL stays free for the swap listener
+        event["build_id"] = _build_in_child(url, args.name, args.limit)  # the GIL stays free for the swap listener
         event["rebuild_s"] = time.time() - t
         time.sleep(max(0.0, t0 + args.seconds - time.time(), 5.0))  # the load goes on >= 5 s after the swap
     done.set()
@@ -257,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--restart", action="store_true", help="restart Postgres mid-run instead of rebuilding.")
     ap.add_argument("--restart-cmd", default="pg_ctlcluster 15 main restart", help="restarts the server.")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here.")
+    ap.add_argument("--name", default=NAME,
+                    help=f"the load datastore, built and rebuilt under this name and left in place (default: {NAME}).")
     return ap
 
 
@@ -266,8 +269,8 @@ def main() -> None:
 
     url = resolve_database_url(None if args.embedded else args.database_url)
     t = time.time()
-    _build(url, args.limit)
-    print(f"load datastore {NAME!r} ({args.limit} conversations) built in {time.time() - t:.0f} s", flush=True)
+    _build(url, args.name, args.limit)
+    print(f"load datastore {args.name!r} ({args.limit} conversations) built in {time.time() - t:.0f} s", flush=True)
     contexts = _contexts(5000)
     rows = []
     for c in args.clients:

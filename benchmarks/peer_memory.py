@@ -34,7 +34,7 @@ from evaluation.simulate import replay
 from ingest.tokens import SEPARATOR, open_stream
 from peers import SuffixMethod, _documents, warm_suffix
 from toolkit import load_tokenizer
-from toolkit.options import float_in, positive_float
+from toolkit.options import float_in, int_in, positive_float
 from toolkit.tokenizer import DEFAULT_MODEL, cache_dir
 
 EVAL = {"code": "humaneval", "sharegpt": "spec_bench"}
@@ -52,11 +52,12 @@ def _sizes(workdir: Path) -> list[tuple[str, str, Path, dict]]:
     return sorted(out, key=lambda s: (s[0], ORDER[s[1]]))
 
 
-def _replay_all(make, eval_set: str, shapes, grown: list[int] | None = None) -> dict:
-    """Accept length per shape, each in a forked child of this (loaded) process; with ``grown``, each child's
-    resident-set growth over its replay is appended to it (what ``make`` loaded, for a peer that loads per replay)."""
+def _replay_all(make, eval_set: str, shapes, grown: list[int] | None = None, limit: int | None = None) -> dict:
+    """Accept length per shape, each in a forked child of this (loaded) process, over the report half (at most
+    ``limit`` prompts per category); with ``grown``, each child's resident-set growth over its replay is appended to it
+    (what ``make`` loaded, for a peer that loads per replay)."""
     tok = load_tokenizer()
-    prompts = load_prompts(eval_set, tok, half="report")
+    prompts = load_prompts(eval_set, tok, half="report", limit=limit)
     store = reference_store(DEFAULT_MODEL, "float32", eval_set, 128)
     saved = [store.get(p.id, p.token_ids) for p in prompts]
     refs = [r for r in saved if r is not None]
@@ -89,7 +90,7 @@ def _replay_all(make, eval_set: str, shapes, grown: list[int] | None = None) -> 
     return got
 
 
-def _suffix(stream: Path, eval_set: str, out) -> None:
+def _suffix(stream: Path, eval_set: str, limit: int | None, out) -> None:
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
@@ -97,10 +98,10 @@ def _suffix(stream: Path, eval_set: str, out) -> None:
     warm_suffix(cache, np.asarray(open_stream(stream)), int(SEPARATOR))
     grown, seconds = psutil.Process().memory_info().rss - rss0, time.perf_counter() - t0
     out.send({"bytes": grown, "load_s": round(seconds, 1),
-              "accept": _replay_all(lambda budget: SuffixMethod(cache), eval_set, SHAPES)})
+              "accept": _replay_all(lambda budget: SuffixMethod(cache), eval_set, SHAPES, limit=limit)})
 
 
-def _sglang(stream: Path, tokens: int, eval_set: str, share: float, out) -> None:
+def _sglang(stream: Path, tokens: int, eval_set: str, share: float, limit: int | None, out) -> None:
     from sglang_ngram import SGLangCorpus, SGLangMethod
 
     docs = _documents(np.asarray(open_stream(stream)), int(SEPARATOR))
@@ -118,7 +119,8 @@ def _sglang(stream: Path, tokens: int, eval_set: str, share: float, out) -> None
         def method(budget: int, make=make, mode: str = mode) -> SGLangMethod:
             return SGLangMethod(make, f"sglang-{mode}")
 
-        for key, value in _replay_all(method, eval_set, [s for s in SHAPES if s[0] == "tree"], grown).items():
+        for key, value in _replay_all(method, eval_set, [s for s in SHAPES if s[0] == "tree"], grown,
+                                      limit).items():
             accept[f"{key} {mode.lower()}"] = value
     out.send({"bytes": min(grown), "load_s": round((time.perf_counter() - t0) / len(grown), 1), "accept": accept})
 
@@ -148,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of the budget given to SGLang's external corpus (default: 0.5, as benchmarks/peers.py).")
     p.add_argument("--out", type=Path, default=Path("results/peer_memory.json"),
                    help="the rows, JSON (default: %(default)s).")
+    p.add_argument("--limit", type=int_in(1), default=None,
+                   help="report-half prompts replayed per category of each set (default: all).")
     return p
 
 
@@ -166,8 +170,8 @@ def main() -> None:
             if predicted / 2**30 > args.max_gib:
                 row |= {"bytes": round(predicted), "extrapolated": True}
             else:
-                got = (_in_child(_suffix, stream, EVAL[corpus]) if peer == "suffix" else
-                       _in_child(_sglang, stream, tokens, EVAL[corpus], args.sglang_corpus_share))
+                got = (_in_child(_suffix, stream, EVAL[corpus], args.limit) if peer == "suffix" else
+                       _in_child(_sglang, stream, tokens, EVAL[corpus], args.sglang_corpus_share, args.limit))
                 row |= got | {"extrapolated": False}
                 per_token = max(per_token, got["bytes"] / tokens)
             rows.append(row)

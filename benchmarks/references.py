@@ -40,7 +40,8 @@ def reference_path(out_dir: Path, name: str) -> Path:
 
 
 def _second_turns(tokenizer, first: dict[str, list[int]]) -> list[tuple[str, str, list[int]]]:
-    """``(id, category, prompt ids)`` of each Spec-Bench question with a second turn, after its turn-1 answer."""
+    """``(id, category, prompt ids)`` of each Spec-Bench question with a second turn, after its turn-1 answer (the
+    questions whose first turn is in ``first``)."""
     from evaluation.prompts import default_data_dir
     from toolkit.tokenizer import render_chat
 
@@ -50,6 +51,8 @@ def _second_turns(tokenizer, first: dict[str, list[int]]) -> list[tuple[str, str
         if not row or len(row["turns"]) < 2:
             continue
         pid = f"{row['category']}-{row['question_id']}"
+        if pid not in first:
+            continue
         answer = tokenizer.decode(first[pid], skip_special_tokens=True)
         text = render_chat(tokenizer, [{"role": "user", "content": row["turns"][0]},
                                        {"role": "assistant", "content": answer},
@@ -68,15 +71,16 @@ def _generate(llm, prompts: list[list[int]], max_new_tokens: int) -> list[list[i
     return [list(map(int, o.outputs[0].token_ids)) for o in outs]
 
 
-def _current(path: Path, want) -> bool:
-    """Whether ``path`` holds this set's references, made from what is replayed now (its provenance checked)."""
+def _current(path: Path, want, ids: list[str]) -> bool:
+    """Whether ``path`` holds this set's references of the prompts ``ids``, made from what is replayed now (its
+    provenance checked)."""
     from evaluation.references import read_references
 
     try:
-        read_references(path, want)
+        held = {r.id for r in read_references(path, want)}
     except (FileNotFoundError, ValueError):
         return False
-    return True
+    return held >= set(ids)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", type=Path, default=REPO / "results" / "references",
                     help="where each set's references go (default: results/references).")
     ap.add_argument("--max-num-seqs", type=int_in(1), default=32, help="vLLM batch (requests running at once).")
+    ap.add_argument("--limit", type=int_in(1), default=None, metavar="N",
+                    help="generate each set's first N prompts only (file order) and the second turns among them "
+                         "(default: all; the benchmarks replay every prompt they score, so N is for a quick check).")
     return ap
 
 
@@ -123,20 +130,21 @@ def main() -> None:
 
     first: dict[str, list[int]] = {}
     for name in ("spec_bench", "humaneval"):
-        prompts = load_prompts(name, tok)
+        prompts = load_prompts(name, tok)[:args.limit]
         path, want = reference_path(args.out_dir, name), provenance(name)
-        if not _current(path, want):
+        if not _current(path, want, [p.id for p in prompts]):
             t0 = time.perf_counter()
             outs = _generate(llm(), [list(p.token_ids) for p in prompts], args.max_new_tokens)
             write_references(path, want, [(p.id, list(p.token_ids), o) for p, o in zip(prompts, outs)])
             print(f"{name}: {len(prompts)} prompts, {sum(map(len, outs))} tokens in {time.perf_counter() - t0:.0f} s")
         if name == "spec_bench":
-            first = {r.id: r.output for r in read_references(path, want)}
+            ids = {p.id for p in prompts}
+            first = {r.id: r.output for r in read_references(path, want) if r.id in ids}
     second = _second_turns(tok, first)
     path, want = reference_path(args.out_dir, "spec_bench_turn2"), provenance("spec_bench_turn2")
-    if not _current(path, want):
+    if not _current(path, want, [pid for pid, _, _ in second]):
         t0 = time.perf_counter()
-        outs = _generate(llm(), [p for _, _, p in second], args.max_new_tokens)
+        outs = _generate(llm(), [p for _, _, p in second], args.max_new_tokens) if second else []
         write_references(path, want, [(pid, p, o) for (pid, _, p), o in zip(second, outs)])
         print(f"spec_bench_turn2: {len(second)} prompts, {sum(map(len, outs))} tokens "
               f"in {time.perf_counter() - t0:.0f} s")

