@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model (default: the SmolLM2-135M-Instruct checkpoint exported from its GGUF).")
     p.add_argument("--dtype", default="float32",
                    help="the engine's dtype (default: float32, in which greedy output equals plain greedy decoding).")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run the engine eager, without compiling the model: a faster start, slower tokens (for short "
+                        "runs; default: compiled, vLLM's default).")
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                    help="the evaluation sets the prompts are screened against (default: CREST_EVAL_DATA or the "
                         "packaged sets).")
@@ -254,7 +257,7 @@ def _distill(args, todo: list[tuple[Prompt, list[int]]], tokenizer, run: _Run) -
 
     items = screen_items(tokenizer, args.data_dir)
     llm = LLM(model=args.model or export_checkpoint(), dtype=args.dtype, max_model_len=args.max_model_len,
-              seed=args.seed, max_num_seqs=args.max_num_seqs)
+              seed=args.seed, max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
     settings = {"model": args.model or "SmolLM2-135M-Instruct", "temperature": args.temperature, "top_p": args.top_p,
                 "max_new_tokens": args.max_new_tokens}
     with tqdm(total=len(todo), unit="prompt", desc="distill", dynamic_ncols=True) as bar:
