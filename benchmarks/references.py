@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", type=Path, default=REPO / "results" / "references",
                     help="where each set's references go (default: results/references).")
     ap.add_argument("--max-num-seqs", type=int_in(1), default=32, help="vLLM batch (requests running at once).")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="run the engine eager, without compiling the model: a faster start, slower tokens (for a "
+                         "quick check; default: compiled, vLLM's default).")
     ap.add_argument("--limit", type=int_in(1), default=None, metavar="N",
                     help="generate each set's first N prompts only (file order) and the second turns among them "
                          "(default: all; the benchmarks replay every prompt they score, so N is for a quick check).")
@@ -122,7 +125,7 @@ def main() -> None:
     def llm():  # started only when a set has to be generated
         if not engine:
             engine.append(LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0,
-                              max_num_seqs=args.max_num_seqs))
+                              max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager))
         return engine[0]
 
     def provenance(name: str):

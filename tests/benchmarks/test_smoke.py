@@ -427,7 +427,8 @@ def test_references(database_url, target, tokenizer, tmp_path):
     from evaluation.prompts import load_prompts
     from evaluation.references import expected, read_references
 
-    out = _run("references", "--limit", "1", "--max-new-tokens", "8", "--max-num-seqs", "2", "--out-dir", tmp_path,
+    out = _run("references", "--limit", "1", "--max-new-tokens", "8", "--max-num-seqs", "2", "--enforce-eager",
+               "--out-dir", tmp_path,
                url=database_url, timeout=900)
     assert len(_lines(out, r"(spec_bench|humaneval|spec_bench_turn2): 1 prompts, \d+ tokens in \d+ s")) == 3
     for name in ("spec_bench", "humaneval", "spec_bench_turn2"):
