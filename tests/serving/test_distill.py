@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from ingest.contamination import screen_items
 from serving.distill import Prompt, _Run, _todo, answered, append_chunk, build_parser, read_prompts
 from support import run_module
 from toolkit.eval_sets import screened_texts
@@ -56,7 +57,8 @@ def test_prompts_from_every_chat_format_deduplicated_screened_and_resumed(tmp_pa
     assert got[0] == (SYSTEM, {"role": "user", "content": "Name a prime."})  # the opening only, system turn kept
     assert skipped == {"no user turn first": 1}
     run = _Run()
-    todo = _todo(_args(tmp_path, paths), tokenizer, run)
+    items = screen_items(tokenizer)
+    todo = _todo(_args(tmp_path, paths), tokenizer, items, run)
     users = [p.user_text for p, _ in todo]
     assert users == ["Name a prime.", "Why is the sky blue?", "Write a haiku about rain.", "Count to three."]
     assert run.skipped == {"no user turn first": 1, "repeat": 2, "contaminated (evaluation sets)": 1}
@@ -70,7 +72,7 @@ def test_prompts_from_every_chat_format_deduplicated_screened_and_resumed(tmp_pa
                                                                                          "content": "Rain."}]})])
     assert answered(tmp_path / "out.jsonl.zst") == {first.key, second.key}
     run = _Run()
-    rest = _todo(_args(tmp_path, paths, "--limit", "1"), tokenizer, run)
+    rest = _todo(_args(tmp_path, paths, "--limit", "1"), tokenizer, items, run)
     assert [p.user_text for p, _ in rest] == ["Why is the sky blue?"] and run.skipped["answered in --out already"] == 2
 
 
@@ -85,6 +87,16 @@ def test_an_out_file_of_something_else_is_refused(tmp_path, capsys):
     assert code == 2 and "does not exist" in capsys.readouterr().err
     code = main(["--path", str(tmp_path / "nothing-*.jsonl"), "--out", str(tmp_path / "out.jsonl")])
     assert code == 2 and "nothing-*.jsonl" in capsys.readouterr().err
+    cut = tmp_path / "cut.jsonl.zst"  # a run's output whose last frame was cut off: refused, left as it is
+    append_chunk(cut, [json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant",
+                                                                                   "content": "Hello"}]})])
+    whole = cut.read_bytes()
+    append_chunk(cut, [json.dumps({"messages": [{"role": "user", "content": "Yo"}, {"role": "assistant",
+                                                                                   "content": "Hey"}]})])
+    cut.write_bytes(cut.read_bytes()[:len(whole) + 5])
+    kept = cut.read_bytes()
+    code = main(["--path", str(tmp_path / "in.jsonl"), "--out", str(cut)])
+    assert code == 2 and "cut off or corrupt after 1 chats" in capsys.readouterr().err and cut.read_bytes() == kept
 
 
 def test_prompt_identity_is_its_messages():
