@@ -19,7 +19,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from sglang_ngram import available as sglang_missing
@@ -120,7 +119,8 @@ def bench_cache(references, tokenizer, tmp_path_factory) -> Path:
     from toolkit.tokenizer import DEFAULT_MODEL
 
     cache = tmp_path_factory.mktemp("cache")
-    with mock.patch.dict(os.environ, {"CREST_CACHE": str(cache)}):
+    with pytest.MonkeyPatch.context() as env:  # the cache the references are put in, for this fixture only
+        env.setenv("CREST_CACHE", str(cache))
         for name in ("spec_bench", "humaneval"):
             store = reference_store(DEFAULT_MODEL, "float32", name, 128)
             for r in read_references(references / f"{name}.jsonl", expected(name, tokenizer, max_new_tokens=128)):
