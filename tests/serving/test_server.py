@@ -23,10 +23,7 @@ import pytest
 
 from datastore import Datastore
 from datastore.admin.catalog import drop_datastore
-from datastore.connection import connect
-from datastore.errors import DatastoreNotFound
-from datastore.live import live_name
-from support import REPO, run_module
+from support import REPO, clear_live, run_module
 from toolkit.tokenizer import load_tokenizer, render_chat
 
 NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -100,12 +97,7 @@ def served(tmp_path, database_url, chat_datastore) -> Iterator:
     for s in servers:
         if s.proc.poll() is None:
             os.killpg(s.proc.pid, signal.SIGKILL)
-    with connect(database_url, autocommit=True) as conn:  # the served run's live layer: no later test drafts from it
-        conn.execute("DELETE FROM live_outputs WHERE name = %s", [chat_datastore])
-    try:
-        drop_datastore(database_url, live_name(chat_datastore))
-    except DatastoreNotFound:
-        pass
+    clear_live(database_url, chat_datastore)  # the served run's live layer: no later test drafts from it
 
 
 def _ask(client, question: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 from decoder import greedy_generate
 from serving.server import cpu_env
+from support import clear_live
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engine"),  # one engine at a time: tests/conftest.py
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -60,7 +61,7 @@ def ours(eval_prompts, chat_datastore, database_url):
     assert len(eval_prompts) == len(TEMPERATURES)
     env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT_AFTER_S="0",
                CREST_COMPACT_GAP_S="0")
-    _clear_live(database_url, chat_datastore)  # no earlier run's layer: this run must build its own
+    clear_live(database_url, chat_datastore)  # no earlier run's layer: this run must build its own
     try:
         yield _vllm(eval_prompts, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
                     proposer="_checking_proposer.CheckingProposer",
@@ -68,22 +69,7 @@ def ours(eval_prompts, chat_datastore, database_url):
                             {"name": "preempted", "repeat": 3},
                             {"name": "after_live", "wait_live": True}])
     finally:
-        _clear_live(database_url, chat_datastore)
-
-
-def _clear_live(url: str, name: str) -> None:
-    """Remove the live layer of ``name`` and its appended outputs."""
-    from datastore.admin.catalog import drop_datastore
-    from datastore.connection import connect
-    from datastore.errors import DatastoreNotFound
-    from datastore.live import live_name
-
-    with connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
-    try:
-        drop_datastore(url, live_name(name))
-    except DatastoreNotFound:
-        pass
+        clear_live(database_url, chat_datastore)
 
 
 def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
