@@ -266,16 +266,24 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
 
 
 def _worker(method: str, args, warm, inbox, results) -> None:
-    """One decoder process: replays the requests it is sent, in order, until ``None``."""
+    """One decoder process: replays the requests it is sent, in order, until ``None``; then ``None`` on ``results``
+    (after ``("error", traceback)`` when it failed)."""
+    import traceback
+
     from evaluation.simulate import replay
 
-    service = _drafter(method, args, warm)
-    while (msg := inbox.get()) is not None:
-        i, prompt, output = msg
-        res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain")
-        results.put((i, len(res.output_ids) - 1, len(res.steps)))
-    service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
-    results.put(None)
+    try:
+        service = _drafter(method, args, warm)
+        while (msg := inbox.get()) is not None:
+            i, prompt, output = msg
+            res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain")
+            results.put((i, len(res.output_ids) - 1, len(res.steps)))
+        service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
+    except Exception:  # reported to the parent, which stops the run naming it
+        results.put(("error", traceback.format_exc()))
+        raise
+    finally:
+        results.put(None)
 
 
 def _clear(name: str) -> None:
@@ -319,6 +327,8 @@ def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int
                 raise SystemExit(f"error: {method} at K={k}: a worker sent nothing for 10 minutes") from None
             if msg is None:
                 open_ -= 1
+            elif msg[0] == "error":
+                raise SystemExit(f"error: {method} at K={k}: a worker failed:\n{msg[1]}")
             else:
                 got[msg[0]] = (msg[1], msg[2])
         for p in procs:

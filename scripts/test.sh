@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up, then run the test suite against a real PostgreSQL:
 # $DATABASE_URL, else the server on 127.0.0.1:5432 (database test), else the embedded one.
-# Two test workers (pytest-xdist; each with a database of its own), each module on one worker and the vLLM engines
-# one at a time (tests/conftest.py). Arguments go to pytest: `-n 0` runs in this process, `-n 4` on four workers.
+# Two test workers (pytest-xdist; each with a database of its own and pinned to its own CPUs), each module on one
+# worker and the vLLM engines one at a time (tests/conftest.py). Arguments go to pytest: `-n 0` runs in this process,
+# `-n 4` on four workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
