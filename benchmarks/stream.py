@@ -104,25 +104,16 @@ def _worker(conn, datastore: str, live_name_for: str | None, pace: float | None 
 def _run_ours(stream, args, budget: int, chain: bool, mode: str, tag: str, datastore: str) -> list[tuple[int, int]]:
     """Replay ``stream`` on two worker processes; ``mode``: ``none`` | ``shared`` | ``own`` live layer, or ``auto``
     (shared, compacted by the workers' own compactors)."""
-    from datastore.connection import connect, resolve_database_url
+    from datastore.admin.catalog import empty_live_layer
+    from datastore.connection import resolve_database_url
     from ingest.live import compact_live
 
     by_mode: dict[str, list[str | None]] = {"none": [None, None], "shared": [f"stream-{tag}"] * 2,
                                             "own": [f"stream-{tag}-a", f"stream-{tag}-b"],
                                             "auto": [f"stream-{tag}-auto"] * 2}
     names = by_mode[mode]
-    with connect(resolve_database_url(None), autocommit=True) as c:
-        for n in set(filter(None, names)):
-            c.execute("DELETE FROM live_outputs WHERE name = %s", [n])
-    if mode == "auto":
-        from datastore.admin.catalog import drop_datastore
-        from datastore.errors import DatastoreNotFound
-        from datastore.live import live_name
-
-        try:  # a previous run's layer would be ahead of this one
-            drop_datastore(resolve_database_url(None), live_name(f"stream-{tag}-auto"))
-        except DatastoreNotFound:
-            pass
+    for n in set(filter(None, names)):  # an earlier run's layer holds this stream's outputs: every run starts empty
+        empty_live_layer(resolve_database_url(None), n, wait_s=120)
     ctx = mp.get_context("fork")
     pipes, procs = [], []
     for layer in names:
