@@ -98,8 +98,8 @@ def _client_proc(url: str, name: str, threads: int, stop, step_s: float, cache_m
         client = opener()
         client.wait_listening()
     lock = threading.Lock()
-    res: dict[str, Any] = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "fallback_steps": 0,
-                           "builds": {}, "answered_at": [], "fell_back_at": []}
+    res: dict[str, Any] = {"lookup_s": [], "select1_s": [], "errors": 0, "error_kinds": {}, "error_messages": {},
+                           "fallback_steps": 0, "builds": {}, "answered_at": [], "fell_back_at": []}
 
     def work(i: int) -> None:
         rng = np.random.default_rng(seed * 1000 + i)
@@ -114,6 +114,7 @@ def _client_proc(url: str, name: str, threads: int, stop, step_s: float, cache_m
                 with lock:
                     res["errors"] += 1
                     res["error_kinds"][type(exc).__name__] = res["error_kinds"].get(type(exc).__name__, 0) + 1
+                    res["error_messages"].setdefault(type(exc).__name__, str(exc)[:300])  # the first of each kind
                 time.sleep(step_s)
                 continue
             lat = time.perf_counter() - t0
@@ -226,7 +227,8 @@ def run(url: str, clients: int, args, contexts, restart_cmd: str | None, embedde
            "lookup_ms": {q: _pct(lookups, q) for q in (50, 99, 100)},
            "select1_ms": {q: _pct([x for r in results for x in r["select1_s"]], q) for q in (50, 99, 100)},
            "errors": sum(r["errors"] for r in results),
-           "error_kinds": [r["error_kinds"] for r in results if r["error_kinds"]]} | event
+           "error_kinds": [r["error_kinds"] for r in results if r["error_kinds"]],
+           "error_messages": {k: v for r in results for k, v in r["error_messages"].items()}} | event
     if args.restart:
         up = event["restart_at"] + event["restart_s"]  # the server accepts connections again
         last = [max(r["fell_back_at"], default=event["restart_at"]) for r in results]
@@ -281,6 +283,8 @@ def main() -> None:
               f"lookup p50 {lk[50]:.3f} p99 {lk[99]:.3f} "
               f"max {lk[100]:.1f} ms | SELECT 1 p50 {s1[50]:.3f} p99 {s1[99]:.3f} max {s1[100]:.1f} ms | "
               f"errors {row['errors']}", flush=True)
+        for kind, message in row["error_messages"].items():
+            print(f"     first {kind}: {message}", flush=True)
         if args.restart:
             print(f"     restart took {row['restart_s']:.1f} s; {row['fallback_steps']} steps fell back; "
                   f"processes drafting again {row['recovered_after_s']} s after the server was back; "
