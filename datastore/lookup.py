@@ -201,6 +201,11 @@ class _All:
                 for keys in self.wanted]
 
 
+def _id(info: DatastoreInfo | None) -> int | None:
+    """A build's id (``None`` for no build)."""
+    return None if info is None else info.id
+
+
 class LookupClient(ABC):
     """Longest-match and candidate lookups in one ready datastore and, optionally, its live layer, with a tree cache:
     the core of both clients.
@@ -335,14 +340,18 @@ class LookupClient(ABC):
         return rows
 
     def _retrying(self, op: Callable[[DatastoreInfo], T | None]) -> T:
-        """Run ``op`` on the current builds; if a table is gone, follow the registry once and run it again."""
+        """Run ``op`` on the current builds; if a table is gone, follow the registry once and run it again (also when
+        another thread, such as the swap listener, followed it between ``op`` reading the builds and this refresh)."""
         for attempt in (0, 1):
             self._raise_fault()
-            info = self.info
+            info, live = self.info, self.live
             out = op(info)
             if out is not None:
                 return out
-            if attempt == 0 and not self.refresh():  # raises when the datastore was dropped
+            if attempt == 1:
+                break
+            followed = self.refresh() or (self.info.id, _id(self.live)) != (info.id, _id(live))  # raises if dropped
+            if not followed:
                 raise LookupFailed(f"a tree table of datastore {info.name!r} is missing although its build "
                                    f"{info.id} is ready; rebuild it")
         raise DatastoreNotFound(f"datastore {self.info.name!r} keeps being replaced; try again")
