@@ -65,20 +65,6 @@ TEMPLATE_CHARS = 40
 
 # -- prepare ----------------------------------------------------------------------------------------------------------
 
-def _conversations(path: Path) -> list[list[dict]]:
-    """Every readable conversation of ``path``, in file order (:func:`ingest.chats.chat_messages`)."""
-    from ingest.chat_files import read_chat_file
-    from ingest.chats import chat_messages
-
-    out = []
-    for item in read_chat_file(path):
-        if item.reason is None and item.note is None:
-            read = chat_messages(item.record, item.fields)
-            if read.messages is not None:
-                out.append(read.messages)
-    return out
-
-
 def _kinds(yesterday: list[str], today: list[str]) -> list[str]:
     """Each of today's prompts: ``repeat``, ``template`` or ``new`` against every earlier prompt (module docstring)."""
     texts = {t.strip() for t in yesterday}
@@ -102,7 +88,7 @@ def _write_lines(path: Path, rows: list[dict]) -> None:
 
 def _split(args) -> dict:
     """Yesterday's conversations and the openings to distill, and today's stream; written under ``--dir``."""
-    from serving.distill import opening
+    from serving.distill import opening, read_conversations
     from toolkit import load_tokenizer
     from toolkit.tokenizer import render_chat
 
@@ -110,7 +96,7 @@ def _split(args) -> dict:
         from ingest.sources import default_sharegpt_path
 
         args.path = default_sharegpt_path()
-    convs = _conversations(Path(args.path))
+    convs = list(read_conversations([Path(args.path)], Counter()))
     if len(convs) < args.yesterday + args.today:
         raise SystemExit(f"error: --path {args.path} holds {len(convs)} readable conversations, fewer than "
                          f"--yesterday {args.yesterday} + --today {args.today}: lower them")

@@ -51,7 +51,7 @@ from toolkit.options import float_in, int_in
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
 
-__all__ = ["Prompt", "build_parser", "main", "opening", "read_prompts"]
+__all__ = ["Prompt", "build_parser", "main", "opening", "read_conversations", "read_prompts"]
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,10 @@ def opening(messages: list[dict]) -> list[dict] | None:
     return None
 
 
-def read_prompts(paths: list[Path], skipped: Counter, chat_field: str | None = None) -> Iterator[Prompt]:
-    """Each conversation's opening in ``paths`` (files, folders, globs; the chat formats of the module docstring),
-    in file order; a record that yields none is counted in ``skipped`` by reason.
+def read_conversations(paths: list[Path], skipped: Counter, chat_field: str | None = None) -> Iterator[list[dict]]:
+    """Each conversation in ``paths`` (files, folders, globs; the chat formats of the module docstring) as
+    ``[{"role", "content"}]`` messages (:func:`ingest.chats.chat_messages`), in file order; a record that yields none
+    is counted in ``skipped`` by reason.
 
     Raises:
         ingest.errors.SourceError: when a path does not exist or nothing matches.
@@ -114,11 +115,22 @@ def read_prompts(paths: list[Path], skipped: Counter, chat_field: str | None = N
             if read.messages is None:
                 skipped[read.reason or "unreadable"] += 1
                 continue
-            turns = opening(read.messages)
-            if turns is None:
-                skipped["no user turn first"] += 1
-                continue
-            yield Prompt.of(turns)
+            yield read.messages
+
+
+def read_prompts(paths: list[Path], skipped: Counter, chat_field: str | None = None) -> Iterator[Prompt]:
+    """Each conversation's opening in ``paths`` (:func:`read_conversations`), in file order; a record that yields
+    none is counted in ``skipped`` by reason.
+
+    Raises:
+        ingest.errors.SourceError: when a path does not exist or nothing matches.
+    """
+    for messages in read_conversations(paths, skipped, chat_field):
+        turns = opening(messages)
+        if turns is None:
+            skipped["no user turn first"] += 1
+            continue
+        yield Prompt.of(turns)
 
 
 def answered(out: Path) -> set[str]:
