@@ -118,12 +118,9 @@ def _split(args) -> dict:
 
 def _answers_vllm(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy answers by vLLM's offline engine (fp32, no speculation; ``prepare`` runs with vLLM's CPU settings)."""
-    from references import _generate
-    from vllm import LLM
+    from references import _generate, greedy_engine
 
-    from decoder.model import export_checkpoint
-
-    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=32)
+    llm = greedy_engine()
     try:
         return _generate(llm, prompts, max_new_tokens)
     finally:

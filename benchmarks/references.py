@@ -61,6 +61,16 @@ def _second_turns(tokenizer, first: dict[str, list[int]]) -> list[tuple[str, str
     return out
 
 
+def greedy_engine(max_num_seqs: int = 32, enforce_eager: bool = False):
+    """vLLM's offline engine for plain-greedy references: the default model in fp32, no speculation, seed 0."""
+    from vllm import LLM
+
+    from decoder.model import export_checkpoint
+
+    return LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max_num_seqs,
+               enforce_eager=enforce_eager)
+
+
 def _generate(llm, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy outputs of ``prompts`` (token ids), with vLLM's progress bar: prompts done, tokens/s and the time
     left."""
@@ -109,7 +119,6 @@ def main() -> None:
 
     from vllm import LLM
 
-    from decoder.model import export_checkpoint
     from evaluation.prompts import load_prompts
     from evaluation.references import expected, read_references, write_references
     from toolkit import load_tokenizer
@@ -124,8 +133,7 @@ def main() -> None:
 
     def llm():  # started only when a set has to be generated
         if not engine:
-            engine.append(LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0,
-                              max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager))
+            engine.append(greedy_engine(args.max_num_seqs, args.enforce_eager))
         return engine[0]
 
     def provenance(name: str):
