@@ -335,7 +335,10 @@ def summary(got: list[tuple[int, int]], kinds: list[str]) -> dict:
 def run(args) -> None:
     from tqdm import tqdm
 
-    doc = json.loads((args.dir / "today.json").read_text())
+    path = args.dir / "today.json"
+    if not path.exists():
+        raise SystemExit(f"error: {path} does not exist: run `benchmarks/fleet.py prepare --dir {args.dir}` first")
+    doc = json.loads(path.read_text())
     stream = doc["stream"][:args.limit]
     if not stream or "output_ids" not in stream[0]:
         raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `benchmarks/fleet.py prepare` first")
@@ -421,6 +424,8 @@ def main(argv: list[str] | None = None) -> None:
         prepare(args)
     elif args.step == "run":
         run(args)
+    elif not args.out.exists():
+        raise SystemExit(f"error: {args.out} does not exist: run `benchmarks/fleet.py run` first (or name --out)")
     else:
         print_tables(json.loads(args.out.read_text()))
 

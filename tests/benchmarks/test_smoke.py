@@ -342,6 +342,15 @@ def test_stream(database_url, chat_datastore, references, tmp_path):
     assert len(_lines(table, r"(chat|code) +3 chain ")) == 2
 
 
+def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
+    """``run`` and ``table`` on a folder ``prepare`` never wrote: one line naming the file and the command to run."""
+    for step, missing in (("run", "today.json"), ("table", "fleet.json")):
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fleet.py"), step, "--dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and missing in proc.stderr and "first" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_fleet(database_url, sharegpt_sample, tmp_path):
     """``prepare`` on a slice of the ShareGPT sample (answers by our own greedy loop, 8 tokens each), then ``run``
