@@ -29,11 +29,14 @@ Methods (``--methods``):
 
 Report: accept length (tokens per verification step, bonus included) per method and K; by quarter of the stream (the
 restart falls between the second and the third); by kind of prompt: ``repeat`` (its text equals an earlier prompt's,
-yesterday's or today's), ``template`` (its first 40 characters do), ``new``.
+yesterday's or today's), ``template`` (its first 40 characters do), ``new``; for ours, which sources' trees held the
+accepted draft tokens (:attr:`drafting.Draft.sources`: the datastore, the live layer, the request's own tokens, the
+process's output index).
 
     .venv/bin/python benchmarks/fleet.py prepare     # split, distill, today's answers, both builds (cached)
     .venv/bin/python benchmarks/fleet.py run [--k 1 2 4 8] [--budget 8] [--form chain]
     .venv/bin/python benchmarks/fleet.py table       # the last run's tables again
+    .venv/bin/python benchmarks/fleet.py plot        # accept length over the stream (docs/img/fleet.png)
 """
 
 from __future__ import annotations
@@ -248,19 +251,51 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
     return DraftingService(made, vocab_size=len(tok))
 
 
+class Attributed:
+    """A drafter that counts, by the sources that held them (:attr:`drafting.Draft.sources`, a bitmask per node), the
+    draft tokens verification accepted; everything else is the wrapped drafter's."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.last: dict = {}  # request -> its last draft
+        self.held: Counter[int] = Counter()  # sources bitmask -> accepted draft tokens
+
+    def __getattr__(self, name: str):
+        return getattr(self.drafter, name)
+
+    def propose(self, batch, **kw):
+        drafts = self.drafter.propose(batch, **kw)
+        for (req, _), d in zip(batch, drafts):
+            self.last[req] = d
+        return drafts
+
+    def add_tokens(self, req, tokens) -> None:
+        """``tokens``: the step's accepted draft tokens and the bonus token; the accepted nodes are the draft's path
+        they spell (the accept rule, :func:`drafting.accept.accept_greedy`)."""
+        from drafting.accept import accept_greedy, reference_predictions
+
+        d = self.last.pop(req, None)
+        if d is not None and len(d) and d.sources is not None:
+            path, _ = accept_greedy(d, reference_predictions(d.depths, np.asarray(tokens, np.int64), 0))
+            self.held.update(d.sources[path].tolist())
+        self.drafter.add_tokens(req, tokens)
+
+
 def _worker(method: str, args, warm, inbox, results) -> None:
     """One decoder process: replays the requests it is sent, in order, until ``None``; then ``None`` on ``results``
-    (after ``("error", traceback)`` when it failed)."""
+    (after ``("error", traceback)`` when it failed). Each result is ``(index, tokens, steps, {sources bitmask:
+    accepted draft tokens})``."""
     import traceback
 
     from evaluation.simulate import replay
 
     try:
-        service = _drafter(method, args, warm)
+        service = Attributed(_drafter(method, args, warm))
         while (msg := inbox.get()) is not None:
             i, prompt, output = msg
+            service.held.clear()
             res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain")
-            results.put((i, len(res.output_ids) - 1, len(res.steps)))
+            results.put((i, len(res.output_ids) - 1, len(res.steps), dict(service.held)))
         service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
     except Exception:  # reported to the parent, which stops the run naming it
         results.put(("error", traceback.format_exc()))
@@ -278,16 +313,16 @@ def _clear(name: str) -> None:
     empty_live_layer(resolve_database_url(None), name, wait_s=120)
 
 
-def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int, int]]:
+def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int, int, dict]]:
     """Replay ``stream`` on ``k`` processes of ``method``; every process restarts at the midpoint. Returns ``(tokens,
-    steps)`` per request."""
+    steps, {sources bitmask: accepted draft tokens})`` per request."""
     if method in LIVE:
         _clear(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both")
     ctx = mp.get_context("fork")
     draw = np.random.default_rng(args.seed).integers(k, size=len(stream))
     interval = args.interval if method in LIVE else 0.0
     results: mp.Queue = ctx.Queue()
-    got: list[tuple[int, int]] = [(0, 0)] * len(stream)
+    got: list[tuple[int, int, dict]] = [(0, 0, {})] * len(stream)
     half = len(stream) // 2
     for part in (range(0, half), range(half, len(stream))):
         inboxes = [ctx.Queue() for _ in range(k)]
@@ -313,23 +348,40 @@ def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int
             elif msg[0] == "error":
                 raise SystemExit(f"error: {method} at K={k}: a worker failed:\n{msg[1]}")
             else:
-                got[msg[0]] = (msg[1], msg[2])
+                got[msg[0]] = (msg[1], msg[2], msg[3])
         for p in procs:
             p.join(60)
     return got
 
 
-def _rate(rows: list[tuple[int, int]]) -> float:
-    return sum(t for t, _ in rows) / max(sum(s for _, s in rows), 1)
+def _rate(rows: list[tuple[int, int, dict]]) -> float:
+    return sum(r[0] for r in rows) / max(sum(r[1] for r in rows), 1)
 
 
-def summary(got: list[tuple[int, int]], kinds: list[str]) -> dict:
-    """Accept length over the stream, by quarter and by kind of prompt."""
+def attribution(rows: list[tuple[int, int, dict]]) -> dict:
+    """Of the accepted draft tokens (bonus tokens left out), the share each source's tree held (``held``: a token
+    two sources held counts for both) and the share it alone held (``only``); empty for a drafter without sources."""
+    from crest_native import SOURCES
+
+    held: Counter = Counter()
+    for r in rows:
+        held.update({int(m): c for m, c in r[2].items()})
+    total = sum(held.values())
+    if not total:
+        return {}
+    return {"tokens": total,
+            "held": {s: sum(c for m, c in held.items() if m >> k & 1) / total for k, s in enumerate(SOURCES)},
+            "only": {s: held.get(1 << k, 0) / total for k, s in enumerate(SOURCES)}}
+
+
+def summary(got: list[tuple[int, int, dict]], kinds: list[str]) -> dict:
+    """Accept length over the stream, by quarter and by kind of prompt; which sources drafted the accepted tokens."""
     n = len(got)
     return {"accept_length": _rate(got),
             "by_quarter": [_rate(got[q * n // 4:(q + 1) * n // 4]) for q in range(4)],
             "by_kind": {kind: _rate([g for g, k in zip(got, kinds) if k == kind]) for kind in sorted(set(kinds))},
-            "per_request": got}
+            "sources": attribution(got), "sources_by_half": [attribution(got[:n // 2]), attribution(got[n // 2:])],
+            "per_request": [list(g[:2]) for g in got]}
 
 
 def run(args) -> None:
@@ -383,12 +435,50 @@ def print_tables(out: dict) -> None:
         if r is not None:
             print(f"{m:<12} " + " ".join(f"{x:>6.2f}" for x in r["by_quarter"]) + "  "
                   + " ".join(f"{r['by_kind'][k]:>9.3f}" for k in kinds))
+    attributed = [(m, at[(m, ks[-1])]["sources"]) for m in methods if at.get((m, ks[-1]), {}).get("sources")]
+    if attributed:
+        names = list(attributed[0][1]["held"])
+        print("\naccepted draft tokens by the sources that held them, at the largest K (held / held alone):")
+        print(f"{'method':<12} " + " ".join(f"{s:>13}" for s in names))
+        for m, a in attributed:
+            print(f"{m:<12} " + " ".join(f"{a['held'][s]:>6.1%} /{a['only'][s]:>6.1%}" for s in names))
+
+
+def plot(out: dict, path: Path, window: int) -> None:
+    """Accept length over the stream per method, in windows of ``window`` requests, one panel per fleet size (the
+    smallest and the largest K run): the rolling restart is the dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = out["rows"]
+    ks = sorted({r["k"] for r in rows})
+    panels = [ks[0], ks[-1]] if len(ks) > 1 else ks
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, k in zip(axes[0], panels):
+        for r in (r for r in rows if r["k"] == k):
+            got = r["per_request"]
+            starts = range(0, len(got), window)
+            ax.plot([min(s + window, len(got)) for s in starts], [_rate(got[s:s + window]) for s in starts],
+                    marker="o", ms=3, label=r["method"])
+        ax.axvline(len(rows[0]["per_request"]) // 2, color="grey", ls="--", lw=0.8)
+        ax.set_title(f"K = {k} process{'es' if k > 1 else ''}: {rows[0]['form']} of {rows[0]['budget']}")
+        ax.set_xlabel(f"requests served (windows of {window}; dashed: every process restarts)")
+        ax.set_ylabel("accept length (tokens per step)")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("step", choices=("prepare", "run", "table"), help="what to do (module docstring).")
+    ap.add_argument("step", choices=("prepare", "run", "table", "plot"), help="what to do (module docstring).")
     ap.add_argument("--dir", type=Path, default=DIR, help="where the split, answers and results are kept "
                                                           "(default: results/fleet).")
     ap.add_argument("--name", default="fleet", help="prefix of the two datastores built (default: fleet: fleet-human, "
@@ -414,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int_in(0), default=0, help="the balancer's draw (default: 0).")
     g.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N of today's openings.")
     g.add_argument("--out", type=Path, default=None, help="the results (default: DIR/fleet.json).")
+    g = ap.add_argument_group("plot")
+    g.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "fleet.png",
+                   help="the figure (default: docs/img/fleet.png).")
+    g.add_argument("--window", type=int_in(1), default=50, help="requests per point (default: 50).")
     return ap
 
 
@@ -426,6 +520,8 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     elif not args.out.exists():
         raise SystemExit(f"error: {args.out} does not exist: run `benchmarks/fleet.py run` first (or name --out)")
+    elif args.step == "plot":
+        plot(json.loads(args.out.read_text()), args.png, args.window)
     else:
         print_tables(json.loads(args.out.read_text()))
 

@@ -235,6 +235,7 @@ void Core::cut(bool chain, int budget, double min_score, Drafted& out) {
   for (int32_t m : z_.picked) {
     out.tokens.push_back(u.tokens[m]);
     out.scores.push_back(z_.score[m]);
+    out.sources.push_back(holders(z_.sources, z_.x, static_cast<std::size_t>(m)));
   }
 }
 
@@ -295,6 +296,7 @@ void Core::cut_to_curve(const std::vector<Handle>& handles, const StepCurve& cur
     d.tokens.resize(k);
     d.parents.resize(k);
     d.scores.resize(k);
+    d.sources.resize(k);
     at += n;
   }
 }

@@ -96,11 +96,13 @@ struct Drafted {
   std::vector<int64_t> tokens;
   std::vector<int32_t> parents;
   std::vector<double> scores;
-  int64_t chosen = -1;  // the datastore candidate drafted from (-1: none)
+  std::vector<uint8_t> sources;  // per node, the sources whose trees hold it: bit k for Source k (holders)
+  int64_t chosen = -1;           // the datastore candidate drafted from (-1: none)
   void clear() {
     tokens.clear();
     parents.clear();
     scores.clear();
+    sources.clear();
     chosen = -1;
   }
 };

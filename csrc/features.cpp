@@ -103,6 +103,13 @@ void features(const std::vector<const SourceTree*>& sources, const Union& u, dou
   }
 }
 
+uint8_t holders(const std::vector<const SourceTree*>& sources, const std::vector<double>& x, std::size_t m) {
+  uint8_t out = 0;
+  for (int k = 0; k < kNumSources; ++k)  // an absent source's block holds stale values: read the present ones only
+    if (sources[k] && sources[k]->size && x[m * kNumFeatures + k * kBlock] > 0.0) out |= static_cast<uint8_t>(1u << k);
+  return out;
+}
+
 void zero_absent(const std::vector<const SourceTree*>& sources, std::vector<double>& x) {
   for (int k = 0; k < kNumSources; ++k) {
     if (sources[k] && sources[k]->size) continue;

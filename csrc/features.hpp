@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ enum Source : int {
   kHeads = 4,      // the draft heads' tree (S4C), with probabilities
   kNumSources = 5,
 };
+static_assert(kNumSources <= 8, "a node's sources are one byte's bits (holders)");
 constexpr const char* kSourceNames[kNumSources] = {"ds", "live", "local", "outputs", "heads"};
 constexpr int kBlock = 6;
 constexpr const char* kBlockNames[kBlock] = {"on", "ratio", "log_parent", "ratio_x_log_parent", "log_n", "miss"};
@@ -46,6 +48,9 @@ std::vector<std::string> feature_names();
 // zero_absent writes where a whole table is read; the scores read only the present sources' columns).
 void features(const std::vector<const SourceTree*>& sources, const Union& u, double prior, std::vector<double>& x,
               std::vector<uint8_t>& has_kids);
+
+// The sources whose trees hold node `m` of the table `x` (features of the present `sources`): bit k for Source k.
+uint8_t holders(const std::vector<const SourceTree*>& sources, const std::vector<double>& x, std::size_t m);
 
 // Zero the blocks of the absent sources in `x` (a table of features): the whole table, as its oracle gives it.
 void zero_absent(const std::vector<const SourceTree*>& sources, std::vector<double>& x);

@@ -94,19 +94,24 @@ std::vector<crest::Handle> handles_of(const In1D<int64_t>& a) { return {a.data()
 
 std::vector<int> budgets_of(const In1D<int64_t>& a) { return {a.data(), a.data() + a.shape(0)}; }
 
+// A step's drafts, flat: (tokens [nodes] int64, parents [nodes] int32, scores [nodes] float64, offsets [rows + 1]
+// int64, chosen [rows] int64: the datastore candidate each row drafted from, sources [nodes] uint8: the sources whose
+// trees hold each node, bit k for crest_native.SOURCES[k]).
 nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
   std::vector<int64_t> tokens, offsets{0}, chosen;
   std::vector<int32_t> parents;
   std::vector<double> scores;
+  std::vector<uint8_t> sources;
   for (auto& d : out) {
     tokens.insert(tokens.end(), d.tokens.begin(), d.tokens.end());
     parents.insert(parents.end(), d.parents.begin(), d.parents.end());
     scores.insert(scores.end(), d.scores.begin(), d.scores.end());
+    sources.insert(sources.end(), d.sources.begin(), d.sources.end());
     offsets.push_back(static_cast<int64_t>(tokens.size()));
     chosen.push_back(d.chosen);
   }
   return nb::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)), to_numpy(std::move(scores)),
-                        to_numpy(std::move(offsets)), to_numpy(std::move(chosen)));
+                        to_numpy(std::move(offsets)), to_numpy(std::move(chosen)), to_numpy(std::move(sources)));
 }
 
 // Core's options, each named once, here: its keyword (crest_native.DEFAULTS, Core's `options`) and its field of

@@ -61,24 +61,37 @@ class Draft:
         parents: ``[num_nodes]`` int32 parent index, ``-1`` for a child of the root, ``parents[i] < i``.
         scores: ``[num_nodes]`` float64, non-increasing along every path; their meaning is ``score_kind``.
         score_kind: what the scores are (:class:`ScoreKind`).
+        sources: ``[num_nodes]`` uint8, or ``None``: which sources' trees hold each node, bit ``k`` for
+            ``crest_native.SOURCES[k]`` (``ds``, ``live``, ``local``, ``outputs``, ``heads``): the merged drafter's
+            provenance of its nodes; ``None`` for a drafter that records none.
 
     Raises:
-        ValueError: when the three arrays differ in length.
+        ValueError: when the arrays differ in length.
     """
 
     token_ids: np.ndarray
     parents: np.ndarray
     scores: np.ndarray
     score_kind: ScoreKind = ScoreKind.NONE
+    sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", _frozen(self.token_ids, np.int64))
         object.__setattr__(self, "parents", _frozen(self.parents, np.int32))
         object.__setattr__(self, "scores", _frozen(self.scores, np.float64))
         object.__setattr__(self, "score_kind", ScoreKind(self.score_kind))
-        if not len(self.token_ids) == len(self.parents) == len(self.scores):
+        if self.sources is not None:
+            object.__setattr__(self, "sources", _frozen(self.sources, np.uint8))
+        if not len(self.token_ids) == len(self.parents) == len(self.scores) == len(
+                self.token_ids if self.sources is None else self.sources):
             raise ValueError(f"draft arrays differ in length: token_ids={len(self.token_ids)}, "
-                             f"parents={len(self.parents)}, scores={len(self.scores)}")
+                             f"parents={len(self.parents)}, scores={len(self.scores)}"
+                             + ("" if self.sources is None else f", sources={len(self.sources)}"))
+
+    def _take(self, index: np.ndarray, parents: np.ndarray) -> Draft:
+        """Nodes ``index`` of this draft (its cut), with ``parents``: their tokens, scores and sources."""
+        return Draft(self.token_ids[index], parents, self.scores[index], self.score_kind,
+                     None if self.sources is None else self.sources[index])
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -115,7 +128,7 @@ class Draft:
         """
         self._check_cut(min_score)
         order, parents = tree_cut(self.parents, self.scores, budget, min_score)
-        return Draft(self.token_ids[order], parents, self.scores[order], self.score_kind)
+        return self._take(order, parents)
 
     def cut(self, budget: int, chain: bool) -> Draft:
         """What a verifier of ``budget`` nodes takes from this draft: :meth:`best_path` for a chain verifier
@@ -132,8 +145,7 @@ class Draft:
         """
         self._check_cut(min_score)
         path = chain_cut(self.parents, self.scores, max_len, min_score)
-        return Draft(self.token_ids[path], np.arange(-1, len(path) - 1, dtype=np.int32), self.scores[path],
-                     self.score_kind)
+        return self._take(path, np.arange(-1, len(path) - 1, dtype=np.int32))
 
     @classmethod
     def empty(cls, score_kind: ScoreKind = ScoreKind.NONE) -> Draft:
@@ -197,17 +209,19 @@ class Drafts(Sequence[Draft]):
     Args:
         token_ids: ``[nodes]`` int64. parents: ``[nodes]`` int32 (each draft's own node indices). scores: ``[nodes]``
             float64. offsets: ``[drafts + 1]`` int64, from 0, non-decreasing. score_kind: what the scores are.
+        sources: ``[nodes]`` uint8, or ``None``: each node's sources (:attr:`Draft.sources`).
 
     The arrays are made read-only, not copied: the caller hands them over.
     """
 
-    __slots__ = ("_bounds", "parents", "score_kind", "scores", "token_ids")
+    __slots__ = ("_bounds", "parents", "score_kind", "scores", "sources", "token_ids")
 
     def __init__(self, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, offsets: np.ndarray,
-                 score_kind: ScoreKind) -> None:
-        for a in (token_ids, parents, scores):
+                 score_kind: ScoreKind, sources: np.ndarray | None = None) -> None:
+        for a in (token_ids, parents, scores) if sources is None else (token_ids, parents, scores, sources):
             a.setflags(write=False)
         self.token_ids, self.parents, self.scores, self.score_kind = token_ids, parents, scores, score_kind
+        self.sources = sources
         self._bounds: list[int] = offsets.tolist()
 
     @classmethod
@@ -220,8 +234,9 @@ class Drafts(Sequence[Draft]):
         def cat(name: str, dtype) -> np.ndarray:
             return np.concatenate([getattr(d, name) for d in drafts]).astype(dtype) if drafts else np.zeros(0, dtype)
 
+        known = bool(drafts) and all(d.sources is not None for d in drafts)
         return cls(cat("token_ids", np.int64), cat("parents", np.int32), cat("scores", np.float64), offsets,
-                   score_kind)
+                   score_kind, cat("sources", np.uint8) if known else None)
 
     def __len__(self) -> int:
         return len(self._bounds) - 1
@@ -240,7 +255,8 @@ class Drafts(Sequence[Draft]):
         s, e = self._bounds[i % len(self)], self._bounds[i % len(self) + 1]
         draft = object.__new__(Draft)  # views of read-only arrays: valid, read-only, not copied
         for name, value in (("token_ids", self.token_ids[s:e]), ("parents", self.parents[s:e]),
-                            ("scores", self.scores[s:e]), ("score_kind", self.score_kind)):
+                            ("scores", self.scores[s:e]), ("score_kind", self.score_kind),
+                            ("sources", None if self.sources is None else self.sources[s:e])):
             object.__setattr__(draft, name, value)
         return draft
 
@@ -268,4 +284,5 @@ class Drafts(Sequence[Draft]):
         kept = np.zeros(len(self) + 1, np.int64)
         np.cumsum(counts, out=kept[1:])
         index = np.repeat(b[:-1] - kept[:-1], counts) + np.arange(kept[-1])  # each chain's first kept nodes
-        return Drafts(self.token_ids[index], self.parents[index], self.scores[index], kept, self.score_kind)
+        return Drafts(self.token_ids[index], self.parents[index], self.scores[index], kept, self.score_kind,
+                      None if self.sources is None else self.sources[index])

@@ -299,10 +299,10 @@ class MergedMethod:
         """The step's drafts from the native call's arrays (``None``: drafted by the round trip instead)."""
         if made is None:
             made = self._round_trip(step, heads, cut)
-        tokens, parents, scores, offsets, chosen = made
+        tokens, parents, scores, offsets, chosen, sources = made
         with self._stats_lock:
             self.stats.backed_off += int(np.count_nonzero(chosen > 0))
-        return Drafts(tokens, parents, scores, offsets, self.score_kind)
+        return Drafts(tokens, parents, scores, offsets, self.score_kind, sources)
 
     def _round_trip(self, step: Step, heads: list | None, cut: float) -> tuple:
         """The step's lookups fetched in one query, then drafted from in one native call."""

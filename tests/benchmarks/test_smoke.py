@@ -372,8 +372,15 @@ def test_fleet(database_url, sharegpt_sample, tmp_path):
     assert all(r["accept_length"] >= 1 and len(r["by_quarter"]) == 4 for r in saved["rows"])
     assert sum(saved["meta"]["kinds_scored"].values()) == saved["rows"][0]["requests"] > 0
     assert len(_lines(out, r"(ngram|ours[\w-]*|suffix[\w-]*) +[\d.]+$")) == len(methods)
+    for r in saved["rows"]:  # which sources held the accepted draft tokens: ours only (the peers record none)
+        a = r["sources"]
+        assert (a == {}) != r["method"].startswith("ours"), r
+        assert not a or all(0 <= a["only"][s] <= a["held"][s] <= 1 for s in a["held"]) and a["held"]["heads"] == 0
+        assert r["method"] != "ours-nolive" or a["held"]["live"] == 0
     table = _run("fleet", "table", "--dir", folder, url=database_url)
     assert table.splitlines()[0].startswith("accept length, chain of 8")
+    _run("fleet", "plot", "--dir", folder, "--png", tmp_path / "fleet.png", "--window", "2", url=database_url)
+    assert (tmp_path / "fleet.png").stat().st_size > 10_000
 
 
 @pytest.mark.skipif(not ARCTIC, reason=NO_ARCTIC)

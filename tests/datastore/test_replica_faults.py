@@ -47,7 +47,7 @@ def _contexts(prompts, rows: int) -> list[np.ndarray]:
 
 
 def _drafts(made) -> list[tuple[bytes, bytes, bytes]]:
-    tokens, parents, scores, offsets, _ = made
+    tokens, parents, scores, offsets, _, _ = made
     return [(tokens[a:b].tobytes(), parents[a:b].tobytes(), scores[a:b].tobytes())
             for a, b in zip(offsets[:-1], offsets[1:])]
 

@@ -77,3 +77,39 @@ def test_cuts_need_probabilities_and_bounds_are_checked():
         ranked.top(-1)
     with pytest.raises(ValueError):  # read-only: a draft never changes
         ranked.scores[0] = 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), trees(), st.integers(0, 12))
+def test_every_cut_keeps_each_nodes_sources(data, tree, budget):
+    """A node's sources (``Draft.sources``) travel with it through the tree cut, the chain cut, a batch and the
+    batch's goodput cut: each kept node keeps the bits it had."""
+    from drafting.draft import CostCurve, Drafts
+
+    scores = _scored(data.draw, tree)
+    bits = np.asarray(data.draw(st.lists(st.integers(0, 31), min_size=len(tree), max_size=len(tree))), np.uint8)
+    whole = Draft(tree.token_ids, tree.parents, scores, ScoreKind.PROBABILITY, bits)
+    of_path = dict(zip(tree_paths(tree), bits.tolist()))
+    def bits_of(d: Draft) -> list[int]:
+        assert d.sources is not None and d.sources.dtype == np.uint8 and not d.sources.flags.writeable
+        return d.sources.tolist()
+
+    for one in (whole.top(budget), whole.best_path(budget)):
+        assert [of_path[q] for q in tree_paths(one)] == bits_of(one)
+    chains = [whole.best_path(budget), whole.best_path(budget // 2)]
+    batch = Drafts.of(chains, ScoreKind.PROBABILITY)
+    assert [bits_of(d) for d in batch] == [bits_of(c) for c in chains]
+    cut = batch.goodput(CostCurve(np.array([1.0, 64.0]), np.array([0.02, 0.02]), 0.001), rows=2)
+    assert [bits_of(d) for d in cut] == [bits_of(c)[:len(d)] for c, d in zip(chains, cut)]
+
+
+def test_a_draft_without_sources_and_mismatched_sources():
+    """A drafter that records no sources makes drafts without them (``None``), and so do their cuts and batches; a
+    sources array of another length is refused, naming it."""
+    from drafting.draft import Drafts
+
+    plain = Draft.chain([4, 5, 6], [0.9, 0.5, 0.2], ScoreKind.PROBABILITY)
+    assert plain.sources is None and plain.top(2).sources is None and plain.best_path(2).sources is None
+    assert Drafts.of([plain, Draft.chain([7], [0.3], ScoreKind.PROBABILITY)], ScoreKind.PROBABILITY).sources is None
+    with pytest.raises(ValueError, match="sources=2"):
+        Draft(plain.token_ids, plain.parents, plain.scores, ScoreKind.PROBABILITY, np.array([1, 2], np.uint8))

@@ -25,8 +25,8 @@ def core() -> crest_native.Core:
 
 
 def _draft(core, handle: int, curve: CostCurve | None) -> np.ndarray:
-    tokens, _, scores, offsets, _ = core.draft_given(np.array([handle], np.int64), np.array([8], np.int64), [STORED],
-                                                     [None], None, True, 0.0, curve)
+    tokens, _, scores, offsets, _, _ = core.draft_given(np.array([handle], np.int64), np.array([8], np.int64),
+                                                        [STORED], [None], None, True, 0.0, curve)
     assert offsets.tolist() == [0, len(tokens)]
     return tokens
 

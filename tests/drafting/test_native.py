@@ -36,10 +36,11 @@ def tree(m: Match | None):
 
 
 def same_bits(want, got) -> None:
-    """A draft of the oracle and the native core's arrays for it: the same tokens, parents and score bits."""
-    tokens, parents, scores = got
+    """A draft of the oracle and the native core's arrays for it: the same tokens, parents, score bits and sources."""
+    tokens, parents, scores, sources = got
     assert np.array_equal(want.token_ids, tokens) and np.array_equal(want.parents, parents)
     assert want.scores.tobytes() == np.asarray(scores, np.float64).tobytes(), (want.scores, scores)
+    assert sources is not None and np.array_equal(want.sources, sources), (want.sources, sources)
 
 
 def heads_tree(t):
@@ -84,16 +85,18 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
                 curve = CostCurve(np.array([1.0, knee, knee + 1.0]), np.array([fixed, fixed, fixed * 1.2]),
                                   float(rng.uniform(0.0, 0.01)))
             kept = oracle.cut_to_curve(active, [d for d, _ in want], curve) if curve else [len(d) for d, _ in want]
-            tokens, parents, scores, offsets, chosen = native.draft_given(
+            tokens, parents, scores, offsets, chosen, sources = native.draft_given(
                 np.asarray([handles[k] for k in active], np.int64), np.asarray(budgets, np.int64),
                 [[tree(m) for m in c] for c in stored], [tree(m) for m in live],
                 [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score, curve)
             for j, (draft, c) in enumerate(want):
                 s, e, n = offsets[j], offsets[j + 1], kept[j]
+                assert draft.sources is not None
                 assert e - s == n  # a cut chain keeps its first n nodes
                 same_bits(draft, (np.concatenate([tokens[s:e], draft.token_ids[n:]]),
                                   np.concatenate([parents[s:e], draft.parents[n:]]),
-                                  np.concatenate([scores[s:e], draft.scores[n:]])))
+                                  np.concatenate([scores[s:e], draft.scores[n:]]),
+                                  np.concatenate([sources[s:e], draft.sources[n:]])))
                 assert c == chosen[j]
             for key, (draft, _) in zip(active, want):  # the target commits a few tokens: some of the draft's, or not
                 toks = rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
@@ -174,7 +177,7 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
                 found = source.retrieve_batch([ids[:pos][-16:]], [back_off])[0]
                 cands = found.candidates if back_off else found.candidates[:1]
                 want, _ = oracle.draft([i], [budget], [cands], [found.live], chain, 0.05)[0]
-                same_bits(want, (got.token_ids, got.parents, got.scores))
+                same_bits(want, (got.token_ids, got.parents, got.scores, got.sources))
                 compared += 1
                 nonempty += len(got) > 0
                 service.add_tokens(i, ids[pos:pos + 3])

@@ -149,6 +149,14 @@ def scores(cal: Calibration, table: NodeTable) -> np.ndarray:
     return p
 
 
+def holders(table: NodeTable) -> np.ndarray:
+    """``[N]`` uint8: which sources' trees hold each node, bit ``k`` for ``SOURCES[k]`` (``Draft.sources``)."""
+    out = np.zeros(len(table.tokens), dtype=np.uint8)
+    for k, src in enumerate(SOURCES):
+        out |= ((table.features[:, COLUMN[f"{src}_on"]] > 0).astype(np.uint8) << k).astype(np.uint8)
+    return out
+
+
 def draft_from_candidates(cal: Calibration, candidates: Sequence[Match | None],
                           others: Mapping[str, Match | HeadTree | None],
                           budget: int, *, chain: bool = False, min_score: float = 0.0) -> tuple[Draft, int]:
@@ -156,18 +164,20 @@ def draft_from_candidates(cal: Calibration, candidates: Sequence[Match | None],
     ``others`` gives the largest expected accepted length. Returns ``(draft, chosen)`` (-1: no candidate)."""
     if budget < 0:
         raise ValueError(f"budget={budget}: must be >= 0")
-    best, best_gain, chosen = Draft.empty(ScoreKind.PROBABILITY), -1.0, -1
+    nothing = (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64))
+    best, best_gain, chosen = Draft(*nothing, ScoreKind.PROBABILITY, np.zeros(0, np.uint8)), -1.0, -1
     for i, cand in enumerate(list(candidates) or [None]):
         table = node_table({**others, "ds": cand}, cal.prior)
         if table is None:
             continue
-        p = scores(cal, table)
+        p, held = scores(cal, table), holders(table)
         if chain:
             path = treeops.best_path(table.parents, table.depths, p, budget, min_score)
-            draft = Draft.chain(table.tokens[path], p[path], ScoreKind.PROBABILITY)
+            draft = Draft(table.tokens[path], np.arange(-1, len(path) - 1, dtype=np.int32), p[path],
+                          ScoreKind.PROBABILITY, held[path])
         else:
             order, parents = treeops.top_nodes(table.parents, table.depths, p, budget, min_score)
-            draft = Draft(table.tokens[order], parents, p[order], ScoreKind.PROBABILITY)
+            draft = Draft(table.tokens[order], parents, p[order], ScoreKind.PROBABILITY, held[order])
         gain = 0.0
         for score in draft.scores.tolist():  # in node order, as the native core adds them
             gain += score
