@@ -23,7 +23,8 @@ Methods (``--methods``):
 - ``suffix-warm``: the same, each tree warmed at start with yesterday's distilled answers;
 - ``ngram``: prompt lookup (vLLM's ``ngram``: n = 1..4);
 - ``ours``: the merged drafter on the human + distilled datastore, the live layer shared by the fleet (automatic
-  compaction), the process's output index;
+  compaction; at the start it holds yesterday's distilled answers, as a fleet's layer keeps them overnight:
+  ``--live-start``), the process's output index;
 - ``ours-nolive``: the same without the live layer;
 - ``ours-human``: ``ours`` on the human-corpus datastore alone.
 
@@ -304,20 +305,32 @@ def _worker(method: str, args, warm, inbox, results) -> None:
         results.put(None)
 
 
-def _clear(name: str) -> None:
-    """An empty live layer for ``name``: a run must not draft from an earlier run's outputs (a compaction the
-    earlier run's processes left is waited for)."""
+def _start_live(name: str, yesterday: list[np.ndarray]) -> None:
+    """The live layer of ``name`` as the run starts: emptied (a run must not draft from an earlier run's outputs; a
+    compaction the earlier run's processes left is waited for), then holding ``yesterday``'s outputs, compacted once
+    (a fleet's layer keeps yesterday's outputs across the night's restarts; none: it starts empty)."""
     from datastore.admin.catalog import empty_live_layer
+    from datastore.admin.live_writer import LiveWriter
     from datastore.connection import resolve_database_url
+    from ingest.live import compact_live
 
-    empty_live_layer(resolve_database_url(None), name, wait_s=120)
+    url = resolve_database_url(None)
+    empty_live_layer(url, name, wait_s=120)
+    if yesterday:
+        writer = LiveWriter(name, url, origin="fleet-yesterday", max_pending_bytes=64 << 20)
+        dropped = sum(not writer.append(w.tolist()) for w in yesterday if len(w) >= writer.min_tokens)
+        writer.close(timeout=120)
+        if dropped:
+            raise SystemExit(f"error: the live writer dropped {dropped} of yesterday's {len(yesterday)} outputs")
+        compact_live(name, database_url=url)
 
 
 def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int, int, dict]]:
     """Replay ``stream`` on ``k`` processes of ``method``; every process restarts at the midpoint. Returns ``(tokens,
     steps, {sources bitmask: accepted draft tokens})`` per request."""
     if method in LIVE:
-        _clear(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both")
+        _start_live(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both",
+                    warm if args.live_start == "yesterday" else [])
     ctx = mp.get_context("fork")
     draw = np.random.default_rng(args.seed).integers(k, size=len(stream))
     interval = args.interval if method in LIVE else 0.0
@@ -384,24 +397,35 @@ def summary(got: list[tuple[int, int, dict]], kinds: list[str]) -> dict:
             "per_request": [list(g[:2]) for g in got]}
 
 
+def _read(path: Path, key: str, remedy: str) -> dict:
+    """The JSON object at ``path`` that holds ``key``; else exit with one line naming the file and ``remedy``."""
+    if not path.exists():
+        raise SystemExit(f"error: {path} does not exist: {remedy} first")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(f"error: {path} is not JSON ({e}): {remedy} again") from None
+    if not isinstance(doc, dict) or key not in doc:
+        raise SystemExit(f"error: {path} holds no {key!r}: {remedy} again")
+    return doc
+
+
 def run(args) -> None:
     from tqdm import tqdm
 
-    path = args.dir / "today.json"
-    if not path.exists():
-        raise SystemExit(f"error: {path} does not exist: run `benchmarks/fleet.py prepare --dir {args.dir}` first")
-    doc = json.loads(path.read_text())
+    doc = _read(args.dir / "today.json", "stream", f"run `benchmarks/fleet.py prepare --dir {args.dir}`")
     stream = doc["stream"][:args.limit]
     if not stream or "output_ids" not in stream[0]:
         raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `benchmarks/fleet.py prepare` first")
     kinds = [r["kind"] for r in stream]
-    warm = _distilled_tokens(args.dir) if "suffix-warm" in args.methods else []
+    warm = _distilled_tokens(args.dir) if {"suffix-warm", *LIVE} & set(args.methods) else []
     rows = []
     cells = [(m, k) for k in args.k for m in args.methods]
     for method, k in tqdm(cells, desc="fleet runs", unit="run"):
         t0 = time.perf_counter()
         got = fleet(method, k, stream, args, warm)
         rows.append({"method": method, "k": k, "budget": args.budget, "form": args.form, "requests": len(stream),
+                     "live_start": args.live_start if method in LIVE else None,
                      "interval_s": args.interval if method in LIVE else 0.0, "seconds": time.perf_counter() - t0,
                      **summary(got, kinds)})
         tqdm.write(f"{method} K={k}: {rows[-1]['accept_length']:.3f} "
@@ -417,31 +441,32 @@ def print_tables(out: dict) -> None:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     ks = sorted({r["k"] for r in rows})
     at = {(r["method"], r["k"]): r for r in rows}
+    w = max(12, *map(len, methods))
     print(f"accept length, {rows[0]['form']} of {rows[0]['budget']}, {rows[0]['requests']} requests "
           f"(kinds: {out['meta']['kinds_scored']})")
-    print(f"{'method':<12} " + " ".join(f"{'K=' + str(k):>7}" for k in ks))
+    print(f"{'method':<{w}} " + " ".join(f"{'K=' + str(k):>7}" for k in ks))
     for m in methods:
-        print(f"{m:<12} " + " ".join(f"{at[(m, k)]['accept_length']:>7.3f}" if (m, k) in at else f"{'-':>7}"
+        print(f"{m:<{w}} " + " ".join(f"{at[(m, k)]['accept_length']:>7.3f}" if (m, k) in at else f"{'-':>7}"
                                      for k in ks))
     if "ours" in methods and "suffix" in methods:
-        print(f"{'ours/suffix':<12} " + " ".join(
+        print(f"{'ours/suffix':<{w}} " + " ".join(
             f"{at[('ours', k)]['accept_length'] / at[('suffix', k)]['accept_length']:>7.3f}"
             if ("ours", k) in at and ("suffix", k) in at else f"{'-':>7}" for k in ks))
     print("\nby quarter (the restart between Q2 and Q3) and by kind, at the largest K:")
     kinds = sorted(next(iter(rows))["by_kind"])
-    print(f"{'method':<12} {'Q1':>6} {'Q2':>6} {'Q3':>6} {'Q4':>6}  " + " ".join(f"{k:>9}" for k in kinds))
+    print(f"{'method':<{w}} {'Q1':>6} {'Q2':>6} {'Q3':>6} {'Q4':>6}  " + " ".join(f"{k:>9}" for k in kinds))
     for m in methods:
         r = at.get((m, ks[-1]))
         if r is not None:
-            print(f"{m:<12} " + " ".join(f"{x:>6.2f}" for x in r["by_quarter"]) + "  "
+            print(f"{m:<{w}} " + " ".join(f"{x:>6.2f}" for x in r["by_quarter"]) + "  "
                   + " ".join(f"{r['by_kind'][k]:>9.3f}" for k in kinds))
     attributed = [(m, at[(m, ks[-1])]["sources"]) for m in methods if at.get((m, ks[-1]), {}).get("sources")]
     if attributed:
         names = list(attributed[0][1]["held"])
         print("\naccepted draft tokens by the sources that held them, at the largest K (held / held alone):")
-        print(f"{'method':<12} " + " ".join(f"{s:>13}" for s in names))
+        print(f"{'method':<{w}} " + " ".join(f"{s:>13}" for s in names))
         for m, a in attributed:
-            print(f"{m:<12} " + " ".join(f"{a['held'][s]:>6.1%} /{a['only'][s]:>6.1%}" for s in names))
+            print(f"{m:<{w}} " + " ".join(f"{a['held'][s]:>6.1%} /{a['only'][s]:>6.1%}" for s in names))
 
 
 def plot(out: dict, path: Path, window: int) -> None:
@@ -501,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chain (what vLLM verifies) or tree (default: chain).")
     g.add_argument("--interval", type=float_in(0), default=0.25,
                    help="seconds between two arrivals for the methods with a live layer (default: 0.25).")
+    g.add_argument("--live-start", choices=("yesterday", "empty"), default="yesterday",
+                   help="what the shared live layer holds as a run starts: yesterday's distilled answers (what a "
+                        "fleet's layer keeps overnight; the same answers suffix-warm's trees are warmed with), or "
+                        "nothing (default: yesterday).")
     g.add_argument("--seed", type=int_in(0), default=0, help="the balancer's draw (default: 0).")
     g.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N of today's openings.")
     g.add_argument("--out", type=Path, default=None, help="the results (default: DIR/fleet.json).")
@@ -518,12 +547,12 @@ def main(argv: list[str] | None = None) -> None:
         prepare(args)
     elif args.step == "run":
         run(args)
-    elif not args.out.exists():
-        raise SystemExit(f"error: {args.out} does not exist: run `benchmarks/fleet.py run` first (or name --out)")
-    elif args.step == "plot":
-        plot(json.loads(args.out.read_text()), args.png, args.window)
     else:
-        print_tables(json.loads(args.out.read_text()))
+        out = _read(args.out, "rows", "run `benchmarks/fleet.py run` (or name --out)")
+        if args.step == "plot":
+            plot(out, args.png, args.window)
+        else:
+            print_tables(out)
 
 
 if __name__ == "__main__":

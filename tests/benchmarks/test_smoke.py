@@ -343,12 +343,20 @@ def test_stream(database_url, chat_datastore, references, tmp_path):
 
 
 def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
-    """``run`` and ``table`` on a folder ``prepare`` never wrote: one line naming the file and the command to run."""
-    for step, missing in (("run", "today.json"), ("table", "fleet.json")):
+    """``run``, ``table`` and ``plot`` on a folder ``prepare`` never wrote, or whose file is cut short: one line naming
+    the file and the command to run."""
+    def refused(step: str, named: str, remedy: str) -> None:
         proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fleet.py"), step, "--dir", str(tmp_path)],
                               capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 1 and missing in proc.stderr and "first" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and named in proc.stderr and remedy in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
+
+    for step, missing in (("run", "today.json"), ("table", "fleet.json"), ("plot", "fleet.json")):
+        refused(step, missing, "first")
+    (tmp_path / "today.json").write_text('{"stream": [')
+    (tmp_path / "fleet.json").write_text('{"meta": {}}')
+    refused("run", "today.json is not JSON", "prepare")
+    refused("table", "fleet.json holds no 'rows'", "run")
 
 
 @pytest.mark.slow
