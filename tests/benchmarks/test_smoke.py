@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -389,6 +390,33 @@ def test_fleet(database_url, sharegpt_sample, tmp_path):
     assert table.splitlines()[0].startswith("accept length, chain of 8")
     _run("fleet", "plot", "--dir", folder, "--png", tmp_path / "fleet.png", "--window", "2", url=database_url)
     assert (tmp_path / "fleet.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_distill_curve(database_url, sharegpt_sample, references, tokenizer, tmp_path):
+    """Two sizes of answers in the distill's format (the sample's own first answers, their tokens counted as the
+    distill counts them) beside the sample as the human corpus: every datastore built, replayed and dropped."""
+    from serving.distill import append_chunk, opening, read_conversations
+
+    lines = []
+    for conv in read_conversations([Path(sharegpt_sample)], Counter()):
+        first = opening(conv)
+        if first is not None and len(conv) > len(first) and conv[len(first)]["role"] == "assistant":
+            answer = conv[len(first)]
+            lines.append(json.dumps({"messages": [*first, answer], "distilled": {
+                "output_tokens": len(tokenizer.encode(answer["content"], add_special_tokens=False))}}))
+    answers = tmp_path / "answers.jsonl.zst"
+    append_chunk(answers, lines[:12])
+    out = _run("distill_curve", "--answers", answers, "--human", sharegpt_sample, "--sizes", "300", "900",
+               "--top-t", "2K", "--chain", "4", "--tree", "8", "--references", references, "--name",
+               f"test-dcurve-{uuid.uuid4().hex[:8]}", "--out", tmp_path / "curve.json", url=database_url)
+    rows = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert [r["corpus"] for r in rows] == ["human"] + ["distilled", "human+distilled", "human, equal tokens"] * 2
+    assert all(0 < r["answer_tokens"] <= size for r, size in zip(rows[1::3], (300, 900)))
+    assert all(r["corpus_tokens"] > 0 and r["bytes"] > 0 and r["merged chain 4"] >= 1 and r["datastore tree 8"] >= 1
+               for r in rows)
+    assert rows[2]["corpus_tokens"] > rows[0]["corpus_tokens"]  # the human corpus and the answers
+    assert len(_lines(out, r"(human|distilled)")) >= 7
 
 
 @pytest.mark.skipif(not ARCTIC, reason=NO_ARCTIC)
