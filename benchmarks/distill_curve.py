@@ -91,7 +91,8 @@ def _human_prefix(human: Path, tokens: int, out: Path) -> Path:
     from toolkit.tokenizer import render_chat
 
     tok = load_tokenizer()
-    lines, total = [], 0
+    lines: list[str] = []
+    total = 0
     for conv in read_conversations([human], Counter()):
         n = len(tok.encode(render_chat(tok, conv), add_special_tokens=False))
         if total + n > tokens and lines:
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     refs = half(load_references("spec_bench", args.references), "report")
     work = args.out.parent / "distill_curve"
     work.mkdir(parents=True, exist_ok=True)
-    rows, built = [], []
+    rows: list[dict] = []
+    built: list[str] = []
     try:
         def point(label: str, size: int, paths: list[Path]) -> int:
             name = f"{args.name}-{len(rows)}"
