@@ -129,7 +129,8 @@ def _replay(name: str, refs, chain: int, tree: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--answers", type=Path, required=True, help="python -m serving distill's output.")
     ap.add_argument("--human", type=Path, required=True, help="the human chat corpus the answers are set beside.")
@@ -141,7 +142,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", action="store_true", help="keep the datastores built.")
     ap.add_argument("--out", type=Path, default=OUT, help="the results (default: results/distill_curve.json).")
     references_option(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if not args.human.exists():
         raise SystemExit(f"error: --human {args.human} does not exist: pass a chat corpus (e.g. benchmarks/fleet.py "
                          "prepare's results/fleet/yesterday.jsonl.zst)")
