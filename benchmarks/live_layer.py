@@ -7,6 +7,10 @@
    token is the layer's), for each output's probe: a 5-token context of that output found in no earlier output, whose
    next token B's draft must start with. Both processes run a compactor with the default :class:`CompactionPolicy`
    (one compacts at a time, under the advisory lock), as two vLLM proposers would. Printed: p50, p90, p99, max.
+   With ``--main-tokens``, the layer's main build first holds that many tokens of other outputs (ShareGPT
+   conversations standing in, folded by ``compact-live``; their 5-grams are kept out of the probes), so each run
+   measures the delta (``compact-live --delta``: the policy's default) beside a main build of that size; with
+   ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta.
 2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
    ``--sizes`` tokens (ShareGPT conversations standing in for outputs): wall time, peak RSS (the largest sum of the
    resident sets of the command's process tree, sampled every 20 ms; and its main process's ``VmHWM``), n-grams, bytes
@@ -14,7 +18,8 @@
 
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
-    .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--sizes 100K 1M 4M] [--json out.json]
+    .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
+        [--fold-tokens 262144] [--sizes 100K 1M 4M] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,24 +63,36 @@ def _documents(tokenizer, tokens: int, skip: int = 0) -> list[np.ndarray]:
     return out
 
 
-def _probes(outputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[list[int], int]]]:
-    """The outputs that hold a 5-token context found nowhere else in ``outputs``, and per output that context and the
-    token after it (so the layer's tree of that context is this output's alone; a conversation repeated in the corpus
-    has none and is left out)."""
+def _gram_keys(tokens: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each 5-gram of ``tokens`` (``[n - 4]`` uint64; collisions only ever drop a probe)."""
+    key = np.zeros(max(len(tokens) - PROBE + 1, 0), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(PROBE):
+            key = key * np.uint64(1_000_003) + tokens[j:len(tokens) - PROBE + 1 + j].astype(np.uint64)
+    return key
+
+
+def _probes(outputs: list[np.ndarray], elsewhere: np.ndarray | None = None) -> tuple[list[np.ndarray],
+                                                                                     list[tuple[list[int], int]]]:
+    """The outputs that hold a 5-token context found nowhere else in ``outputs`` (nor among the 5-gram keys
+    ``elsewhere``: the main build's outputs), and per output that context and the token after it (so the layer's tree
+    of that context is this output's alone; a conversation repeated in the corpus has none and is left out)."""
     from collections import Counter
 
     grams = [[tuple(int(t) for t in out[j:j + PROBE]) for j in range(len(out) - PROBE)] for out in outputs]
     counts = Counter(g for gs in grams for g in gs)
+    taken = [np.zeros(len(gs), bool) if elsewhere is None or not len(gs) else
+             np.isin(_gram_keys(out)[:len(gs)], elsewhere) for out, gs in zip(outputs, grams)]
     kept, probes = [], []
-    for out, gs in zip(outputs, grams):
-        pick = next((j for j in range(len(gs) // 2, len(gs)) if counts[gs[j]] == 1), None)
+    for out, gs, seen in zip(outputs, grams, taken):
+        pick = next((j for j in range(len(gs) // 2, len(gs)) if counts[gs[j]] == 1 and not seen[j]), None)
         if pick is not None:
             kept.append(out)
             probes.append((list(gs[pick]), int(out[pick + PROBE])))
     return kept, probes
 
 
-def _drafter(name: str, probes: list[tuple[list[int], int]], inbox, outbox) -> None:
+def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, inbox, outbox) -> None:
     """Process B: drafts each announced probe every 20 ms until its draft starts with the probe's next token."""
     from datastore.live import live_name
     from datastore.shared import SharedDatastore
@@ -85,8 +102,12 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], inbox, outbox) -> N
     tok = load_tokenizer()
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name)))
     method = MergedMethod(source, vocab_size=len(tok), sources=("live",),
-                          compactor=LiveCompactor(name, policy=CompactionPolicy()))
+                          compactor=LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens)))
     service = DraftingService(method, vocab_size=len(tok))
+    lookups = source.client
+    replicas = getattr(lookups, "replicas", None)
+    if replicas is not None:
+        replicas.wait_ready(600)  # the main build's replica is written before the clock starts
     outbox.put("ready")
     pending: dict[int, float] = {}
     done = 0
@@ -107,19 +128,21 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], inbox, outbox) -> N
     service.close()
 
 
-def freshness(name: str, outputs: list[np.ndarray], every: float, seed: int = 0) -> dict:
+def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: int, elsewhere: np.ndarray | None,
+              seed: int = 0) -> dict:
     """Process A (this one) appends ``outputs`` one by one; returns the latencies to process B's drafts, seconds."""
     from datastore.admin.live_writer import LiveWriter
     from drafting import CompactionPolicy, LiveCompactor
 
-    outputs, probes = _probes(outputs)
+    outputs, probes = _probes(outputs, elsewhere)
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    b = ctx.Process(target=_drafter, args=(name, probes, inbox, outbox))
+    b = ctx.Process(target=_drafter, args=(name, probes, fold_tokens, inbox, outbox))
     b.start()
-    assert outbox.get(timeout=300) == "ready"
+    assert outbox.get(timeout=900) == "ready"
     writer = LiveWriter(name, origin="bench-live-A")
-    compactor = LiveCompactor(name, policy=CompactionPolicy())  # A's own, as every proposer runs one
+    # A's own, as every proposer runs one
+    compactor = LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens))
     rng = random.Random(seed)
     ended: dict[int, float] = {}
     try:
@@ -139,11 +162,40 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, seed: int = 0)
         writer.close()
         compactor.close()
     lat = np.array([seen[i] - ended[i] for i in range(len(outputs))])
-    runs = list(compactor.runs)
-    return {"outputs": len(outputs), "every_s": every, "p50_s": float(np.percentile(lat, 50)),
-            "p90_s": float(np.percentile(lat, 90)), "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
-            "compactions_by_A": len([r for r in runs if r.result and r.result.get("build_id")]),
-            "compaction_s_by_A": [round(r.seconds, 2) for r in runs if r.result and r.result.get("build_id")]}
+    runs = [r for r in compactor.runs if r.result and r.result.get("build_id")]
+    return {"outputs": len(outputs), "every_s": every, "fold_tokens": fold_tokens,
+            "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
+            "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
+            "compactions_by_A": {k: len([r for r in runs if r.kind == k]) for k in ("delta", "fold")},
+            "compaction_s_by_A": [(r.kind, round(r.seconds, 2)) for r in runs]}
+
+
+def fill_main(name: str, docs: list[np.ndarray], tokens: int) -> tuple[dict, np.ndarray | None]:
+    """Fold ``tokens`` tokens of ``docs`` (as outputs) into ``name``'s live layer's main build, by hand; returns what
+    the fold did and the 5-gram keys of those outputs (``None`` for 0 tokens: an empty layer)."""
+    from datastore.admin.catalog import empty_live_layer
+    from datastore.connection import connect, resolve_database_url
+    from datastore.live import encode_output
+    from ingest.live import compact_live
+
+    url = resolve_database_url(None)
+    empty_live_layer(url, name, wait_s=120)
+    if tokens == 0:
+        return {"tokens": 0}, None
+    kept, total = [], 0
+    for d in docs:
+        if total >= tokens:
+            break
+        kept.append(d)
+        total += len(d)
+    with connect(url, autocommit=True) as conn, conn.cursor().copy(
+            "COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+        for d in kept:
+            cp.write_row((name, encode_output(d.tolist()), len(d), "bench-main"))
+    res = compact_live(name, database_url=url)
+    keys = np.unique(np.concatenate([_gram_keys(d) for d in kept]))
+    return {"tokens": total, "outputs": len(kept), "fold_s": round(res.seconds, 1), "ngrams": res.as_dict()["ngrams"],
+            "bytes_on_disk": res.as_dict()["bytes_on_disk"]}, keys
 
 
 class TreeRss:
@@ -224,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--outputs", type=int_in(2), default=40, help="outputs timed for freshness (default: 40).")
     ap.add_argument("--every", type=positive_float, default=1.0,
                     help="mean seconds between two requests' ends in process A (default: 1.0).")
+    ap.add_argument("--main-tokens", type=parse_count, nargs="+", default=[0],
+                    help="the live layer's main build's size in tokens before each freshness run, e.g. 1M 4M 16M "
+                         "(default: 0, an empty layer).")
+    ap.add_argument("--fold-tokens", type=int_in(0), default=262_144,
+                    help="the compactors' CREST_COMPACT_FOLD_TOKENS (default: 262144; 0: no delta, every compaction "
+                         "rebuilds the whole layer).")
     ap.add_argument("--sizes", type=parse_count, nargs="*", default=[100_000, 1_000_000, 4_000_000],
                     help="live-layer sizes in tokens for the compaction cost (default: 100K 1M 4M; none: skip).")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here.")
@@ -235,7 +293,7 @@ def main() -> None:
     from datastore.admin.catalog import drop_datastore
     from datastore.connection import connect, resolve_database_url
     from datastore.errors import DatastoreNotFound
-    from datastore.live import live_name
+    from datastore.live import delta_name, live_name
     from ingest import BuildConfig, build_datastore
     from toolkit import load_tokenizer
 
@@ -246,12 +304,17 @@ def main() -> None:
     figures: dict = {}
     try:
         # the outputs' conversations (a margin of 10K tokens each: 400K at the default 40), then the largest size's
-        docs = _documents(tok, max(args.sizes or [0]) + 10_000 * args.outputs, skip=50)
+        docs = _documents(tok, max(args.sizes + args.main_tokens) + 10_000 * args.outputs, skip=50)
         outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]  # the first 400 tokens of each
-        figures["freshness"] = fr = freshness(args.name, outputs, args.every)
-        print(f"freshness, {fr['outputs']} outputs, one every {args.every:.1f} s on average: p50 {fr['p50_s']:.2f} s, "
-              f"p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max {fr['max_s']:.2f} s; A compacted "
-              f"{fr['compactions_by_A']} times ({fr['compaction_s_by_A']} s)")
+        figures["freshness"] = []
+        for main_tokens in args.main_tokens:
+            main, keys = fill_main(args.name, docs[args.outputs:], main_tokens)
+            fr = freshness(args.name, outputs, args.every, args.fold_tokens, keys) | {"main": main}
+            figures["freshness"].append(fr)
+            print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('fold_s', 0)} s), "
+                  f"{fr['outputs']} outputs, one every {args.every:.1f} s on average, fold at {args.fold_tokens:,} "
+                  f"tokens: p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
+                  f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s)")
         figures["compaction"] = []
         for size in args.sizes:
             row = compaction_cost(args.name, docs[args.outputs:], size)
@@ -263,7 +326,7 @@ def main() -> None:
     finally:
         with connect(url, autocommit=True) as conn:
             conn.execute("DELETE FROM live_outputs WHERE name = %s", [args.name])
-        for n in (args.name, live_name(args.name)):
+        for n in (args.name, live_name(args.name), delta_name(args.name)):
             try:
                 drop_datastore(url, n)
             except DatastoreNotFound:

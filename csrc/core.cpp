@@ -10,11 +10,11 @@ namespace crest {
 
 // -- retrieval strategies ------------------------------------------------------------------------------------------
 
-StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, StoredScratch* scratch)
-    : stores_{datastore, live}, scratch_(scratch) {}
+StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch)
+    : stores_{datastore, live, delta}, scratch_(scratch) {}
 
 bool StoredTrees::intact() {
-  for (int k = 0; k < 2; ++k)
+  for (int k = 0; k < 3; ++k)
     if (stores_[k] && !stores_[k]->unchanged()) {
       damaged = k;
       return false;
@@ -24,8 +24,8 @@ bool StoredTrees::intact() {
 
 bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) {
   out.candidates.clear();
-  out.live = SourceTree{};
-  for (int k = 0; k < 2; ++k) {  // the datastore's candidates (every stored suffix when backing off), the live match
+  out.live = out.delta = SourceTree{};
+  for (int k = 0; k < 3; ++k) {  // the datastore's candidates (every stored suffix when backing off), the live matches
     if (!stores_[k]) continue;
     std::size_t found = 0;
     std::vector<Tree>& trees = scratch_->trees[k];
@@ -38,7 +38,7 @@ bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, b
       if (k == 0)
         out.candidates.push_back(tree);
       else
-        out.live = tree;
+        (k == 1 ? out.live : out.delta) = tree;
     }
   }
   return true;
@@ -200,7 +200,8 @@ void Core::gather(Request& r, const Retrieved& in, const SourceTree& heads, int 
   const bool* on = options_.sources;
   auto& src = z_.sources;
   std::fill(src.begin(), src.end(), nullptr);
-  if (on[kLive] && in.live.size) src[kLive] = &in.live;
+  z_.live_view = on[kLive] ? live_layer(in.live, in.delta, z_.children, z_.live_sum) : SourceTree{};
+  if (z_.live_view.size) src[kLive] = &z_.live_view;
   if (on[kHeads] && heads.size) src[kHeads] = &heads;
   auto [state, len] = r.automaton.repeated_suffix();
   z_.local.clear();

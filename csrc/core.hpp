@@ -44,10 +44,11 @@ struct Options {
 
 using Handle = int64_t;  // a request: (generation << 32) | slot
 
-// One row's datastore candidates (longest n-gram first; empty: none) and live-layer tree (size 0: none), borrowed.
+// One row's datastore candidates (longest n-gram first; empty: none) and the live layer's trees, its main build's and its
+// delta's (size 0: none; crest::live_layer reads the two as one source), borrowed.
 struct Retrieved {
   std::vector<SourceTree> candidates;
-  SourceTree live;
+  SourceTree live, delta;
 };
 
 // Where a step's datastore and live-layer trees come from: a strategy.
@@ -72,22 +73,22 @@ class GivenTrees final : public Retrieval {
 // What a StoredTrees decodes into, kept between steps (its memory is reused): per store, one tree per stored suffix a
 // row retrieves, and the record a probe copies out of the file.
 struct StoredScratch {
-  std::vector<Tree> trees[2];
+  std::vector<Tree> trees[3];
   std::vector<uint8_t> record;
 };
 
-// The trees of host-local replicas (the datastore's and, when there is one, the live layer's), probed with the last
-// tokens of each request: the stored lengths, longest first.
+// The trees of host-local replicas (the datastore's and, when they have builds, the live layer's main build's and its
+// delta's), probed with the last tokens of each request: the stored lengths, longest first.
 class StoredTrees final : public Retrieval {
  public:
-  StoredTrees(const Replica* datastore, const Replica* live, StoredScratch* scratch);
+  StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch);
   // Whether the files are as they were mapped (a file changed in place is damaged); sets `damaged` when not.
   bool intact();
   bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
-  int damaged = -1;  // the damaged store: 0 the datastore's, 1 the live layer's
+  int damaged = -1;  // the damaged store: 0 the datastore's, 1 the live layer's, 2 its delta's
 
  private:
-  const Replica* stores_[2];
+  const Replica* stores_[3];
   StoredScratch* scratch_;
   std::vector<int> lengths_;
 };
@@ -172,7 +173,7 @@ class Core {
   const Request* find(Handle h) const;
   void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft
   bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
-  // The sources of one step but the datastore's: the live tree, the request's own match, the output index's and the
+  // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match, the output index's and the
   // heads' tree.
   void gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes);
   bool score_candidate(const SourceTree* candidate, int max_depth);
@@ -181,8 +182,8 @@ class Core {
                  Drafted& out);
 
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
-    Tree local, earlier;
-    SourceTree local_view, earlier_view;
+    Tree local, earlier, live_sum;
+    SourceTree local_view, earlier_view, live_view;
     std::vector<const SourceTree*> sources;
     ChildMap children;
     Union merged;

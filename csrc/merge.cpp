@@ -75,4 +75,34 @@ bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Un
   return true;
 }
 
+SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum) {
+  if (delta.size == 0 || (main.size && main.ngram_len > delta.ngram_len)) return main;
+  if (main.size == 0 || delta.ngram_len > main.ngram_len) return delta;
+  sum.clear();
+  children.reset(main.size + delta.size);
+  std::vector<int32_t> where(delta.size);
+  for (std::size_t i = 0; i < main.size; ++i) {
+    sum.tokens.push_back(main.tokens[i]);
+    sum.parents.push_back(main.parents[i]);
+    sum.counts.push_back(main.counts[i]);
+    *children.find_or_slot(main.parents[i], main.tokens[i]) = static_cast<int32_t>(i);
+  }
+  for (std::size_t j = 0; j < delta.size; ++j) {
+    int32_t p = delta.parents[j];
+    if (p < -1 || p >= static_cast<int32_t>(j)) throw std::invalid_argument("a source tree's parents are not a tree");
+    int32_t up = p < 0 ? -1 : where[p];
+    int32_t* slot = children.find_or_slot(up, delta.tokens[j]);
+    if (*slot < 0) {
+      *slot = static_cast<int32_t>(sum.tokens.size());
+      sum.tokens.push_back(delta.tokens[j]);
+      sum.parents.push_back(up);
+      sum.counts.push_back(0);
+    }
+    sum.counts[*slot] += delta.counts[j];
+    where[j] = *slot;
+  }
+  sum.root_count = main.root_count && delta.root_count ? main.root_count + delta.root_count : 0;
+  return SourceTree::of(sum, main.ngram_len);
+}
+
 }  // namespace crest

@@ -40,4 +40,12 @@ struct Union {
 // node. Throws std::invalid_argument when a source's parents are not a tree (parents[i] in -1..i-1).
 bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Union& out, int max_depth);
 
+// The live layer's tree for one context, read from its two builds: `main`'s (the outputs folded in) and `delta`'s (the
+// outputs appended since, compacted on their own; size 0: none). The longer match alone, as the more specific
+// context; at equal lengths, the count-summed union: `main`'s nodes in order, then `delta`'s new nodes, each after its
+// parent, counts (and root counts, when both are known) added, as one build over both sets of outputs counts the
+// context, but for the top-t choice each build made alone. The result borrows `main`, `delta` or `sum` (where a sum is
+// written). Its Python oracle is tests/oracle/treeops.py `live_layer`.
+SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum);
+
 }  // namespace crest

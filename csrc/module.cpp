@@ -244,7 +244,8 @@ template <typename T>
 nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
                               const In1D<int64_t>& index, const In1D<T>& lengths, int64_t limit,
                               const In1D<int64_t>& budgets, const crest::Replica* datastore, const crest::Replica* live,
-                              nb::handle heads, bool chain, double min_score, nb::handle curve) {
+                              nb::handle heads, bool chain, double min_score, nb::handle curve,
+                              const crest::Replica* delta) {
   std::size_t pairs = handles.shape(0);
   if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
   std::vector<uint8_t> followed(pairs);
@@ -254,7 +255,7 @@ nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, cons
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
   auto heads_trees = heads_of(heads, pairs, keep);
-  crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
+  crest::StoredTrees stored(datastore, live, delta, c.retrieval_scratch());
   std::vector<crest::Drafted> out;
   int64_t bad = -1, bad_id = 0;
   bool all = false, ok = false;
@@ -446,14 +447,14 @@ void bind_core_requests(nb::class_<crest::Core>& core) {
 // its index in damaged, else -1); with a step-cost curve (chains only), each chain cut to the batch's goodput.
 nb::tuple core_draft_stored(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets,
                             const crest::Replica* datastore, const crest::Replica* live, nb::handle heads, bool chain,
-                            double min_score, nb::handle curve) {
+                            double min_score, nb::handle curve, const crest::Replica* delta) {
   std::vector<Held> keep;
   keep.reserve(handles.shape(0));
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
   auto heads_trees = heads_of(heads, h.size(), keep);
   HeldCurve cost = cost_of(curve, chain);
-  crest::StoredTrees stored(datastore, live, c.retrieval_scratch());
+  crest::StoredTrees stored(datastore, live, delta, c.retrieval_scratch());
   std::vector<crest::Drafted> out;
   bool ok;
   {
@@ -466,9 +467,10 @@ nb::tuple core_draft_stored(crest::Core& c, In1D<int64_t> handles, In1D<int64_t>
   return nb::make_tuple(drafts, stored.damaged);
 }
 
-// The trees a caller looked up, per row: its datastore candidates (a list) and its live-layer tree (or None).
-crest::GivenTrees given_trees(nb::list stored, nb::list live, std::vector<Held>& keep) {
-  std::size_t rows = stored.size(), trees = 2 * rows;
+// The trees a caller looked up, per row: its datastore candidates (a list) and its live layer's trees, the main build's
+// and the delta's (each a tree or None; `delta` None: no delta for any row).
+crest::GivenTrees given_trees(nb::list stored, nb::list live, nb::handle delta, std::vector<Held>& keep) {
+  std::size_t rows = stored.size(), trees = 3 * rows;
   for (nb::handle s : stored) trees += nb::len(s);
   keep.reserve(trees);  // the borrowed arrays stay put
   crest::GivenTrees given;
@@ -476,18 +478,21 @@ crest::GivenTrees given_trees(nb::list stored, nb::list live, std::vector<Held>&
   for (std::size_t i = 0; i < rows; ++i) {
     for (nb::handle t : nb::cast<nb::list>(stored[i])) given.rows[i].candidates.push_back(source(t, keep));
     if (!live[i].is_none()) given.rows[i].live = source(live[i], keep);
+    if (!delta.is_none() && !delta[i].is_none()) given.rows[i].delta = source(delta[i], keep);
   }
   return given;
 }
 
 // Core.draft_given: the drafts of a step from the trees the caller looked up (the round trip).
 nb::tuple core_draft_given(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored,
-                           nb::list live, nb::handle heads, bool chain, double min_score, nb::handle curve) {
+                           nb::list live, nb::handle heads, bool chain, double min_score, nb::handle curve,
+                           nb::handle delta) {
   std::size_t rows = handles.shape(0);
-  if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows)
-    throw nb::value_error("handles, budgets, stored and live must have one entry per row");
+  if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows ||
+      (!delta.is_none() && nb::len(delta) != rows))
+    throw nb::value_error("handles, budgets, stored, live and delta must have one entry per row");
   std::vector<Held> keep;
-  crest::GivenTrees given = given_trees(stored, live, keep);
+  crest::GivenTrees given = given_trees(stored, live, delta, keep);
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
   auto heads_trees = heads_of(heads, rows, keep);
@@ -517,12 +522,13 @@ nb::tuple core_plan(const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> b
 }
 
 // Core.tables: the merged node table of each candidate, (tokens, parents, depths, features [N, F], scores).
-nb::list core_tables(crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads) {
+nb::list core_tables(crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads, nb::handle delta) {
   std::vector<Held> keep;
-  keep.reserve(nb::len(stored) + 2);
+  keep.reserve(nb::len(stored) + 3);
   crest::Retrieved given;
   for (nb::handle t : stored) given.candidates.push_back(source(t, keep));
   if (!live.is_none()) given.live = source(live, keep);
+  if (!delta.is_none()) given.delta = source(delta, keep);
   crest::SourceTree heads_view = heads_tree(heads, keep);
   std::vector<crest::NodeTable> tables;
   c.tables(h, given, heads_view, tables);
@@ -553,16 +559,18 @@ void bind_core_steps(nb::class_<crest::Core>& core) {
       .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
            "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
-           "curve"_a.none() = nb::none())
+           "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
       .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
            "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
-           "curve"_a.none() = nb::none())
+           "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
       .def("draft_stored", &core_draft_stored, "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(),
-           "heads"_a.none(), "chain"_a, "min_score"_a, "curve"_a.none() = nb::none())
+           "heads"_a.none(), "chain"_a, "min_score"_a, "curve"_a.none() = nb::none(),
+           "delta"_a.none() = nb::none())
       .def("draft_given", &core_draft_given, "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(),
-           "chain"_a, "min_score"_a, "curve"_a.none() = nb::none())
+           "chain"_a, "min_score"_a, "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
       .def("plan", &core_plan, "handles"_a, "budgets"_a, "chain"_a, "tail"_a, "limit"_a)
-      .def("tables", &core_tables, "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none())
+      .def("tables", &core_tables, "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none(),
+           "delta"_a.none() = nb::none())
       .def("outputs_info", &core_outputs_info);
 }
 

@@ -2,9 +2,9 @@
 
 Public API: :class:`Datastore` (a read-only lookup client on one connection) and :class:`SharedDatastore` (the same
 lookups for every thread of a process: a pool, a tree cache, build swaps followed at once), the :class:`Match` they
-return and its :class:`TokenTree`, the :class:`Retrieval` of a drafting step (the datastore's candidates and its live
-layer's match, one round trip), and :class:`DatastoreError` (every fault). Writing, DDL, grants and migrations live in
-:mod:`datastore.admin`; building in :mod:`ingest`.
+return and its :class:`TokenTree`, the :class:`Retrieval` of a drafting step (the datastore's candidates, its live
+layer's and its delta's matches, one round trip), and :class:`DatastoreError` (every fault). Writing, DDL, grants
+and migrations live in :mod:`datastore.admin`; building in :mod:`ingest`.
 """
 
 from .client import Datastore

@@ -33,7 +33,7 @@ class Datastore(LookupClient):
                  live_name: str | None = None) -> None:
         super().__init__(info, fingerprint, cache_bytes=0, live_name=live_name)
         self._conn = conn
-        self.live = self._read_live()
+        self.live, self.delta = self._read_live()
 
     @classmethod
     def open(cls, name: str, *, tokenizer=None, fingerprint: str | None = None, database_url: str | None = None,

@@ -12,6 +12,11 @@ responses in one global suffix tree per process. Here the outputs are shared acr
 - ``python -m ingest compact-live --name NAME`` keeps the newest outputs within a byte budget (evicting the
   rest), counts their n-grams and builds the trees of the top-t ones exactly like a corpus build, into the
   datastore ``NAME.live`` (:func:`live_name`), swapped in atomically; readers follow it as any rebuild;
+- between two such compactions (folds, a rebuild of every output kept), ``python -m ingest compact-live --delta``
+  compacts only the outputs appended since the main build into a small delta layer, the datastore ``NAME.live.delta``
+  (:func:`delta_name`), so that a fresh output drafts within seconds whatever the main build's size (an LSM tree's
+  two levels). Readers take the two builds as one source (:func:`delta_serves`; the native core's
+  ``crest::live_layer`` joins their trees);
 - provenance is kept per tree: a tree from ``NAME.live`` came from outputs (its build records
   ``corpus.source = "outputs"``), one from ``NAME`` from the corpus, and the drafter weighs the two by
   separate calibrated features (:mod:`drafting.calibration`).
@@ -25,7 +30,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["LIVE_MAX_BYTES", "LIVE_TOP_T", "live_name", "encode_output", "decode_output"]
+from .registry import DatastoreInfo
+
+__all__ = ["DELTA_SUFFIX", "LIVE_MAX_BYTES", "LIVE_SUFFIX", "LIVE_TOP_T", "decode_output", "delta_name", "delta_serves",
+           "encode_output", "live_name"]
 
 LIVE_TOP_T = 200_000
 """The n-grams per n a compaction of the live layer keeps, by default (``compact-live --top-t``,
@@ -35,9 +43,34 @@ LIVE_MAX_BYTES = 256_000_000
 --max-bytes``, ``CREST_LIVE_MAX_BYTES``)."""
 
 
+LIVE_SUFFIX = ".live"
+"""What a datastore's name takes for its live layer's (:func:`live_name`)."""
+
+
 def live_name(name: str) -> str:
     """The datastore holding the live layer of the datastore ``name``."""
-    return f"{name}.live"
+    return name + LIVE_SUFFIX
+
+
+DELTA_SUFFIX = ".delta"
+"""What a live layer's name takes for its delta's (:func:`delta_name`)."""
+
+
+def delta_name(name: str) -> str:
+    """The datastore holding the delta of the live layer of the datastore ``name``: the outputs appended since the
+    layer's main build, compacted on their own (``python -m ingest compact-live --delta``)."""
+    return live_name(name) + DELTA_SUFFIX
+
+
+def delta_serves(main: DatastoreInfo | None, delta: DatastoreInfo | None) -> bool:
+    """Whether readers draft from the delta build ``delta`` beside the live layer's main build ``main`` (``None``: none
+    built): only a delta built on that very main build, whose outputs are the ones appended after it. A delta built on
+    an earlier main build would count again the outputs a fold has since folded into the main build; it is passed over
+    until the next delta compaction replaces it."""
+    if delta is None:
+        return False
+    base = 0 if main is None else main.last_output_id or 0
+    return (delta.base_output_id or 0) == base
 
 
 def encode_output(tokens: Sequence[int]) -> bytes:

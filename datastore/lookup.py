@@ -45,6 +45,7 @@ from .connection import track
 from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
+from .live import DELTA_SUFFIX, delta_serves
 from .registry import DatastoreInfo, check_tokenizer, server_error
 from .tree import Match, TokenTree
 
@@ -123,11 +124,13 @@ def _any_keys_sql(tables: tuple[str, ...]) -> str:
 
 class Retrieval(NamedTuple):
     """What one drafting step retrieves for one context: ``candidates``, the datastore's trees of the context's
-    stored suffixes, longest first (only the longest unless backing off; ``[]``: none), and ``live``, the live
-    layer's longest match (``None``: none, or no live layer)."""
+    stored suffixes, longest first (only the longest unless backing off; ``[]``: none), ``live``, the live
+    layer's longest match (``None``: none, or no live layer), and ``delta``, its delta's (the outputs appended since
+    the layer's main build, :func:`datastore.live.delta_serves`; ``None``: none)."""
 
     candidates: list[Match]
     live: Match | None
+    delta: Match | None = None
 
 
 class _Longest:
@@ -216,12 +219,13 @@ class LookupClient(ABC):
         info: the ready build. fingerprint: the caller's tokenizer fingerprint (checked on every refresh).
         cache_bytes: the tree cache's bound, bytes (0: no cache).
         live_name: the live layer's datastore (:func:`datastore.live.live_name`), answered with the datastore in
-            :meth:`retrieve_batch`; ``None``: no live layer. A layer not built yet is no fault: it is read from the
-            registry at every :meth:`refresh`.
+            :meth:`retrieve_batch`, with its delta (``live_name`` + :data:`datastore.live.DELTA_SUFFIX`); ``None``: no
+            live layer. A layer not built yet is no fault: it is read from the registry at every :meth:`refresh`.
 
     Attributes:
         info: the build being served (replaced when another is swapped in). live: the live layer's build, or
-        ``None`` while there is none. cache: the tree cache.
+        ``None`` while there is none. delta: its delta's build, while one built on ``live`` serves
+        (:func:`datastore.live.delta_serves`), else ``None``. cache: the tree cache.
         lookups: contexts looked up. answered_from_cache: those answered without a round trip.
         round_trips: queries sent. query_s: seconds spent in them (sending, the server, receiving).
         swaps: builds followed. corrupt: stored trees that failed to decode.
@@ -230,14 +234,16 @@ class LookupClient(ABC):
     def __init__(self, info: DatastoreInfo, fingerprint: str, cache_bytes: int, live_name: str | None = None) -> None:
         self.info = info
         self.live_name = live_name
+        self.delta_name = None if live_name is None else live_name + DELTA_SUFFIX
         self.live: DatastoreInfo | None = None
+        self.delta: DatastoreInfo | None = None
         self._fingerprint = fingerprint
         self.cache = TreeCache(cache_bytes)
         self.lookups = self.answered_from_cache = self.round_trips = self.swaps = self.corrupt = 0
         self.query_s = 0.0
         self._stats_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
-        self._live_refused = False
+        self._refused: set[str] = set()  # layers built with another tokenizer (warned once)
 
     @abstractmethod
     def _execute(self, query: str, params: Sequence) -> list:
@@ -256,28 +262,37 @@ class LookupClient(ABC):
         """Raise a fault the client already knows of (a listener saw the datastore dropped), before querying."""
 
     def identity(self) -> dict:
-        """What this client serves: the datastore's name and build id (a rebuild changes it), and its live layer's."""
+        """What this client serves: the datastore's name and build id (a rebuild changes it), and its live layer's
+        and the layer's delta's."""
         out: dict = {"datastore": self.info.name, "build": self.info.id}
         if self.live_name is not None:
             out["live"] = {"datastore": self.live_name, "build": None if self.live is None else self.live.id}
+            out["delta"] = {"datastore": self.delta_name, "build": None if self.delta is None else self.delta.id}
         return out
 
-    def _read_live(self) -> DatastoreInfo | None:
-        """The live layer's ready build, or ``None`` when it is not built (or was built with another tokenizer:
-        logged once)."""
-        if self.live_name is None:
+    def _read_layer(self, name: str | None) -> DatastoreInfo | None:
+        """A live layer's ready build (``name``: the main build's or the delta's datastore), or ``None`` when it is not
+        built (or was built with another tokenizer: logged once)."""
+        if name is None:
             return None
         try:
-            info = self._read_registry(self.live_name)
+            info = self._read_registry(name)
             check_tokenizer(info, self._fingerprint)
         except DatastoreNotFound:
             return None
         except TokenizerMismatch as exc:
-            if not self._live_refused:
-                log.warning("%s; drafting without the live layer", exc)
-                self._live_refused = True
+            if name not in self._refused:
+                log.warning("%s; drafting without it", exc)
+                self._refused.add(name)
             return None
         return info
+
+    def _read_live(self) -> tuple[DatastoreInfo | None, DatastoreInfo | None]:
+        """The live layer's builds to serve: ``(main, delta)``, the delta only while it was built on that main build
+        (:func:`datastore.live.delta_serves`)."""
+        live = self._read_layer(self.live_name)
+        delta = self._read_layer(self.delta_name)
+        return live, delta if delta_serves(live, delta) else None
 
     def _follow(self, old: DatastoreInfo | None, new: DatastoreInfo | None) -> bool:
         """Serve ``new`` instead of ``old`` (one layer); returns whether the build changed."""
@@ -301,16 +316,17 @@ class LookupClient(ABC):
         with self._refresh_lock:
             info = self._read_registry(self.info.name)
             check_tokenizer(info, self._fingerprint)
-            live = self._read_live()
+            live, delta = self._read_live()
             changed = self._follow(self.info, info)
             self.info = info
             changed = self._follow(self.live, live) or changed
-            self.live = live
+            changed = self._follow(self.delta, delta) or changed
+            self.live, self.delta = live, delta
             self._serving()
             return changed
 
     def _serving(self) -> None:  # noqa: B027 - a hook: a client with replicas follows the builds served
-        """The builds served (``info``, ``live``) were read from the registry."""
+        """The builds served (``info``, ``live``, ``delta``) were read from the registry."""
 
     def stores(self) -> Stores | None:
         """The host-local replicas of the builds served, when this client keeps them and they are ready
@@ -447,7 +463,7 @@ class LookupClient(ABC):
     def retrieve_batch(self, contexts: Sequence[TokenIds] | np.ndarray, back_off: Sequence[bool]) -> list[Retrieval]:
         """A drafting step's lookups in one round trip: per context, the datastore's candidates (every stored
         suffix, longest first, where its ``back_off`` is true; else the longest only) and the live layer's longest
-        match.
+        match, in its main build and in its delta.
 
         Args:
             contexts: as :meth:`lookup_batch`. back_off: ``[len(contexts)]`` bools, per context.
@@ -463,14 +479,15 @@ class LookupClient(ABC):
         longest = [i for i, b in enumerate(back_off) if not b]
 
         def op(info: DatastoreInfo) -> list[Retrieval] | None:
-            live = self.live
+            live, delta = self.live, self.delta
             plans: list[tuple[DatastoreInfo, _All | _Longest]] = []
             if every:
                 plans.append((info, _All(self, info, [tails[i] for i in every])))
             if longest:
                 plans.append((info, _Longest(self, info, [tails[i] for i in longest])))
-            if live is not None:
-                plans.append((live, _Longest(self, live, tails)))
+            for layer in (live, delta):
+                if layer is not None:
+                    plans.append((layer, _Longest(self, layer, tails)))
             stored = self._stored(info, plans)
             if stored is None:
                 return None
@@ -481,7 +498,8 @@ class LookupClient(ABC):
             for i, match in zip(longest, next(answers) if longest else []):
                 cands[i] = [] if match is None else [match]  # type: ignore[list-item]
             lives = next(answers) if live is not None else [None] * len(tails)
-            return [Retrieval(c, m) for c, m in zip(cands, lives)]  # type: ignore[arg-type]
+            deltas = next(answers) if delta is not None else [None] * len(tails)
+            return [Retrieval(c, m, d) for c, m, d in zip(cands, lives, deltas)]  # type: ignore[arg-type]
 
         return self._retrying(op)
 

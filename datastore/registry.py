@@ -55,6 +55,9 @@ class DatastoreInfo:
         ns: the n-gram lengths it holds, ascending (``params.ns``).
         tokenizer / tokenizer_fingerprint: what it was built with.
         params: the build parameters as recorded.
+        last_output_id / base_output_id: a live layer's build (:mod:`datastore.live`): the newest output folded in,
+            and for a delta build the newest output of the main build it was built on (``None``: not recorded, as
+            for a corpus build).
     """
 
     id: int
@@ -65,6 +68,8 @@ class DatastoreInfo:
     tokenizer: str
     tokenizer_fingerprint: str
     params: dict
+    last_output_id: int | None = None
+    base_output_id: int | None = None
 
     @property
     def max_n(self) -> int:
@@ -98,7 +103,8 @@ def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
     """
     try:
         row = conn.execute(
-            "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint FROM datastores "
+            "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint, "
+            "(corpus->>'last_output_id')::bigint, (corpus->>'base_output_id')::bigint FROM datastores "
             "WHERE name = %s AND state = 'ready'", [name]).fetchone()
         if row is None:
             names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
@@ -108,11 +114,12 @@ def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
         raise DatastoreNotFound(
             f"no ready datastore named {name!r} (ready: {', '.join(names) or 'none'}); "
             f"build it with `python -m ingest build --name {name}`")
-    ds_id, table, width, params, tok, fp = row
+    ds_id, table, width, params, tok, fp, last_output, base_output = row
     if "ns" not in params:
         raise LookupFailed(f"build {ds_id} of datastore {name!r} records no n-gram lengths (params.ns); "
                            "run `python -m datastore migrate`, or rebuild it")
-    return DatastoreInfo(ds_id, name, table, width, tuple(sorted(int(n) for n in params["ns"])), tok, fp, params)
+    return DatastoreInfo(ds_id, name, table, width, tuple(sorted(int(n) for n in params["ns"])), tok, fp, params,
+                         last_output, base_output)
 
 
 def check_tokenizer(info: DatastoreInfo, fingerprint: str) -> None:

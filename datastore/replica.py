@@ -66,10 +66,12 @@ _CHUNK_BYTES = 8 << 20  # COPY data handed to the writer at a time
 
 
 class Stores(NamedTuple):
-    """The replicas a drafting step reads: the datastore's, and its live layer's (``None``: the layer has no build)."""
+    """The replicas a drafting step reads: the datastore's, its live layer's and the layer's delta's (``None``: no
+    build; in this order: a step names a damaged one by its index)."""
 
     datastore: Replica
     live: Replica | None
+    delta: Replica | None = None
 
 
 def database_key(conn: psycopg.Connection) -> str:
@@ -252,7 +254,8 @@ class HostReplicas:
     Args:
         url: the database (the client's URL; a reader role is enough).
         root: the host's replica folder. database: :func:`database_key` of the database.
-        layers: the names of the layers served, the datastore first (``[name]`` or ``[name, name.live]``).
+        layers: the names of the layers served, the datastore first (``[name]`` or ``[name, name.live,
+            name.live.delta]``).
 
     Attributes:
         written: replicas this process wrote (:class:`WriteReport` each). warnings: faults warned about.
@@ -330,9 +333,9 @@ class HostReplicas:
     def _publish(self) -> None:
         """Recompute what the step reads (under the lock): every layer with a build has its replica mapped."""
         first, *rest = (self._layers[n] for n in self._names)
-        live = rest[0].replica if rest else None
+        layers = [layer.replica for layer in rest] + [None, None]
         ready = first.replica is not None and all(layer.info is None or layer.replica is not None for layer in rest)
-        self._stores = Stores(first.replica, live) if ready and first.replica is not None else None
+        self._stores = Stores(first.replica, layers[0], layers[1]) if ready and first.replica is not None else None
 
     def _run(self) -> None:
         while not self._closing.is_set():

@@ -41,6 +41,7 @@ from toolkit.tokenizer import tokenizer_fingerprint
 from .cache import CACHE_BYTES
 from .connection import connect, resolve_database_url
 from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
+from .live import DELTA_SUFFIX
 from .lookup import READER_APPLICATION, LookupClient, configure_reader
 from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
 from .replica import HostReplicas, Stores, database_key
@@ -67,7 +68,7 @@ class SharedDatastore(LookupClient):
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, configure=configure_reader,
                                     kwargs={"autocommit": True, "application_name": READER_APPLICATION},
                                     name=f"crest-{info.name}", open=True)
-        self.live = self._read_live()
+        self.live, self.delta = self._read_live()
         self._serving()
         self._closing = threading.Event()
         self._listening = threading.Event()
@@ -115,7 +116,8 @@ class SharedDatastore(LookupClient):
             database = database_key(conn)
         check_tokenizer(info, fingerprint)
         root = (Settings.from_env().replicas if replicas is True else replicas) if replicas is not False else None
-        host = HostReplicas(url, Path(root), database, [name] + ([live] if live else [])) if root else None
+        layers = [name] + ([live, live + DELTA_SUFFIX] if live else [])
+        host = HostReplicas(url, Path(root), database, layers) if root else None
         return cls(url, info, fingerprint, pool_size=pool_size, cache_bytes=cache_bytes, listen=listen,
                    connect_timeout_s=connect_timeout_s, live_name=live, replicas=host)
 
@@ -146,7 +148,7 @@ class SharedDatastore(LookupClient):
                     self._listening.set()
                     while not self._closing.is_set():
                         for note in conn.notifies(timeout=0.2):  # close() waits at most this long for the thread
-                            if note.payload in (self.info.name, self.live_name):
+                            if note.payload in (self.info.name, self.live_name, self.delta_name):
                                 self._on_notice()
             except (psycopg.Error, DatastoreError):
                 self._listening.clear()
@@ -167,8 +169,8 @@ class SharedDatastore(LookupClient):
     def _serving(self) -> None:
         if self.replicas is not None:
             builds: dict[str, DatastoreInfo | None] = {self.info.name: self.info}
-            if self.live_name is not None:
-                builds[self.live_name] = self.live
+            if self.live_name is not None and self.delta_name is not None:
+                builds[self.live_name], builds[self.delta_name] = self.live, self.delta
             self.replicas.follow(builds)
 
     def stores(self) -> Stores | None:

@@ -259,7 +259,7 @@ class MergedMethod:
             start = time.perf_counter()
             with step.lock:
                 made, damaged = step.core.draft_stored(step.handles, step.budgets, stores.datastore, stores.live,
-                                                          heads, step.chain, cut, step.curve)
+                                                          heads, step.chain, cut, step.curve, stores.delta)
             self._replica_step(start, stores, damaged)
         return self._drafts(step, heads, cut, None if damaged >= 0 else made)
 
@@ -276,7 +276,7 @@ class MergedMethod:
         with step.lock:
             followed, bad, bad_id, made, damaged = step.core.follow_draft_stored(
                 step.handles, follow.rows, follow.at, follow.lengths, follow.limit, step.budgets, stores.datastore,
-                stores.live, heads, step.chain, cut, step.curve)
+                stores.live, heads, step.chain, cut, step.curve, stores.delta)
         if made is None:  # a pair did not follow, or an id was refused: nothing drafted
             return followed, bad, bad_id, None
         self._replica_step(start, stores, damaged)
@@ -313,15 +313,17 @@ class MergedMethod:
         rows = len(tails)
         stored: list[list] = [[] for _ in range(rows)]
         live: list = [None] * rows
+        delta: list = [None] * rows
         if self.lookups is not None and asked:
             found = self.lookups.retrieve_batch([tails[i] for i in asked], [bool(back_off[i]) for i in asked])
             for i, got in zip(asked, found):
                 stored[i] = [native_tree(m) for m in got.candidates]
-                live[i] = native_tree(got.live)
+                live[i], delta[i] = native_tree(got.live), native_tree(got.delta)
         looked = time.perf_counter()
         with step.lock:
             gone = step.core.inactive(step.handles[asked])
-            made = step.core.draft_given(step.handles, step.budgets, stored, live, heads, step.chain, cut, step.curve)
+            made = step.core.draft_given(step.handles, step.budgets, stored, live, heads, step.chain, cut, step.curve,
+                                         delta)
         with self._stats_lock:
             st = self.stats
             st.round_trip_steps += 1

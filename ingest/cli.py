@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     lv.add_argument("--max-bytes", type=_layer_bytes, default=LIVE_MAX_BYTES,
                     help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
                          "trees (default: 256M).")
+    lv.add_argument("--delta", action="store_true",
+                    help="compact only the outputs appended after the newest one the layer's main build holds, into "
+                         "its delta NAME.live.delta, which readers take with NAME.live: a compaction that costs what "
+                         "the new outputs cost, whatever the layer's size (drafting services alternate the two on "
+                         "their own: CREST_COMPACT_FOLD_TOKENS). Deletes nothing; one delta compaction of NAME at "
+                         "a time, beside at most one of the whole layer.")
     lv.add_argument("--json", action="store_true", help="print the result as JSON.")
     lv.add_argument("--quiet", action="store_true", help="no progress bars.")
     lv.add_argument("--exit-with-parent", action="store_true",
@@ -258,19 +264,20 @@ def peak_rss() -> dict[str, int]:
 
 
 def _compact_live(config: BuildConfig, args) -> None:
-    from .live import compact_live
+    from .live import compact_delta, compact_live
     from .workers import exit_with_parent
 
     if args.exit_with_parent:
         exit_with_parent(os.getppid())
-    result = compact_live(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
-                          progress=not args.quiet)
+    compact = compact_delta if args.delta else compact_live
+    result = compact(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
+                     progress=not args.quiet)
     if args.json:
         print(json.dumps(result.as_dict() | peak_rss(), indent=2))
         return
     d = result.as_dict()
     if result.busy:
-        print(f"another compaction of {config.name!r} is running (it holds the compactor lock): nothing done")
+        print(f"another compaction of {d['layer']!r} is running (it holds its compactor lock): nothing done")
         return
     if result.build is None:
         print(f"no outputs appended for {config.name!r} (evicted {d['evicted']}): {d['layer']} unchanged")

@@ -16,8 +16,17 @@ compact-live --name NAME`` runs it once (from cron, say), as the role that owns 
 4. when the layer's trees take more than the other half of ``--max-bytes`` on disk, rebuilds once with
    top-t scaled down to fit.
 
-Decoders never wait for this: they read whatever ``NAME.live`` build is ready. A compaction that fails or is killed
-leaves that build serving and deletes nothing.
+``python -m ingest compact-live --delta --name NAME`` (:func:`compact_delta`) compacts only the outputs appended after
+the main build's newest into the layer's delta, ``NAME.live.delta``, by the same rule: a delta compaction costs what
+the new outputs cost, not what the whole layer costs, so an output drafts within seconds at any size of the layer.
+Readers take the two builds as one source (:func:`datastore.live.delta_serves`). The main build is then rebuilt
+rarely (a fold: the compaction above, which takes every output kept); a delta built on an earlier main build is passed
+over by readers until the next delta compaction replaces it. Folds and delta compactions hold separate locks, so a
+delta keeps the layer fresh while a long fold runs; each never deletes an output the other has not folded (a delta
+compaction deletes nothing).
+
+Decoders never wait for this: they read whatever builds are ready. A compaction that fails or is killed leaves the
+previous build serving and deletes nothing.
 """
 
 from __future__ import annotations
@@ -30,39 +39,42 @@ from pathlib import Path
 import numpy as np
 
 from datastore.connection import APPLICATION_NAME, connect, one_row, resolve_database_url
-from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, decode_output, live_name
+from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, decode_output, delta_name, live_name
 from datastore.registry import compactor_lock_key
 from datastore.schema import require_schema
 
 from .build import BuildConfig, BuildResult, TokenizedCorpus, build_datastore
 from .tokens import TokenStreamWriter
 
-__all__ = ["compact_live"]
+__all__ = ["CompactionResult", "compact_delta", "compact_live"]
 
 
 class CompactionResult:
     """What a compaction did.
 
     Attributes:
-        name: the datastore (the layer is ``name.live``). outputs / tokens: outputs and tokens folded in.
+        name: the datastore. layer: the datastore built (``name.live``, or its delta ``name.live.delta``).
+        outputs / tokens: outputs and tokens folded in.
         evicted: outputs deleted as older than the byte budget. build: the layer's build (``None`` when there
         were no outputs, or when ``busy``). top_t: the top-t used. seconds: wall time.
         busy: another compactor held the datastore's compactor lock, so nothing was done.
-        last_output_id: the newest output folded in (``None``: none).
+        last_output_id: the newest output folded in (``None``: none). base_output_id: for a delta, the newest output of
+        the main build it was built on (0: no main build); ``None`` for a fold.
     """
 
-    def __init__(self, name: str, outputs: int, tokens: int, evicted: int, build: BuildResult | None, top_t: int,
-                 seconds: float, *, busy: bool = False, last_output_id: int | None = None) -> None:
-        self.name, self.outputs, self.tokens, self.evicted = name, outputs, tokens, evicted
+    def __init__(self, name: str, layer: str, outputs: int, tokens: int, evicted: int, build: BuildResult | None,
+                 top_t: int, seconds: float, *, busy: bool = False, last_output_id: int | None = None,
+                 base_output_id: int | None = None) -> None:
+        self.name, self.layer, self.outputs, self.tokens, self.evicted = name, layer, outputs, tokens, evicted
         self.build, self.top_t, self.seconds = build, top_t, seconds
-        self.busy, self.last_output_id = busy, last_output_id
+        self.busy, self.last_output_id, self.base_output_id = busy, last_output_id, base_output_id
 
     def as_dict(self) -> dict:
         """JSON-ready form (``python -m ingest compact-live --json``)."""
         b = self.build
-        return {"name": self.name, "layer": live_name(self.name), "outputs": self.outputs, "tokens": self.tokens,
+        return {"name": self.name, "layer": self.layer, "outputs": self.outputs, "tokens": self.tokens,
                 "evicted": self.evicted, "top_t": self.top_t, "seconds": round(self.seconds, 3), "busy": self.busy,
-                "last_output_id": self.last_output_id,
+                "last_output_id": self.last_output_id, "base_output_id": self.base_output_id,
                 "ngrams": None if b is None else b.num_trees, "bytes_on_disk": None if b is None else b.bytes_on_disk,
                 "build_id": None if b is None else b.build_id}
 
@@ -85,54 +97,112 @@ def compact_live(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_MA
         ValueError: when ``top_t < 1`` or ``max_bytes < 1024``.
         datastore.errors.DatabaseUnavailable / SchemaMismatch: as for a build.
     """
-    if top_t < 1 or max_bytes < 1024:
-        raise ValueError(f"top_t={top_t} must be >= 1 and max_bytes={max_bytes} >= 1024")
+    _check(top_t, max_bytes)
     started = time.perf_counter()
     url = resolve_database_url(database_url)
-    keep_tokens = max_bytes // 2 // 4
+    layer = live_name(name)
     with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live") as conn, \
             tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
         require_schema(conn)
         if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(name)])[0]:
-            return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
-        row = conn.execute("SELECT tokenizer, tokenizer_fingerprint, (params->>'vocab_size')::int FROM datastores "
-                           "WHERE name = %s AND state = 'ready'", [name]).fetchone()
-        base = config or BuildConfig()
-        known = None  # the datastore's tokenizer, as its build recorded it: the compaction does not load it
-        if row is not None and config is None:
-            base = replace(base, tokenizer=row[0])
-            known = None if row[2] is None else (row[1], int(row[2]))
-        kept, total, oldest, newest = _newest_outputs(conn, name, keep_tokens)
+            return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
+        kept, total, oldest, newest = _newest_outputs(conn, name, max_bytes // 2 // 4, after=0)
         if not kept:
-            return CompactionResult(name, 0, 0, 0, None, top_t, time.perf_counter() - started)
-        stream = Path(tmp) / "outputs.u32"
-        with TokenStreamWriter(stream) as writer:
-            writer.write(kept[::-1])  # oldest first, as appended
-        corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
-                                 {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
-                                  "malformed": {}, "last_output_id": newest}, tokenizer=known)
-        cfg = replace(base, name=live_name(name), top_t=top_t, database_url=url, workers=1, screen=False)
-        build = build_datastore(cfg, progress=progress, corpus=corpus)
-        tree_budget = max_bytes - max_bytes // 2
-        if build.bytes_on_disk > tree_budget:
-            widest = max(int(s.get("kept", 0)) for s in build.ngram_stats.values())
-            top_t = max(1, int(widest * tree_budget / build.bytes_on_disk * 0.9))
-            build = build_datastore(replace(cfg, top_t=top_t), progress=progress, corpus=corpus)
+            return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started)
+        build, top_t = _build_layer(conn, Path(tmp), name, layer, kept, {"last_output_id": newest}, top_t, max_bytes,
+                                    url, config, progress)
         # evicted only now that the new build serves: a compaction that fails or is killed deletes nothing
         evicted = conn.execute("DELETE FROM live_outputs WHERE name = %s AND id < %s", [name, oldest]).rowcount
-    return CompactionResult(name, len(kept), total, evicted, build, top_t, time.perf_counter() - started,
+    return CompactionResult(name, layer, len(kept), total, evicted, build, top_t, time.perf_counter() - started,
                             last_output_id=newest)
 
 
-def _newest_outputs(conn, name: str, keep_tokens: int) -> tuple[list[np.ndarray], int, int | None, int | None]:
-    """The newest outputs of ``name`` whose tokens fit in ``keep_tokens``, newest first, read a page at a time;
-    returns ``(outputs, tokens, oldest id kept, newest id kept)``."""
+def compact_delta(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_MAX_BYTES,
+                  database_url: str | None = None, config: BuildConfig | None = None,
+                  progress: bool = False) -> CompactionResult:
+    """Compact the outputs of ``name`` appended after the newest one its live layer's main build holds into the
+    layer's delta, the datastore ``delta_name(name)``, unless another delta compaction of ``name`` is running (then
+    nothing is done and the result says ``busy``). Deletes nothing; records ``corpus.base_output_id`` (the main build's
+    newest output, 0 with no main build) and ``corpus.last_output_id``, by which readers take the delta
+    (:func:`datastore.live.delta_serves`).
+
+    Args:
+        name: the datastore whose outputs to compact.
+        top_t: n-grams kept per n (the corpus build's rule).
+        max_bytes: the layer's bound, as :func:`compact_live`: the newest outputs whose tokens fit in half of it are
+            taken (older ones wait for the next fold), and the trees are held to the other half.
+        database_url / config / progress: as :func:`compact_live`.
+
+    Raises:
+        ValueError: when ``top_t < 1`` or ``max_bytes < 1024``.
+        datastore.errors.DatabaseUnavailable / SchemaMismatch: as for a build.
+    """
+    _check(top_t, max_bytes)
+    started = time.perf_counter()
+    url = resolve_database_url(database_url)
+    layer = delta_name(name)
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live --delta") as conn, \
+            tempfile.TemporaryDirectory(prefix="crest-delta-") as tmp:
+        require_schema(conn)
+        if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(layer)])[0]:
+            return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
+        row = conn.execute("SELECT coalesce((corpus->>'last_output_id')::bigint, 0) FROM datastores "
+                           "WHERE name = %s AND state = 'ready'", [live_name(name)]).fetchone()
+        base = 0 if row is None else int(row[0])
+        kept, total, _, newest = _newest_outputs(conn, name, max_bytes // 2 // 4, after=base)
+        if not kept:
+            return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started,
+                                    base_output_id=base)
+        build, top_t = _build_layer(conn, Path(tmp), name, layer, kept,
+                                    {"last_output_id": newest, "base_output_id": base}, top_t, max_bytes, url, config,
+                                    progress)
+    return CompactionResult(name, layer, len(kept), total, 0, build, top_t, time.perf_counter() - started,
+                            last_output_id=newest, base_output_id=base)
+
+
+def _check(top_t: int, max_bytes: int) -> None:
+    if top_t < 1 or max_bytes < 1024:
+        raise ValueError(f"top_t={top_t} must be >= 1 and max_bytes={max_bytes} >= 1024")
+
+
+def _build_layer(conn, tmp: Path, name: str, layer: str, kept: list[np.ndarray], ids: dict, top_t: int,
+                 max_bytes: int, url: str, config: BuildConfig | None, progress: bool) -> tuple[BuildResult, int]:
+    """Build ``kept`` (outputs, newest first) into the datastore ``layer`` like a corpus, with the tokenizer ``name``
+    was built with, its trees held to half of ``max_bytes`` (top-t scaled down and built again when over); ``ids``:
+    the output ids recorded in the build's corpus. Returns the build and the top-t used."""
+    row = conn.execute("SELECT tokenizer, tokenizer_fingerprint, (params->>'vocab_size')::int FROM datastores "
+                       "WHERE name = %s AND state = 'ready'", [name]).fetchone()
+    base = config or BuildConfig()
+    known = None  # the datastore's tokenizer, as its build recorded it: the compaction does not load it
+    if row is not None and config is None:
+        base = replace(base, tokenizer=row[0])
+        known = None if row[2] is None else (row[1], int(row[2]))
+    stream = tmp / "outputs.u32"
+    with TokenStreamWriter(stream) as writer:
+        writer.write(kept[::-1])  # oldest first, as appended
+    corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
+                             {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
+                              "malformed": {}} | ids, tokenizer=known)
+    cfg = replace(base, name=layer, top_t=top_t, database_url=url, workers=1, screen=False)
+    build = build_datastore(cfg, progress=progress, corpus=corpus)
+    tree_budget = max_bytes - max_bytes // 2
+    if build.bytes_on_disk > tree_budget:
+        widest = max(int(s.get("kept", 0)) for s in build.ngram_stats.values())
+        top_t = max(1, int(widest * tree_budget / build.bytes_on_disk * 0.9))
+        build = build_datastore(replace(cfg, top_t=top_t), progress=progress, corpus=corpus)
+    return build, top_t
+
+
+def _newest_outputs(conn, name: str, keep_tokens: int, after: int) -> tuple[list[np.ndarray], int, int | None,
+                                                                              int | None]:
+    """The newest outputs of ``name`` with ids above ``after`` whose tokens fit in ``keep_tokens``, newest first, read a
+    page at a time; returns ``(outputs, tokens, oldest id kept, newest id kept)``."""
     kept: list[np.ndarray] = []
     total, oldest, newest, last = 0, None, None, None
     while True:
-        page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s "
+        page = conn.execute("SELECT id, tokens FROM live_outputs WHERE name = %s AND id > %s "
                             "AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT 1000",
-                            [name, last, last]).fetchall()
+                            [name, after, last, last]).fetchall()
         for out_id, blob in page:
             toks = decode_output(bytes(blob))
             if total + len(toks) > keep_tokens:

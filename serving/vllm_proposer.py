@@ -42,7 +42,11 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_COMPACT_URL``    the role that compacts (the datastores' owner; default ``DATABASE_URL``);
 ``CREST_COMPACT_OUTPUTS`` compact once this many new outputs wait (default 64) ...
 ``CREST_COMPACT_AFTER_S`` ... or once the oldest new output has waited this many seconds (default 2) ...
-``CREST_COMPACT_GAP_S``  ... and at least this many seconds after the last compaction completed (default 2);
+``CREST_COMPACT_GAP_S``  ... and at least this many seconds after the last compaction completed (default 2); each
+                         compacts only the outputs since the layer's main build, into its delta
+                         (``<CREST_DATASTORE>.live.delta``: seconds at any size of the layer);
+``CREST_COMPACT_FOLD_TOKENS`` the delta's tokens that start a rebuild of the main build beside it (a fold; default
+                         262144; ``0``: no delta, every compaction rebuilds the whole layer);
 ``CREST_LIVE_TOP_T``     n-grams per n a compaction keeps (default 200000);
 ``CREST_LIVE_MAX_BYTES`` the live layer's byte bound, half outputs, half trees (default 256000000);
 ``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off);
@@ -116,6 +120,7 @@ class ProposerConfig:
             compaction = CompactionPolicy(outputs=env_whole(env, "CREST_COMPACT_OUTPUTS", p.outputs),
                                           after_s=env_number(env, "CREST_COMPACT_AFTER_S", p.after_s),
                                           gap_s=env_number(env, "CREST_COMPACT_GAP_S", p.gap_s),
+                                          fold_tokens=env_whole(env, "CREST_COMPACT_FOLD_TOKENS", p.fold_tokens),
                                           top_t=env_whole(env, "CREST_LIVE_TOP_T", p.top_t),
                                           max_bytes=env_whole(env, "CREST_LIVE_MAX_BYTES", p.max_bytes))
         return cls(datastore=env.get("CREST_DATASTORE", d.datastore), database_url=settings.database_url,

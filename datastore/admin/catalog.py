@@ -9,7 +9,7 @@ from psycopg import sql
 
 from ..connection import APPLICATION_NAME, connect, one_row
 from ..errors import BuildConflict, DatastoreNotFound
-from ..live import live_name
+from ..live import delta_name, live_name
 from ..registry import SWAP_CHANNEL, name_lock_key
 from ..schema import require_schema
 from .ddl import DDL_LOCK_TIMEOUT_S, PendingDrop, vacuum
@@ -119,8 +119,8 @@ def drop_datastore(url: str, name: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT
 
 def empty_live_layer(url: str, name: str, wait_s: float = 0.0) -> tuple[int, int]:
     """Empty the live layer of datastore ``name`` (:mod:`datastore.live`): delete its appended outputs and drop its
-    builds (``name.live``), so drafting starts again from the corpus alone (what a benchmark run needs, so it never
-    drafts from outputs an earlier run left of the prompts it scores).
+    builds (``name.live`` and its delta ``name.live.delta``), so drafting starts again from the corpus alone (what a
+    benchmark run needs, so it never drafts from outputs an earlier run left of the prompts it scores).
 
     Args:
         url: the builder's URL. name: the datastore (not its layer's name).
@@ -128,27 +128,30 @@ def empty_live_layer(url: str, name: str, wait_s: float = 0.0) -> tuple[int, int
             stopped may leave one for a moment: its child exits once it sees its parent gone); 0: do not wait.
 
     Returns:
-        ``(outputs deleted, live builds dropped)``.
+        ``(outputs deleted, live builds dropped, the delta's included)``.
 
     Raises:
         datastore.errors.BuildConflict: when a compaction of the layer is still running after ``wait_s`` (stop the
             serving processes that compact it, or wait).
         datastore.errors.SchemaMismatch: when the registry is not at the current revision.
     """
-    layer = live_name(name)
     deadline = time.monotonic() + wait_s
     with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} empty live layer") as conn:
         require_schema(conn)
         deleted = conn.execute("DELETE FROM live_outputs WHERE name = %s", [name]).rowcount
-        exists = conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state <> 'dropped'", [layer]).fetchone()
-    while exists:
-        try:
-            return deleted, drop_datastore(url, layer).builds
-        except BuildConflict:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)
-    return deleted, 0
+        layers = [n for (n,) in conn.execute("SELECT DISTINCT name FROM datastores WHERE name = ANY(%s) "
+                                              "AND state <> 'dropped'", [[live_name(name), delta_name(name)]])]
+    dropped = 0
+    for layer in sorted(layers):
+        while True:
+            try:
+                dropped += drop_datastore(url, layer).builds
+                break
+            except BuildConflict:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+    return deleted, dropped
 
 
 def vacuum_datastores(url: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT_S) -> tuple[list[str], list[PendingDrop]]:

@@ -6,7 +6,9 @@ gets ``SELECT`` on those (plus ``CONNECT`` on the database and ``USAGE`` on the
 schema where it lacks them), nothing else: it can neither write rows nor create
 tables. Every build makes a new tree table, so the grant is recorded in
 ``reader_grants`` and each later build of the name grants ``SELECT`` on its new
-table in the same transaction that makes it ready (:func:`grant_to_readers`).
+table in the same transaction that makes it ready (:func:`grant_to_readers`). Whoever may read a live layer
+(``NAME.live``) may read its delta (``NAME.live.delta``, :func:`datastore.live.delta_name`): the two are one
+source to a reader.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from ..connection import connect, one_row
+from ..live import DELTA_SUFFIX, LIVE_SUFFIX
 from ..schema import require_schema
 
 
@@ -61,8 +64,8 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
             _grant_access(conn, role)
             conn.execute(sql.SQL("GRANT SELECT ON alembic_version, datastores TO {}").format(ident))
             tables = [t for (t,) in conn.execute(
-                "SELECT trees_table FROM datastores WHERE state = 'ready' AND (%s::text IS NULL OR name = %s) "
-                "ORDER BY id", [name, name])]
+                "SELECT trees_table FROM datastores WHERE state = 'ready' AND (%s::text IS NULL OR name = ANY(%s)) "
+                "ORDER BY id", [name, _with_delta(name)])]
             for table in tables:
                 conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), ident))
     return tables
@@ -94,8 +97,14 @@ def _grant_access(conn: psycopg.Connection, role: str) -> None:
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident))
 
 
+def _with_delta(name: str | None) -> list[str | None]:
+    """``name``, and its delta's name when ``name`` is a live layer's (:func:`datastore.live.live_name`)."""
+    return [name] + ([name + DELTA_SUFFIX] if name is not None and name.endswith(LIVE_SUFFIX) else [])
+
+
 def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[str]:
-    """Grant ``SELECT`` on a new build's ``table`` to every role recorded for ``name`` (or for all).
+    """Grant ``SELECT`` on a new build's ``table`` to every role recorded for ``name`` (or for all; for a live layer's
+    delta, also to those recorded for its layer).
 
     Called by :class:`datastore.admin.writer.DatastoreWriter` inside the transaction that makes
     the build ready, so readers never see a ready build they may not read. Roles dropped
@@ -106,7 +115,7 @@ def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[st
     """
     roles = [r for (r,) in conn.execute(
         "SELECT DISTINCT g.role FROM reader_grants g JOIN pg_roles r ON r.rolname = g.role "
-        "WHERE g.name IS NULL OR g.name = %s ORDER BY g.role", [name])]
+        "WHERE g.name IS NULL OR g.name = ANY(%s) ORDER BY g.role", [[name, name.removesuffix(DELTA_SUFFIX)]])]
     for role in roles:
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), sql.Identifier(role)))
     return roles

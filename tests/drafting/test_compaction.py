@@ -1,6 +1,7 @@
 """The live layer's automatic compaction (:mod:`drafting.compaction`) on the real Postgres: when a compaction is due,
 one compactor per datastore under the advisory lock (a second one and a held lock do nothing), a killed compaction
-leaving the previous live build serving and nothing evicted, then retried; lookups never wait for it."""
+leaving the previous live build serving and nothing evicted, then retried; deltas between folds, a fold once the delta
+is large, a killed delta compaction; lookups never wait for it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,14 +19,15 @@ import pytest
 from datastore import Datastore
 from datastore.connection import connect
 from datastore.errors import DatastoreError
-from datastore.live import encode_output, live_name
+from datastore.live import delta_name, encode_output, live_name
 from datastore.registry import compactor_lock_key
 from drafting import CompactionPolicy, LiveCompactor
-from drafting.compaction import spawn_idle
+from drafting.compaction import Layer, spawn_idle
 from ingest.tokens import SEPARATOR
 
-FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, check_s=0.2, top_t=500, retry_s=0.5)
-"""Due as soon as one output waits (the tests' policy); the defaults are measured by benchmarks/live_layer.py."""
+FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, fold_tokens=0, check_s=0.2, top_t=500, retry_s=0.5)
+"""Every compaction a fold, due as soon as one output waits (the tests' policy); the defaults are measured by
+benchmarks/live_layer.py."""
 
 
 def _documents(stream: np.ndarray, count: int) -> list[np.ndarray]:
@@ -43,12 +46,20 @@ def _append(url: str, name: str, docs) -> int:
     return int(row[0])
 
 
-def _layer(url: str, name: str) -> tuple[int, int] | None:
-    """``(build id, last output id folded in)`` of the serving live build of ``name``, or ``None``."""
+def _layer(url: str, name: str, layer=live_name) -> tuple[int, int] | None:
+    """``(build id, last output id folded in)`` of the serving live build of ``name`` (``layer=delta_name``: its
+    delta's), or ``None``."""
     with connect(url) as conn:
         row = conn.execute("SELECT id, (corpus->>'last_output_id')::bigint FROM datastores "
-                           "WHERE name = %s AND state = 'ready'", [live_name(name)]).fetchone()
+                           "WHERE name = %s AND state = 'ready'", [layer(name)]).fetchone()
     return None if row is None else (int(row[0]), int(row[1]))
+
+
+def _delta_base(url: str, name: str) -> int | None:
+    with connect(url) as conn:
+        row = conn.execute("SELECT (corpus->>'base_output_id')::bigint FROM datastores "
+                           "WHERE name = %s AND state = 'ready'", [delta_name(name)]).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _until(what, timeout: float = 120.0, every: float = 0.1):
@@ -118,9 +129,11 @@ def test_one_compactor_at_a_time_keeps_the_layer_fresh(database_url, real_stream
             c.close()
     runs = [r for c in compactors for r in c.runs]
     assert all(r.exit_code == 0 for r in runs) and sum(c.failures for c in compactors) == 0
-    built = sorted((r.started, r.started + r.seconds) for r in runs if r.result and r.result["build_id"])
-    assert len(built) >= 2
-    assert all(a_end <= b_start + 0.5 for (_, a_end), (b_start, _) in zip(built, built[1:]))  # never two at once
+    assert len([r for r in runs if r.result and r.result["build_id"]]) >= 2
+    with connect(database_url) as conn:  # each build of the layer, from its registry row to its swap: under the lock
+        spans = conn.execute("SELECT created_at, completed_at FROM datastores WHERE name = %s "
+                             "AND completed_at IS NOT NULL ORDER BY created_at", [live_name(live_ds)]).fetchall()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))  # never two at once
     assert all(r.peak_rss_bytes > 10 << 20 for r in runs)
 
 
@@ -138,10 +151,9 @@ def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_u
                                     [live_name(live_ds)]).fetchone() is not None
 
         _until(building, every=0.01)  # the compaction is inside its build
-        child = compactor._child
-        assert child is not None
-        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE  # it never takes a core an engine wants
-        os.kill(child.pid, signal.SIGKILL)
+        pid = compactor.running()["fold"]
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # it never takes a core an engine wants
+        os.kill(pid, signal.SIGKILL)
         _until(lambda: compactor.failures >= 1)
         assert _layer(database_url, live_ds) == first  # the previous live build serves
         with connect(database_url) as conn:
@@ -152,6 +164,84 @@ def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_u
     finally:
         compactor.close()
     assert "compaction failed" in caplog.text and "previous live build keeps serving" in caplog.text
+
+
+@pytest.mark.parametrize(("layer", "due"), [
+    # outputs beyond the builds served, the oldest's wait, since the serving build; a delta compaction running;
+    # tokens not in the main build, outputs not in it, the oldest's wait, since the main build; a fold running
+    ((3, 5.0, 9.0, False, 100, 3, 5.0, 9.0, False), {"delta"}),
+    ((3, 5.0, 9.0, True, 100, 3, 5.0, 9.0, False), set()),               # a delta compaction runs already
+    ((0, None, 9.0, False, 600, 9, 50.0, 60.0, False), {"fold"}),        # the delta holds enough: fold
+    ((2, 5.0, 9.0, False, 600, 9, 50.0, 60.0, False), {"delta", "fold"}),  # ... and deltas go on beside it
+    ((2, 5.0, 9.0, False, 600, 9, 50.0, 60.0, True), {"delta"}),         # a fold runs already
+    ((2, 5.0, 9.0, False, 600, 9, 50.0, 1.0, False), {"delta"}),         # the main build is under gap_s old
+])
+def test_when_a_delta_or_a_fold_is_due(layer, due):
+    policy = CompactionPolicy(fold_tokens=500)
+    got = {k for k, f in (("delta", policy.delta_due), ("fold", policy.fold_due)) if f(Layer(*layer))}
+    assert got == due
+    no_delta = replace(policy, fold_tokens=0)  # every compaction a fold, due by the delta's rule on the main build
+    assert not no_delta.delta_due(Layer(*layer))
+    assert no_delta.fold_due(Layer(*layer)) == (not layer[8] and no_delta.due(layer[5], layer[6], layer[7]))
+
+
+def test_deltas_keep_the_layer_fresh_until_a_fold_catches_up(database_url, real_stream, live_ds):
+    """With deltas on, new outputs reach the delta (built on no main build yet: base 0) and the main build is not
+    rebuilt until the outputs outside it reach ``fold_tokens``; then a fold runs, and a delta on the new main build
+    follows for what came after."""
+    docs = _documents(real_stream, 24)
+    policy = replace(FAST, fold_tokens=sum(map(len, docs[:16])) + 1)
+    compactor = LiveCompactor(live_ds, database_url, policy)
+    try:
+        newest = _append(database_url, live_ds, docs[:8])
+        _until(lambda: (got := _layer(database_url, live_ds, delta_name)) and got[1] == newest)
+        newest = _append(database_url, live_ds, docs[8:16])
+        _until(lambda: (got := _layer(database_url, live_ds, delta_name)) and got[1] == newest)
+        assert _layer(database_url, live_ds) is None and _delta_base(database_url, live_ds) == 0  # no fold yet
+        newest = _append(database_url, live_ds, docs[16:])
+        main = _until(lambda: _layer(database_url, live_ds))  # past fold_tokens: folded
+
+        def served() -> bool:  # every output is in the main build, or in a delta built on it
+            main = _layer(database_url, live_ds)
+            delta = _layer(database_url, live_ds, delta_name)
+            return main is not None and (main[1] == newest or (
+                delta is not None and delta[1] == newest and _delta_base(database_url, live_ds) == main[1]))
+
+        _until(served)
+        _until(lambda: any(r.kind == "fold" and r.result and r.result["build_id"] for r in compactor.runs))
+        assert main[1] >= max(r.result["last_output_id"] for r in compactor.runs if r.kind == "delta" and r.result
+                              and r.result["build_id"] and r.result["last_output_id"] < newest)
+    finally:
+        compactor.close()
+    kinds = {r.kind for r in compactor.runs if r.result and r.result["build_id"]}
+    assert kinds == {"delta", "fold"} and compactor.failures == 0
+    with connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone() == (24,)
+
+
+def test_a_killed_delta_compaction_leaves_the_previous_delta_and_is_retried(database_url, real_stream, live_ds):
+    docs = _documents(real_stream, 16)
+    compactor = LiveCompactor(live_ds, database_url, replace(FAST, fold_tokens=1 << 30))
+    try:
+        newest = _append(database_url, live_ds, docs[:8])
+        first = _until(lambda: (got := _layer(database_url, live_ds, delta_name)) and got[1] == newest and got)
+        newest = _append(database_url, live_ds, docs[8:])
+
+        def building() -> bool:
+            with connect(database_url) as conn:
+                return conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state = 'building'",
+                                    [delta_name(live_ds)]).fetchone() is not None
+
+        _until(building, every=0.01)
+        os.kill(compactor.running()["delta"], signal.SIGKILL)
+        _until(lambda: compactor.failures >= 1)
+        assert _layer(database_url, live_ds, delta_name) == first  # the previous delta serves
+        again = _until(lambda: (got := _layer(database_url, live_ds, delta_name)) and got[1] == newest and got)
+        assert again[0] > first[0] and _layer(database_url, live_ds) is None  # retried; no fold
+    finally:
+        compactor.close()
+    with connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone() == (16,)
 
 
 def test_lookups_never_wait_for_automatic_compaction(database_url, real_stream, live_ds):

@@ -76,9 +76,12 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
                        for n in range(int(rng.integers(0, 4)), 0, -1)] for _ in active]
             live = [Match((1, 2), random_tree(rng, vocab, int(rng.integers(0, 20)))) if rng.random() < 0.4 else None
                     for _ in active]
+            # the live layer's delta: a shorter, an equal or a longer match than the main build's (summed when equal)
+            delta = [Match(tuple(range(int(rng.integers(1, 4)))), random_tree(rng, vocab, int(rng.integers(0, 20))))
+                     if rng.random() < 0.4 else None for _ in active]
             heads = [random_head_tree(rng, vocab, int(rng.integers(0, 16))) if rng.random() < 0.6 else None
                      for _ in active]
-            want = oracle.draft(active, budgets, stored, live, chain, min_score, heads)
+            want = oracle.draft(active, budgets, stored, live, chain, min_score, heads, delta)
             curve = None
             if chain and rng.random() < 0.5:  # an engine's step-cost curve: a knee at a random batch size
                 knee, fixed = float(rng.integers(2, 3 * len(active) + 3)), float(rng.uniform(0.01, 0.03))
@@ -88,7 +91,8 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
             tokens, parents, scores, offsets, chosen, sources = native.draft_given(
                 np.asarray([handles[k] for k in active], np.int64), np.asarray(budgets, np.int64),
                 [[tree(m) for m in c] for c in stored], [tree(m) for m in live],
-                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score, curve)
+                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score, curve,
+                [tree(m) for m in delta])
             for j, (draft, c) in enumerate(want):
                 s, e, n = offsets[j], offsets[j + 1], kept[j]
                 assert draft.sources is not None

@@ -1,6 +1,7 @@
 """``python -m ingest compact-live`` (:mod:`ingest.live`) on the real Postgres: compaction by the corpus build's own
-rule (the same rows as a build of the same tokens), eviction by bytes, newest outputs kept, and emptying a layer
-while a compaction runs."""
+rule (the same rows as a build of the same tokens), eviction by bytes, newest outputs kept, the delta of the outputs
+since the main build (read with it only while built on it; its own lock; deleting nothing), and emptying a layer while
+a compaction runs."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import numpy as np
 import pytest
 from psycopg import sql
 
+from datastore import Datastore
 from datastore.admin.catalog import empty_live_layer
 from datastore.connection import connect
 from datastore.errors import BuildConflict
-from datastore.live import decode_output, encode_output, live_name
-from datastore.registry import name_lock_key
+from datastore.live import decode_output, delta_name, encode_output, live_name
+from datastore.registry import compactor_lock_key, name_lock_key
 from ingest.build import BuildConfig, TokenizedCorpus, build_datastore
-from ingest.live import compact_live
+from ingest.live import compact_delta, compact_live
 from ingest.tokens import SEPARATOR, TokenStreamWriter
 
 
@@ -42,17 +44,28 @@ def _rows(url: str, name: str) -> dict[bytes, bytes]:
                 for k, v in conn.execute(sql.SQL("SELECT key, tree FROM {}").format(sql.Identifier(table)))}
 
 
+def _build(url: str, name: str, docs, path) -> None:
+    """Build ``docs`` as a corpus into ``name`` (top-t 500)."""
+    with TokenStreamWriter(path) as w:
+        w.write(docs)
+    build_datastore(BuildConfig(name=name, top_t=500, database_url=url),
+                    progress=False, corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token,
+                                                          {"path": str(path), "malformed": {}}))
+
+
+def _newest(url: str, name: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute("SELECT max(id) FROM live_outputs WHERE name = %s", [name]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_compaction_equals_a_build_of_the_same_outputs(database_url, real_stream, live_ds, ds_name, tmp_path):
     docs = _documents(real_stream, 30)
     _append(database_url, live_ds, docs)
     res = compact_live(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
     assert (res.outputs, res.tokens, res.evicted) == (len(docs), sum(map(len, docs)), 0)
-    path = tmp_path / "s.u32"
-    with TokenStreamWriter(path) as w:
-        w.write(docs)
-    build_datastore(BuildConfig(name=ds_name, top_t=500, database_url=database_url),
-                    progress=False, corpus=TokenizedCorpus(path, len(docs), w.num_tokens, w.max_token,
-                                                          {"path": str(path), "malformed": {}}))
+    _build(database_url, ds_name, docs, tmp_path / "s.u32")
     assert _rows(database_url, live_name(live_ds)) == _rows(database_url, ds_name)  # same rule, same trees
     with connect(database_url) as conn:
         row = conn.execute("SELECT corpus FROM datastores WHERE name = %s AND state = 'ready'",
@@ -74,6 +87,55 @@ def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url,
     assert left == [d.tolist() for d in docs[-4:]]
 
 
+
+
+def test_a_delta_holds_the_outputs_since_the_main_build(database_url, real_stream, live_ds, ds_name, tmp_path,
+                                                        tokenizer):
+    """The delta builds exactly the outputs appended after the main build's newest (the same rows as a corpus build of
+    them), deletes nothing, and readers take it with the main build only while it was built on that build: a fold
+    passes it over until the next delta compaction."""
+    docs = _documents(real_stream, 24)
+    _append(database_url, live_ds, docs[:10])
+    main = compact_live(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
+    _append(database_url, live_ds, docs[10:16])
+    delta = compact_delta(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
+    assert delta.build is not None and (delta.outputs, delta.evicted) == (6, 0)
+    assert (delta.base_output_id, delta.last_output_id) == (main.last_output_id, _newest(database_url, live_ds))
+    _build(database_url, ds_name, docs[10:16], tmp_path / "s.u32")
+    assert _rows(database_url, delta_name(live_ds)) == _rows(database_url, ds_name)  # the new outputs alone
+    context = [int(t) for t in docs[12][:6]]
+    with Datastore.open(live_name(live_ds), tokenizer=tokenizer, database_url=database_url,
+                        live=live_name(live_ds)) as client:
+        assert client.delta is not None and client.delta.id == delta.build.build_id
+        got = client.retrieve_batch([context], [False])[0]
+        with Datastore.open(delta_name(live_ds), tokenizer=tokenizer, database_url=database_url) as alone:
+            assert got.delta == alone.lookup(context) and got.delta is not None  # the delta's own longest match
+        _append(database_url, live_ds, docs[16:18])
+        fold = compact_live(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
+        client.refresh()
+        assert fold.build is not None and client.live is not None and client.live.id == fold.build.build_id
+        assert client.delta is None  # built on the earlier main build: passed over
+        assert compact_delta(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url).build is None
+        _append(database_url, live_ds, docs[18:24])
+        again = compact_delta(live_ds, top_t=500, max_bytes=1 << 30, database_url=database_url)
+        client.refresh()
+        assert again.base_output_id == fold.last_output_id and again.outputs == 6 and again.build is not None
+        assert client.delta is not None and client.delta.id == again.build.build_id
+    with connect(database_url) as conn:  # only the folds' budget evicts: here nothing
+        assert conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone() == (24,)
+
+
+def test_a_delta_compaction_holds_its_own_lock(database_url, real_stream, live_ds):
+    """One delta compaction of a datastore at a time, and a fold (the other lock) does not stop it."""
+    _append(database_url, live_ds, _documents(real_stream, 4))
+    with connect(database_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [compactor_lock_key(delta_name(live_ds))])
+        assert compact_delta(live_ds, top_t=100, database_url=database_url).busy
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        holder.execute("SELECT pg_advisory_lock(%s)", [compactor_lock_key(live_ds)])  # a fold runs
+        assert compact_live(live_ds, top_t=100, database_url=database_url).busy
+        res = compact_delta(live_ds, top_t=100, database_url=database_url)
+        assert not res.busy and res.outputs == 4 and res.base_output_id == 0
 
 
 def test_emptying_the_layer_waits_for_a_running_compaction_or_names_it(database_url, real_stream, live_ds):

@@ -16,6 +16,7 @@ from . import feedback, goodput
 from .calibration import draft_from_candidates
 from .local import RequestAutomaton
 from .output_index import OutputIndex
+from .treeops import live_layer
 
 MATCH_NODES = 64
 CONTEXT_TOKENS = 64
@@ -82,12 +83,15 @@ class PythonCore:
 
     def draft(self, keys: Sequence, budgets: Sequence[int], stored: Sequence[Sequence[Match]],
               live: Sequence[Match | None], chain: bool, min_score: float,
-              heads: Sequence[HeadTree | None] | None = None) -> list[tuple[Draft, int]]:
+              heads: Sequence[HeadTree | None] | None = None,
+              delta: Sequence[Match | None] | None = None) -> list[tuple[Draft, int]]:
         out = []
-        for key, budget, cands, live_match, tree in zip(keys, budgets, stored, live, heads or [None] * len(keys)):
+        deltas = delta or [None] * len(keys)
+        for key, budget, cands, live_match, tree, delta_match in zip(keys, budgets, stored, live,
+                                                                     heads or [None] * len(keys), deltas):
             r = self.requests[key]
             nodes = max(budget, MATCH_NODES)
-            others = {"live": live_match if "live" in self.sources else None,
+            others = {"live": live_layer(live_match, delta_match) if "live" in self.sources else None,
                       "heads": tree if "heads" in self.sources else None,
                       "local": r.local.match(nodes) if "local" in self.sources else None,
                       "outputs": self.outputs.match(r.tokens[-CONTEXT_TOKENS:], nodes)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datastore.tree import Match, TokenTree
+
 __all__ = ["depths", "children", "Union", "union", "top_nodes", "best_path"]
 
 
@@ -159,3 +161,31 @@ def best_path(parents: np.ndarray, depths: np.ndarray, scores: np.ndarray, max_l
         path.append(best)
         best = came_from[best]
     return np.asarray(path[::-1], dtype=np.int64)
+
+
+def live_layer(main: Match | None, delta: Match | None) -> Match | None:
+    """The live layer's match from its main build's and its delta's (``csrc/merge.cpp`` ``live_layer``): the longer
+    match alone; at equal lengths the count-summed union, the main tree's nodes in order, then the delta's new nodes
+    each after its parent; root counts added when both are known (else 0). An empty tree counts as no match."""
+    if delta is None or not len(delta.tree):
+        return main
+    if main is None or not len(main.tree) or len(delta.ngram) > len(main.ngram):
+        return delta
+    if len(main.ngram) > len(delta.ngram):
+        return main
+    tokens, parents, counts = main.tree.token_ids.tolist(), main.tree.parents.tolist(), main.tree.counts.tolist()
+    node = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}  # a repeated sibling: the later one
+    where: list[int] = []
+    for t, p, c in zip(delta.tree.token_ids.tolist(), delta.tree.parents.tolist(), delta.tree.counts.tolist()):
+        up = -1 if p < 0 else where[p]
+        i = node.get((up, t))
+        if i is None:
+            i = node[(up, t)] = len(tokens)
+            tokens.append(t)
+            parents.append(up)
+            counts.append(0)
+        counts[i] += c
+        where.append(i)
+    a, b = main.tree.root_count, delta.tree.root_count
+    return Match(main.ngram, TokenTree(np.asarray(tokens), np.asarray(parents), np.asarray(counts),
+                                       a + b if a and b else 0))

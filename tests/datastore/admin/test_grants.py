@@ -3,6 +3,7 @@ losslessly, keeps reading across rebuilds and is refused every write, and may re
 
 from __future__ import annotations
 
+import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
@@ -81,3 +82,38 @@ def test_reader_of_one_datastore_is_refused_another(database_url, reader, ds_nam
         drop_datastore(database_url, other)
 
 
+
+
+def test_a_reader_of_a_live_layer_reads_its_delta(database_url, reader, live_ds, real_stream, tokenizer):
+    """Granting ``NAME.live`` grants its delta's build now and every later one: a reader takes the two as one."""
+    from datastore.connection import connect
+    from datastore.live import delta_name, encode_output, live_name
+    from ingest.live import compact_delta, compact_live
+    from ingest.tokens import SEPARATOR
+
+    role, reader_url = reader
+    docs = [d for d in np.split(real_stream, np.flatnonzero(real_stream == SEPARATOR)) if len(d) > 8][:12]
+
+    def append(batch) -> None:
+        with connect(database_url, autocommit=True) as conn, conn.cursor().copy(
+                "COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+            for d in batch:
+                d = d[d != SEPARATOR]
+                cp.write_row((live_ds, encode_output(d), len(d), "test"))
+
+    append(docs[:4])
+    compact_live(live_ds, top_t=100, database_url=database_url)
+    append(docs[4:8])
+    compact_delta(live_ds, top_t=100_000, database_url=database_url)  # built before the grant
+    granted = run_module("datastore", "grant-reader", role, "--name", live_name(live_ds), "--create",
+                         "--database-url", database_url)
+    assert granted.returncode == 0, granted.stderr
+    for batch in (None, docs[8:12]):  # the delta built before the grant, then one built after it
+        if batch is not None:
+            append(batch)
+            compact_delta(live_ds, top_t=100_000, database_url=database_url)
+        with Datastore.open(live_name(live_ds), tokenizer=tokenizer, database_url=reader_url,
+                            live=live_name(live_ds)) as ds:
+            assert ds.delta is not None and ds.delta.name == delta_name(live_ds)
+            context = [int(t) for t in docs[5][1:7] if t != SEPARATOR]
+            assert ds.retrieve_batch([context], [False])[0].delta is not None
