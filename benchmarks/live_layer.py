@@ -10,7 +10,8 @@
    With ``--main-tokens``, the layer's main build first holds that many tokens of other outputs (ShareGPT
    conversations standing in, folded by ``compact-live``; their 5-grams are kept out of the probes), so each run
    measures the delta (``compact-live --delta``: the policy's default) beside a main build of that size; with
-   ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta.
+   ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta; ``--delta-tokens``
+   starts each run with a delta of that size (one near the fold: the largest a delta compaction gets).
 2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
    ``--sizes`` tokens (ShareGPT conversations standing in for outputs): wall time, peak RSS (the largest sum of the
    resident sets of the command's process tree, sampled every 20 ms; and its main process's ``VmHWM``), n-grams, bytes
@@ -19,7 +20,7 @@
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
     .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
-        [--fold-tokens 262144] [--sizes 100K 1M 4M] [--json out.json]
+        [--delta-tokens 0] [--fold-tokens 262144] [--sizes 100K 1M 4M] [--json out.json]
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, i
                 del pending[i]
                 done += 1
         time.sleep(0.02)
+    st = method.stats
+    outbox.put({"replica_steps": st.replica_steps, "round_trip_steps": st.round_trip_steps})
     service.close()
 
 
@@ -156,6 +159,7 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: i
         while len(seen) < len(outputs):
             i, t = outbox.get(timeout=600)
             seen[i] = t
+        steps = outbox.get(timeout=60)  # B's steps: from the replicas, or by the round trip (a replica being written)
         print(file=sys.stderr)
     finally:
         b.join(60)
@@ -167,35 +171,40 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: i
             "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
             "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
             "compactions_by_A": {k: len([r for r in runs if r.kind == k]) for k in ("delta", "fold")},
+            "drafter_steps": steps,
             "compaction_s_by_A": [(r.kind, round(r.seconds, 2)) for r in runs]}
 
 
-def fill_main(name: str, docs: list[np.ndarray], tokens: int) -> tuple[dict, np.ndarray | None]:
-    """Fold ``tokens`` tokens of ``docs`` (as outputs) into ``name``'s live layer's main build, by hand; returns what
-    the fold did and the 5-gram keys of those outputs (``None`` for 0 tokens: an empty layer)."""
+def fill_main(name: str, docs: list[np.ndarray], tokens: int, delta_tokens: int) -> tuple[dict, np.ndarray | None]:
+    """Fold ``tokens`` tokens of ``docs`` (as outputs) into ``name``'s live layer's main build, then compact the next
+    ``delta_tokens`` tokens into its delta, by hand; returns what was done and the 5-gram keys of those outputs
+    (``None`` for none: an empty layer)."""
     from datastore.admin.catalog import empty_live_layer
     from datastore.connection import connect, resolve_database_url
     from datastore.live import encode_output
-    from ingest.live import compact_live
+    from ingest.live import compact_delta, compact_live
 
     url = resolve_database_url(None)
     empty_live_layer(url, name, wait_s=120)
-    if tokens == 0:
-        return {"tokens": 0}, None
-    kept, total = [], 0
-    for d in docs:
-        if total >= tokens:
-            break
-        kept.append(d)
-        total += len(d)
-    with connect(url, autocommit=True) as conn, conn.cursor().copy(
-            "COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
-        for d in kept:
-            cp.write_row((name, encode_output(d.tolist()), len(d), "bench-main"))
-    res = compact_live(name, database_url=url)
-    keys = np.unique(np.concatenate([_gram_keys(d) for d in kept]))
-    return {"tokens": total, "outputs": len(kept), "fold_s": round(res.seconds, 1), "ngrams": res.as_dict()["ngrams"],
-            "bytes_on_disk": res.as_dict()["bytes_on_disk"]}, keys
+    done: dict = {"tokens": 0, "delta_tokens": 0}
+    kept: list[np.ndarray] = []
+    for key, want, compact in (("tokens", tokens, compact_live), ("delta_tokens", delta_tokens, compact_delta)):
+        batch, total = [], 0
+        for d in docs[len(kept):]:
+            if total >= want:
+                break
+            batch.append(d)
+            total += len(d)
+        if not batch:
+            continue
+        with connect(url, autocommit=True) as conn, conn.cursor().copy(
+                "COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
+            for d in batch:
+                cp.write_row((name, encode_output(d.tolist()), len(d), "bench-before"))
+        res = compact(name, database_url=url)
+        kept += batch
+        done |= {key: total, f"{key}_compact_s": round(res.seconds, 1), f"{key}_ngrams": res.as_dict()["ngrams"]}
+    return done, np.unique(np.concatenate([_gram_keys(d) for d in kept])) if kept else None
 
 
 class TreeRss:
@@ -279,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--main-tokens", type=parse_count, nargs="+", default=[0],
                     help="the live layer's main build's size in tokens before each freshness run, e.g. 1M 4M 16M "
                          "(default: 0, an empty layer).")
+    ap.add_argument("--delta-tokens", type=parse_count, default=0,
+                    help="tokens of other outputs compacted into the delta before each freshness run, e.g. 240K (a "
+                         "delta near the fold: its compactions' cost bounds freshness) (default: 0).")
     ap.add_argument("--fold-tokens", type=int_in(0), default=262_144,
                     help="the compactors' CREST_COMPACT_FOLD_TOKENS (default: 262144; 0: no delta, every compaction "
                          "rebuilds the whole layer).")
@@ -304,17 +316,19 @@ def main() -> None:
     figures: dict = {}
     try:
         # the outputs' conversations (a margin of 10K tokens each: 400K at the default 40), then the largest size's
-        docs = _documents(tok, max(args.sizes + args.main_tokens) + 10_000 * args.outputs, skip=50)
+        docs = _documents(tok, max(args.sizes + args.main_tokens) + args.delta_tokens + 10_000 * args.outputs, skip=50)
         outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]  # the first 400 tokens of each
         figures["freshness"] = []
         for main_tokens in args.main_tokens:
-            main, keys = fill_main(args.name, docs[args.outputs:], main_tokens)
+            main, keys = fill_main(args.name, docs[args.outputs:], main_tokens, args.delta_tokens)
             fr = freshness(args.name, outputs, args.every, args.fold_tokens, keys) | {"main": main}
             figures["freshness"].append(fr)
-            print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('fold_s', 0)} s), "
+            print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('tokens_compact_s', 0)} s), "
+                  f"delta {main['delta_tokens']:,} tokens before the run, "
                   f"{fr['outputs']} outputs, one every {args.every:.1f} s on average, fold at {args.fold_tokens:,} "
                   f"tokens: p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
-                  f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s)")
+                  f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s); B's steps "
+                  f"{fr['drafter_steps']}")
         figures["compaction"] = []
         for size in args.sizes:
             row = compaction_cost(args.name, docs[args.outputs:], size)

@@ -55,7 +55,8 @@ class Retriever(Protocol):
 
     def retrieve_batch(self, contexts: Sequence[TokenIds], back_off: Sequence[bool]) -> list[Retrieval]:
         """A drafting step's lookups: per context, the candidates (all stored suffixes where its ``back_off`` is true,
-        else the longest) and the live layer's longest match, in one round trip (Postgres clients only)."""
+        else the longest) and the live layer's longest match, its main build's and its delta's, in one round trip
+        (Postgres clients only)."""
 
     def stores(self) -> Stores | None:
         """The host-local replicas of the builds served, when the backend keeps them and they are ready."""
@@ -190,7 +191,7 @@ class DatastoreSource:
         """A drafting step's lookups in one round trip
         (:meth:`datastore.lookup.LookupClient.retrieve_batch`): per context, the datastore's candidates (every
         stored suffix, longest first, where its ``back_off`` is true; else the longest) and the live layer's longest
-        match; all empty on a fault."""
+        matches (its main build's and its delta's); all empty on a fault."""
         return self._call(lambda c: c.retrieve_batch(contexts, back_off), [Retrieval([], None) for _ in contexts])
 
     def stores(self) -> Stores | None:
