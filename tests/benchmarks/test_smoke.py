@@ -212,15 +212,17 @@ def test_load(database_url, tmp_path):
 def test_live_layer(database_url, tmp_path):
     name = f"test-live-{uuid.uuid4().hex[:8]}"
     try:
-        _run("live_layer", "--name", name, "--outputs", "2", "--every", "0.2", "--sizes", "2K", "--json",
-             tmp_path / "live.json", url=database_url)
+        _run("live_layer", "--name", name, "--outputs", "2", "--every", "0.2", "--main-tokens", "3K", "--sizes", "2K",
+             "--json", tmp_path / "live.json", url=database_url)
     finally:
         _drop(database_url, name)
     got = json.loads((tmp_path / "live.json").read_text())
-    fresh, (cost,) = got["freshness"], got["compaction"]
-    assert fresh["outputs"] >= 1 and 0 < fresh["p50_s"] <= fresh["max_s"]
+    (fresh,), (cost,) = got["freshness"], got["compaction"]
+    assert fresh["outputs"] >= 1 and 0 < fresh["p50_s"] <= fresh["max_s"] and fresh["main"]["tokens"] >= 3000
+    assert fresh["compactions_by_A"]["fold"] == 0  # the outputs went to the delta, beside the main build
+    assert fresh["drafter_steps"]["replica_steps"] + fresh["drafter_steps"]["round_trip_steps"] > 0
     assert cost["tokens"] >= 2000 and cost["ngrams"] > 0 and cost["bytes_on_disk"] > 0 and cost["peak_rss_mib"] > 0
-    assert not {name, f"{name}.live"} & _names(database_url)  # removed by the script itself
+    assert not {name, f"{name}.live", f"{name}.live.delta"} & _names(database_url)  # removed by the script itself
 
 
 # -- replaying saved references -------------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def test_when_a_delta_or_a_fold_is_due(layer, due):
     assert no_delta.fold_due(Layer(*layer)) == (not layer[8] and no_delta.due(layer[5], layer[6], layer[7]))
 
 
+@pytest.mark.slow
 def test_deltas_keep_the_layer_fresh_until_a_fold_catches_up(database_url, real_stream, live_ds):
     """With deltas on, new outputs reach the delta (built on no main build yet: base 0) and the main build is not
     rebuilt until the outputs outside it reach ``fold_tokens``; then a fold runs, and a delta on the new main build
@@ -244,6 +245,7 @@ def test_a_killed_delta_compaction_leaves_the_previous_delta_and_is_retried(data
         assert conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone() == (16,)
 
 
+@pytest.mark.slow
 def test_lookups_never_wait_for_automatic_compaction(database_url, real_stream, live_ds):
     """New clients of the live layer open and look up in their usual time while compactions run back to back and an
     idle transaction holds the layer's previous table (the DDL rules: the swap never queues a lookup)."""

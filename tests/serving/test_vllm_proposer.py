@@ -149,17 +149,19 @@ def test_compaction_settings_from_the_environment(monkeypatch):
     from serving.vllm_proposer import ProposerConfig
 
     for var in ("CREST_COMPACT", "CREST_COMPACT_URL", "CREST_COMPACT_OUTPUTS", "CREST_COMPACT_AFTER_S",
-                "CREST_COMPACT_GAP_S", "CREST_LIVE_TOP_T", "CREST_LIVE_MAX_BYTES"):
+                "CREST_COMPACT_GAP_S", "CREST_COMPACT_FOLD_TOKENS", "CREST_LIVE_TOP_T", "CREST_LIVE_MAX_BYTES"):
         monkeypatch.delenv(var, raising=False)
     cfg = ProposerConfig.from_env()
     assert cfg.compaction == CompactionPolicy() and cfg.compact_url is None  # on by default: no cron job needed
     monkeypatch.setenv("CREST_COMPACT_OUTPUTS", "8")
     monkeypatch.setenv("CREST_COMPACT_AFTER_S", "0.5")
     monkeypatch.setenv("CREST_LIVE_TOP_T", "1000")
+    monkeypatch.setenv("CREST_COMPACT_FOLD_TOKENS", "0")
     monkeypatch.setenv("CREST_COMPACT_URL", "postgresql://owner@127.0.0.1/test")
     cfg = ProposerConfig.from_env()
-    assert cfg.compaction is not None and (cfg.compaction.outputs, cfg.compaction.after_s, cfg.compaction.top_t) == (
-        8, 0.5, 1000) and cfg.compact_url == "postgresql://owner@127.0.0.1/test"
+    assert cfg.compaction is not None and (cfg.compaction.outputs, cfg.compaction.after_s, cfg.compaction.top_t,
+                                           cfg.compaction.fold_tokens) == (8, 0.5, 1000, 0)
+    assert cfg.compact_url == "postgresql://owner@127.0.0.1/test"
     monkeypatch.setenv("CREST_COMPACT_GAP_S", "-2")
     with pytest.raises(ValueError, match="CREST_COMPACT_GAP_S=-2.0: must be >= 0"):
         ProposerConfig.from_env()

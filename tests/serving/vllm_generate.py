@@ -5,8 +5,9 @@ engine; prints JSON.
 The job (JSON, ``argv[1]``): ``prompts`` (token ids), ``k`` (0: no speculation), ``max_tokens``, optional engine
 settings (``proposer``, ``max_num_seqs``, ``blocks``, ``max_model_len``) and ``rounds``, each ``{"name", "repeat"
 (the prompts that many times), "temperatures" (one per prompt; absent: greedy), "wait_live" (first wait until the
-proposer's own compactor has built the live layer and the proposer follows it)}``. Each round reports its outputs
-and what its own steps counted (the difference of the engine's and the proposer's counters across the round)."""
+proposer's own compactor has built the live layer, its delta or its main build, and the proposer follows it)}``.
+Each round reports its outputs and what its own steps counted (the difference of the engine's and the proposer's
+counters across the round)."""
 
 import json
 import sys
@@ -48,12 +49,13 @@ def _counts(llm: LLM, proposer: "InstrumentedProposer | None") -> dict[str, floa
 
 
 def _wait_live(proposer: "InstrumentedProposer", timeout: float = 300) -> dict[str, Any]:
-    """Wait until the live layer the proposer follows is one whose compaction (its child reaped) this proposer ran."""
+    """Wait until the live layer the proposer follows (its newest build: the delta's, else the main build's) is one
+    whose compaction (its child reaped) this proposer ran."""
     lookups, compactor = proposer.method.lookups, cast("LiveCompactor", proposer.method.compactor)
 
     def live() -> "DatastoreInfo | None":
         client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)
-        return None if client is None else client.live
+        return None if client is None else client.delta or client.live
 
     def recorded() -> bool:
         info = live()
