@@ -48,6 +48,10 @@ from .tokens import TokenStreamWriter
 
 __all__ = ["CompactionResult", "compact_delta", "compact_live"]
 
+RESCALES = 2
+"""Builds again with a smaller top-t at most this many times when a layer's trees overflow their half of the bound
+(bytes per n-gram rise as top-t falls, the kept n-grams being the most frequent: one estimate may fall short)."""
+
 
 class CompactionResult:
     """What a compaction did.
@@ -168,8 +172,18 @@ def _check(top_t: int, max_bytes: int) -> None:
 def _build_layer(conn, tmp: Path, name: str, layer: str, kept: list[np.ndarray], ids: dict, top_t: int,
                  max_bytes: int, url: str, config: BuildConfig | None, progress: bool) -> tuple[BuildResult, int]:
     """Build ``kept`` (outputs, newest first) into the datastore ``layer`` like a corpus, with the tokenizer ``name``
-    was built with, its trees held to half of ``max_bytes`` (top-t scaled down and built again when over); ``ids``:
-    the output ids recorded in the build's corpus. Returns the build and the top-t used."""
+    was built with, its trees held to half of ``max_bytes`` (top-t scaled down and built again when over, at most
+    :data:`RESCALES` times; a build still over after that serves as it is); ``ids``:
+    the output ids recorded in the build's corpus. A layer at its bound would so build twice at every fold: the build
+    starts instead from the top-t of the serving build when that one was scaled down under the same bound and fits it
+    (a top-t proven to fit, never one that did not: the top-t never drifts down). Returns the build and the top-t
+    used."""
+    tree_budget = max_bytes - max_bytes // 2
+    prev = conn.execute("SELECT (params->>'top_t')::bigint, (corpus->>'max_bytes')::bigint, bytes_on_disk "
+                        "FROM datastores WHERE name = %s AND state = 'ready'", [layer]).fetchone()
+    if prev is not None and prev[1] == max_bytes and prev[0] is not None and 0 < prev[0] < top_t \
+            and prev[2] is not None and prev[2] <= tree_budget:
+        top_t = int(prev[0])
     row = conn.execute("SELECT tokenizer, tokenizer_fingerprint, (params->>'vocab_size')::int FROM datastores "
                        "WHERE name = %s AND state = 'ready'", [name]).fetchone()
     base = config or BuildConfig()
@@ -182,15 +196,31 @@ def _build_layer(conn, tmp: Path, name: str, layer: str, kept: list[np.ndarray],
         writer.write(kept[::-1])  # oldest first, as appended
     corpus = TokenizedCorpus(stream, writer.num_documents, writer.num_tokens, writer.max_token,
                              {"source": "outputs", "path": f"live_outputs:{name}", "documents": len(kept),
-                              "malformed": {}} | ids, tokenizer=known)
+                              "malformed": {}, "max_bytes": max_bytes} | ids, tokenizer=known)
     cfg = replace(base, name=layer, top_t=top_t, database_url=url, workers=1, screen=False)
     build = build_datastore(cfg, progress=progress, corpus=corpus)
-    tree_budget = max_bytes - max_bytes // 2
-    if build.bytes_on_disk > tree_budget:
-        widest = max(int(s.get("kept", 0)) for s in build.ngram_stats.values())
-        top_t = max(1, int(widest * tree_budget / build.bytes_on_disk * 0.9))
+    for _ in range(RESCALES):  # over the bound: the top-t whose n-grams fit, estimated from this build, and again
+        if build.bytes_on_disk <= tree_budget or top_t == 1:
+            break
+        top_t = min(top_t - 1, _fitting_top_t(build.ngram_stats, build.bytes_on_disk, tree_budget))
         build = build_datastore(replace(cfg, top_t=top_t), progress=progress, corpus=corpus)
     return build, top_t
+
+
+def _fitting_top_t(stats: dict, bytes_on_disk: int, budget: int) -> int:
+    """The largest top-t whose n-grams (per n, the fewer of top-t and the n-grams there are: ``stats``' ``distinct``,
+    else ``kept``) fit in 90% of ``budget`` bytes at the build's bytes per stored n-gram (>= 1)."""
+    kept = [int(v.get("kept", 0)) for v in stats.values()]
+    distinct = [int(v.get("distinct") or v.get("kept", 0)) for v in stats.values()]
+    fit = 0.9 * budget / (bytes_on_disk / max(sum(kept), 1))
+    lo, hi = 1, max(distinct, default=1)
+    while lo < hi:  # the largest t with sum(min(d, t)) <= fit
+        mid = (lo + hi + 1) // 2
+        if sum(min(d, mid) for d in distinct) <= fit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _newest_outputs(conn, name: str, keep_tokens: int, after: int) -> tuple[list[np.ndarray], int, int | None,

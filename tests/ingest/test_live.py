@@ -89,6 +89,28 @@ def test_compaction_keeps_the_newest_outputs_within_the_byte_bound(database_url,
 
 
 
+def test_a_layer_at_its_bound_builds_once_a_fold(database_url, real_stream, live_ds):
+    """A fold whose trees overflow half of ``max_bytes`` scales top-t down and builds again; the next fold under the
+    same bound starts from that top-t once it has fitted, and builds once (here the same outputs: the same bytes)."""
+    docs = _documents(real_stream, 30)
+    _append(database_url, live_ds, docs)
+
+    def builds() -> int:
+        with connect(database_url) as conn:
+            row = conn.execute("SELECT count(*) FROM datastores WHERE name = %s", [live_name(live_ds)]).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    first = compact_live(live_ds, top_t=100_000, max_bytes=4_000_000, database_url=database_url)
+    made = builds()
+    assert first.build is not None and first.top_t < 100_000 and made >= 2  # scaled down to fit, built again
+    assert first.build.bytes_on_disk <= 2_000_000  # the trees' half of the bound
+    second = compact_live(live_ds, top_t=100_000, max_bytes=4_000_000, database_url=database_url)
+    assert second.build is not None and second.top_t == first.top_t and builds() == made + 1  # built once
+    third = compact_live(live_ds, top_t=100_000, max_bytes=8_000_000, database_url=database_url)
+    assert third.top_t > first.top_t  # another bound: from the top-t asked for again
+
+
 def test_a_delta_holds_the_outputs_since_the_main_build(database_url, real_stream, live_ds, ds_name, tmp_path,
                                                         tokenizer):
     """The delta builds exactly the outputs appended after the main build's newest (the same rows as a corpus build of
