@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psycopg
 
 from datastore.connection import APPLICATION_NAME, connect, one_row, resolve_database_url
 from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, decode_output, delta_name, live_name
@@ -105,15 +108,14 @@ def compact_live(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_MA
     started = time.perf_counter()
     url = resolve_database_url(database_url)
     layer = live_name(name)
-    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live") as conn, \
-            tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
-        require_schema(conn)
-        if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(name)])[0]:
+    with _compacting(url, "compact-live", name) as held:
+        if held is None:
             return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
+        conn, tmp = held
         kept, total, oldest, newest = _newest_outputs(conn, name, max_bytes // 2 // 4, after=0)
         if not kept:
             return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started)
-        build, top_t = _build_layer(conn, Path(tmp), name, layer, kept, {"last_output_id": newest}, top_t, max_bytes,
+        build, top_t = _build_layer(conn, tmp, name, layer, kept, {"last_output_id": newest}, top_t, max_bytes,
                                     url, config, progress)
         # evicted only now that the new build serves: a compaction that fails or is killed deletes nothing
         evicted = conn.execute("DELETE FROM live_outputs WHERE name = %s AND id < %s", [name, oldest]).rowcount
@@ -145,11 +147,10 @@ def compact_delta(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_M
     started = time.perf_counter()
     url = resolve_database_url(database_url)
     layer = delta_name(name)
-    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} compact-live --delta") as conn, \
-            tempfile.TemporaryDirectory(prefix="crest-delta-") as tmp:
-        require_schema(conn)
-        if not one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(layer)])[0]:
+    with _compacting(url, "compact-live --delta", layer) as held:
+        if held is None:
             return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started, busy=True)
+        conn, tmp = held
         row = conn.execute("SELECT coalesce((corpus->>'last_output_id')::bigint, 0) FROM datastores "
                            "WHERE name = %s AND state = 'ready'", [live_name(name)]).fetchone()
         base = 0 if row is None else int(row[0])
@@ -157,11 +158,23 @@ def compact_delta(name: str, *, top_t: int = LIVE_TOP_T, max_bytes: int = LIVE_M
         if not kept:
             return CompactionResult(name, layer, 0, 0, 0, None, top_t, time.perf_counter() - started,
                                     base_output_id=base)
-        build, top_t = _build_layer(conn, Path(tmp), name, layer, kept,
+        build, top_t = _build_layer(conn, tmp, name, layer, kept,
                                     {"last_output_id": newest, "base_output_id": base}, top_t, max_bytes, url, config,
                                     progress)
     return CompactionResult(name, layer, len(kept), total, 0, build, top_t, time.perf_counter() - started,
                             last_output_id=newest, base_output_id=base)
+
+
+@contextmanager
+def _compacting(url: str, command: str, lock: str) -> Iterator[tuple[psycopg.Connection, Path] | None]:
+    """A compaction's connection (named after ``command``, schema checked) holding the compactor lock of ``lock``
+    (:func:`datastore.registry.compactor_lock_key`; released when the connection closes) and its scratch folder;
+    ``None`` when another compactor holds that lock."""
+    with connect(url, autocommit=True, application_name=f"{APPLICATION_NAME} {command}") as conn, \
+            tempfile.TemporaryDirectory(prefix="crest-live-") as tmp:
+        require_schema(conn)
+        held = one_row(conn, "SELECT pg_try_advisory_lock(%s)", [compactor_lock_key(lock)])[0]
+        yield (conn, Path(tmp)) if held else None
 
 
 def _check(top_t: int, max_bytes: int) -> None:
