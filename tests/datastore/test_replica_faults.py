@@ -197,3 +197,24 @@ def _stress(path: Path, pristine: Path, contexts_file: Path, fault: str, trials:
 if __name__ == "__main__":
     a = sys.argv[1:]
     print(json.dumps(_stress(Path(a[0]), Path(a[1]), Path(a[2]), a[3], int(a[4]))))
+
+
+def test_a_delta_replica_cut_short_is_named_damaged_and_drafts_nothing(database_url, chat_datastore, eval_prompts,
+                                                                       tmp_path):
+    """The live layer's delta is read from its own replica (``Stores.delta``): cut short under the running process, the
+    step reports it (index 2, so the caller drops that replica and drafts by the round trip) and drafts nothing from
+    it; the datastore's replica beside it is untouched."""
+    path, identity = _write(database_url, chat_datastore, tmp_path)
+    delta_path = tmp_path / "delta.crr"
+    delta_path.write_bytes(path.read_bytes())
+    replica, delta = open_replica(path, identity), open_replica(delta_path, identity)
+    core = MergedMethod(None, vocab_size=VOCAB).core_settings().core()
+    handles = np.array([core.start(c) for c in _contexts(eval_prompts, 16)], np.int64)
+    budgets = np.full(len(handles), CHAIN, np.int64)
+    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0, None, delta)
+    assert damaged == -1 and len(made[0]) > 0
+    os.truncate(delta_path, delta_path.stat().st_size // 2)
+    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0, None, delta)
+    assert damaged == 2 and len(made[0]) == 0
+    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0)  # without it: drafts again
+    assert damaged == -1 and len(made[0]) > 0
