@@ -200,7 +200,7 @@ void Core::gather(Request& r, const Retrieved& in, const SourceTree& heads, int 
   const bool* on = options_.sources;
   auto& src = z_.sources;
   std::fill(src.begin(), src.end(), nullptr);
-  z_.live_view = on[kLive] ? live_layer(in.live, in.delta, z_.children, z_.live_sum) : SourceTree{};
+  z_.live_view = on[kLive] ? live_layer(in.live, in.delta, z_.children, z_.live_sum, z_.live_where) : SourceTree{};
   if (z_.live_view.size) src[kLive] = &z_.live_view;
   if (on[kHeads] && heads.size) src[kHeads] = &heads;
   auto [state, len] = r.automaton.repeated_suffix();

@@ -173,8 +173,8 @@ class Core {
   const Request* find(Handle h) const;
   void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft
   bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
-  // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match, the output index's and the
-  // heads' tree.
+  // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match,
+  // the output index's and the heads' tree.
   void gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes);
   bool score_candidate(const SourceTree* candidate, int max_depth);
   void cut(bool chain, int budget, double min_score, Drafted& out);
@@ -184,6 +184,7 @@ class Core {
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
     Tree local, earlier, live_sum;
     SourceTree local_view, earlier_view, live_view;
+    std::vector<int32_t> live_where;  // live_layer's scratch
     std::vector<const SourceTree*> sources;
     ChildMap children;
     Union merged;

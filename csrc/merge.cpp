@@ -75,12 +75,13 @@ bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Un
   return true;
 }
 
-SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum) {
+SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum,
+                      std::vector<int32_t>& where) {
   if (delta.size == 0 || (main.size && main.ngram_len > delta.ngram_len)) return main;
   if (main.size == 0 || delta.ngram_len > main.ngram_len) return delta;
   sum.clear();
   children.reset(main.size + delta.size);
-  std::vector<int32_t> where(delta.size);
+  where.assign(delta.size, 0);
   for (std::size_t i = 0; i < main.size; ++i) {
     sum.tokens.push_back(main.tokens[i]);
     sum.parents.push_back(main.parents[i]);

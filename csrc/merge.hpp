@@ -45,7 +45,9 @@ bool merge(const std::vector<const SourceTree*>& sources, ChildMap& children, Un
 // context; at equal lengths, the count-summed union: `main`'s nodes in order, then `delta`'s new nodes, each after its
 // parent, counts (and root counts, when both are known) added, as one build over both sets of outputs counts the
 // context, but for the top-t choice each build made alone. The result borrows `main`, `delta` or `sum` (where a sum is
-// written). Its Python oracle is tests/oracle/treeops.py `live_layer`.
-SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum);
+// written; `where` is scratch, its memory kept between calls). Its Python oracle is tests/oracle/treeops.py
+// `live_layer`.
+SourceTree live_layer(const SourceTree& main, const SourceTree& delta, ChildMap& children, Tree& sum,
+                      std::vector<int32_t>& where);
 
 }  // namespace crest

@@ -32,8 +32,8 @@ import numpy as np
 
 from .registry import DatastoreInfo
 
-__all__ = ["DELTA_SUFFIX", "LIVE_MAX_BYTES", "LIVE_SUFFIX", "LIVE_TOP_T", "decode_output", "delta_name", "delta_serves",
-           "encode_output", "live_name"]
+__all__ = ["DELTA_SUFFIX", "LIVE_MAX_BYTES", "LIVE_SUFFIX", "LIVE_TOP_T", "decode_output", "delta_name", "delta_of",
+           "delta_serves", "encode_output", "live_name"]
 
 LIVE_TOP_T = 200_000
 """The n-grams per n a compaction of the live layer keeps, by default (``compact-live --top-t``,
@@ -56,10 +56,15 @@ DELTA_SUFFIX = ".delta"
 """What a live layer's name takes for its delta's (:func:`delta_name`)."""
 
 
+def delta_of(layer: str) -> str:
+    """The datastore holding the delta of the live layer ``layer`` (:func:`live_name`'s name)."""
+    return layer + DELTA_SUFFIX
+
+
 def delta_name(name: str) -> str:
     """The datastore holding the delta of the live layer of the datastore ``name``: the outputs appended since the
     layer's main build, compacted on their own (``python -m ingest compact-live --delta``)."""
-    return live_name(name) + DELTA_SUFFIX
+    return delta_of(live_name(name))
 
 
 def delta_serves(main: DatastoreInfo | None, delta: DatastoreInfo | None) -> bool:

@@ -45,7 +45,7 @@ from .connection import track
 from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
-from .live import DELTA_SUFFIX, delta_serves
+from .live import delta_of, delta_serves
 from .registry import DatastoreInfo, check_tokenizer, server_error
 from .tree import Match, TokenTree
 
@@ -219,7 +219,7 @@ class LookupClient(ABC):
         info: the ready build. fingerprint: the caller's tokenizer fingerprint (checked on every refresh).
         cache_bytes: the tree cache's bound, bytes (0: no cache).
         live_name: the live layer's datastore (:func:`datastore.live.live_name`), answered with the datastore in
-            :meth:`retrieve_batch`, with its delta (``live_name`` + :data:`datastore.live.DELTA_SUFFIX`); ``None``: no
+            :meth:`retrieve_batch`, with its delta (:func:`datastore.live.delta_of`); ``None``: no
             live layer. A layer not built yet is no fault: it is read from the registry at every :meth:`refresh`.
 
     Attributes:
@@ -234,7 +234,7 @@ class LookupClient(ABC):
     def __init__(self, info: DatastoreInfo, fingerprint: str, cache_bytes: int, live_name: str | None = None) -> None:
         self.info = info
         self.live_name = live_name
-        self.delta_name = None if live_name is None else live_name + DELTA_SUFFIX
+        self.delta_name = None if live_name is None else delta_of(live_name)
         self.live: DatastoreInfo | None = None
         self.delta: DatastoreInfo | None = None
         self._fingerprint = fingerprint

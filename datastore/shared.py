@@ -41,7 +41,7 @@ from toolkit.tokenizer import tokenizer_fingerprint
 from .cache import CACHE_BYTES
 from .connection import connect, resolve_database_url
 from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
-from .live import DELTA_SUFFIX
+from .live import delta_of
 from .lookup import READER_APPLICATION, LookupClient, configure_reader
 from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
 from .replica import HostReplicas, Stores, database_key
@@ -116,7 +116,7 @@ class SharedDatastore(LookupClient):
             database = database_key(conn)
         check_tokenizer(info, fingerprint)
         root = (Settings.from_env().replicas if replicas is True else replicas) if replicas is not False else None
-        layers = [name] + ([live, live + DELTA_SUFFIX] if live else [])
+        layers = [name] + ([live, delta_of(live)] if live else [])
         host = HostReplicas(url, Path(root), database, layers) if root else None
         return cls(url, info, fingerprint, pool_size=pool_size, cache_bytes=cache_bytes, listen=listen,
                    connect_timeout_s=connect_timeout_s, live_name=live, replicas=host)

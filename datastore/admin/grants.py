@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from ..connection import connect, one_row
-from ..live import DELTA_SUFFIX, LIVE_SUFFIX
+from ..live import DELTA_SUFFIX, LIVE_SUFFIX, delta_of
 from ..schema import require_schema
 
 
@@ -99,7 +99,7 @@ def _grant_access(conn: psycopg.Connection, role: str) -> None:
 
 def _with_delta(name: str | None) -> list[str | None]:
     """``name``, and its delta's name when ``name`` is a live layer's (:func:`datastore.live.live_name`)."""
-    return [name] + ([name + DELTA_SUFFIX] if name is not None and name.endswith(LIVE_SUFFIX) else [])
+    return [name] + ([delta_of(name)] if name is not None and name.endswith(LIVE_SUFFIX) else [])
 
 
 def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[str]:
