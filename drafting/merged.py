@@ -301,7 +301,7 @@ class MergedMethod:
             made = self._round_trip(step, heads, cut)
         tokens, parents, scores, offsets, chosen, sources = made
         with self._stats_lock:
-            self.stats.backed_off += int(np.count_nonzero(chosen > 0))
+            self.stats.backed_off += sum(c > 0 for c in chosen.tolist())  # a numpy reduction costs microseconds
         return Drafts(tokens, parents, scores, offsets, self.score_kind, sources)
 
     def _round_trip(self, step: Step, heads: list | None, cut: float) -> tuple:

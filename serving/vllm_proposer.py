@@ -199,7 +199,9 @@ class CrestProposer:
         started, verified = self.rows.started, rows
         if index:
             # [len(index)] int64: each row's most draft tokens (k, fewer near max_model_len)
-            budgets = np.clip(self.max_model_len - 1 - num_tokens_no_spec[index].astype(np.int64), 0, self.k)
+            counts = num_tokens_no_spec[:rows] if len(index) == rows else num_tokens_no_spec[index]
+            budgets = self.max_model_len - 1 - counts.astype(np.int64)
+            np.minimum(np.maximum(budgets, 0, out=budgets), self.k, out=budgets)  # np.clip costs ~20 us a call
             _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           min_score=self.config.min_score,
                                           curve=self.cost.curve if self.config.adaptive else None)
