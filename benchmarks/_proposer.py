@@ -106,7 +106,8 @@ class InstrumentedProposer(CrestProposer):
 
 
 def _curve(curve) -> dict | None:
-    """A step-cost curve as JSON: its points (tokens, ms) and tail (ms per token)."""
+    """A step-cost curve as JSON: its points (tokens, ms), tail (ms per token) and a step's jump with drafts (ms)."""
     if curve is None:
         return None
-    return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail}
+    return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail,
+            "draft_ms": 1e3 * curve.draft_s}

@@ -25,7 +25,7 @@ std::size_t goodput_keep(const double* scores, std::size_t nodes, int64_t rows, 
   std::size_t best = 0;
   for (std::size_t n = 1; n <= nodes; ++n) {
     gained += scores[order[n - 1]];
-    const double value = gained / curve.at(base + static_cast<double>(n));
+    const double value = gained / (curve.at(base + static_cast<double>(n)) + curve.jump);
     if (value > best_value) {
       best_value = value;
       best = n;

@@ -2,7 +2,9 @@
 // curve (SmartSpec, "Optimizing Speculative Decoding for Serving Large Language Models Using Goodput",
 // https://arxiv.org/abs/2406.14066, section 4). A node scoring p (its path probability) adds p expected tokens; `rows`
 // rows keeping their n best-scored nodes emit rows + S(n) tokens in T(rows + n) seconds, and the n maximising
-// (rows + S(n)) / T(rows + n) is kept. The Python oracle is tests/oracle/goodput.py.
+// (rows + S(n)) / T(rows + n) is kept; a step that verifies any draft token also pays `jump` seconds once (an engine's
+// speculative sampling: vLLM runs its rejection sampler only for a step with drafts), so n >= 1 costs
+// T(rows + n) + jump. The Python oracle is tests/oracle/goodput.py.
 #pragma once
 
 #include <cstddef>
@@ -11,13 +13,15 @@
 
 namespace crest {
 
-// T(N), an engine step's seconds verifying N tokens (borrowed arrays, [points] each, tokens increasing): interpolated
-// between points, flat below the first, `tail` seconds per token past the last.
+// T(N), an engine step's seconds verifying N tokens without drafts (borrowed arrays, [points] each, tokens
+// increasing): interpolated between points, flat below the first, `tail` seconds per token past the last; `jump`, the
+// seconds a step pays once when it verifies any draft token.
 struct StepCurve {
   const double* tokens;
   const double* seconds;
   std::size_t points;
   double tail;
+  double jump = 0;
   double at(double n) const;
 };
 

@@ -202,18 +202,18 @@ nb::tuple follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T
   return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0);
 }
 
-// A step-cost curve given as (tokens, seconds, tail) (drafting.CostCurve), its arrays held while it is used.
+// A step-cost curve given as (tokens, seconds, tail, draft_s) (drafting.CostCurve), its arrays held while it is used.
 struct HeldCurve {
   In1D<double> tokens, seconds;
   crest::StepCurve curve;
 };
 
-// `given` checked: 1..1024 points, tokens increasing, seconds and tail finite and >= 0.
+// `given` checked: 1..1024 points, tokens increasing, seconds >= 0, tail and draft_s finite and >= 0.
 HeldCurve curve_of(nb::handle given) {
-  if (!nb::isinstance<nb::tuple>(given) || nb::len(given) != 3)
-    throw nb::type_error("curve must be (tokens, seconds, tail): a drafting.CostCurve");
+  if (!nb::isinstance<nb::tuple>(given) || nb::len(given) != 4)
+    throw nb::type_error("curve must be (tokens, seconds, tail, draft_s): a drafting.CostCurve");
   In1D<double> tokens = nb::cast<In1D<double>>(given[0]), seconds = nb::cast<In1D<double>>(given[1]);
-  double tail = nb::cast<double>(given[2]);
+  double tail = nb::cast<double>(given[2]), jump = nb::cast<double>(given[3]);
   std::size_t m = tokens.shape(0);
   if (m < 1 || m > 1024 || seconds.shape(0) != m)
     throw nb::value_error("a step-cost curve has 1..1024 points, as many seconds as tokens");
@@ -223,9 +223,11 @@ HeldCurve curve_of(nb::handle given) {
   }
   if (!(tail >= 0) || tail == std::numeric_limits<double>::infinity())
     throw nb::value_error("a step-cost curve's tail must be finite and >= 0");
+  if (!(jump >= 0) || jump == std::numeric_limits<double>::infinity())
+    throw nb::value_error("a step-cost curve's draft_s must be finite and >= 0");
   const double* t = tokens.data();
   const double* s = seconds.data();
-  return {std::move(tokens), std::move(seconds), {t, s, m, tail}};
+  return {std::move(tokens), std::move(seconds), {t, s, m, tail, jump}};
 }
 
 // A step's curve (None: not cut, an empty curve) for drafts that are chains (`chain`, else ValueError).

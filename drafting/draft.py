@@ -187,18 +187,22 @@ class Draft:
 
 class CostCurve(NamedTuple):
     """``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`serving.cost.StepCostModel`):
-    interpolated between points, flat below the first, ``tail`` seconds per token past the last. What a step's chains
-    are cut to (:func:`crest_native.goodput_keep`: the batch's draft tokens that maximise its expected tokens per
-    second, SmartSpec's goodput, https://arxiv.org/abs/2406.14066 §4).
+    interpolated between points, flat below the first, ``tail`` seconds per token past the last; plus ``draft_s`` once
+    for a step that verifies any draft token (an engine's fixed work for speculation, such as vLLM's rejection sampler,
+    which runs only in a step with drafts). What a step's chains are cut to (:func:`crest_native.goodput_keep`: the
+    batch's draft tokens that maximise its expected tokens per second, SmartSpec's goodput,
+    https://arxiv.org/abs/2406.14066 §4).
 
     Attributes:
         tokens: ``[points]`` float64, increasing (1..1024 points). seconds: ``[points]`` float64, >= 0 (non-decreasing
-            as fitted). tail: seconds per token past the last point, >= 0.
+            as fitted), a step without drafts. tail: seconds per token past the last point, >= 0. draft_s: seconds a
+            step pays once when it verifies any draft token, >= 0 (default 0).
     """
 
     tokens: np.ndarray
     seconds: np.ndarray
     tail: float
+    draft_s: float = 0.0
 
 
 class Drafts(Sequence[Draft]):

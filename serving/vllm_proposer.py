@@ -18,8 +18,9 @@ the match in this process's finished outputs (learned the moment a request finis
 expected accepted length under the calibrated probabilities, cut before the first node scoring below
 ``CREST_MIN_SCORE``; then the batch keeps only its draft tokens that raise its expected tokens per second on this
 engine's measured step-cost curve (:class:`serving.cost.StepCostModel`: so a large batch on a CPU drafts only
-near-certain tokens, and throughput does not fall below no speculation). Every datastore fault drafts without the
-datastore, so vLLM's output never changes.
+near-certain tokens, and throughput does not fall below no speculation; a step with drafts is priced with the engine's
+fixed work for them, its rejection sampler, timed against an occasional step without drafts). Every datastore fault
+drafts without the datastore, so vLLM's output never changes.
 
 Configuration (environment variables, read when vLLM builds the proposer):
 
@@ -173,7 +174,8 @@ class CrestProposer:
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...
-        self._last_tokens = 0                # ... and how many tokens the engine then verified
+        self._last_tokens = 0                # ... how many tokens the engine then verified ...
+        self._last_rows = 0                  # ... in how many rows
 
     def load_model(self, model) -> None:
         """Nothing to load: the drafts come from the datastore and the requests' own tokens."""
@@ -202,6 +204,8 @@ class CrestProposer:
             counts = num_tokens_no_spec[:rows] if len(index) == rows else num_tokens_no_spec[index]
             budgets = self.max_model_len - 1 - counts.astype(np.int64)
             np.minimum(np.maximum(budgets, 0, out=budgets), self.k, out=budgets)  # np.clip costs ~20 us a call
+            if self.config.adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
+                budgets[:] = 0
             _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           min_score=self.config.min_score,
                                           curve=self.cost.curve if self.config.adaptive else None)
@@ -217,7 +221,8 @@ class CrestProposer:
             self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
             out = [[] for _ in sampled_token_ids]
         if self._last_end is not None and self.rows.started == started and len(index) == rows:
-            self.cost.observe(self._last_tokens, start - self._last_end)  # a decode-only step: no prefill in it
-        self._last_tokens = verified
+            # a decode-only step (no prefill in it)
+            self.cost.observe(self._last_tokens, start - self._last_end, drafted=self._last_tokens > self._last_rows)
+        self._last_tokens, self._last_rows = verified, rows
         self._last_end = time.perf_counter()
         return out

@@ -19,14 +19,15 @@ def curve_at(tokens: Sequence[float], seconds: Sequence[float], tail: float, n: 
 
 
 def goodput_keep(scores: Sequence[float], rows: int, curve: tuple) -> list[bool]:
-    """The ``n`` best scores (score desc, then position) maximising ``(rows + their sum) / T(rows + n)``, the fewest on
-    a tie: ``[len(scores)]`` whether each is kept."""
+    """The ``n`` best scores (score desc, then position) maximising ``(rows + their sum) / T(rows + n)``, ``T`` plus
+    the curve's ``draft_s`` once when ``n >= 1``, the fewest on a tie: ``[len(scores)]`` whether each is kept."""
     tokens, seconds, tail = [float(t) for t in curve[0]], [float(s) for s in curve[1]], float(curve[2])
+    jump = float(curve[3])
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     best, best_value, gained = 0, rows / curve_at(tokens, seconds, tail, rows), float(rows)
     for n in range(1, len(scores) + 1):
         gained += scores[order[n - 1]]
-        value = gained / curve_at(tokens, seconds, tail, rows + n)
+        value = gained / (curve_at(tokens, seconds, tail, rows + n) + jump)
         if value > best_value:
             best, best_value = n, value
     kept = set(order[:best])

@@ -20,7 +20,7 @@ def _model(cost, counts=range(1, 41), repeat: int = 3) -> StepCostModel:
     model = StepCostModel(min_steps=4, refit_every=1)
     for _ in range(repeat):
         for n in counts:
-            model.observe(n, cost(n))
+            model.observe(n, cost(n), drafted=True)
     return model
 
 
@@ -32,7 +32,7 @@ def test_a_line_is_recovered_from_noisy_steps():
     rng = np.random.default_rng(0)
     model = StepCostModel(min_steps=4)
     for n in rng.integers(1, 129, 400):
-        model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4))
+        model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4), drafted=True)
     curve = model.curve
     assert curve is not None and np.all(np.diff(curve.seconds) >= 0) and np.all(np.diff(curve.tokens) > 0)
     for n in (16, 64, 128, 200):  # 200: past the steps seen, by the tail
@@ -59,12 +59,76 @@ def test_the_goodput_choice_on_known_curves(name, cost, rows, best):
     assert int(np.argmax([(rows + order[:n].sum()) / cost(rows + n) for n in range(len(scores) + 1)])) == best
 
 
+@pytest.mark.parametrize(("jump", "best"), [
+    (0.0, 32),     # a flat line, nothing paid once: every drafted token pays (as above)
+    (0.004, 32),   # a step with drafts pays 20% more once: 4 rows' 32 tokens (+17.6 expected) still pay
+    (0.100, 0),    # it pays 6x once (4 rows' +17.6 expected tokens do not make up for it): a step without drafts
+])
+def test_a_step_with_drafts_pays_its_jump_once(jump, best):
+    """An engine's fixed work for a step with drafts (vLLM's rejection sampler): the choice drafts nothing when the
+    batch's expected tokens do not pay for it, and is otherwise the choice without it."""
+    def cost(n):
+        return 0.020 + 1e-5 * n
+    base = _model(cost).curve
+    assert base is not None
+    curve = base._replace(draft_s=jump)
+    rows, scores = 4, np.array(CHAIN * 4)
+    keep = goodput_keep(scores, rows, curve).view(bool)
+    assert keep.sum() == best and keep.tolist() == oracle.goodput_keep(scores.tolist(), rows, curve)
+    order = np.sort(scores)[::-1]  # the brute force over every count, on the true cost, agrees
+    value = [(rows + order[:n].sum()) / (cost(rows + n) + (jump if n else 0.0)) for n in range(len(scores) + 1)]
+    assert int(np.argmax(value)) == best
+
+
+def test_the_jump_is_told_from_steps_without_drafts():
+    """Steps with drafts on a knee plus a jump, steps without at the batch's rows: the curve is the step without drafts
+    and its draft_s the jump, within the steps' noise."""
+    rng = np.random.default_rng(1)
+    jump = 0.0035
+
+    def cost(n):
+        return 0.040 if n <= 12 else 0.040 + 0.004 * (n - 12)
+    model = StepCostModel(min_steps=4, refit_every=1)
+    for _ in range(300):
+        n = int(rng.integers(9, 40))
+        model.observe(n, cost(n) + jump + rng.normal(0, 3e-4), drafted=True)
+    assert model.curve is not None and model.curve.draft_s == 0.0  # no step without drafts timed yet
+    for _ in range(model.min_plain):
+        model.observe(8, cost(8) + rng.normal(0, 3e-4), drafted=False)
+    curve = model.curve
+    assert curve is not None and curve.draft_s == pytest.approx(jump, abs=5e-4)
+    for n in (9, 12, 20, 39):
+        assert _at(curve, n) == pytest.approx(cost(n), abs=6e-4)
+    wild = StepCostModel(min_steps=4, refit_every=1)  # steps without drafts slower than with: no negative jump
+    for n in range(9, 40):
+        wild.observe(n, cost(n), drafted=True)
+    for _ in range(4):
+        wild.observe(8, 0.9, drafted=False)
+    assert wild.curve is not None and wild.curve.draft_s == 0.0
+
+
+def test_a_step_without_drafts_is_asked_for_now_and_then():
+    """The probe: none before a curve; one in probe_every // 16 steps until min_plain steps without drafts were timed,
+    then one in probe_every; any step without drafts (asked for or not) restarts the count."""
+    model = StepCostModel(min_steps=4, refit_every=1, min_plain=2, probe_every=64)
+    asked = []
+    for step in range(400):
+        probe = model.curve is not None and model.probe()
+        if probe:
+            asked.append(step)
+        model.observe(10 if probe else 10 + step % 7, 0.03 + 0.001 * (step % 7), drafted=not probe)
+    gaps = np.diff(asked).tolist()
+    assert gaps[0] == 64 // 16 + 1 and set(gaps[1:]) == {64 + 1}  # the probe's own step, then the gap
+    assert model.curve is not None and model.curve.draft_s >= 0.0
+
+
 def test_the_native_choice_is_the_oracles_on_random_batches():
     rng = np.random.default_rng(3)
     for _ in range(300):
         points = int(rng.integers(1, 6))
         tokens = np.cumsum(rng.uniform(0.5, 20, points))
-        curve = CostCurve(tokens, np.cumsum(rng.uniform(0, 0.02, points)) + 0.01, float(rng.uniform(0, 0.01)))
+        curve = CostCurve(tokens, np.cumsum(rng.uniform(0, 0.02, points)) + 0.01, float(rng.uniform(0, 0.01)),
+                          float(rng.choice([0.0, rng.uniform(0, 0.02)])))
         scores = np.round(rng.uniform(0, 1, int(rng.integers(0, 40))), 2)  # ties included
         rows = int(rng.integers(1, 9))
         want = oracle.goodput_keep(scores.tolist(), rows, curve)
@@ -74,7 +138,7 @@ def test_the_native_choice_is_the_oracles_on_random_batches():
 def test_one_slow_step_does_not_move_the_curve():
     """The first step of an engine (lazy initialisation) can take 5x a normal one: the medians drop it."""
     model = _model(lambda n: 0.035 + 0.0024 * n, counts=range(1, 30), repeat=2)
-    model.observe(3, 0.27)
+    model.observe(3, 0.27, drafted=True)
     curve = model.curve
     assert curve is not None and _at(curve, 3) == pytest.approx(0.035 + 0.0024 * 3, rel=0.01)
 
@@ -83,18 +147,21 @@ def test_no_curve_without_spread_and_bad_arguments():
     model = StepCostModel(min_steps=4)
     assert model.curve is None  # nothing observed yet: not cut
     for _ in range(10):
-        model.observe(4, 0.03)  # every step the same size: the slope cannot be told
-    model.observe(0, 0.03)  # ignored
-    model.observe(5, -1.0)  # ignored
+        model.observe(4, 0.03, drafted=True)  # every step the same size: the slope cannot be told
+    model.observe(0, 0.03, drafted=True)  # ignored
+    model.observe(5, -1.0, drafted=False)  # ignored
     assert model.curve is None and fit_curve(np.array([4.0, 4.0]), np.array([0.1, 0.2])) is None
-    for bad in ({"window": 2}, {"min_steps": 1}, {"refit_every": 0}):
+    assert model.observed == 10 and not model.probe()  # no curve: nothing to time a step without drafts for
+    for bad in ({"window": 2}, {"min_steps": 1}, {"refit_every": 0}, {"min_plain": 0}, {"probe_every": 8}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             StepCostModel(**bad)
     ok = CostCurve(np.array([1.0, 2.0]), np.array([0.1, 0.2]), 0.0)
     for curve, named in [(CostCurve(np.array([2.0, 1.0]), np.array([0.1, 0.2]), 0.0), "increase"),
                          (CostCurve(np.array([1.0]), np.array([0.1, 0.2]), 0.0), "as many seconds"),
                          (CostCurve(np.array([1.0]), np.array([-0.1]), 0.0), ">= 0"),
-                         (CostCurve(np.array([1.0]), np.array([0.1]), float("inf")), "tail")]:
+                         (CostCurve(np.array([1.0]), np.array([0.1]), float("inf")), "tail"),
+                         (CostCurve(np.array([1.0]), np.array([0.1]), 0.0, -0.01), "draft_s"),
+                         (CostCurve(np.array([1.0]), np.array([0.1]), 0.0, float("nan")), "draft_s")]:
         with pytest.raises(ValueError, match=named):
             goodput_keep(np.array([0.5]), 1, curve)
     with pytest.raises(ValueError, match="rows"):
