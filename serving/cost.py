@@ -77,15 +77,20 @@ def fit_curve(tokens: np.ndarray, seconds: np.ndarray) -> CostCurve | None:
 def with_draft_cost(curve: CostCurve, tokens: np.ndarray, seconds: np.ndarray) -> CostCurve:
     """``curve``, fitted on steps with drafts, split into a step without drafts and the jump a step with drafts pays
     once (:attr:`drafting.draft.CostCurve.draft_s`), from steps without drafts ``(tokens[i], seconds[i])``: the median
-    of ``curve(tokens[i]) - seconds[i]`` (the curve read flat below its first point, as the cut reads it), at least 0
-    and at most half the curve's first point (a noisy median never makes a step cost nothing).
+    of ``curve(tokens[i]) - seconds[i]``, at least 0 and at most half the curve's first point (a noisy median never
+    makes a step cost nothing). Steps without drafts verify fewer tokens than any with (one a row), so the curve is
+    read below its first point along its first segment's slope (its tail when it has one point): read flat there, the
+    jump would also hold one token's cost, several ms a step on a CPU past its knee.
 
     Args:
         curve: from :func:`fit_curve` on steps that verified draft tokens (its ``draft_s`` is ignored).
         tokens / seconds: ``[steps]`` float64, steps that verified no draft token (at least one).
     """
-    predicted = np.interp(tokens, curve.tokens, curve.seconds) + curve.tail * np.maximum(tokens - curve.tokens[-1], 0)
-    jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * curve.seconds[0]))
+    x, y = curve.tokens, curve.seconds
+    first = (y[1] - y[0]) / (x[1] - x[0]) if len(x) > 1 else curve.tail
+    predicted = (np.interp(tokens, x, y) + curve.tail * np.maximum(tokens - x[-1], 0)
+                 - first * np.maximum(x[0] - tokens, 0))
+    jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * y[0]))
     return CostCurve(curve.tokens, curve.seconds - jump, curve.tail, jump)
 
 
@@ -133,7 +138,7 @@ class StepCostModel:
         self._plain: deque[tuple[int, float]] = deque(maxlen=max(window // 8, min_plain))
         self._curve: CostCurve | None = None
         self._since_fit = 0
-        self._since_plain = 0  # steps with drafts since the last step without
+        self._since_plain = 0  # steps since the last step without drafts, timed or asked for
 
     @property
     def observed(self) -> int:
@@ -154,10 +159,14 @@ class StepCostModel:
 
     def probe(self) -> bool:
         """Whether the coming step should draft nothing, so that a step without drafts is timed: once a curve is
-        fitted, when the last such step is ``probe_every // 16`` steps ago while fewer than ``min_plain`` are held, or
-        ``probe_every`` steps ago after that."""
+        fitted, when the last such step (timed, or asked for by this call) is ``probe_every // 16`` steps ago while
+        fewer than ``min_plain`` are held, or ``probe_every`` steps ago after that. A step asked for that the engine's
+        step does not let be timed (a prefill in it) is asked for again only after the next gap: never in a burst."""
         gap = self.probe_every if len(self._plain) >= self.min_plain else self.probe_every // 16
-        return self._curve is not None and self._since_plain >= gap
+        if self._curve is None or self._since_plain < gap:
+            return False
+        self._since_plain = 0
+        return True
 
     @property
     def curve(self) -> CostCurve | None:

@@ -99,6 +99,12 @@ def test_the_jump_is_told_from_steps_without_drafts():
     assert curve is not None and curve.draft_s == pytest.approx(jump, abs=5e-4)
     for n in (9, 12, 20, 39):
         assert _at(curve, n) == pytest.approx(cost(n), abs=6e-4)
+    line = StepCostModel(min_steps=4, refit_every=1)  # past the knee from the first token: read along the slope
+    for n in range(9, 40):
+        line.observe(n, 0.040 + 0.004 * n + jump, drafted=True)
+    for _ in range(4):
+        line.observe(8, 0.040 + 0.004 * 8, drafted=False)
+    assert line.curve is not None and line.curve.draft_s == pytest.approx(jump, abs=1e-9)
     wild = StepCostModel(min_steps=4, refit_every=1)  # steps without drafts slower than with: no negative jump
     for n in range(9, 40):
         wild.observe(n, cost(n), drafted=True)
@@ -109,7 +115,8 @@ def test_the_jump_is_told_from_steps_without_drafts():
 
 def test_a_step_without_drafts_is_asked_for_now_and_then():
     """The probe: none before a curve; one in probe_every // 16 steps until min_plain steps without drafts were timed,
-    then one in probe_every; any step without drafts (asked for or not) restarts the count."""
+    then one in probe_every; any step without drafts (asked for or not) restarts the count, and a probe whose step
+    could not be timed is not asked for again at once."""
     model = StepCostModel(min_steps=4, refit_every=1, min_plain=2, probe_every=64)
     asked = []
     for step in range(400):
@@ -120,6 +127,14 @@ def test_a_step_without_drafts_is_asked_for_now_and_then():
     gaps = np.diff(asked).tolist()
     assert gaps[0] == 64 // 16 + 1 and set(gaps[1:]) == {64 + 1}  # the probe's own step, then the gap
     assert model.curve is not None and model.curve.draft_s >= 0.0
+    untimed = StepCostModel(min_steps=4, refit_every=1, min_plain=2, probe_every=64)
+    asked = []
+    for step in range(200):  # every probe's step has a prefill in it: not timed
+        if untimed.curve is not None and untimed.probe():
+            asked.append(step)
+        else:
+            untimed.observe(10 + step % 7, 0.03 + 0.001 * (step % 7), drafted=True)
+    assert set(np.diff(asked).tolist()) == {64 // 16 + 1}  # one in a gap, never two in a row
 
 
 def test_the_native_choice_is_the_oracles_on_random_batches():
