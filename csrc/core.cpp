@@ -183,6 +183,20 @@ bool Core::stop(Handle h, std::vector<uint32_t>& output) {
   return true;
 }
 
+void Core::add_outputs(const uint32_t* tokens, std::size_t num_tokens, const int64_t* lengths, std::size_t n) {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (lengths[i] < 0) throw std::invalid_argument("add_outputs: a length is negative");
+    total += static_cast<std::size_t>(lengths[i]);
+  }
+  if (total != num_tokens) throw std::invalid_argument("add_outputs: the lengths do not add up to the tokens given");
+  std::vector<uint32_t> output;
+  for (std::size_t i = 0, at = 0; i < n; at += static_cast<std::size_t>(lengths[i]), ++i) {
+    output.assign(tokens + at, tokens + at + lengths[i]);
+    outputs_.add(output);
+  }
+}
+
 std::size_t Core::count(Handle h) const {
   const Request* r = find(h);
   return r ? r->tokens.size() : 0;

@@ -138,6 +138,10 @@ class Core {
   // -1 when it is not active.
   double acceptance(Handle h) const;
   bool stop(Handle h, std::vector<uint32_t>& output);  // false: not active; else its output, indexed
+  // Outputs finished elsewhere (another process of the fleet, an earlier run) into the output index, as a stopped
+  // request's: output i is tokens[offsets[i] : offsets[i] + lengths[i]], laid end to end (n outputs, an empty one
+  // skipped). Throws std::invalid_argument when the lengths do not add up to `num_tokens`.
+  void add_outputs(const uint32_t* tokens, std::size_t num_tokens, const int64_t* lengths, std::size_t n);
   bool active(Handle h) const { return find(h) != nullptr; }
   std::size_t size() const { return slots_.size() - free_.size(); }
   std::size_t count(Handle h) const;  // its tokens (0: not active)

@@ -438,6 +438,12 @@ void bind_core_requests(nb::class_<crest::Core>& core) {
           "handle"_a, "tokens"_a)
       .def("inactive", &core_inactive, "handles"_a)
       .def("stop", &core_stop, "handle"_a)
+      .def(
+          "add_outputs",
+          [](crest::Core& c, In1D<uint32_t> tokens, In1D<int64_t> lengths) {
+            c.add_outputs(tokens.data(), tokens.shape(0), lengths.data(), lengths.shape(0));
+          },
+          "tokens"_a, "lengths"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("active", &crest::Core::active, "handle"_a)
       .def("acceptance", &crest::Core::acceptance, "handle"_a)
       .def("count", &crest::Core::count, "handle"_a)

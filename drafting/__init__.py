@@ -10,7 +10,8 @@ name) and its scorer :class:`Calibration`, the fault-tolerant :class:`DatastoreS
 :class:`DraftMethod` protocol and the :class:`Step` a method drafts; a draft model's candidate tree
 (:class:`HeadTree`) and the protocol of a draft model as a source (:class:`HeadSource`, S4C's: :mod:`s4c`). The
 accept rule of verification is in :mod:`drafting.accept`. The live layer's automatic compaction
-(:class:`LiveCompactor`, when :class:`CompactionPolicy`) runs beside the service. Drafting loads no torch.
+(:class:`LiveCompactor`, when :class:`CompactionPolicy`) runs beside the service, and :class:`OutputFeed` feeds the
+fleet's finished outputs into its output index. Drafting loads no torch.
 """
 
 from .calibration import Calibration
@@ -20,8 +21,9 @@ from .heads import HeadSource, HeadTree
 from .lifecycle import Drafter
 from .merged import MergedMethod
 from .method import DraftMethod, Step
+from .output_feed import OutputFeed
 from .service import DraftingService
 from .source import DatastoreSource
 
 __all__ = ["Calibration", "CompactionPolicy", "DatastoreSource", "Draft", "DraftMethod", "Drafter", "DraftingService",
-           "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "ScoreKind", "Step"]
+           "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "OutputFeed", "ScoreKind", "Step"]

@@ -13,7 +13,8 @@ proposers (``vllm/v1/spec_decode``):
   that passes each row's whole sequence and no request id, :meth:`DraftingService.follow_rows` appends only the new
   ones (:class:`serving.RowTracker`);
 - :meth:`DraftingService.stop_request` forgets it: its output joins this process's output index (and the method's
-  :meth:`~drafting.method.DraftMethod.stopped`, the live layer's writer for the merged drafter).
+  :meth:`~drafting.method.DraftMethod.stopped`, the live layer's writer for the merged drafter);
+  :meth:`DraftingService.learn_outputs` adds outputs finished elsewhere (the fleet's, :class:`drafting.OutputFeed`).
 
 Every argument is checked once, at this door (:mod:`drafting.door`). The same object drafts for the HF decoding loop
 (:func:`decoder.speculative_generate`), the replay simulator, the benchmarks and the vLLM proposer.
@@ -277,6 +278,35 @@ class DraftingService:
             output = self._core.stop(r.handle)
             self._stateful -= r.state is not None
         self.method.stopped(r.state, output)
+
+    def learn_outputs(self, outputs: Sequence[TokenIds]) -> int:
+        """Put outputs finished elsewhere in this process's output index, as if its own requests had generated them:
+        another process's of the fleet, or an earlier run's (:class:`drafting.OutputFeed` feeds the live layer's).
+        SuffixDecoding's global tree of earlier responses (https://arxiv.org/abs/2411.04975, §3), fed by the fleet.
+        The method is not told: they are not this process's to hand on.
+
+        Args:
+            outputs: each a list, tuple or 1-D integer array of token ids (the generated tokens, not the prompt); an
+                empty one is skipped.
+
+        Returns:
+            The tokens added.
+
+        Raises:
+            datastore.errors.InvalidContext: naming ``outputs[i]`` and the id, for an output that is not a sequence
+                of token ids of the vocabulary (none of the outputs is added).
+            TypeError: when ``outputs`` is not a sequence.
+            datastore.errors.ClosedError: after :meth:`close`.
+        """
+        if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
+            raise TypeError(f"outputs is a {type(outputs).__name__}; pass a list of token id sequences")
+        checked = [door.token_ids(o, self.vocab_size, f"outputs[{i}]") for i, o in enumerate(outputs)]
+        tokens = np.concatenate(checked) if checked else np.zeros(0, np.uint32)
+        lengths = np.fromiter((len(o) for o in checked), np.int64, len(checked))
+        with self._lock:
+            self._check_open()
+            self._core.add_outputs(tokens, lengths)
+        return len(tokens)
 
     def tokens(self, req_id: RequestId) -> np.ndarray:
         """The tokens the drafter holds for ``req_id`` (its prompt and everything committed since), as ``[N]`` uint32

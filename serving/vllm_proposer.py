@@ -14,7 +14,8 @@ the host-local replicas of the datastore and its live layer are mapped (:mod:`da
 process on the host), ONE native call drafts the batch with no round trip; before that, one round trip to the shared
 datastore (most answered by its cache), then one native call. Per row: the merge of the datastore's tree, the live
 layer's (every process's earlier outputs, compacted), the row's own longest earlier match (its suffix automaton) and
-the match in this process's finished outputs (learned the moment a request finishes), and the chain with the largest
+the match in the finished outputs (this process's, learned the moment a request finishes, and every other process's,
+read back from the live layer), and the chain with the largest
 expected accepted length under the calibrated probabilities, cut before the first node scoring below
 ``CREST_MIN_SCORE``; then the batch keeps only its draft tokens that raise its expected tokens per second on this
 engine's measured step-cost curve (:class:`serving.cost.StepCostModel`: so a large batch on a CPU drafts only
@@ -51,6 +52,10 @@ Configuration (environment variables, read when vLLM builds the proposer):
 ``CREST_LIVE_TOP_T``     n-grams per n a compaction keeps (default 200000);
 ``CREST_LIVE_MAX_BYTES`` the live layer's byte bound, half outputs, half trees (default 256000000);
 ``CREST_OUTPUTS_MB``     the bound of this process's index of finished outputs, MiB (default 64; 0: off);
+``CREST_OUTPUTS_SHARED`` ``1`` (default, with ``CREST_LIVE=1`` and an output index): the output index also learns
+                         every other process's finished outputs from the live layer, the newest at start and the new
+                         ones every 2 s (:class:`drafting.OutputFeed`; the reader needs ``SELECT`` on
+                         ``live_outputs``); ``0``: only this process's own;
 ``CREST_REPLICAS``       the host-local replicas' folder (default ``~/.cache/crest-spec/replicas``), or ``off``:
                          every step is a round trip (:class:`toolkit.settings.Settings`).
 
@@ -58,8 +63,9 @@ On vLLM's CPU platform the proposer also fixes the rejection sampler's expansion
 leaves uninitialized (:mod:`serving.vllm_fixes`: without it, speculative sampling at temperature > 0 is lossy and slow
 for every method, vLLM's own included).
 
-Everything is composed by :meth:`drafting.MergedMethod.open`; the proposer makes the live layer's writer and its
-compactor, and holds its settings, the rows it follows and the engine's step-cost model.
+Everything is composed by :meth:`drafting.MergedMethod.open`; the proposer makes the live layer's writer, its
+compactor and the feed of the fleet's outputs, and holds its settings, the rows it follows and the engine's
+step-cost model.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from datastore.cache import CACHE_BYTES
-from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod
+from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod, OutputFeed
 from toolkit.settings import Settings, env_flag, env_number, env_whole
 
 from .cost import StepCostModel
@@ -97,6 +103,7 @@ class ProposerConfig:
     live: bool = True
     live_url: str | None = None
     outputs_mb: float = 64.0
+    outputs_shared: bool = True
     replicas: bool = True
     compaction: CompactionPolicy | None = CompactionPolicy()
     compact_url: str | None = None
@@ -130,6 +137,7 @@ class ProposerConfig:
                    cache_mb=env_number(env, "CREST_CACHE_MB", d.cache_mb), live=env_flag(env, "CREST_LIVE", d.live),
                    live_url=env.get("CREST_LIVE_URL") or None,
                    outputs_mb=env_number(env, "CREST_OUTPUTS_MB", d.outputs_mb),
+                   outputs_shared=env_flag(env, "CREST_OUTPUTS_SHARED", d.outputs_shared),
                    replicas=settings.replicas is not None, compaction=compaction,
                    compact_url=env.get("CREST_COMPACT_URL") or None)
 
@@ -171,6 +179,13 @@ class CrestProposer:
             min_score=cfg.min_score, live_writer=writer, compactor=compactor)
         self.service = DraftingService(self.method,
                                        vocab_size=max(len(tokenizer), int(vllm_config.model_config.get_vocab_size())))
+        self.feed = None
+        if writer is not None and cfg.outputs_shared and cfg.outputs_mb > 0:
+            from datastore.live_outputs import LiveOutputs
+
+            own = writer  # this process's outputs are in its index already
+            self.feed = OutputFeed(self.service, LiveOutputs(cfg.datastore, cfg.database_url),
+                                   skip_origin=lambda: own.origin)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
         self._last_end: float | None = None  # when the previous propose returned ...

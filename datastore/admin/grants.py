@@ -8,7 +8,8 @@ tables. Every build makes a new tree table, so the grant is recorded in
 ``reader_grants`` and each later build of the name grants ``SELECT`` on its new
 table in the same transaction that makes it ready (:func:`grant_to_readers`). Whoever may read a live layer
 (``NAME.live``) may read its delta (``NAME.live.delta``, :func:`datastore.live.delta_name`): the two are one
-source to a reader.
+source to a reader. It may also read the finished outputs back (``SELECT`` on ``live_outputs``, every layer's rows:
+:class:`datastore.live_outputs.LiveOutputs`, so its output index learns the fleet's).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
                 "ORDER BY id", [name, _with_delta(name)])]
             for table in tables:
                 conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(table), ident))
+            if name is None or name.endswith(LIVE_SUFFIX):  # a live layer's reader reads its outputs back
+                conn.execute(sql.SQL("GRANT SELECT ON live_outputs TO {}").format(ident))
     return tables
 
 
@@ -174,4 +177,7 @@ def revoke_reader(url: str, role: str, name: str | None = None) -> list[str]:
                 conn.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(table), ident))
             if name is None:
                 conn.execute(sql.SQL("REVOKE SELECT ON alembic_version, datastores FROM {}").format(ident))
+            if conn.execute("SELECT 1 FROM reader_grants WHERE role = %s AND (name IS NULL OR name LIKE %s) LIMIT 1",
+                            [role, "%" + LIVE_SUFFIX]).fetchone() is None:  # no live layer's grant left
+                conn.execute(sql.SQL("REVOKE SELECT ON live_outputs FROM {}").format(ident))
     return tables

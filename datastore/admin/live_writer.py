@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
+def _this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class LiveWriter:
     """Appends finished outputs to the live layer of datastore ``name`` from a background thread.
 
@@ -39,7 +43,7 @@ class LiveWriter:
         name: the datastore the outputs feed (the layer is :func:`datastore.live.live_name` of it).
         database_url: a role with ``INSERT`` on ``live_outputs`` (``None``: ``DATABASE_URL`` or the embedded server).
         max_pending_bytes: most bytes of outputs queued; an output that does not fit is dropped (counted).
-        origin: provenance tag stored with each output (default ``host:pid``).
+        origin: provenance tag stored with each output (default ``host:pid``, a forked child's its own).
         min_tokens: outputs shorter than this are not appended (nothing to learn from them).
         batch_s: seconds an output may wait for others to share its ``COPY`` (>= 0; default 2; :meth:`flush` and
             :meth:`close` write at once).
@@ -61,7 +65,8 @@ class LiveWriter:
         self.batch_s = batch_s
         self.url = resolve_database_url(database_url)
         self.max_pending_bytes, self.min_tokens = max_pending_bytes, min_tokens
-        self.origin = origin if origin is not None else f"{socket.gethostname()}:{os.getpid()}"
+        self._default_origin = origin is None
+        self.origin = origin if origin is not None else _this_process()
         self.appended = self.dropped = self.written = self.failed = self.batches = 0
         self._pending_bytes = 0
         self._lock: threading.Lock
@@ -75,7 +80,9 @@ class LiveWriter:
 
     def _start(self) -> None:
         """A fresh queue and its thread (at construction, and in a forked child: the parent's outputs queued at the
-        fork are the parent's to write)."""
+        fork are the parent's to write, and the child's are of its own origin unless one was given)."""
+        if self._default_origin:
+            self.origin = _this_process()
         self._lock = threading.Lock()
         self._queue = queue.Queue()
         self._pending_bytes = 0

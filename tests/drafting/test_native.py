@@ -70,6 +70,11 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
         elif roll < 0.3:  # one finishes: its output feeds the output index of both
             key = active.pop(int(rng.integers(len(active))))
             assert oracle.stop(key) == native.stop(handles.pop(key)).tolist()
+        elif roll < 0.35:  # outputs finished elsewhere (another process of the fleet) join both, an empty one skipped
+            outs = [rng.integers(0, vocab, size=int(rng.integers(0, 30))).tolist() for _ in range(rng.integers(1, 4))]
+            for o in outs:
+                oracle.outputs.add(o)
+            native.add_outputs(np.asarray(sum(outs, []), np.uint32), np.asarray([len(o) for o in outs], np.int64))
         else:  # a step for every active request: random datastore candidates and live trees
             budgets = [int(rng.integers(1, 20)) for _ in active]
             stored = [[Match(tuple(range(n)), random_tree(rng, vocab, int(rng.integers(0, 30))))
@@ -148,6 +153,9 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
     empty = core.draft_given(np.array([a, b], np.int64), np.array([4, 4], np.int64), [[], []], [None, None], None,
                              False, 0.0)
     assert empty[3].tolist()[:2] == [0, 0]  # a's row: no draft
+    for lengths in ([2, 2], [-1, 4], [1]):  # outputs from elsewhere whose lengths do not lay out the tokens given
+        with pytest.raises(ValueError, match="add_outputs"):
+            core.add_outputs(np.arange(3, dtype=np.uint32), np.asarray(lengths, np.int64))
 
 
 @pytest.mark.parametrize("chain", [True, False])

@@ -121,11 +121,18 @@ def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, ours):
 def test_proposer_settings_from_the_environment(monkeypatch):
     from serving.vllm_proposer import ProposerConfig
 
-    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE", "CREST_OUTPUTS_MB"):
+    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE", "CREST_OUTPUTS_MB",
+                "CREST_OUTPUTS_SHARED"):
         monkeypatch.delenv(var, raising=False)
     cfg = ProposerConfig.from_env()
     assert cfg.live and cfg.live_url is None and cfg.min_score == 0.1  # both output layers on by default
-    assert cfg.outputs_mb == 64.0 and cfg.adaptive
+    assert cfg.outputs_mb == 64.0 and cfg.adaptive and cfg.outputs_shared  # the index learns the fleet's outputs
+    monkeypatch.setenv("CREST_OUTPUTS_SHARED", "0")
+    assert not ProposerConfig.from_env().outputs_shared
+    monkeypatch.setenv("CREST_OUTPUTS_SHARED", "some")
+    with pytest.raises(ValueError, match="CREST_OUTPUTS_SHARED='some': must be 0 or 1"):
+        ProposerConfig.from_env()
+    monkeypatch.delenv("CREST_OUTPUTS_SHARED")
     monkeypatch.setenv("CREST_LIVE", "0")
     monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
     monkeypatch.setenv("CREST_OUTPUTS_MB", "0")

@@ -3,6 +3,8 @@ queue is bounded in bytes, and a server that is down loses the outputs, nothing 
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Sequence
@@ -76,3 +78,28 @@ def test_writer_batches_outputs_into_one_copy_until_flushed(database_url, live_d
     assert got == (5,)
     with pytest.raises(ValueError, match="batch_s"):
         LiveWriter("x", UNREACHABLE, batch_s=-1.0)
+
+
+def test_a_forked_child_appends_under_its_own_origin(database_url, live_ds):
+    """A writer with the default origin (``host:pid``) takes the child's pid in a forked child, so each process's
+    feed (:class:`drafting.OutputFeed`) tells its own outputs from the others'; a given origin is kept."""
+    import multiprocessing as mp
+
+    writer, tagged = LiveWriter(live_ds, database_url), LiveWriter(live_ds, database_url, origin="given")
+    assert writer.origin.endswith(f":{os.getpid()}")
+
+    def child() -> None:
+        assert writer.append([1, 2, 3]) and tagged.append([4, 5, 6])
+        assert writer.flush(30) and tagged.flush(30)
+        writer.close()
+        tagged.close()
+
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0 and p.pid is not None
+    writer.close()
+    tagged.close()
+    with connect(database_url) as conn:
+        got = conn.execute("SELECT origin FROM live_outputs WHERE name = %s ORDER BY id", [live_ds]).fetchall()
+    assert sorted(o for (o,) in got) == sorted([f"{socket.gethostname()}:{p.pid}", "given"])
