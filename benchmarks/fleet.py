@@ -5,8 +5,10 @@ datastore and live layer, against a suffix tree per process (issue 43).
 ShareGPT or chat file with ``--path``). The first ``--yesterday`` of them are yesterday: their whole text builds the
 human-corpus datastore, and the target's own greedy answers to the last ``--distill`` of their openings
 (``python -m serving distill``) are added to it. The next ``--today`` conversations are today: their openings are
-served, in file order. No conversation is in both; a prompt that repeats one of yesterday's is the recurrence being
-measured, not contamination (``prepare`` prints how many there are).
+served, in file order, and each one's second user turn (a ``follow-up``) ``--follow-gap`` openings after it, its
+prompt holding the model's own answer to the opening (as ``spec_bench_turn2``). No conversation is in both; a prompt
+that repeats one of yesterday's is the recurrence being measured, not contamination (``prepare`` prints how many there
+are).
 
 **Exact replay.** Today's greedy answers are generated once (vLLM, fp32 greedy, = ours token for token) and cached in
 ``--dir``; each request is replayed against its answer (:func:`evaluation.simulate.replay`: the steps of a lossless
@@ -25,14 +27,16 @@ Methods (``--methods``):
 - ``ours``: the merged drafter on the human + distilled datastore, the live layer shared by the fleet (automatic
   compaction; at the start it holds yesterday's distilled answers, as a fleet's layer keeps them overnight:
   ``--live-start``), the process's output index;
+- ``ours-unshared``: the same, its output index fed only by its own process's outputs (``CREST_OUTPUTS_SHARED=0``;
+  ``ours``' is fed every process's, read back from the live layer by a :class:`drafting.OutputFeed`);
 - ``ours-nolive``: the same without the live layer;
 - ``ours-human``: ``ours`` on the human-corpus datastore alone.
 
 Report: accept length (tokens per verification step, bonus included) per method and K; by quarter of the stream (the
 restart falls between the second and the third); by kind of prompt: ``repeat`` (its text equals an earlier prompt's,
-yesterday's or today's), ``template`` (its first 40 characters do), ``new``; for ours, which sources' trees held the
-accepted draft tokens (:attr:`drafting.Draft.sources`: the datastore, the live layer, the request's own tokens, the
-process's output index).
+yesterday's or today's), ``template`` (its first 40 characters do), ``new``, ``follow-up``; for ours, which sources'
+trees held the accepted draft tokens (:attr:`drafting.Draft.sources`: the datastore, the live layer, the request's own
+tokens, the process's output index).
 
     .venv/bin/python benchmarks/fleet.py prepare     # split, distill, today's answers, both builds (cached)
     .venv/bin/python benchmarks/fleet.py run [--k 1 2 4 8] [--budget 8] [--form chain]
@@ -61,8 +65,8 @@ from crest_native import MAX_BUDGET  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
 
 DIR = REPO / "results" / "fleet"
-METHODS = ("suffix", "suffix-warm", "ngram", "ours", "ours-nolive", "ours-human")
-LIVE = ("ours", "ours-human")
+METHODS = ("suffix", "suffix-warm", "ngram", "ours", "ours-unshared", "ours-nolive", "ours-human")
+LIVE = ("ours", "ours-unshared", "ours-human")
 """The methods whose processes share a live layer: paced in wall time; the others replay as fast as they can."""
 TEMPLATE_CHARS = 40
 
@@ -90,6 +94,23 @@ def _write_lines(path: Path, rows: list[dict]) -> None:
         append_chunk(path, [json.dumps(r, ensure_ascii=False) for r in rows[i:i + 1000]])
 
 
+def _second_turn(messages: list[dict], opened: int) -> str | None:
+    """The user turn that follows the model's first answer in a conversation whose opening is its first ``opened``
+    messages (``None``: it has none)."""
+    rest = messages[opened:]
+    if len(rest) >= 2 and rest[0]["role"] == "assistant" and rest[1]["role"] == "user" and rest[1]["content"].strip():
+        return rest[1]["content"]
+    return None
+
+
+def _order(openings: list[dict], follow_ups: list[dict], gap: int) -> list[dict]:
+    """Today's requests in arrival order: the openings in file order, each follow-up ``gap`` openings after its own
+    (its user reads the answer first)."""
+    at = {r["id"]: n for n, r in enumerate(openings)}
+    keyed = [(float(n), r) for n, r in enumerate(openings)] + [(at[f["follow_of"]] + gap + 0.5, f) for f in follow_ups]
+    return [r for _, r in sorted(keyed, key=lambda x: x[0])]
+
+
 def _split(args) -> dict:
     """Yesterday's conversations and the openings to distill, and today's stream; written under ``--dir``."""
     from serving.distill import opening, read_conversations
@@ -105,17 +126,23 @@ def _split(args) -> dict:
         raise SystemExit(f"error: --path {args.path} holds {len(convs)} readable conversations, fewer than "
                          f"--yesterday {args.yesterday} + --today {args.today}: lower them")
     first = [o for o in (opening(c) for c in convs[:args.yesterday]) if o is not None]
-    today = [o for o in (opening(c) for c in convs[args.yesterday:args.yesterday + args.today]) if o is not None]
+    today_convs = [(c, o) for c in convs[args.yesterday:args.yesterday + args.today] if (o := opening(c)) is not None]
+    today = [o for _, o in today_convs]
     _write_lines(args.dir / "yesterday.jsonl.zst", [{"messages": c} for c in convs[:args.yesterday]])
     _write_lines(args.dir / "distill-prompts.jsonl.zst", [{"messages": o} for o in first[-args.distill:]]
                  if args.distill else [])
     tok = load_tokenizer()
     kinds = _kinds([o[-1]["content"] for o in first], [o[-1]["content"] for o in today])
-    stream = [{"id": f"today-{i}", "kind": k, "text": o[-1]["content"],
-               "prompt_ids": tok.encode(render_chat(tok, o, add_generation_prompt=True), add_special_tokens=False)}
-              for i, (o, k) in enumerate(zip(today, kinds))]
+    openings = [{"id": f"today-{i}", "kind": k, "text": o[-1]["content"],
+                 "prompt_ids": tok.encode(render_chat(tok, o, add_generation_prompt=True), add_special_tokens=False)}
+                for i, (o, k) in enumerate(zip(today, kinds))]
+    follow_ups = [] if args.follow_gap is None else [
+        {"id": f"today-{i}/2", "kind": "follow-up", "text": second, "follow_of": f"today-{i}", "opening": o}
+        for i, (c, o) in enumerate(today_convs) if (second := _second_turn(c, len(o))) is not None]
+    stream = openings if args.follow_gap is None else _order(openings, follow_ups, args.follow_gap)
     meta = {"path": str(args.path), "yesterday": args.yesterday, "today": args.today, "distill": args.distill,
-            "max_new_tokens": args.max_new_tokens, "kinds": dict(Counter(kinds))}
+            "max_new_tokens": args.max_new_tokens, "follow_gap": args.follow_gap,
+            "kinds": dict(Counter(r["kind"] for r in stream))}
     (args.dir / "today.json").write_text(json.dumps({"meta": meta, "stream": stream}))
     return meta
 
@@ -140,18 +167,34 @@ def _answers_hf(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]
 
 
 def _today_answers(args) -> None:
-    """Today's greedy answers, once per distinct prompt (a repeat replays the same answer), into ``today.json``."""
+    """Today's greedy answers, once per distinct prompt (a repeat replays the same answer), into ``today.json``: the
+    openings', then each follow-up's, whose prompt holds its opening's answer (as ``spec_bench_turn2``)."""
+    from toolkit import load_tokenizer
+    from toolkit.tokenizer import render_chat
+
     doc = json.loads((args.dir / "today.json").read_text())
     stream = doc["stream"]
-    distinct = list(dict.fromkeys(tuple(r["prompt_ids"]) for r in stream))
     answer = _answers_hf if args.engine == "hf" else _answers_vllm
     t0 = time.perf_counter()
-    outs = dict(zip(distinct, answer([list(p) for p in distinct], args.max_new_tokens)))
-    for r in stream:
-        r["output_ids"] = outs[tuple(r["prompt_ids"])]
+    tokens = 0
+    for turn in (1, 2):
+        rows = [r for r in stream if ("follow_of" in r) == (turn == 2)]
+        if turn == 2 and rows:
+            tok, first = load_tokenizer(), {r["id"]: r for r in stream if "follow_of" not in r}
+            for r in rows:
+                said = tok.decode(first[r["follow_of"]]["output_ids"], skip_special_tokens=True)
+                chat = [*r.pop("opening"), {"role": "assistant", "content": said},
+                        {"role": "user", "content": r["text"]}]
+                r["prompt_ids"] = tok.encode(render_chat(tok, chat, add_generation_prompt=True),
+                                             add_special_tokens=False)
+        distinct = list(dict.fromkeys(tuple(r["prompt_ids"]) for r in rows))
+        outs = dict(zip(distinct, answer([list(p) for p in distinct], args.max_new_tokens))) if distinct else {}
+        for r in rows:
+            r["output_ids"] = outs[tuple(r["prompt_ids"])]
+        tokens += sum(map(len, outs.values()))
+        print(f"today, turn {turn}: {len(distinct)} distinct prompts answered", flush=True)
     (args.dir / "today.json").write_text(json.dumps(doc))
-    print(f"today: {len(distinct)} distinct prompts answered, {sum(map(len, outs.values()))} tokens in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"today: {tokens} answer tokens in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _distill(args) -> None:
@@ -192,8 +235,10 @@ def prepare(args) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env(in_process=True))
     args.dir.mkdir(parents=True, exist_ok=True)
     meta = _split(args)
-    print(f"yesterday: {args.yesterday} conversations; today: {sum(meta['kinds'].values())} openings, by kind "
-          f"{meta['kinds']} (a repeat of one of yesterday's prompts is the recurrence measured)", flush=True)
+    follow = meta["kinds"].get("follow-up", 0)
+    print(f"yesterday: {args.yesterday} conversations; today: {sum(meta['kinds'].values()) - follow} openings and "
+          f"{follow} follow-ups, by kind {meta['kinds']} (a repeat of one of yesterday's prompts is the recurrence "
+          "measured)", flush=True)
     if args.distill:
         _distill(args)
     _today_answers(args)
@@ -249,7 +294,14 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
     writer = LiveWriter(name, origin=f"fleet-{os.getpid()}") if live else None
     compactor = LiveCompactor(name) if live else None
     made = MergedMethod(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
-    return DraftingService(made, vocab_size=len(tok))
+    service = DraftingService(made, vocab_size=len(tok))
+    if writer is not None and method != "ours-unshared":
+        from datastore.live_outputs import LiveOutputs
+        from drafting import OutputFeed
+
+        origin = writer.origin
+        OutputFeed(service, LiveOutputs(name), skip_origin=lambda: origin)  # stops when the service closes
+    return service
 
 
 class Attributed:
@@ -518,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
                    help="what answers: vLLM's offline engine, or our own greedy loop (a few prompts; default: vllm).")
     g.add_argument("--top-t", default="200K", help="n-grams per n kept by both builds (default: 200K).")
+    g.add_argument("--follow-gap", type=int_in(0), default=4,
+                   help="each conversation's second user turn is served too, after the model's own answer to its "
+                        "first, this many openings after it (default: 4).")
+    g.add_argument("--no-follow-ups", dest="follow_gap", action="store_const", const=None,
+                   help="serve the openings only.")
     g = ap.add_argument_group("run")
     g.add_argument("--k", nargs="+", type=int_in(1), default=[1, 2, 4, 8], help="fleet sizes (default: 1 2 4 8).")
     g.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="default: all.")

@@ -11,7 +11,9 @@
    conversations standing in, folded by ``compact-live``; their 5-grams are kept out of the probes), so each run
    measures the delta (``compact-live --delta``: the policy's default) beside a main build of that size; with
    ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta; ``--delta-tokens``
-   starts each run with a delta of that size (one near the fold: the largest a delta compaction gets).
+   starts each run with a delta of that size (one near the fold: the largest a delta compaction gets). With
+   ``--through feed``, B drafts from its output index instead, fed every process's outputs from the live layer's
+   table (:class:`drafting.OutputFeed`): no compaction between A's output and B's draft.
 2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
    ``--sizes`` tokens (ShareGPT conversations standing in for outputs), twice (the layer's first fold, and the next
    one, which starts from the top-t that fitted): wall time, builds, peak RSS (the largest sum of the
@@ -21,7 +23,7 @@
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
     .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
-        [--delta-tokens 0] [--fold-tokens 262144] [--sizes 100K 1M 4M] [--json out.json]
+        [--delta-tokens 0] [--fold-tokens 262144] [--through layer] [--sizes 100K 1M 4M] [--json out.json]
 """
 
 from __future__ import annotations
@@ -94,18 +96,22 @@ def _probes(outputs: list[np.ndarray], elsewhere: np.ndarray | None = None) -> t
     return kept, probes
 
 
-def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, inbox, outbox) -> None:
-    """Process B: drafts each announced probe every 20 ms until its draft starts with the probe's next token."""
+def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, through: str, inbox,
+             outbox) -> None:
+    """Process B: drafts each announced probe every 20 ms until its draft starts with the probe's next token, from
+    the live layer's trees (``through="layer"``) or from its output index fed the fleet's outputs (``"feed"``)."""
     from datastore.live import live_name
+    from datastore.live_outputs import LiveOutputs
     from datastore.shared import SharedDatastore
-    from drafting import CompactionPolicy, DatastoreSource, DraftingService, LiveCompactor, MergedMethod
+    from drafting import CompactionPolicy, DatastoreSource, DraftingService, LiveCompactor, MergedMethod, OutputFeed
     from toolkit import load_tokenizer
 
     tok = load_tokenizer()
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name)))
-    method = MergedMethod(source, vocab_size=len(tok), sources=("live",),
+    method = MergedMethod(source, vocab_size=len(tok), sources=("live",) if through == "layer" else ("outputs",),
                           compactor=LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens)))
     service = DraftingService(method, vocab_size=len(tok))
+    feed = OutputFeed(service, LiveOutputs(name)) if through == "feed" else None
     lookups = source.client
     replicas = getattr(lookups, "replicas", None)
     if replicas is not None:
@@ -129,11 +135,13 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, i
         time.sleep(0.02)
     st = method.stats
     outbox.put({"replica_steps": st.replica_steps, "round_trip_steps": st.round_trip_steps})
+    if feed is not None:
+        feed.close()
     service.close()
 
 
 def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: int, elsewhere: np.ndarray | None,
-              seed: int = 0) -> dict:
+              seed: int = 0, through: str = "layer") -> dict:
     """Process A (this one) appends ``outputs`` one by one; returns the latencies to process B's drafts, seconds."""
     from datastore.admin.live_writer import LiveWriter
     from drafting import CompactionPolicy, LiveCompactor
@@ -141,7 +149,7 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: i
     outputs, probes = _probes(outputs, elsewhere)
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    b = ctx.Process(target=_drafter, args=(name, probes, fold_tokens, inbox, outbox))
+    b = ctx.Process(target=_drafter, args=(name, probes, fold_tokens, through, inbox, outbox))
     b.start()
     assert outbox.get(timeout=900) == "ready"
     writer = LiveWriter(name, origin="bench-live-A")
@@ -168,7 +176,7 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: i
         compactor.close()
     lat = np.array([seen[i] - ended[i] for i in range(len(outputs))])
     runs = [r for r in compactor.runs if r.result and r.result.get("build_id")]
-    return {"outputs": len(outputs), "every_s": every, "fold_tokens": fold_tokens,
+    return {"outputs": len(outputs), "every_s": every, "fold_tokens": fold_tokens, "through": through,
             "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
             "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
             "compactions_by_A": {k: len([r for r in runs if r.kind == k]) for k in ("delta", "fold")},
@@ -303,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fold-tokens", type=int_in(0), default=262_144,
                     help="the compactors' CREST_COMPACT_FOLD_TOKENS (default: 262144; 0: no delta, every compaction "
                          "rebuilds the whole layer).")
+    ap.add_argument("--through", choices=("layer", "feed"), default="layer",
+                    help="what B drafts from: the live layer's trees (layer), or its output index, fed every "
+                         "process's outputs by a drafting.OutputFeed (feed) (default: layer).")
     ap.add_argument("--sizes", type=parse_count, nargs="*", default=[100_000, 1_000_000, 4_000_000],
                     help="live-layer sizes in tokens for the compaction cost (default: 100K 1M 4M; none: skip).")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here.")
@@ -330,12 +341,14 @@ def main() -> None:
         figures["freshness"] = []
         for main_tokens in args.main_tokens:
             main, keys = fill_main(args.name, docs[args.outputs:], main_tokens, args.delta_tokens)
-            fr = freshness(args.name, outputs, args.every, args.fold_tokens, keys) | {"main": main}
+            fr = freshness(args.name, outputs, args.every, args.fold_tokens, keys, through=args.through)
+            fr["main"] = main
             figures["freshness"].append(fr)
             print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('tokens_compact_s', 0)} s), "
                   f"delta {main['delta_tokens']:,} tokens before the run, "
                   f"{fr['outputs']} outputs, one every {args.every:.1f} s on average, fold at {args.fold_tokens:,} "
-                  f"tokens: p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
+                  f"tokens, B drafting through the {args.through}: "
+                  f"p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
                   f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s); B's steps "
                   f"{fr['drafter_steps']}")
         figures["compaction"] = []

@@ -364,16 +364,18 @@ def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
 
 @pytest.mark.slow
 def test_fleet(database_url, sharegpt_sample, tmp_path):
-    """``prepare`` on a slice of the ShareGPT sample (answers by our own greedy loop, 8 tokens each), then ``run``
-    with every method at K = 2 (the live layer's arrivals 0.05 s apart)."""
+    """``prepare`` on a slice of the ShareGPT sample (answers by our own greedy loop, 8 tokens each; the openings and
+    their follow-ups), then ``run`` with every method at K = 2 (the live layer's arrivals 0.05 s apart)."""
     name = f"test-fleet-{uuid.uuid4().hex[:8]}"
     folder = tmp_path / "fleet"
-    methods = ["ngram", "ours", "ours-nolive", "ours-human", *(["suffix", "suffix-warm"] if ARCTIC else [])]
+    methods = ["ngram", "ours", "ours-unshared", "ours-nolive", "ours-human",
+               *(["suffix", "suffix-warm"] if ARCTIC else [])]
     try:
         out = _run("fleet", "prepare", "--engine", "hf", "--path", sharegpt_sample, "--yesterday", "30", "--today",
-                   "8", "--distill", "3", "--max-new-tokens", "8", "--top-t", "300", "--dir", folder, "--name", name,
+                   "12", "--distill", "3", "--max-new-tokens", "8", "--top-t", "300", "--dir", folder, "--name", name,
                    url=database_url)
-        assert _lines(out, r"yesterday: 30 conversations; today: \d+ openings") and _lines(out, f"built {name}-both")
+        assert _lines(out, r"yesterday: 30 conversations; today: \d+ openings and [1-9]\d* follow-ups")
+        assert _lines(out, f"built {name}-both")
         out = _run("fleet", "run", "--k", "2", "--methods", *methods, "--interval", "0.05", "--dir", folder,
                    "--name", name, url=database_url)
     finally:
@@ -382,6 +384,7 @@ def test_fleet(database_url, sharegpt_sample, tmp_path):
     assert [(r["method"], r["k"]) for r in saved["rows"]] == [(m, 2) for m in methods]
     assert all(r["accept_length"] >= 1 and len(r["by_quarter"]) == 4 for r in saved["rows"])
     assert sum(saved["meta"]["kinds_scored"].values()) == saved["rows"][0]["requests"] > 0
+    assert saved["meta"]["kinds_scored"]["follow-up"] > 0 and saved["meta"]["follow_gap"] == 4
     assert len(_lines(out, r"(ngram|ours[\w-]*|suffix[\w-]*) +[\d.]+$")) == len(methods)
     for r in saved["rows"]:  # which sources held the accepted draft tokens: ours only (the peers record none)
         a = r["sources"]
