@@ -111,6 +111,14 @@ def _order(openings: list[dict], follow_ups: list[dict], gap: int) -> list[dict]
     return [r for _, r in sorted(keyed, key=lambda x: x[0])]
 
 
+def _longest_prompt(args) -> int:
+    """The longest prompt served, tokens: the reference engine's context less an answer's tokens (a longer one is
+    left out of today, counted)."""
+    from references import MAX_MODEL_LEN
+
+    return MAX_MODEL_LEN - args.max_new_tokens
+
+
 def _split(args) -> dict:
     """Yesterday's conversations and the openings to distill, and today's stream; written under ``--dir``."""
     from serving.distill import opening, read_conversations
@@ -136,12 +144,16 @@ def _split(args) -> dict:
     openings = [{"id": f"today-{i}", "kind": k, "text": o[-1]["content"],
                  "prompt_ids": tok.encode(render_chat(tok, o, add_generation_prompt=True), add_special_tokens=False)}
                 for i, (o, k) in enumerate(zip(today, kinds))]
+    fits = {r["id"] for r in openings if len(r["prompt_ids"]) <= _longest_prompt(args)}
     follow_ups = [] if args.follow_gap is None else [
         {"id": f"today-{i}/2", "kind": "follow-up", "text": second, "follow_of": f"today-{i}", "opening": o}
-        for i, (c, o) in enumerate(today_convs) if (second := _second_turn(c, len(o))) is not None]
+        for i, (c, o) in enumerate(today_convs)
+        if f"today-{i}" in fits and (second := _second_turn(c, len(o))) is not None]
+    too_long = len(openings) - len(fits)
+    openings = [r for r in openings if r["id"] in fits]
     stream = openings if args.follow_gap is None else _order(openings, follow_ups, args.follow_gap)
     meta = {"path": str(args.path), "yesterday": args.yesterday, "today": args.today, "distill": args.distill,
-            "max_new_tokens": args.max_new_tokens, "follow_gap": args.follow_gap,
+            "max_new_tokens": args.max_new_tokens, "follow_gap": args.follow_gap, "too_long": too_long,
             "kinds": dict(Counter(r["kind"] for r in stream))}
     (args.dir / "today.json").write_text(json.dumps({"meta": meta, "stream": stream}))
     return meta
@@ -187,6 +199,12 @@ def _today_answers(args) -> None:
                         {"role": "user", "content": r["text"]}]
                 r["prompt_ids"] = tok.encode(render_chat(tok, chat, add_generation_prompt=True),
                                              add_special_tokens=False)
+            long = {r["id"] for r in rows if len(r["prompt_ids"]) > _longest_prompt(args)}
+            if long:  # a follow-up past the engine's context is left out, counted
+                doc["stream"] = stream = [r for r in stream if r["id"] not in long]
+                rows = [r for r in rows if r["id"] not in long]
+                doc["meta"]["too_long"] += len(long)
+                doc["meta"]["kinds"]["follow-up"] -= len(long)
         distinct = list(dict.fromkeys(tuple(r["prompt_ids"]) for r in rows))
         outs = dict(zip(distinct, answer([list(p) for p in distinct], args.max_new_tokens))) if distinct else {}
         for r in rows:
@@ -238,7 +256,7 @@ def prepare(args) -> None:
     follow = meta["kinds"].get("follow-up", 0)
     print(f"yesterday: {args.yesterday} conversations; today: {sum(meta['kinds'].values()) - follow} openings and "
           f"{follow} follow-ups, by kind {meta['kinds']} (a repeat of one of yesterday's prompts is the recurrence "
-          "measured)", flush=True)
+          f"measured); {meta['too_long']} openings past the engine's context left out", flush=True)
     if args.distill:
         _distill(args)
     _today_answers(args)

@@ -61,14 +61,18 @@ def _second_turns(tokenizer, first: dict[str, list[int]]) -> list[tuple[str, str
     return out
 
 
+MAX_MODEL_LEN = 4096
+"""The reference engine's context: a prompt and its answer together, tokens."""
+
+
 def greedy_engine(max_num_seqs: int = 32, enforce_eager: bool = False):
     """vLLM's offline engine for plain-greedy references: the default model in fp32, no speculation, seed 0."""
     from vllm import LLM
 
     from decoder.model import export_checkpoint
 
-    return LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=max_num_seqs,
-               enforce_eager=enforce_eager)
+    return LLM(model=export_checkpoint(), dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0,
+               max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
 
 
 def _generate(llm, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
