@@ -1,5 +1,5 @@
 """Helpers the tests share (fixtures are in ``conftest.py``): the repository's root, a small real build, URLs with
-other parameters, and running an entry point in-process."""
+other parameters, outputs appended to a live layer, and running an entry point in-process."""
 
 from __future__ import annotations
 
@@ -52,6 +52,18 @@ def build_small(url: str, name: str, sample: Path) -> int:
 
     return build_datastore(BuildConfig(name=name, path=sample, limit=10, top_t=50, max_n=2, database_url=url),
                            progress=False).build_id
+
+
+def append_outputs(url: str, name: str, outputs: list[list[int]], origin: str) -> None:
+    """Append ``outputs`` to datastore ``name``'s live layer under ``origin``, as a decoder's writer does, and wait
+    until they are written."""
+    from datastore.admin.live_writer import LiveWriter
+
+    writer = LiveWriter(name, url, origin=origin)
+    for o in outputs:
+        assert writer.append(o)
+    assert writer.flush(30)
+    writer.close()
 
 
 def clear_live(url: str, name: str, also_base: bool = False) -> None:

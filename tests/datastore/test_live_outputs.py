@@ -11,27 +11,18 @@ import pytest
 from psycopg import sql
 
 from datastore.admin.grants import grant_reader, revoke_reader
-from datastore.admin.live_writer import LiveWriter
 from datastore.connection import connect
 from datastore.errors import DatabaseUnavailable
 from datastore.live import live_name
 from datastore.live_outputs import LiveOutputs
-from support import UNREACHABLE, with_params
-
-
-def _append(url: str, name: str, outputs: list[list[int]], origin: str) -> None:
-    writer = LiveWriter(name, url, origin=origin)
-    for o in outputs:
-        assert writer.append(o)
-    assert writer.flush(30)
-    writer.close()
+from support import UNREACHABLE, append_outputs, with_params
 
 
 def test_newest_within_a_bound_ids_after_and_fetch(database_url, live_ds):
     outs = [[i, i + 1, i + 2] for i in range(0, 30, 3)]  # ten outputs of three tokens
-    _append(database_url, live_ds, outs[:6], "a")
-    _append(database_url, live_ds, outs[6:], "b")
-    _append(database_url, live_ds + "-other", [[9, 9]], "a")  # another layer's output is never read
+    append_outputs(database_url, live_ds, outs[:6], "a")
+    append_outputs(database_url, live_ds, outs[6:], "b")
+    append_outputs(database_url, live_ds + "-other", [[9, 9]], "a")  # another layer's output is never read
     reader = LiveOutputs(live_ds, database_url)
     try:
         newest = reader.newest(10)  # three whole outputs fit in 10 tokens
@@ -55,7 +46,7 @@ def test_newest_within_a_bound_ids_after_and_fetch(database_url, live_ds):
 
 
 def test_a_live_layers_reader_may_read_the_outputs_and_no_other(database_url, live_ds):
-    _append(database_url, live_ds, [[1, 2, 3]], "a")
+    append_outputs(database_url, live_ds, [[1, 2, 3]], "a")
     role = f"crest_reader_{uuid.uuid4().hex[:8]}"
     grant_reader(database_url, role, live_ds, create=True, future=True)
     url = with_params(database_url, user=role)

@@ -11,13 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from datastore.admin.live_writer import LiveWriter
 from datastore.connection import connect
 from datastore.errors import ClosedError, InvalidContext
 from datastore.live import encode_output
 from datastore.live_outputs import LiveOutputs
 from drafting import DraftingService, MergedMethod, OutputFeed
-from support import UNREACHABLE
+from support import UNREACHABLE, append_outputs
 
 VOCAB = 49_152
 
@@ -41,14 +40,6 @@ def _drafts(service: DraftingService, output: list[int], at: int = 12, budget: i
         service.stop_request("probe")
 
 
-def _append(url: str, name: str, outputs: list[list[int]], origin: str) -> None:
-    writer = LiveWriter(name, url, origin=origin)
-    for o in outputs:
-        assert writer.append(o)
-    assert writer.flush(30)
-    writer.close()
-
-
 def _until(feed: OutputFeed, done, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not done():
@@ -58,15 +49,15 @@ def _until(feed: OutputFeed, done, timeout: float = 30.0) -> None:
 
 def test_another_process_output_drafts_here_and_a_restart_keeps_the_fleets(database_url, live_ds):
     yesterday, today, own = _answer(1), _answer(2), _answer(3)
-    _append(database_url, live_ds, [yesterday], "host:1")  # before this process started
+    append_outputs(database_url, live_ds, [yesterday], "host:1")  # before this process started
     service = _service()
     assert _drafts(service, yesterday) == []  # nothing learned yet
     feed = OutputFeed(service, LiveOutputs(live_ds, database_url), skip_origin=lambda: "host:2", poll_s=0.05)
     try:
         _until(feed, lambda: feed.learned == 1)  # the warm start: the layer's newest
         assert _drafts(service, yesterday) == yesterday[12:20]
-        _append(database_url, live_ds, [today], "host:1")  # another process, now
-        _append(database_url, live_ds, [own], "host:2")    # this process's own: in its index when it stopped
+        append_outputs(database_url, live_ds, [today], "host:1")  # another process, now
+        append_outputs(database_url, live_ds, [own], "host:2")    # this process's own: in its index when it stopped
         _until(feed, lambda: feed.learned == 2)
         feed.wait(5)
         assert _drafts(service, today) == today[12:20] and _drafts(service, own) == []
@@ -79,12 +70,12 @@ def test_another_process_output_drafts_here_and_a_restart_keeps_the_fleets(datab
 
 def test_without_a_warm_start_only_new_outputs_are_learned(database_url, live_ds):
     old, new = _answer(7), _answer(8)
-    _append(database_url, live_ds, [old], "a")
+    append_outputs(database_url, live_ds, [old], "a")
     service = _service()
     feed = OutputFeed(service, LiveOutputs(live_ds, database_url), poll_s=0.05, warm_tokens=0)
     try:
         _until(feed, lambda: feed.reads >= 2)
-        _append(database_url, live_ds, [new], "a")
+        append_outputs(database_url, live_ds, [new], "a")
         _until(feed, lambda: feed.learned == 1)
         assert _drafts(service, new) == new[12:20] and _drafts(service, old) == []
     finally:
@@ -101,7 +92,7 @@ def test_a_late_commit_below_a_read_id_is_found(database_url, live_ds):
         with connect(database_url) as slow:  # a COPY that takes its id first and commits last
             slow.execute("INSERT INTO live_outputs (name, tokens, num_tokens, origin) VALUES (%s, %s, %s, 'slow')",
                          [live_ds, encode_output(early), len(early)])
-            _append(database_url, live_ds, [later], "fast")
+            append_outputs(database_url, live_ds, [later], "fast")
             _until(feed, lambda: feed.learned == 1)
             slow.commit()
         _until(feed, lambda: feed.learned == 2)
@@ -113,7 +104,7 @@ def test_a_late_commit_below_a_read_id_is_found(database_url, live_ds):
 
 def test_a_fault_or_another_vocabulary_changes_nothing_else(database_url, live_ds, caplog):
     good = _answer(6)
-    _append(database_url, live_ds, [[VOCAB + 5, 1, 2], good], "other")  # the first is of a larger vocabulary
+    append_outputs(database_url, live_ds, [[VOCAB + 5, 1, 2], good], "other")  # the first is of a larger vocabulary
     service = _service()
     with caplog.at_level(logging.WARNING, logger="drafting.output_feed"):
         feed = OutputFeed(service, LiveOutputs(live_ds, database_url), poll_s=0.05)
