@@ -4,9 +4,12 @@ A verification step over ``N`` tokens (every row's sampled token plus its draft 
 is not a line. On a CPU (and on a GPU at high batch) it is flat while the weights' streaming from memory dominates,
 then steep once the arithmetic for the extra tokens exceeds it (a roofline's knee: at one stream on a 2-core EPYC,
 24.5 ms for 1 token, 25.6-27 ms for 2-3.3, then 29.5-43 ms for 3.8-4.3); and a GPU's kernels add steps at tile
-sizes. So :class:`StepCostModel` keeps the curve as measured: a monotone table of the median step time by verified
-tokens, fitted over the engine's recent steps (timed between two ``propose`` calls, so it follows the engine and the
-hardware), and extended past its last point by the slope of its last quarter.
+sizes. So :class:`StepCostModel` fits it as a roofline: the convex non-decreasing piecewise-linear curve closest to
+the median step time by verified tokens (:func:`fit_curve`), over the engine's recent steps (timed between two
+``propose`` calls, so it follows the engine and the hardware), extended past its last point by its last slope. Convex,
+because a monotone table of the medians made flat stretches wherever noise (or a mix of batch sizes) put one median
+below its neighbours', and priced every token along one at nothing; a GPU's tile steps are priced at their average
+slope.
 
 A draft token whose chain score is ``p`` (its path probability: the chance every token up to it is accepted) adds
 ``p`` expected tokens. With ``B`` rows, keeping the ``n`` best-scored draft tokens of the batch emits
@@ -40,7 +43,7 @@ import numpy as np
 
 from drafting.draft import CostCurve
 
-__all__ = ["StepCostModel", "fit_curve", "with_draft_cost"]
+__all__ = ["StepCostModel", "convex_fit", "fit_curve", "with_draft_cost"]
 
 BINS = 64
 """Most points of a fitted curve: steps are pooled into this many groups of nearby token counts."""
@@ -48,13 +51,23 @@ BINS = 64
 
 def fit_curve(tokens: np.ndarray, seconds: np.ndarray) -> CostCurve | None:
     """The step-cost curve of steps ``(tokens[i], seconds[i])``: the median seconds of each group of nearby token
-    counts (at most :data:`BINS` groups, so one slow step moves nothing), made non-decreasing (weighted
-    pool-adjacent-violators), its tail the least-squares slope of its last quarter of points; ``None`` when every step
-    verified the same count (the slope cannot be told).
+    counts (at most :data:`BINS` groups, so one slow step moves nothing), then the convex non-decreasing
+    piecewise-linear curve closest to those medians (weighted by their steps; :func:`convex_fit`), its tail the slope
+    of its last segment; ``None`` when every step verified the same count (the slope cannot be told).
+
+    Convex: a roofline, flat while the weights stream and then steeper, never cheaper per token at a larger batch.
+    Any noise that makes a group's median fall below its neighbours' does not become a flat stretch there (a monotone
+    table makes one, and prices the tokens along it at nothing: at 32 rows on a 2-core CPU the cut then drafted
+    tokens the engine paid 2 ms each for).
 
     Args:
         tokens: ``[steps]`` token counts (> 0). seconds: ``[steps]`` step seconds (> 0).
+
+    Raises:
+        ValueError: when ``tokens`` and ``seconds`` differ in length.
     """
+    if len(tokens) != len(seconds):
+        raise ValueError(f"tokens ({len(tokens)}) and seconds ({len(seconds)}) must hold one entry per step")
     order = np.argsort(tokens, kind="stable")
     n, t = np.asarray(tokens, np.float64)[order], np.asarray(seconds, np.float64)[order]
     distinct = np.unique(n)
@@ -68,10 +81,35 @@ def fit_curve(tokens: np.ndarray, seconds: np.ndarray) -> CostCurve | None:
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
     ends = np.r_[starts[1:], len(n)]
     x = np.array([np.median(n[s:e]) for s, e in zip(starts, ends)])
-    y = _nondecreasing(np.array([np.median(t[s:e]) for s, e in zip(starts, ends)]), (ends - starts).astype(float))
-    last = max(2, len(x) // 4)  # the tail: the least-squares slope of the last quarter of the points
-    dx = x[-last:] - x[-last:].mean()
-    return CostCurve(x, y, float(max(dx @ (y[-last:] - y[-last:].mean()) / (dx @ dx), 0.0)))
+    y = np.array([np.median(t[s:e]) for s, e in zip(starts, ends)])
+    knots, values, tail = convex_fit(x, y, (ends - starts).astype(np.float64))
+    return CostCurve(knots, values, tail)
+
+
+def convex_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The convex non-decreasing piecewise-linear ``f`` minimising ``sum(w * (y - f(x))**2)``, its knots at points of
+    ``x``: ``f(x) = a + sum_j c_j * max(0, x - x_j)`` with ``a, c_j >= 0`` (each ``c_j`` the slope's rise at ``x_j``),
+    by non-negative least squares (:func:`scipy.optimize.nnls`).
+
+    Args:
+        x: ``[m]`` float64, increasing, ``m >= 2``. y: ``[m]`` float64. w: ``[m]`` float64 weights, > 0.
+
+    Returns:
+        ``(knots, values, tail)``: ``f`` at its first point, at each point where its slope rises and at its last point
+        (float64, increasing knots; interpolated between, as :class:`drafting.draft.CostCurve` is read), and its slope
+        past the last point.
+    """
+    from scipy.optimize import nnls
+
+    hinges = np.maximum(x[:, None] - x[None, :-1], 0.0)  # [m, m - 1]: column j is max(0, x - x_j)
+    basis = np.column_stack([np.ones_like(x), hinges])
+    root = np.sqrt(w)
+    scale = max(float(np.abs(y).max()), 1e-300)  # seconds are small: solve in units of the largest
+    c, _ = nnls(basis * root[:, None], y * root / scale)
+    c *= scale
+    fitted = basis @ c
+    keep = np.r_[True, c[2:] > 0, True]  # the first point, each point where the slope rises, the last
+    return x[keep], fitted[keep], float(c[1:].sum())
 
 
 def with_draft_cost(curve: CostCurve, tokens: np.ndarray, seconds: np.ndarray) -> CostCurve:
@@ -92,21 +130,6 @@ def with_draft_cost(curve: CostCurve, tokens: np.ndarray, seconds: np.ndarray) -
                  - first * np.maximum(x[0] - tokens, 0))
     jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * y[0]))
     return CostCurve(curve.tokens, curve.seconds - jump, curve.tail, jump)
-
-
-def _nondecreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-decreasing fit of ``y`` (pool adjacent violators)."""
-    values, weights, sizes = [], [], []
-    for v, wt in zip(y.tolist(), w.tolist()):
-        values.append(v)
-        weights.append(wt)
-        sizes.append(1)
-        while len(values) > 1 and values[-2] > values[-1]:
-            wt2, v2, s2 = weights.pop(), values.pop(), sizes.pop()
-            values[-1] = (values[-1] * weights[-1] + v2 * wt2) / (weights[-1] + wt2)
-            weights[-1] += wt2
-            sizes[-1] += s2
-    return np.repeat(values, sizes)
 
 
 class StepCostModel:

@@ -46,8 +46,6 @@ def test_a_line_is_recovered_from_noisy_steps():
     ("flat line", lambda n: 0.020 + 1e-5 * n, 4, 32),
     # a CPU at large batch: a token costs 10 ms on a 2 ms fixed cost; not even a 0.9 token pays
     ("steep line", lambda n: 0.002 + 0.010 * n, 4, 0),
-    # tile steps of 16 tokens: the batch ends at a step's end (28 tokens: 32 verified; 12: 20.8 / 0.03 > 13.6 / 0.02)
-    ("steps", lambda n: 0.020 + 0.010 * ((n - 1) // 16), 4, 28),
 ])
 def test_the_goodput_choice_on_known_curves(name, cost, rows, best):
     curve = _model(cost).curve
@@ -57,6 +55,36 @@ def test_the_goodput_choice_on_known_curves(name, cost, rows, best):
     assert keep.sum() == best and keep.tolist() == oracle.goodput_keep(scores.tolist(), rows, curve)
     order = np.sort(scores)[::-1]  # the brute force over every count, on the true cost, agrees
     assert int(np.argmax([(rows + order[:n].sum()) / cost(rows + n) for n in range(len(scores) + 1)])) == best
+
+
+def test_tile_steps_are_priced_at_their_average_slope():
+    """A GPU's tile steps of 16 tokens: the convex fit prices them as a line of their average slope, so the batch does
+    not end exactly at a step's end (the best there: 28 draft tokens, 32 verified), and its goodput on the true steps
+    stays within 6% of the best (24 kept: 19.6 / 0.030 against 20.8 / 0.030)."""
+    def cost(n):
+        return 0.020 + 0.010 * ((n - 1) // 16)
+    curve = _model(cost).curve
+    assert curve is not None and np.all(np.diff(np.diff(curve.seconds) / np.diff(curve.tokens)) >= -1e-12)  # convex
+    rows, scores = 4, np.array(CHAIN * 4)
+    keep = goodput_keep(scores, rows, curve).view(bool)
+    assert keep.tolist() == oracle.goodput_keep(scores.tolist(), rows, curve)
+    order = np.sort(scores)[::-1]
+    value = [(rows + order[:n].sum()) / cost(rows + n) for n in range(len(scores) + 1)]
+    assert int(np.argmax(value)) == 28 and keep.sum() == 24 and value[24] >= 0.94 * value[28]
+
+
+def test_noise_makes_no_free_tokens():
+    """Steps of a line whose medians dip below their neighbours' (noise, or batches of other sizes): the fit stays
+    convex and rising, so no stretch of it prices a token at nothing (a monotone table made one of every dip)."""
+    rng = np.random.default_rng(4)
+    model = StepCostModel(min_steps=4, refit_every=1)
+    for n in rng.integers(20, 60, 400):
+        dip = 0.012 if 30 <= n <= 36 else 0.0  # a band of steps that came out cheaper (by 6 tokens' cost)
+        model.observe(int(n), 0.040 + 0.002 * n - dip + rng.normal(0, 2e-3), drafted=True)
+    curve = model.curve
+    assert curve is not None
+    slopes = np.r_[np.diff(curve.seconds) / np.diff(curve.tokens), curve.tail]
+    assert np.all(np.diff(slopes) >= -1e-12) and slopes.min() > 0.001  # convex, and every token costs 1 ms or more
 
 
 @pytest.mark.parametrize(("jump", "best"), [
