@@ -315,6 +315,15 @@ def test_replica_memory(database_url, chat_datastore, references):
     assert all(float(m[2]) > 0 and float(m[4]) > 0 and int(m[6]) > 0 for m in rows)
 
 
+def test_replica_gil(database_url, chat_datastore):
+    out = _run("replica_gil", "--datastore", chat_datastore, "--alone-s", "0.2", url=database_url)
+    written = _lines(out, r"writer: (thread|process); replica ([\d,.]+) MiB written in ([\d.]+) s")
+    assert [m[1] for m in written] == ["thread", "process"] and all(float(m[2].replace(",", "")) > 0 for m in written)
+    rows = _lines(out, r"  (alone|during the write) +matmuls +([\d,]+) +p50 +([\d.]+) +p99 +([\d.]+) +max +([\d.]+) ms")
+    assert [m[1] for m in rows] == ["alone", "during the write"] * 2
+    assert all(int(m[2].replace(",", "")) > 0 for m in rows)
+
+
 def test_service_step(database_url, chat_datastore, references):
     out = _run("service_step", "--batch", "2", "--budget", "4", "--cache-mb", "1", "--datastore", chat_datastore,
                "--code-datastore", chat_datastore, "--references", references, url=database_url)
