@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 
+from datastore.errors import DatastoreNotFound  # noqa: E402
 from datastore.registry import resolve_build  # noqa: E402
 from datastore.replica import database_key, identity_of, write_replica  # noqa: E402
 from toolkit.options import float_in  # noqa: E402
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     url = Settings.from_env().database_url
     if url is None:
         raise SystemExit("set DATABASE_URL to the database holding --datastore")
+    try:  # at the door: a datastore that is not there stops the run before anything is timed
+        with psycopg.connect(url) as conn:
+            resolve_build(conn, args.datastore)
+    except DatastoreNotFound as exc:
+        raise SystemExit(f"--datastore {args.datastore}: {exc}") from None
     if args.child:
         print(json.dumps(write(url, args.datastore, Path(args.child))))
         return 0

@@ -322,6 +322,10 @@ def test_replica_gil(database_url, chat_datastore):
     rows = _lines(out, r"  (alone|during the write) +matmuls +([\d,]+) +p50 +([\d.]+) +p99 +([\d.]+) +max +([\d.]+) ms")
     assert [m[1] for m in rows] == ["alone", "during the write"] * 2
     assert all(int(m[2].replace(",", "")) > 0 for m in rows)
+    missing = subprocess.run([sys.executable, str(REPO / "benchmarks" / "replica_gil.py"), "--datastore", "no-such"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "DATABASE_URL": database_url})
+    assert missing.returncode != 0 and "--datastore no-such: no ready datastore" in missing.stderr
 
 
 def test_service_step(database_url, chat_datastore, references):
