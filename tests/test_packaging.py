@@ -26,7 +26,10 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
     """pip builds a wheel; installed into a folder of its own (its dependencies come from this environment),
     the installed copy, not the checkout, migrates, builds, looks up and answers the CLIs from another folder."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    _ok([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(REPO)], 300)
+    # a build folder of its own: the checkout's (build/{wheel_tag}) belongs to its editable install, and a wheel
+    # configured there rebuilds it from scratch under whatever else uses it
+    _ok([*pip, "wheel", "--no-deps", "--no-build-isolation", "-C", f"build-dir={tmp_path / 'build'}", "-w",
+         str(tmp_path / "dist"), str(REPO)], 300)
     wheel = next((tmp_path / "dist").glob("crest_spec-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for shipped in ("datastore/admin/migrations/env.py", "datastore/admin/migrations/script.py.mako",
