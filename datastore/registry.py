@@ -93,11 +93,15 @@ def server_error(name: str, exc: psycopg.Error) -> DatastoreError:
     return LookupFailed(f"lookup in datastore {name!r} failed: {type(exc).__name__}: {clause(exc)}")
 
 
-def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
+def resolve_build(conn: psycopg.Connection, name: str, build: int | None = None) -> DatastoreInfo:
     """The ready build of datastore ``name`` (one registry query).
 
+    Args:
+        build: that build only (its registry id, :attr:`DatastoreInfo.id`); ``None``: whichever is ready.
+
     Raises:
-        datastore.errors.DatastoreNotFound: when ``name`` has no ready build (the message lists the ready ones).
+        datastore.errors.DatastoreNotFound: when ``name`` has no ready build, or ``build`` is not it (the message
+            lists the ready ones).
         datastore.errors.LookupFailed: when the registry row records no n-gram lengths, or the role may not read it.
         datastore.errors.DatabaseUnavailable: when the server cannot be reached.
     """
@@ -105,11 +109,15 @@ def resolve_build(conn: psycopg.Connection, name: str) -> DatastoreInfo:
         row = conn.execute(
             "SELECT id, trees_table, key_width, params, tokenizer, tokenizer_fingerprint, "
             "(corpus->>'last_output_id')::bigint, (corpus->>'base_output_id')::bigint FROM datastores "
-            "WHERE name = %s AND state = 'ready'", [name]).fetchone()
+            "WHERE name = %s AND state = 'ready' AND (%s::bigint IS NULL OR id = %s)", [name, build, build]).fetchone()
         if row is None:
             names = [r[0] for r in conn.execute("SELECT name FROM datastores WHERE state = 'ready' ORDER BY name")]
     except psycopg.Error as exc:
         raise server_error(name, exc) from exc
+    if row is None and build is not None:
+        raise DatastoreNotFound(f"build {build} of datastore {name!r} is not its ready build (it was replaced, or "
+                                f"never was; ready datastores: {', '.join(names) or 'none'}); omit the build to take "
+                                "the ready one")
     if row is None:
         raise DatastoreNotFound(
             f"no ready datastore named {name!r} (ready: {', '.join(names) or 'none'}); "

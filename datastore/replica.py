@@ -7,7 +7,11 @@ replica). A replica is written from its build's rows by the first client on the 
 :class:`crest_native.ReplicaWriter`, which stores each tree as a plain codec v1 blob in a static hash table of the
 build's keys (the format: ``docs/replica-format.md``); compressed trees are decompressed here first (zstd, lz4). The
 file is written under a temporary name, synced and renamed into place, under an exclusive lock file, so processes of
-one host write it once and a reader never sees half of one.
+one host write it once and a reader never sees half of one (:func:`host_replica`). A drafting process has it written
+by a child process at the lowest CPU priority (``python -m datastore replica``, :func:`toolkit.children.spawn_idle`):
+written by a thread of an engine's process, the write's Python work took the engine's GIL and slowed its forward
+passes about ninefold (``benchmarks/replica_gil.py``); and the builds already mapped serve until the new ones are,
+so a compaction never sends the drafting step to the round trip.
 
 The native core probes it (:class:`crest_native.Replica`, with the request's own last tokens, in the drafting step). A
 replica is tied to its build by an identity (:func:`identity_of`: the database, the datastore, the build, its table,
@@ -15,8 +19,9 @@ tokenizer and key width) that is checked when it is opened, with the header's CR
 file's size; each slot block and record a lookup reads is checked again then, and a read the file no longer backs (it
 was truncated under the mapping) fails that lookup instead of the process. A replica that is missing, of another
 build, truncated or corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a
-good one (the client drafts from the round trip meanwhile, with the same drafts), and a mapped file found changed or
-damaged mid-run is dropped with one warning and written again. Old replicas are removed once no process maps them
+good one (the client drafts from the previous builds' replicas meanwhile, or from the round trip when it has none:
+output is the same), and a mapped file found changed or damaged mid-run is dropped with one warning and written
+again. Old replicas are removed once no process maps them
 (readers hold a shared ``flock`` on the file; the remover takes an exclusive one, or leaves the file). Closing a client
 abandons a replica it is writing (its temporary file removed) within about a second; so does the interpreter's exit.
 
@@ -32,6 +37,8 @@ import json
 import logging
 import os
 import re
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -45,14 +52,15 @@ import zstandard
 from psycopg import sql
 
 from crest_native import Replica, ReplicaError, ReplicaWriter
+from toolkit.children import spawn_idle
 
 from .codec import decompress_body
 from .connection import APPLICATION_NAME, connect
 from .errors import CodecError
 from .registry import DatastoreInfo
 
-__all__ = ["HostReplicas", "ReplicaError", "Stores", "WriteCancelled", "database_key", "identity_of", "open_replica",
-           "replica_path", "write_replica"]
+__all__ = ["HostReplicas", "ReplicaError", "Stores", "WriteCancelled", "WriteReport", "database_key", "host_replica",
+           "identity_of", "open_replica", "replica_path", "write_replica"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,9 @@ SUFFIX = ".crr"
 """A replica file's suffix (``<datastore>.<build id>.crr``)."""
 CHECK_S = 1.0
 """Seconds between checks that the mapped files are still the ones on disk (and of the builds served)."""
+POLL_S = 0.05
+"""Seconds between checks, while waiting for the host's writer (its lock, or a child writing), that the waiter was not
+closed."""
 REPLICA_APPLICATION = f"{APPLICATION_NAME} replica"
 """The ``application_name`` of the connection that reads a build's rows into a replica."""
 _CHUNK_BYTES = 8 << 20  # COPY data handed to the writer at a time
@@ -237,6 +248,83 @@ def remove_unused(folder: Path, keep: set[Path]) -> list[Path]:
     return removed
 
 
+def host_replica(url: str, info: DatastoreInfo, path: Path, identity: bytes,
+                 cancel: threading.Event | None = None) -> tuple[Replica, WriteReport | None]:
+    """The replica of build ``info`` at ``path``, mapped; written first (:func:`write_replica`) when it is missing or
+    bad, under ``path``'s lock file (``<path>.lock``), so that processes of one host write it once: the others wait for
+    the lock, then map the writer's file. Returns the mapping and what writing it did (``None``: it was there).
+
+    Args:
+        cancel: when it is set, waiting for the lock or writing stops (:class:`WriteCancelled`; nothing left behind).
+
+    Raises:
+        psycopg.Error: when the build's rows cannot be read (the table dropped, the server gone, no grant).
+        crest_native.ReplicaError: when the file cannot be written or mapped; :class:`WriteCancelled` when ``cancel``
+            was set.
+    """
+    try:
+        return open_replica(path, identity), None
+    except ReplicaError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        while True:  # one writer per host: the others wait here (while not cancelled), then map its file
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if cancel is None:
+                    time.sleep(POLL_S)
+                elif cancel.wait(POLL_S):
+                    raise WriteCancelled(f"the replica {path} was abandoned (its client was closed)") from None
+        try:
+            return open_replica(path, identity), None
+        except ReplicaError:
+            log.info("writing the host's replica of datastore %r build %d to %s", info.name, info.id, path)
+            report = write_replica(url, info, path, identity, cancel)
+            log.info("replica of datastore %r build %d: %d n-grams, %d bytes, %.1f s", info.name, info.id,
+                     report.entries, report.bytes, report.seconds)
+            return open_replica(path, identity), report
+
+
+def write_in_child(url: str, root: Path, info: DatastoreInfo, path: Path,
+                   cancel: threading.Event) -> WriteReport | None:
+    """Have a child process at the lowest CPU priority (:func:`toolkit.children.spawn_idle`) ready the replica of build
+    ``info`` at ``path`` (``python -m datastore replica --build ...``: :func:`host_replica`, under the host's lock), and
+    wait for it; returns what its write did (``None``: the file was there). When ``cancel`` is set the child is killed
+    at once and its temporary file removed (:class:`WriteCancelled`).
+
+    Raises:
+        crest_native.ReplicaError: when the child failed (its last line of error: the rows unreadable, the file not
+            written, the build no longer the datastore's ready one) or could not start.
+    """
+    argv = [sys.executable, "-m", "datastore", "replica", "--name", info.name, "--build", str(info.id), "--folder",
+            str(root), "--json"]
+    env = dict(os.environ, DATABASE_URL=url)  # not on the command line, where `ps` would show a password
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            child = spawn_idle(argv, env, out, err)
+        except OSError as exc:
+            raise ReplicaError(f"cannot start the replica's writer ({exc})") from exc
+        try:
+            while child.poll() is None:
+                if cancel.wait(POLL_S):
+                    raise WriteCancelled(f"the replica {path} was abandoned (its client was closed)")
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+                for tmp in path.parent.glob(f".{path.name}.{child.pid}.*.tmp"):  # write_replica's temporary name
+                    tmp.unlink(missing_ok=True)
+        out.seek(0)
+        err.seek(0)
+        said = err.read().decode(errors="replace").strip().splitlines()
+        if child.returncode != 0:
+            raise ReplicaError(f"its writer failed: {said[-1] if said else f'exit {child.returncode}'}")
+        report = json.loads(out.read())
+    return WriteReport(**report["written"]) if report["written"] else None
+
+
 @dataclass
 class _Layer:
     info: DatastoreInfo | None = None  # the build to serve (None: the layer has none)
@@ -286,19 +374,24 @@ class HostReplicas:
         stop reading it (one warning), remove the file and write it again in the background."""
         path, inode = Path(replica.path), replica.inode
         with self._lock:
-            for layer in self._layers.values():
-                if layer.replica is replica:
-                    self._warn(f"replica {path} is damaged (changed in place, cut short, or a slot block or record "
-                               "fails its check); drafting from the round trip while it is written again (output is "
-                               "unaffected)")
-                    layer.replica = None
-                    _discard(path, inode)
+            held = [layer for layer in self._layers.values() if layer.replica is replica]
+            served = self._stores is not None and any(r is replica for r in self._stores)
+            if held or served:
+                self._warn(f"replica {path} is damaged (changed in place, cut short, or a slot block or record fails "
+                           "its check); drafting from the round trip while it is written again (output is "
+                           "unaffected)")
+                _discard(path, inode)
+            for layer in held:
+                layer.replica = None
+            if served:
+                self._stores = None  # never read again, whether of the builds served or of the previous ones
             self._publish()
         self._wake.set()
 
     def follow(self, infos: dict[str, DatastoreInfo | None]) -> None:
-        """Serve these builds (by layer name; ``None``: the layer has none): a replica of another build is no longer
-        read, and the new ones are readied in the background."""
+        """Serve these builds (by layer name; ``None``: the layer has none): their replicas are readied in the
+        background, and the stores served until now (of the previous builds) serve until every one is mapped (the
+        drafts differ only in what the new builds add; output never depends on them)."""
         with self._lock:
             for name, info in infos.items():
                 layer = self._layers[name]
@@ -331,11 +424,13 @@ class HostReplicas:
         log.warning(message)
 
     def _publish(self) -> None:
-        """Recompute what the step reads (under the lock): every layer with a build has its replica mapped."""
+        """Recompute what the step reads (under the lock): the builds served, once every layer with a build has its
+        replica mapped; until then, the last such set (of the previous builds), or none."""
         first, *rest = (self._layers[n] for n in self._names)
         layers = [layer.replica for layer in rest] + [None, None]
         ready = first.replica is not None and all(layer.info is None or layer.replica is not None for layer in rest)
-        self._stores = Stores(first.replica, layers[0], layers[1]) if ready and first.replica is not None else None
+        if ready and first.replica is not None:
+            self._stores = Stores(first.replica, layers[0], layers[1])
 
     def _run(self) -> None:
         while not self._closing.is_set():
@@ -364,6 +459,8 @@ class HostReplicas:
             if self._closing.is_set():
                 return  # abandoned by close(): nothing to warn about
             with self._lock:
+                if layer.info is not info:
+                    return  # the build was replaced meanwhile (its table may be gone): the next one is readied
                 if not layer.refused:
                     layer.refused = True
                     self._warn(f"cannot ready the replica of datastore {info.name!r} build {info.id} ({exc}); drafting "
@@ -386,24 +483,10 @@ class HostReplicas:
         except ReplicaError as exc:
             if path.exists():
                 self._warn(f"{exc}; writing it again (drafting from the round trip meanwhile; output is unaffected)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "a+b") as lock:
-            while True:  # one writer per host: the others wait here (while not closed), then map its file
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if self._closing.wait(0.05):
-                        raise WriteCancelled(f"the replica {path} was abandoned (its client was closed)") from None
-            try:
-                return open_replica(path, identity)
-            except ReplicaError:
-                log.info("writing the host's replica of datastore %r build %d to %s", info.name, info.id, path)
-                report = write_replica(self._url, info, path, identity, self._closing)
-                self.written.append(report)
-                log.info("replica of datastore %r build %d: %d n-grams, %d bytes, %.1f s", info.name, info.id,
-                         report.entries, report.bytes, report.seconds)
-                return open_replica(path, identity)
+        report = write_in_child(self._url, self._root, info, path, self._closing)
+        if report is not None:
+            self.written.append(report)
+        return open_replica(path, identity)
 
     def _check(self) -> None:
         """Drop a mapped replica changed in place (damaged); ready again one whose file was removed or replaced (its

@@ -12,11 +12,12 @@ and starts what is due (:class:`CompactionPolicy`):
 - a *fold* (``python -m ingest compact-live``, :func:`ingest.live.compact_live`) rebuilds the main build from every
   output kept, once the delta has grown to ``fold_tokens``; deltas go on beside it, each under its own lock.
 
-Each runs in a child process (a command: drafting does not import ingest) at the lowest CPU priority (``SCHED_IDLE``,
-:func:`spawn_idle`), and its wall time, peak RSS and result are recorded. An engine's threads often hold every core
-(vLLM-CPU's OpenMP threads, one per core, wait at a barrier for the slowest each layer): a compaction at normal
-priority took a core from them and slowed every forward pass by up to 60%; at ``SCHED_IDLE`` it runs only while a core
-idles (between the engine's parallel regions), and yields the moment the engine wants it back.
+Each runs in a child process (a command: drafting does not import ingest) at the lowest CPU priority
+(``SCHED_IDLE``, :func:`toolkit.children.spawn_idle`), and its wall time, peak RSS and result are recorded. An
+engine's threads often hold every core (vLLM-CPU's OpenMP threads, one per core, wait at a barrier for the slowest
+each layer): a compaction at normal priority took a core from them and slowed every forward pass by up to 60%; at
+``SCHED_IDLE`` it runs mostly while a core idles (between the engine's parallel regions), and yields as soon as the
+engine wants it back.
 
 One compaction of each kind per datastore, across every process and host: the child takes its lock (a session
 advisory lock, :func:`datastore.registry.compactor_lock_key` of ``NAME`` for a fold, of ``NAME.live.delta`` for a
@@ -60,6 +61,7 @@ from datastore.connection import APPLICATION_NAME, connect, resolve_database_url
 from datastore.errors import DatastoreError
 from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T, delta_name, live_name
 from datastore.registry import compactor_lock_key
+from toolkit.children import spawn_idle
 from toolkit.forks import at_fork
 
 __all__ = ["CompactionPolicy", "CompactionRun", "Layer", "LiveCompactor"]
@@ -448,26 +450,3 @@ class LiveCompactor:
                 child.kill()
                 child.wait()
             self._finished(lane, child.returncode)
-
-
-def spawn_idle(argv: list[str], env: dict[str, str], stdout, stderr) -> subprocess.Popen:
-    """Start ``argv`` as a child at the lowest CPU priority there is: ``SCHED_IDLE`` (Linux: it runs only on a core
-    nothing else wants, so an engine whose threads hold every core is never stalled by it, and its threads and
-    children inherit it), else ``nice 19``. Set the moment the child has started (``Popen`` returns once it runs the
-    command, before its interpreter has run a line), so its work is idle.
-
-    Args:
-        argv: the command. env: its environment. stdout / stderr: files it writes to (its stdin is ``/dev/null``).
-
-    Raises:
-        OSError: when it cannot be started.
-    """
-    child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env)
-    try:
-        os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # no SCHED_IDLE here (or the child is gone already): the lowest nice instead
-        try:
-            os.setpriority(os.PRIO_PROCESS, child.pid, 19)
-        except OSError:
-            pass
-    return child

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from datastore.admin.writer import DatastoreWriter
 from datastore.connection import resolve_database_url
 from datastore.keys import encode_keys, key_width_for
+from toolkit.children import exit_with_parent
 from toolkit.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 from .config import BuildConfig, BuildResult
@@ -42,7 +43,7 @@ from .occurrences import partition_plan, tag_occurrences
 from .ranking import RankingCache, stream_digest
 from .sources import SourceReport, iter_documents, resolve_paths
 from .tokens import TokenStreamWriter, check_corpus, open_stream
-from .workers import TreeJob, exit_with_parent, run_tree_job
+from .workers import TreeJob, run_tree_job
 
 __all__ = ["BuildConfig", "TokenizedCorpus", "build_datastore", "tokenize_corpus"]
 

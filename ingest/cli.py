@@ -264,8 +264,9 @@ def peak_rss() -> dict[str, int]:
 
 
 def _compact_live(config: BuildConfig, args) -> None:
+    from toolkit.children import exit_with_parent
+
     from .live import compact_delta, compact_live
-    from .workers import exit_with_parent
 
     if args.exit_with_parent:
         exit_with_parent(os.getppid())

@@ -6,8 +6,6 @@ description (paths, part number, root counts) and the encoded blobs cross proces
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,20 +54,6 @@ class TreeJobResult:
     nodes: int
     build_seconds: float
     encode_seconds: float
-
-
-def exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
-    """Pool initializer: end this worker once the build process is gone.
-
-    A build killed with SIGKILL runs no cleanup, and its idle workers would otherwise wait on
-    their job queue forever. A daemon thread checks the parent pid every ``interval`` seconds.
-    """
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def run_tree_job(job: TreeJob) -> TreeJobResult:

@@ -1,7 +1,9 @@
-"""``python -m datastore {list,stats,drop,vacuum,migrate,grant-reader,revoke-reader,grant-appender}``: inspect and
-manage stored datastores.
+"""``python -m datastore {list,stats,replica,drop,vacuum,migrate,grant-reader,revoke-reader,grant-appender}``: inspect
+and manage stored datastores.
 
-``list`` and ``stats`` only read. ``migrate`` brings the registry schema to the revision this package reads
+``list`` and ``stats`` only read; ``replica`` writes this host's replica of a build (what a drafting process does the
+first time it serves it, :mod:`datastore.replica`; run it ahead so that an engine's first steps read one), reading
+the build with a reader's rights. ``migrate`` brings the registry schema to the revision this package reads
 (builds do it too); ``drop`` removes a datastore's builds (at once out of the registry; each table when no
 session holds it) and ``vacuum`` drops the tables left for later; ``grant-reader`` / ``revoke-reader`` give
 and take back a least-privilege role's right to look datastores up; ``grant-appender`` lets a decoder's role
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from toolkit.console import EXIT_FAILED, EXIT_OK, clause, error, run, table_console
-from toolkit.options import database_options, datastore_name
+from toolkit.options import database_options, datastore_name, int_in
 
 from ..errors import BadDatabaseUrl, DatastoreError, DatastoreNotFound
 
@@ -34,6 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="per-n counts, rows, bytes on disk, bytes per n-gram, mean tree size.")
     st.add_argument("--name", type=datastore_name, required=True, help="datastore name.")
     st.add_argument("--json", action="store_true", help="print JSON.")
+    rp = sub.add_parser("replica", parents=db,
+                        help="write this host's replica of a datastore's ready build, unless it is there (one writer "
+                             "per host); print what was done.")
+    rp.add_argument("--name", type=datastore_name, required=True,
+                    help="datastore name (a live layer's builds are datastores too: NAME.live, NAME.live.delta).")
+    rp.add_argument("--build", type=int_in(1), default=None, metavar="ID",
+                    help="only this build (its registry id); fails when it is no longer the ready one (default: the "
+                         "ready build).")
+    rp.add_argument("--folder", type=Path, default=None, metavar="DIR",
+                    help="the host's replica folder (default: $CREST_REPLICAS, else <CREST_CACHE>/replicas).")
+    rp.add_argument("--json", action="store_true",
+                    help="print JSON: path, build, written (null, or entries, unreadable, bytes, seconds).")
     dr = sub.add_parser("drop", parents=db,
                         help="drop every build of a datastore (each table when no session holds it).")
     dr.add_argument("name", type=datastore_name, help="datastore name.")
@@ -116,6 +131,41 @@ def _stats(url: str, args) -> None:
     _table("datastore stats", [], [list(r) for r in rows])
 
 
+def _replica(url: str, args) -> None:
+    import psycopg
+
+    from toolkit.settings import Settings
+
+    from ..connection import connect
+    from ..registry import resolve_build, server_error
+    from ..replica import database_key, host_replica, identity_of, replica_path
+
+    folder = args.folder if args.folder is not None else Settings.from_env().replicas
+    if folder is None:
+        raise ReplicasOff("replicas are off here (CREST_REPLICAS=off); name a folder with --folder DIR")
+    with connect(url) as conn:
+        info = resolve_build(conn, args.name, args.build)
+        database = database_key(conn)
+    path = replica_path(folder, database, info)
+    try:
+        _, report = host_replica(url, info, path, identity_of(info, database))
+    except psycopg.Error as exc:
+        raise server_error(info.name, exc) from exc
+    written = None if report is None else {"entries": report.entries, "unreadable": report.unreadable,
+                                           "bytes": report.bytes, "seconds": round(report.seconds, 3)}
+    if args.json:
+        print(json.dumps({"path": str(path), "build": info.id, "written": written}))
+    elif report is None:
+        print(f"{path}: the replica of datastore {info.name!r} build {info.id} is there")
+    else:
+        print(f"{path}: wrote the replica of datastore {info.name!r} build {info.id}: {report.entries:,} n-grams "
+              f"({report.unreadable:,} unreadable), {report.bytes:,} bytes, {report.seconds:.1f} s")
+
+
+class ReplicasOff(ValueError):
+    """``replica`` without ``--folder`` where ``CREST_REPLICAS=off``."""
+
+
 def _drop(url: str, args) -> None:
     from .catalog import drop_datastore
 
@@ -179,7 +229,7 @@ def _grant_appender(url: str, args) -> None:
     print(f"role {args.role!r} may append outputs to the live layer (INSERT on live_outputs only)")
 
 
-COMMANDS = {"list": _list, "stats": _stats, "drop": _drop, "vacuum": _vacuum, "migrate": _migrate,
+COMMANDS = {"list": _list, "stats": _stats, "replica": _replica, "drop": _drop, "vacuum": _vacuum, "migrate": _migrate,
             "grant-reader": _grant, "revoke-reader": _revoke, "grant-appender": _grant_appender}
 
 
@@ -199,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
         return EXIT_OK
 
+    from crest_native import ReplicaError
     from toolkit.extras import MissingExtra
 
     from .grants import RoleNotFound, UnknownDatastore
 
-    return run(command, usage=(BadDatabaseUrl, DatastoreNotFound, RoleNotFound, UnknownDatastore, MissingExtra),
-               failures=(DatastoreError,))
+    return run(command, usage=(BadDatabaseUrl, DatastoreNotFound, RoleNotFound, UnknownDatastore, MissingExtra,
+                               ReplicasOff),
+               failures=(DatastoreError, ReplicaError))

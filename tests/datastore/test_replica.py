@@ -310,8 +310,8 @@ def test_a_fault_mid_run_never_changes_a_draft_and_the_replica_is_written_again(
 
 def test_a_rebuild_reaches_the_replica_within_seconds_and_the_old_one_goes(database_url, ds_name, sharegpt_sample,
                                                                           tokenizer, tmp_path):
-    """A rebuild swapped in: the client follows it at once (its drafts from the round trip of the new build meanwhile),
-    its replica is written and mapped within 5 s, and the old build's file is removed once no process maps it."""
+    """A rebuild swapped in: the client follows it at once, the old build's replica serving until the new one is
+    mapped (never the round trip), which is within 5 s; the old build's file is removed once no process maps it."""
     build_small(database_url, ds_name, sharegpt_sample)
     client = SharedDatastore.open(ds_name, tokenizer=tokenizer, database_url=database_url, replicas=tmp_path)
     try:
@@ -321,13 +321,16 @@ def test_a_rebuild_reaches_the_replica_within_seconds_and_the_old_one_goes(datab
         start = time.monotonic()
         new_build = build_small(database_url, ds_name, sharegpt_sample)
         swapped = time.monotonic()
+        unserved = 0
         while time.monotonic() - swapped < 10:
             stores = client.stores()
+            unserved += stores is None
             if stores is not None and f'"build":{new_build},'.encode() in stores.datastore.identity:
                 break
             time.sleep(0.02)
         reached = time.monotonic() - swapped
         assert reached < 5.0, f"the rebuild reached the replica {reached:.1f} s after its swap"
+        assert unserved == 0, "the step was sent to the round trip while the new build's replica was written"
         assert old.exists()  # still mapped elsewhere: kept
         del held
         assert old in remove_unused(old.parent, {Path(_stores(client).datastore.path)}) and not old.exists()
@@ -366,18 +369,24 @@ def test_processes_of_one_host_write_a_replica_once(database_url, chat_datastore
 
 def test_close_during_a_replica_write_returns_within_a_second_and_leaves_nothing(database_url, chat_datastore,
                                                                               tokenizer, tmp_path):
-    """A client closed while its replica is being written: ``close()`` returns within 1 s, the write is abandoned (no
-    temporary file, no replica), no thread of the client is left, and a later lookup raises ClosedError."""
+    """A client closed while its replica is being written (by a child process at idle priority): ``close()`` returns
+    within 1 s, the write is abandoned (no temporary file, no replica, no child), no thread of the client is left, and
+    a later lookup raises ClosedError."""
     before = set(threading.enumerate())
     client = SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, replicas=tmp_path)
     deadline = time.monotonic() + 30
     while not list(tmp_path.rglob("*.tmp")) and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert list(tmp_path.rglob("*.tmp")), "the replica's write was not seen"
+    tmp = list(tmp_path.rglob("*.tmp"))
+    assert tmp, "the replica's write was not seen"
+    writer = int(tmp[0].name.split(".")[-3])  # written by a child process at idle priority, not by this one
+    assert writer != os.getpid() and os.sched_getscheduler(writer) == os.SCHED_IDLE
     start = time.monotonic()
     client.close()
     took = time.monotonic() - start
     assert took < 1.0, f"close() took {took:.2f} s during a replica write"
+    with pytest.raises(ProcessLookupError):
+        os.kill(writer, 0)
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.crr"))
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
     with pytest.raises(ClosedError, match="was closed"):

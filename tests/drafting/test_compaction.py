@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -22,7 +20,7 @@ from datastore.errors import DatastoreError
 from datastore.live import delta_name, encode_output, live_name
 from datastore.registry import compactor_lock_key
 from drafting import CompactionPolicy, LiveCompactor
-from drafting.compaction import Layer, spawn_idle
+from drafting.compaction import Layer
 from ingest.tokens import SEPARATOR
 
 FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, fold_tokens=0, check_s=0.2, top_t=500, retry_s=0.5)
@@ -91,19 +89,6 @@ def test_when_a_compaction_is_due(waiting, oldest_s, since_s, due):
 def test_bad_settings_are_refused_by_name(field, value, named):
     with pytest.raises(ValueError, match=named):
         CompactionPolicy(**{field: value})
-
-
-def test_a_compaction_child_runs_at_idle_priority_from_its_first_line():
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = spawn_idle([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], dict(os.environ),
-                           out, err)
-        code = child.wait()
-        out.seek(0)
-        policy = int(out.read())
-    assert code == 0
-    assert policy == os.SCHED_IDLE and os.sched_getscheduler(0) != os.SCHED_IDLE  # the child only, not this process
-    with pytest.raises(OSError):
-        spawn_idle(["/nonexistent/python"], {}, None, None)
 
 
 def test_one_compactor_at_a_time_keeps_the_layer_fresh(database_url, real_stream, live_ds):

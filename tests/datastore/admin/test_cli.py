@@ -1,10 +1,13 @@
 """``python -m datastore`` (:mod:`datastore.admin.cli`): every subcommand refuses bad input with the documented exit
-code and a one-line message naming the input; stats, list and a closed pipe, on a real build."""
+code and a one-line message naming the input; stats, list, replica and a closed pipe, on a real build."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,8 @@ DATASTORE = [
     (["grant-reader", "crest_nobody_0f3a", "--name", "never-built-0f3a"], 2, ("never-built-0f3a", "--future")),
     (["grant-reader", "probe_ro'le2"], 2, ('CREATE ROLE "probe_ro\'le2" LOGIN', "--create")),
     (["revoke-reader", "crest_nobody_0f3a"], 2, ("crest_nobody_0f3a",)),
+    (["replica", "--name", "no-such-0f3a", "--folder", "/tmp"], 2, ("no-such-0f3a",)),
+    (["replica", "--name", "x", "--build", "0"], 2, ("--build",)),
     (["list", "--database-url", "not-a-url"], 2, ("not-a-url",)),
     (["migrate", "--database-url", "postgresql://crest:hunter2@127.0.0.1:1/none"], 1, ("127.0.0.1",)),
     (["vacuum", "--database-url", "host=127.0.0.1 port=1 password=hunter2"], 1, ("127.0.0.1",)),
@@ -59,3 +64,23 @@ def test_datastore_cli_stats_and_missing_name(database_url, sharegpt_sample, ds_
     assert ds_name in listed.stdout
     missing = run_module("datastore", "stats", "--name", "no-such-store", "--database-url", database_url)
     assert missing.returncode == 2 and "no ready datastore named 'no-such-store'" in missing.stderr
+
+
+def test_replica_writes_the_hosts_file_once_and_refuses_a_replaced_build(database_url, chat_datastore, tmp_path):
+    """``replica`` writes the ready build's file, then finds it there; a build id that is not the ready one, and no
+    folder where replicas are off, are refused by name (exit 2)."""
+    from crest_native import Replica
+
+    argv = ["replica", "--name", chat_datastore, "--folder", str(tmp_path), "--json", "--database-url", database_url]
+    first = run_module("datastore", *argv)
+    assert first.returncode == 0, first.stderr
+    done = json.loads(first.stdout)
+    assert done["written"]["entries"] > 0 and done["written"]["bytes"] == Path(done["path"]).stat().st_size
+    assert f'"build":{done["build"]},'.encode() in Replica(done["path"]).identity
+    again = json.loads(run_module("datastore", *argv).stdout)
+    assert again == {**done, "written": None}
+    stale = run_module("datastore", *argv, "--build", str(done["build"] + 1000))
+    assert stale.returncode == 2 and f"build {done['build'] + 1000} of datastore {chat_datastore!r}" in stale.stderr
+    off = run_module("datastore", "replica", "--name", chat_datastore, "--database-url", database_url,
+                     env=dict(os.environ, CREST_REPLICAS="off"))
+    assert off.returncode == 2 and "--folder" in off.stderr.splitlines()[-1]
