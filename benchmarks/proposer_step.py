@@ -6,9 +6,11 @@ matches its reference, plus the bonus token, as vLLM's rejection sampler would; 
 from the queue (the batch stays full). Timed: each ``propose`` call (wall, ms), its p50 and p99, with the replica mapped
 (the default) or with every step a round trip (``--no-replica``); the cut is fixed at ``CREST_MIN_SCORE``'s default
 (there is no engine to fit a step cost to). No vLLM is imported: this isolates the hook from the
-engine, whose own figures ``benchmarks/vllm_serving.py --accounting`` gives.
+engine, whose own figures ``benchmarks/vllm_serving.py --accounting`` gives. ``--flush-mb`` reads that many MiB
+between two calls, as an engine's forward pass streams the model's weights through the caches (SmolLM2-135M fp32:
+540 MB), so the hook runs on cold caches as it does inside the engine.
 
-    .venv/bin/python benchmarks/proposer_step.py [--concurrency 1 8 32] [--sets spec_bench humaneval]
+    .venv/bin/python benchmarks/proposer_step.py [--concurrency 1 8 32] [--sets spec_bench humaneval] [--flush-mb 540]
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ def _config(k: int, tokenizer_dir: str, vocab: int):
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model)
 
 
-def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int) -> dict:
+def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flush: np.ndarray | None = None) -> dict:
     """Serve ``refs`` ``concurrency`` at a time through ``proposer.propose``; returns the call times (s), the accept
-    length and the steps."""
+    length and the steps. ``flush``: an array read through between two calls (``None``: none)."""
     tokens = np.zeros((concurrency, MAX_MODEL_LEN), np.int32)
     lengths = np.zeros(concurrency, np.int32)
     queue = list(refs)
@@ -54,6 +56,8 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int) -> 
         fill(i)
     times, steps, accepted = [], 0, 0
     while any(r is not None for r in rows):
+        if flush is not None:
+            flush.sum()
         t = time.perf_counter()
         drafts = proposer.propose(sampled, lengths, tokens)
         times.append(time.perf_counter() - t)
@@ -89,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--k", type=int_in(1), default=8, help="num_speculative_tokens (default: 8).")
     ap.add_argument("--datastore", default="sharegpt", help="the datastore drafted from (default: sharegpt).")
     ap.add_argument("--no-replica", action="store_true", help="every step a round trip (CREST_REPLICAS=off).")
+    ap.add_argument("--flush-mb", type=int_in(0), default=0, metavar="MIB",
+                    help="MiB read between two calls, as a forward pass streams the weights (default: 0; SmolLM2-135M "
+                         "fp32 in vLLM: 540).")
     references_option(ap)
     return ap
 
@@ -102,7 +109,9 @@ def main() -> None:
 
     tok = load_tokenizer()
     checkpoint = str(export_checkpoint())
-    print(f"k {args.k}, datastore {args.datastore}, {'round trip' if args.no_replica else 'replica'}; ms per call")
+    flush = np.ones((args.flush_mb << 20) // 8) if args.flush_mb else None
+    print(f"k {args.k}, datastore {args.datastore}, {'round trip' if args.no_replica else 'replica'}, "
+          f"{args.flush_mb} MiB read between calls; ms per call")
     print(f"{'set':<11} {'conc':>4} {'steps':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7} {'accept':>6}")
     for name in args.sets:
         refs = [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
@@ -115,7 +124,7 @@ def main() -> None:
             if isinstance(client, SharedDatastore) and client.replicas is not None:
                 client.replicas.wait_ready(600)
             run(proposer, refs[:max(c, 8)], c)  # warm-up: the pool's connections, the page cache
-            res = run(proposer, refs, c)
+            res = run(proposer, refs, c, flush)
             ms = np.asarray(res["times"]) * 1e3
             print(f"{name:<11} {c:>4} {res['steps']:>6} {np.median(ms):>7.3f} {np.percentile(ms, 90):>7.3f} "
                   f"{np.percentile(ms, 99):>7.3f} {ms.mean():>7.3f} {res['accept']:>6.2f}", flush=True)
