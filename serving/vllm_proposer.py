@@ -188,6 +188,10 @@ class CrestProposer:
                                    skip_origin=lambda: own.origin)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
+        # a step's allowances where no row is near max_model_len: [rows] int64 of k, one per batch size, read only
+        # (the hook runs on caches a forward pass has just flushed, where each numpy operation costs ~10 us)
+        self._full: dict[int, np.ndarray] = {}
+        self._all_rows: dict[int, list[int]] = {}  # [0, rows): the index of a step where every row decodes
         self._last_end: float | None = None  # when the previous propose returned ...
         self._last_tokens = 0                # ... how many tokens the engine then verified ...
         self._last_rows = 0                  # ... in how many rows
@@ -212,15 +216,15 @@ class CrestProposer:
         """
         start = time.perf_counter()
         rows = len(sampled_token_ids)
-        index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
+        if all(sampled_token_ids):  # every row decodes (the steady case)
+            index = self._all_rows.get(rows) or self._all_rows.setdefault(rows, list(range(rows)))
+        else:
+            index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
         started, verified = self.rows.started, rows
         if index:
-            # [len(index)] int64: each row's most draft tokens (k, fewer near max_model_len)
-            counts = num_tokens_no_spec[:rows] if len(index) == rows else num_tokens_no_spec[index]
-            budgets = self.max_model_len - 1 - counts.astype(np.int64)
-            np.minimum(np.maximum(budgets, 0, out=budgets), self.k, out=budgets)  # np.clip costs ~20 us a call
+            budgets = self._budgets(num_tokens_no_spec, index, rows)
             if self.config.adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
-                budgets[:] = 0
+                budgets = np.zeros(len(index), np.int64)
             _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           min_score=self.config.min_score,
                                           curve=self.cost.curve if self.config.adaptive else None)
@@ -241,3 +245,15 @@ class CrestProposer:
         self._last_tokens, self._last_rows = verified, rows
         self._last_end = time.perf_counter()
         return out
+
+    def _budgets(self, num_tokens_no_spec: np.ndarray, index: list[int], rows: int) -> np.ndarray:
+        """``[len(index)]`` int64: each row's most draft tokens, ``k``, fewer for a row within ``k`` of
+        ``max_model_len`` (none past it). Read only: a shared array when no row is near the end."""
+        counts = (num_tokens_no_spec[:rows] if len(index) == rows else num_tokens_no_spec[index]).tolist()
+        if max(counts) < self.max_model_len - 1 - self.k:
+            full = self._full.get(len(counts))
+            if full is None:
+                full = self._full[len(counts)] = np.full(len(counts), self.k, np.int64)
+                full.flags.writeable = False
+            return full
+        return np.array([min(self.k, max(0, self.max_model_len - 1 - c)) for c in counts], np.int64)

@@ -299,7 +299,7 @@ def test_peers(database_url, chat_datastore, references, tmp_path):
 
 def test_proposer_step(database_url, chat_datastore, references):
     out = _run("proposer_step", "--concurrency", "2", "--k", "4", "--datastore", chat_datastore, "--references",
-               references, url=database_url)
+               references, "--flush-mb", "1", url=database_url)
     rows = _lines(out, r"(spec_bench|humaneval) +(\d+) +(\d+) +([\d.]+) +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)$")
     assert {(m[1], m[2]) for m in rows} == {(s, "2") for s in ("spec_bench", "humaneval")}
     assert all(int(m[3]) > 0 and float(m[4]) > 0 and float(m[5]) >= 1 for m in rows)
@@ -539,15 +539,22 @@ def test_references(database_url, target, tokenizer, tmp_path):
 
 @engine
 def test_vllm_serving(database_url, chat_datastore, tmp_path):
-    """One engine (ours, concurrency 1, two Spec-Bench prompts of 8 tokens), then ``gpu_projection.py`` on its
-    result."""
+    """One engine (ours, concurrency 1, two Spec-Bench prompts of 8 tokens, with the step accounting), then
+    ``gpu_projection.py`` on its result."""
     try:
         out = _run("vllm_serving", "--methods", "crest", "--concurrency", "1", "--sets", "spec_bench", "--prompts", "2",
-                   "--max-new-tokens", "8", "--enforce-eager", "--out", tmp_path / "vllm_serving.json", "--env",
-                   f"CREST_DATASTORE={chat_datastore}", url=database_url, timeout=900)
+                   "--max-new-tokens", "8", "--enforce-eager", "--accounting", "--out", tmp_path / "vllm_serving.json",
+                   "--env", f"CREST_DATASTORE={chat_datastore}", url=database_url, timeout=900)
     finally:
         empty_live_layer(database_url, chat_datastore)  # the outputs the run appended to the session's datastore
-    (row,) = json.loads((tmp_path / "vllm_serving.json").read_text())["rows"]
+    result = json.loads((tmp_path / "vllm_serving.json").read_text())
+    (row,) = result["rows"]
+    (run,) = result["runs"]
+    forwards = run["sets"]["spec_bench"]["accounting"]["forwards"]  # [ms, tokens] each, the prefill first
+    assert len(forwards) >= 8 and all(ms > 0 and tokens > 0 for ms, tokens in forwards)
+    assert forwards[0][1] > 9  # a prefill (a chat prompt's tokens), where a decode step verifies at most 1 + k
+    assert run["compaction_checks"] >= 0 and isinstance(run["compactions"], list)
+    assert _lines(out, r"spec_bench +1 crest +\d+ +[\d.]+")  # the accounting's table
     assert row["method"] == "crest" and row["prompts"] == 2 and row["tokens_per_s"] > 0
     assert row["accept_length"] >= 1 and row["proposer_steps"] > 0 and row["propose_p50_ms"] > 0
     assert _lines(out, r"spec_bench +crest +8 +1 +[\d.]+")

@@ -177,3 +177,36 @@ def test_compaction_settings_from_the_environment(monkeypatch):
         ProposerConfig.from_env()
     monkeypatch.setenv("CREST_COMPACT", "0")
     assert ProposerConfig.from_env().compaction is None
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
+def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database_url, tokenizer):
+    """The hook's allowances: ``k`` draft tokens a row, fewer for a row within ``k`` of ``max_model_len``, none for a
+    row at its end; the same call after a row moves back from the end drafts ``k`` again (the shared allowance
+    array is never written)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from decoder.model import export_checkpoint
+    from serving.vllm_proposer import CrestProposer, ProposerConfig
+
+    k, max_len = 4, 256
+    model = SimpleNamespace(max_model_len=max_len, tokenizer=str(export_checkpoint()), get_vocab_size=lambda: 49152)
+    proposer = CrestProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                                             model_config=model),
+                             ProposerConfig(datastore=chat_datastore, database_url=database_url, min_score=0.0,
+                                            adaptive=False, live=False, replicas=False, outputs_mb=0))
+    try:
+        cycle = [1017, 2304, 653, 9021, 77, 4410, 318, 12003]  # a row repeating itself: its own tokens draft k
+        tokens = np.zeros((3, max_len), np.int32)
+        lengths = np.array([max_len - 3, 64, max_len - 1], np.int32)  # 2 tokens fit, k fit, none fits
+        for row, n in enumerate(lengths):
+            tokens[row, :n] = (cycle * max_len)[:n]
+        got = proposer.propose([[int(tokens[r, n - 1])] for r, n in enumerate(lengths)], lengths, tokens)
+        assert [len(d) for d in got] == [2, k, 0], got
+        tokens[0, :64], lengths[0] = tokens[1, :64], 64  # the row now holds another request, far from the end
+        got = proposer.propose([[int(tokens[r, n - 1])] for r, n in enumerate(lengths)], lengths, tokens)
+        assert [len(d) for d in got] == [k, k, 0], got
+    finally:
+        proposer.service.close()
