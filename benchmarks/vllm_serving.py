@@ -96,7 +96,8 @@ def _tpot(out: RequestOutput, num_tokens: int) -> float:
 
 
 def _timed(original, record):
-    """``original`` (a method) wrapped so that each call's wall seconds go to ``record``; behaviour unchanged."""
+    """``original`` (a method) wrapped so that each call's wall seconds, its positional arguments (after ``self``) and
+    its keyword arguments go to ``record``; behaviour unchanged."""
     import functools
 
     @functools.wraps(original)
@@ -203,7 +204,7 @@ def _time_proposer(method: str) -> list[float] | None:
     else:
         return None
     times: list[float] = []
-    cls.propose = _timed(cls.propose, times.append)  # type: ignore[method-assign]
+    cls.propose = _timed(cls.propose, lambda seconds, a, k: times.append(seconds))  # type: ignore[method-assign]
     return times
 
 

@@ -539,17 +539,20 @@ def test_references(database_url, target, tokenizer, tmp_path):
 
 @engine
 def test_vllm_serving(database_url, chat_datastore, tmp_path):
-    """One engine (ours, concurrency 1, two Spec-Bench prompts of 8 tokens, with the step accounting), then
-    ``gpu_projection.py`` on its result."""
+    """Two engines (vLLM's ``ngram``, then ours; concurrency 1, two Spec-Bench prompts of 8 tokens, with the step
+    accounting), then ``gpu_projection.py`` on the result."""
     try:
-        out = _run("vllm_serving", "--methods", "crest", "--concurrency", "1", "--sets", "spec_bench", "--prompts", "2",
+        out = _run("vllm_serving", "--methods", "ngram", "crest", "--concurrency", "1", "--sets", "spec_bench", "--prompts", "2",
                    "--max-new-tokens", "8", "--enforce-eager", "--accounting", "--out", tmp_path / "vllm_serving.json",
                    "--env", f"CREST_DATASTORE={chat_datastore}", url=database_url, timeout=900)
     finally:
         empty_live_layer(database_url, chat_datastore)  # the outputs the run appended to the session's datastore
     result = json.loads((tmp_path / "vllm_serving.json").read_text())
-    (row,) = result["rows"]
-    (run,) = result["runs"]
+    assert sorted(r["method"] for r in result["rows"]) == ["crest", "ngram"]
+    (row,) = [r for r in result["rows"] if r["method"] == "crest"]
+    (run,) = [r for r in result["runs"] if r["method"] == "crest"]
+    (peer,) = [r for r in result["runs"] if r["method"] == "ngram"]
+    assert peer["sets"]["spec_bench"]["propose"]["p50_ms"] > 0  # a built-in method's proposer, timed
     forwards = run["sets"]["spec_bench"]["accounting"]["forwards"]  # [ms, tokens] each, the prefill first
     assert len(forwards) >= 8 and all(ms > 0 and tokens > 0 for ms, tokens in forwards)
     assert forwards[0][1] > 9  # a prefill (a chat prompt's tokens), where a decode step verifies at most 1 + k
