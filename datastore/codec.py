@@ -243,6 +243,8 @@ def decompress_body(cid: int, body: bytes, raw_len: int) -> bytes:
             return raw
         if cid == _COMPRESSION_IDS["lz4"]:
             return lz4.block.decompress(body, uncompressed_size=raw_len)
+    except CodecError:  # a ValueError too, but already the message the codec gives
+        raise
     except (zstandard.ZstdError, lz4.block.LZ4BlockError, ValueError) as exc:
         raise CodecError(f"corrupt tree blob: {exc}") from exc
     raise CodecError(f"unknown compression id {cid}")

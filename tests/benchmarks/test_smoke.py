@@ -542,9 +542,10 @@ def test_vllm_serving(database_url, chat_datastore, tmp_path):
     """Two engines (vLLM's ``ngram``, then ours; concurrency 1, two Spec-Bench prompts of 8 tokens, with the step
     accounting), then ``gpu_projection.py`` on the result."""
     try:
-        out = _run("vllm_serving", "--methods", "ngram", "crest", "--concurrency", "1", "--sets", "spec_bench", "--prompts", "2",
-                   "--max-new-tokens", "8", "--enforce-eager", "--accounting", "--out", tmp_path / "vllm_serving.json",
-                   "--env", f"CREST_DATASTORE={chat_datastore}", url=database_url, timeout=900)
+        out = _run("vllm_serving", "--methods", "ngram", "crest", "--concurrency", "1", "--sets", "spec_bench",
+                   "--prompts", "2", "--max-new-tokens", "8", "--enforce-eager", "--accounting", "--out",
+                   tmp_path / "vllm_serving.json", "--env", f"CREST_DATASTORE={chat_datastore}", url=database_url,
+                   timeout=900)
     finally:
         empty_live_layer(database_url, chat_datastore)  # the outputs the run appended to the session's datastore
     result = json.loads((tmp_path / "vllm_serving.json").read_text())
