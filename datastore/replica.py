@@ -321,8 +321,12 @@ def write_in_child(url: str, root: Path, info: DatastoreInfo, path: Path,
         said = err.read().decode(errors="replace").strip().splitlines()
         if child.returncode != 0:
             raise ReplicaError(f"its writer failed: {said[-1] if said else f'exit {child.returncode}'}")
-        report = json.loads(out.read())
-    return WriteReport(**report["written"]) if report["written"] else None
+        printed = out.read()
+    try:  # the command's --json line; anything else is the writer's fault, not a reason to end the keeper
+        written = json.loads(printed)["written"]
+        return WriteReport(**written) if written is not None else None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReplicaError(f"its writer printed no report ({exc}): {printed[-200:]!r}") from exc
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from toolkit.console import EXIT_FAILED, EXIT_OK, clause, error, run, table_console
@@ -151,10 +152,8 @@ def _replica(url: str, args) -> None:
         _, report = host_replica(url, info, path, identity_of(info, database))
     except psycopg.Error as exc:
         raise server_error(info.name, exc) from exc
-    written = None if report is None else {"entries": report.entries, "unreadable": report.unreadable,
-                                           "bytes": report.bytes, "seconds": round(report.seconds, 3)}
-    if args.json:
-        print(json.dumps({"path": str(path), "build": info.id, "written": written}))
+    if args.json:  # written: the WriteReport's fields, which datastore.replica.write_in_child reads back
+        print(json.dumps({"path": str(path), "build": info.id, "written": None if report is None else asdict(report)}))
     elif report is None:
         print(f"{path}: the replica of datastore {info.name!r} build {info.id} is there")
     else:
