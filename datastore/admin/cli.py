@@ -135,6 +135,7 @@ def _stats(url: str, args) -> None:
 def _replica(url: str, args) -> None:
     import psycopg
 
+    from crest_native import ReplicaError
     from toolkit.settings import Settings
 
     from ..connection import connect
@@ -152,6 +153,11 @@ def _replica(url: str, args) -> None:
         _, report = host_replica(url, info, path, identity_of(info, database))
     except psycopg.Error as exc:
         raise server_error(info.name, exc) from exc
+    except ReplicaError:
+        raise
+    except OSError as exc:  # the folder: not one, or not this user's to write
+        raise ReplicaError(f"cannot write the replica under {folder} ({exc}); name a folder this user may write "
+                           "with --folder DIR") from exc
     if args.json:  # written: the WriteReport's fields, which datastore.replica.write_in_child reads back
         print(json.dumps({"path": str(path), "build": info.id, "written": None if report is None else asdict(report)}))
     elif report is None:

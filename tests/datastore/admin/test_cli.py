@@ -84,3 +84,8 @@ def test_replica_writes_the_hosts_file_once_and_refuses_a_replaced_build(databas
     off = run_module("datastore", "replica", "--name", chat_datastore, "--database-url", database_url,
                      env=dict(os.environ, CREST_REPLICAS="off"))
     assert off.returncode == 2 and "--folder" in off.stderr.splitlines()[-1]
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    refused = run_module("datastore", *argv[:4], str(not_a_folder), *argv[5:])
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert str(not_a_folder) in refused.stderr and "--folder DIR" in refused.stderr.splitlines()[-1]
