@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from datastore.lookup import LookupClient
-from drafting.draft import Drafts
+from drafting.draft import ChainDrafts
 from drafting.service import STEP_TIMES_KEPT
 from serving.vllm_proposer import CrestProposer
 
@@ -37,7 +37,7 @@ class InstrumentedProposer(CrestProposer):
         self.cuts: deque = deque(maxlen=STEP_TIMES_KEPT)
         self.expected = 0.0  # the calibrated expected accepted tokens of every chain proposed (the sum of its scores)
         self.native: deque = deque(maxlen=STEP_TIMES_KEPT)  # each step's seconds in the native core
-        self._drafts: Drafts | None = None
+        self._drafts: ChainDrafts | None = None
         drafting = self.rows.propose
 
         def kept(*args, **kwargs):  # the step's drafts (cut to the engine's step cost), counted after the timed call

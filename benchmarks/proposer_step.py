@@ -5,10 +5,11 @@ greedy references (``benchmarks/references.py``): each step every row accepts th
 matches its reference, plus the bonus token, as vLLM's rejection sampler would; a finished request's row is refilled
 from the queue (the batch stays full). Timed: each ``propose`` call (wall, ms), its p50 and p99, with the replica mapped
 (the default) or with every step a round trip (``--no-replica``); the cut is fixed at ``CREST_MIN_SCORE``'s default
-(there is no engine to fit a step cost to). No vLLM is imported: this isolates the hook from the
-engine, whose own figures ``benchmarks/vllm_serving.py --accounting`` gives. ``--flush-mb`` reads that many MiB
-between two calls, as an engine's forward pass streams the model's weights through the caches (SmolLM2-135M fp32:
-540 MB), so the hook runs on cold caches as it does inside the engine.
+(there is no engine to fit a step cost to; ``--adaptive`` fits one to the calls' spacing, to time its refits). No
+vLLM is imported: this isolates the hook from the engine, whose own figures ``benchmarks/vllm_serving.py
+--accounting`` gives. ``--flush-mb`` reads that many MiB between two calls, as an engine's forward pass streams the
+model's weights through the caches (SmolLM2-135M fp32: 540 MB), so the hook runs on cold caches as it does inside the
+engine.
 
     .venv/bin/python benchmarks/proposer_step.py [--concurrency 1 8 32] [--sets spec_bench humaneval] [--flush-mb 540]
 """
@@ -93,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--k", type=int_in(1), default=8, help="num_speculative_tokens (default: 8).")
     ap.add_argument("--datastore", default="sharegpt", help="the datastore drafted from (default: sharegpt).")
     ap.add_argument("--no-replica", action="store_true", help="every step a round trip (CREST_REPLICAS=off).")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="cut to a step-cost curve fitted on the calls' spacing, as in an engine (CREST_ADAPTIVE=1), "
+                         "so the curve's refits are timed too; the flush (--flush-mb) is then the step's cost, flat "
+                         "in its tokens, so the cut is not the engine's (default: the fixed cut).")
     ap.add_argument("--flush-mb", type=int_in(0), default=0, metavar="MIB",
                     help="MiB read between two calls, as a forward pass streams the weights (default: 0; SmolLM2-135M "
                          "fp32 in vLLM: 540).")
@@ -111,13 +116,16 @@ def main() -> None:
     checkpoint = str(export_checkpoint())
     flush = np.ones((args.flush_mb << 20) // 8) if args.flush_mb else None
     print(f"k {args.k}, datastore {args.datastore}, {'round trip' if args.no_replica else 'replica'}, "
+          f"{'adaptive' if args.adaptive else 'fixed'} cut, "
           f"{args.flush_mb} MiB read between calls; ms per call")
     print(f"{'set':<11} {'conc':>4} {'steps':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7} {'accept':>6}")
     for name in args.sets:
         refs = [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
         for c in args.concurrency:
-            # no engine here to fit a step cost to: the fixed cut (CREST_MIN_SCORE's default), as vLLM's first steps use
-            config = ProposerConfig(datastore=args.datastore, live=False, replicas=not args.no_replica, adaptive=False)
+            # no engine here to fit a step cost to: the fixed cut (CREST_MIN_SCORE's default, as vLLM's first steps
+            # use), unless --adaptive
+            config = ProposerConfig(datastore=args.datastore, live=False, replicas=not args.no_replica,
+                                    adaptive=args.adaptive)
             proposer = CrestProposer(_config(args.k, checkpoint, len(tok)), config)
             lookups = proposer.method.lookups
             client = lookups.client if lookups is not None else None

@@ -237,45 +237,102 @@ HeldCurve cost_of(nb::handle curve, bool chain) {
   return curve_of(curve);
 }
 
-// A steady engine step in one call: follow each row's new tokens (as follow_rows), then, when every pair followed,
-// draft the rows from the replicas (as draft_stored). Returns (followed, bad, bad_id, drafts, damaged): followed and
-// bad/bad_id as follow_rows; drafts None when a pair did not follow or an id was refused (nothing drafted), else
-// draft_stored's tuple (empty arrays when a replica was found damaged, its index in damaged, else -1). With a step-cost
-// curve (chains only), each chain is cut to the batch's goodput-best nodes (Core::cut_to_curve).
+// An engine's rows as a steady step reads them, checked before anything changes (the door of the one call): pair i's
+// row (index[i], or i when index is None) inside the rows given, its count within the row's columns, its budget in
+// 0..kMaxBudget. Throws ValueError naming the input and the fix.
 template <typename T>
-nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows,
-                              const In1D<int64_t>& index, const In1D<T>& lengths, int64_t limit,
-                              const In1D<int64_t>& budgets, const crest::Replica* datastore, const crest::Replica* live,
-                              nb::handle heads, bool chain, double min_score, nb::handle curve,
-                              const crest::Replica* delta) {
+std::vector<int64_t> engine_index(nb::handle index, const In2D<T>& rows, const In1D<T>& lengths,
+                                  const In1D<int64_t>& budgets, std::size_t pairs) {
+  const std::size_t num_rows = std::min(rows.shape(0), lengths.shape(0)), width = rows.shape(1);
+  std::vector<int64_t> at(pairs);
+  if (index.is_none()) {
+    if (pairs > num_rows)
+      throw nb::value_error(("index is None (every row) but " + std::to_string(pairs) + " requests were given for " +
+                             std::to_string(num_rows) + " rows; pass one request per row, or the rows' index")
+                                .c_str());
+    for (std::size_t i = 0; i < pairs; ++i) at[i] = static_cast<int64_t>(i);
+  } else {
+    auto given = nb::cast<In1D<int64_t>>(index, false);
+    if (given.shape(0) != pairs) throw nb::value_error("index and handles must have one entry per pair");
+    for (std::size_t i = 0; i < pairs; ++i) {
+      at[i] = given.data()[i];
+      if (at[i] < 0 || static_cast<std::size_t>(at[i]) >= num_rows)
+        throw nb::value_error(("index[" + std::to_string(i) + "] = " + std::to_string(at[i]) + " names a row outside the " +
+                               std::to_string(num_rows) + " given; pass row numbers of the engine's batch")
+                                  .c_str());
+    }
+  }
+  for (std::size_t i = 0; i < pairs; ++i) {
+    const auto n = static_cast<int64_t>(lengths.data()[at[i]]);
+    if (n < 0 || static_cast<std::size_t>(n) > width)
+      throw nb::value_error(("lengths[" + std::to_string(at[i]) + "] = " + std::to_string(n) + " is outside 0.." +
+                             std::to_string(width) + " (the rows' columns); pass each row's count of tokens")
+                                .c_str());
+    const int64_t b = budgets.data()[i];
+    if (b < 0 || b > crest::kMaxBudget)
+      throw nb::value_error(("budgets[" + std::to_string(i) + "] = " + std::to_string(b) + " is outside 0.." +
+                             std::to_string(crest::kMaxBudget) + "; pass the draft tokens to verify (0: none)")
+                                .c_str());
+  }
+  return at;
+}
+
+// A step's chains as an engine takes them: (token ids, one list of ints per row; scores [nodes] float64, row after
+// row; backed off: the rows that drafted from a shorter datastore n-gram than their longest, chosen > 0).
+nb::tuple chain_lists(const std::vector<crest::Drafted>& out) {
+  nb::list lists;
+  std::vector<double> scores;
+  int64_t backed_off = 0;
+  for (const auto& d : out) {
+    nb::list row;
+    for (int64_t t : d.tokens) row.append(nb::int_(t));
+    lists.append(row);
+    scores.insert(scores.end(), d.scores.begin(), d.scores.end());
+    backed_off += d.chosen > 0;
+  }
+  return nb::make_tuple(lists, to_numpy(std::move(scores)), backed_off);
+}
+
+// A steady engine step in one call: check the rows (engine_index), follow each row's new tokens (as follow_rows), then,
+// when every pair followed, draft each row's chain from the replicas (as draft_stored with chain=True), cut to the
+// batch's goodput-best tokens on the step-cost curve when one is given (Core::cut_to_curve). Returns (followed, bad,
+// bad_id, chains, damaged): followed and bad/bad_id as follow_rows; chains None when a pair did not follow or an id was
+// refused (nothing drafted), else chain_lists' tuple (every row empty when a replica was found damaged: its index in
+// damaged, else -1).
+template <typename T>
+nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows, nb::handle index,
+                              const In1D<T>& lengths, int64_t limit, const In1D<int64_t>& budgets,
+                              const crest::Replica* datastore, const crest::Replica* live, double min_score,
+                              nb::handle curve, const crest::Replica* delta) {
   std::size_t pairs = handles.shape(0);
   if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
+  std::vector<int64_t> at = engine_index(index, rows, lengths, budgets, pairs);
   std::vector<uint8_t> followed(pairs);
-  std::vector<Held> keep;
-  keep.reserve(pairs);
-  HeldCurve cost = cost_of(curve, chain);
+  HeldCurve cost = cost_of(curve, true);
   auto h = handles_of(handles);
   auto b = budgets_of(budgets);
-  auto heads_trees = heads_of(heads, pairs, keep);
   crest::StoredTrees stored(datastore, live, delta, c.retrieval_scratch());
   std::vector<crest::Drafted> out;
   int64_t bad = -1, bad_id = 0;
   bool all = false, ok = false;
   {
     nb::gil_scoped_release quiet;
-    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
+    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), at.data(), lengths.data(),
                            pairs, limit, followed.data(), &bad_id);
     all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
-    if (all) ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+    if (all) ok = stored.intact() && c.draft(h, b, {}, stored, true, min_score, out);
     if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
   }
   if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
-  nb::object drafts = nb::none();
+  nb::object chains = nb::none();
   if (all) {
-    if (!ok) out.clear();
-    drafts = drafts_tuple(out);
+    if (!ok) {
+      out.clear();
+      out.resize(pairs);
+    }
+    chains = chain_lists(out);
   }
-  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0, drafts, stored.damaged);
+  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0, chains, stored.damaged);
 }
 
 // Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: chain_cut and tree_cut take any tree).
@@ -565,12 +622,12 @@ nb::dict core_outputs_info(const crest::Core& c) {
 void bind_core_steps(nb::class_<crest::Core>& core) {
   core.def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
       .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
-      .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
-           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
-           "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
-      .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a,
-           "limit"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(), "heads"_a.none(), "chain"_a, "min_score"_a,
-           "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
+      .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a.noconvert(), "rows"_a.noconvert(),
+           "index"_a.none(), "lengths"_a.noconvert(), "limit"_a, "budgets"_a.noconvert(), "datastore"_a.none(), "live"_a.none(), "min_score"_a, "curve"_a.none() = nb::none(),
+           "delta"_a.none() = nb::none())
+      .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a.noconvert(), "rows"_a.noconvert(),
+           "index"_a.none(), "lengths"_a.noconvert(), "limit"_a, "budgets"_a.noconvert(), "datastore"_a.none(), "live"_a.none(), "min_score"_a, "curve"_a.none() = nb::none(),
+           "delta"_a.none() = nb::none())
       .def("draft_stored", &core_draft_stored, "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(),
            "heads"_a.none(), "chain"_a, "min_score"_a, "curve"_a.none() = nb::none(),
            "delta"_a.none() = nb::none())

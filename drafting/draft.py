@@ -32,7 +32,7 @@ import numpy as np
 from crest_native import chain_cut, goodput_keep, tree_cut
 from datastore.tree import TokenTree
 
-__all__ = ["CostCurve", "Draft", "Drafts", "ScoreKind"]
+__all__ = ["ChainDrafts", "CostCurve", "Draft", "Drafts", "ScoreKind"]
 
 
 class ScoreKind(str, Enum):
@@ -205,6 +205,25 @@ class CostCurve(NamedTuple):
     draft_s: float = 0.0
 
 
+class ChainDrafts(NamedTuple):
+    """A step's chains as an engine takes them (vLLM's ``draft_token_ids``), from one native call
+    (:meth:`drafting.DraftingService.follow_and_propose`).
+
+    Attributes:
+        token_ids: ``[rows]`` lists of ints, each row's chain (``[]``: no draft).
+        scores: ``[nodes]`` float64, read-only: each token's score (its chain's path probability up to it, for the
+            merged drafter), row after row in chain order.
+    """
+
+    token_ids: list[list[int]]
+    scores: np.ndarray
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens in the whole step."""
+        return len(self.scores)
+
+
 class Drafts(Sequence[Draft]):
     """A batch's drafts in flat arrays, as one native call makes them: draft ``i`` holds nodes
     ``offsets[i]:offsets[i + 1]``. A sequence of :class:`Draft` (each made when it is asked for, as read-only views of
@@ -273,6 +292,12 @@ class Drafts(Sequence[Draft]):
         """Each draft's token ids as a list of ints (what vLLM's hook returns), from one conversion of the batch."""
         tokens, b = self.token_ids.tolist(), self._bounds
         return [tokens[s:e] for s, e in zip(b, b[1:])]
+
+    def chains(self) -> ChainDrafts:
+        """These drafts as an engine that verifies chains takes them (each draft a chain: its nodes in order)."""
+        scores = self.scores.view()
+        scores.flags.writeable = False
+        return ChainDrafts(self.token_lists(), scores)
 
     def goodput(self, curve: CostCurve, rows: int) -> Drafts:
         """These chains cut to the batch's draft tokens that maximise its expected tokens per second on ``curve`` with

@@ -38,7 +38,7 @@ from datastore.tree import Match
 from toolkit.forks import at_fork
 
 from .calibration import HEADS_PATH, RETRIEVAL_SOURCES, Calibration, NodeTable
-from .draft import Drafts, ScoreKind
+from .draft import ChainDrafts, Drafts, ScoreKind
 from .heads import HeadSource, HeadTree
 from .method import CoreSettings, Follow, FollowedStep, Step
 from .source import DatastoreSource
@@ -260,33 +260,40 @@ class MergedMethod:
             with step.lock:
                 made, damaged = step.core.draft_stored(step.handles, step.budgets, stores.datastore, stores.live,
                                                           heads, step.chain, cut, step.curve, stores.delta)
-            self._replica_step(start, stores, damaged)
+            self._replica_step(start, stores, damaged, 0)
         return self._drafts(step, heads, cut, None if damaged >= 0 else made)
 
     def draft_following(self, step: Step, follow: Follow) -> FollowedStep | None:
-        """The engine's rows followed and the step drafted from the replicas in one native call
-        (``Core.follow_draft_stored``); ``None`` before the replicas are ready (the service follows, then drafts by
-        the round trip). A replica found damaged drafts the step by the round trip."""
+        """The engine's rows followed and their chains drafted from the replicas in one native call
+        (``Core.follow_draft_stored``, which checks the rows, their counts and the budgets before anything changes);
+        ``None`` before the replicas are ready, or with draft heads (the service follows, then drafts). A replica found
+        damaged drafts the step by the round trip."""
         stores = self.lookups.stores() if self.lookups is not None else None
-        if stores is None:
+        if stores is None or self.heads is not None:
             return None
         cut = self.min_score if step.min_score is None else step.min_score
-        heads = self._heads(step)
         start = time.perf_counter()
         with step.lock:
             followed, bad, bad_id, made, damaged = step.core.follow_draft_stored(
                 step.handles, follow.rows, follow.at, follow.lengths, follow.limit, step.budgets, stores.datastore,
-                stores.live, heads, step.chain, cut, step.curve, stores.delta)
+                stores.live, cut, step.curve, stores.delta)
         if made is None:  # a pair did not follow, or an id was refused: nothing drafted
             return followed, bad, bad_id, None
-        self._replica_step(start, stores, damaged)
-        return followed, -1, 0, self._drafts(step, heads, cut, None if damaged >= 0 else made)
+        if damaged >= 0:
+            self._replica_step(start, stores, damaged, 0)
+            return followed, -1, 0, self._drafts(step, None, cut, None).chains()
+        lists, scores, backed_off = made
+        scores.flags.writeable = False
+        self._replica_step(start, stores, damaged, backed_off)
+        return followed, -1, 0, ChainDrafts(lists, scores)
 
-    def _replica_step(self, start: float, stores, damaged: int) -> None:
-        """Count a step drafted from the replicas (``damaged``: the replica found damaged, -1: none), and drop a damaged
-        replica (it is written again)."""
+    def _replica_step(self, start: float, stores, damaged: int, backed_off: int) -> None:
+        """Count a step drafted from the replicas (``damaged``: the replica found damaged, -1: none; ``backed_off``:
+        its rows drafted from a shorter datastore n-gram than the longest stored), and drop a damaged replica (it is
+        written again)."""
         with self._stats_lock:
             self.stats.core_s += time.perf_counter() - start
+            self.stats.backed_off += backed_off
             if damaged < 0:
                 self.stats.replica_steps += 1
             else:

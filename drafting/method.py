@@ -19,7 +19,7 @@ import numpy as np
 
 from crest_native import FEATURES, Core
 
-from .draft import CostCurve, Draft, Drafts, ScoreKind
+from .draft import ChainDrafts, CostCurve, Draft, ScoreKind
 
 __all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TABLE_ONLY"]
 
@@ -79,20 +79,21 @@ class Step:
 
 
 class Follow(NamedTuple):
-    """An engine's rows to follow before a step is drafted (:meth:`drafting.DraftingService.follow_rows`'s checked
-    arguments): ``rows`` ``[rows, max_len]`` int32 or int64 (C order), ``at`` ``[pairs]`` int64 (each pair's row),
-    ``lengths`` ``[>= rows]`` of ``rows``' dtype, ``limit`` (new ids must be below it)."""
+    """An engine's rows to follow before a step is drafted, as the engine gives them: ``rows`` ``[rows, max_len]``
+    int32 or int64 (C order), ``at`` ``[pairs]`` int64 (each pair's row), or ``None`` (pair ``i`` on row ``i``),
+    ``lengths`` ``[>= rows]`` of ``rows``' dtype, ``limit`` (new ids must be below it). The one native call checks
+    them before anything changes (:meth:`drafting.DraftingService.follow_and_propose`)."""
 
     rows: np.ndarray
-    at: np.ndarray
+    at: np.ndarray | None
     lengths: np.ndarray
     limit: int
 
 
-FollowedStep = tuple[list[bool] | None, int, int, Drafts | None]
-"""What :meth:`DraftMethod.draft_following` returns: ``(followed per pair, bad pair, bad id, drafts)``; ``followed``
+FollowedStep = tuple[list[bool] | None, int, int, ChainDrafts | None]
+"""What :meth:`DraftMethod.draft_following` returns: ``(followed per pair, bad pair, bad id, chains)``; ``followed``
 ``None`` when pair ``bad`` holds the new id ``bad_id`` outside ``[0, limit)`` (nothing followed, nothing drafted);
-``drafts`` ``None`` when a pair did not follow (nothing drafted)."""
+``chains`` ``None`` when a pair did not follow (nothing drafted)."""
 
 
 class DraftMethod(Protocol):
@@ -127,8 +128,8 @@ class DraftMethod(Protocol):
 
     def draft_following(self, step: Step, follow: Follow) -> FollowedStep | None:
         """An engine's steady step in one native call: follow the rows (pair ``i``: request ``step.handles[i]``, row
-        ``follow.at[i]``), then, when every pair followed, draft the step. ``None`` when the method cannot do both
-        in one call now (the service then follows, then drafts)."""
+        ``follow.at[i]``), then, when every pair followed, draft each row's chain (``step.chain`` is true). ``None``
+        when the method cannot do both in one call now (the service then follows, then drafts)."""
 
     def stopped(self, state: Any, output: np.ndarray) -> None:
         """A request ended: its state, and its ``[N]`` uint32 output (which already joined the core's output index)."""

@@ -46,8 +46,8 @@ from toolkit.forks import at_fork
 
 from . import door
 from .door import RequestId
-from .draft import CostCurve, Drafts, ScoreKind
-from .method import DraftMethod, Follow, Step
+from .draft import ChainDrafts, CostCurve, Drafts, ScoreKind
+from .method import DraftMethod, Follow, FollowedStep, Step
 
 __all__ = ["DraftingService", "STEP_TIMES_KEPT", "ServiceStats"]
 
@@ -107,6 +107,7 @@ class DraftingService:
         self._core = method.core_settings().core()
         self._requests: dict[RequestId, _Request] = {}
         self._stateful = 0  # active requests whose method state is not None (they learn followed tokens)
+        self._steady: tuple[list, np.ndarray] | None = None  # the last steady step's requests and their handles
         self._lock = threading.Lock()
         self._closed = False
         self.stats = ServiceStats()
@@ -132,6 +133,7 @@ class DraftingService:
                 raise ValueError(f"request {key!r} is already active; stop_request it first")
             state = self.method.start(prompt)
             self._requests[key] = _Request(self._core.start(prompt), state)
+            self._steady = None
             self._stateful += state is not None
 
     def add_tokens(self, req_id: RequestId, tokens: TokenIds) -> None:
@@ -200,56 +202,88 @@ class DraftingService:
         return followed
 
     def follow_and_propose(self, req_ids: Sequence[RequestId | None], tokens: np.ndarray, lengths: np.ndarray,
-                           index: Sequence[int], budgets: np.ndarray | Sequence[int], *, chain: bool,
+                           index: Sequence[int] | None, budgets: np.ndarray | Sequence[int], *,
                            min_score: float | None = None, vocab_size: int | None = None,
-                           curve: CostCurve | None = None) -> tuple[list[bool], Drafts | None]:
-        """An engine's steady step: :meth:`follow_rows`, then, when every pair followed, :meth:`propose` for the pairs'
-        requests, ``budgets[i]`` nodes for pair ``i``. One native call where the method can (the merged drafter once
-        its replicas are mapped: ``Core.follow_draft_stored``), else a call each.
+                           curve: CostCurve | None = None) -> tuple[list[bool], ChainDrafts | None]:
+        """An engine's steady step: :meth:`follow_rows`, then, when every pair followed, each pair's request's chain
+        (:meth:`propose` with ``chain=True``), ``budgets[i]`` tokens for pair ``i``, as an engine takes them. One
+        native call where the method can (the merged drafter once its replicas are mapped:
+        ``Core.follow_draft_stored``, which checks the rows, counts and budgets itself before anything changes; the
+        checks here run only when it refuses them, to name the fault), else a call each.
 
         Args:
-            req_ids / tokens / lengths / index / vocab_size: as :meth:`follow_rows`.
-            budgets: ``[len(index)]`` ints (a numpy integer array, or a sequence), each in ``0..MAX_BUDGET``.
-            chain / min_score: as :meth:`propose`.
-            curve: as :meth:`propose`.
+            req_ids / tokens / lengths / vocab_size: as :meth:`follow_rows`.
+            index: as :meth:`follow_rows`, or ``None``: pair ``i`` on row ``i`` (every row of an engine's batch).
+            budgets: ``[len(req_ids)]`` ints (an int64 array is passed as it is; any other integer array or sequence
+                is converted), each in ``0..MAX_BUDGET``.
+            min_score / curve: as :meth:`propose`.
 
         Returns:
-            ``(followed, drafts)``: as :meth:`follow_rows`, and the pairs' drafts (a :class:`drafting.draft.Drafts`,
-            in pair order), or ``None`` when a pair did not follow (nothing drafted: start or move its request, then
-            :meth:`propose`).
+            ``(followed, chains)``: as :meth:`follow_rows`, and the pairs' chains (a
+            :class:`drafting.draft.ChainDrafts`, in pair order), or ``None`` when a pair did not follow (nothing
+            drafted: start or move its request, then :meth:`propose`).
 
         Raises:
             As :meth:`follow_rows` and :meth:`propose` (a request not active follows nothing; it raises no
-            ``KeyError``). ValueError: for a ``curve`` with ``chain=False``, or a malformed one.
+            ``KeyError``). ValueError: for a malformed ``curve``.
         """
         start = time.perf_counter()
-        rows, counts, at = door.engine_rows(tokens, lengths, index)
-        req_ids = door.engine_request_ids(req_ids, len(at))
         limit = door.engine_vocab(vocab_size)
-        sizes = door.budgets(budgets, len(at))
-        chain = door.chain(chain)
         cut = self._cut(min_score)
-        curve = door.curve(curve, chain)
+        curve = door.curve(curve, True)
+        if type(budgets) is not np.ndarray or budgets.dtype != np.int64:
+            budgets = door.budgets(budgets, len(req_ids))
         with self._lock:
             self._check_open()
-            entries = [None if r is None else self._requests.get(r) for r in req_ids]
-            steady = not self._stateful and None not in entries
-            handles = np.array([-1 if e is None else e.handle for e in entries], np.int64)
-        if steady:
-            made = self.method.draft_following(Step(self._core, self._lock, handles, [None] * len(entries), sizes,
-                                                    chain, cut, curve), Follow(rows, at, counts, limit))
+            handles = self._steady_handles(req_ids)
+        if handles is not None:
+            at = None if index is None else door.engine_rows(tokens, lengths, index)[2]  # a part of the batch
+            try:
+                made = self._draft_following(handles, Follow(tokens, at, lengths, limit), budgets, cut, curve, start)
+            except (TypeError, ValueError):  # refused by the native call: name the fault as the door does, or retry
+                rows, counts, at = door.engine_rows(tokens, lengths, range(len(req_ids)) if index is None else index)
+                door.budgets(budgets, len(at))
+                made = self._draft_following(handles, Follow(rows, at, counts, limit), budgets, cut, curve, start)
             if made is not None:
-                followed, bad, bad_id, drafts = made
+                followed, bad, bad_id, chains = made
                 if followed is None:
+                    at = np.arange(len(req_ids)) if index is None else np.asarray(index)
                     raise _bad_new_id(req_ids, at, limit, bad, bad_id)
-                if drafts is not None:
-                    self._count(drafts, start)
-                return followed, drafts
+                return followed, chains
+        rows, counts, at = door.engine_rows(tokens, lengths, range(len(req_ids)) if index is None else index)
+        req_ids = door.engine_request_ids(req_ids, len(at))
+        door.budgets(budgets, len(at))
         followed = self._follow(req_ids, rows, at, counts, limit)
         if not all(followed):
             return followed, None
         ids = cast("list[RequestId]", list(req_ids))  # every pair followed: none is None
-        return followed, self.propose(list(zip(ids, sizes.tolist())), chain=chain, min_score=min_score, curve=curve)
+        return followed, self.propose(list(zip(ids, budgets.tolist())), chain=True, min_score=min_score,
+                                      curve=curve).chains()
+
+    def _steady_handles(self, req_ids: Sequence[RequestId | None]) -> np.ndarray | None:
+        """``[len(req_ids)]`` int64: each request's handle in the core, when every one is active and no request keeps
+        a method state (a steady step may then follow and draft in one call); else ``None``. Kept between two calls
+        while the requests are the same and none was started or stopped meanwhile (call under the lock)."""
+        if self._stateful:
+            return None
+        if self._steady is not None and self._steady[0] == req_ids:
+            return self._steady[1]
+        ids = door.engine_request_ids(req_ids, len(req_ids))
+        entries = [None if r is None else self._requests.get(r) for r in ids]
+        if None in entries:
+            return None
+        handles = np.array([e.handle for e in entries], np.int64)  # type: ignore[union-attr]
+        handles.setflags(write=False)
+        self._steady = (list(ids), handles)
+        return handles
+
+    def _draft_following(self, handles: np.ndarray, follow: Follow, budgets: np.ndarray, cut: float | None,
+                         curve: CostCurve | None, start: float) -> FollowedStep | None:
+        """The method's one call for a steady step (:meth:`drafting.method.DraftMethod.draft_following`), counted."""
+        made = self.method.draft_following(Step(self._core, self._lock, handles, (), budgets, True, cut, curve), follow)
+        if made is not None and made[3] is not None:
+            self._count(len(handles), made[3].nodes, start)
+        return made
 
     def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
         """Append the target's hidden states of ``req_id``'s next positions, for a method that reads them (S4C's heads;
@@ -273,6 +307,7 @@ class DraftingService:
         with self._lock:
             self._check_open()
             r = self._requests.pop(key, None)
+            self._steady = None
             if r is None:
                 return
             output = self._core.stop(r.handle)
@@ -386,7 +421,7 @@ class DraftingService:
         drafts = made if isinstance(made, Drafts) else Drafts.of(made, self.score_kind)
         if curve is not None and not self.method.cuts_to_curve:
             drafts = drafts.goodput(curve, len(drafts))
-        self._count(drafts, start)
+        self._count(len(drafts), drafts.nodes, start)
         return drafts
 
     def _cut(self, min_score: object) -> float | None:
@@ -397,14 +432,15 @@ class DraftingService:
                              f"{self.score_kind.value}")
         return cut
 
-    def _count(self, drafts: Drafts, start: float) -> None:
-        """Add a step's drafts, begun at ``start`` (``time.perf_counter``), to :attr:`stats`."""
+    def _count(self, drafts: int, nodes: int, start: float) -> None:
+        """Add a step's ``drafts`` drafts of ``nodes`` nodes in all, begun at ``start`` (``time.perf_counter``), to
+        :attr:`stats`."""
         spent = time.perf_counter() - start
         with self._lock:
             st = self.stats
             st.steps += 1
-            st.drafts += len(drafts)
-            st.nodes += drafts.nodes
+            st.drafts += drafts
+            st.nodes += nodes
             st.step_s += spent
             st.step_times.append(spent)
 

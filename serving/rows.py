@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from drafting import DraftingService
-from drafting.draft import CostCurve, Drafts
+from drafting.draft import ChainDrafts, CostCurve
 
 __all__ = ["RowTracker"]
 
@@ -70,35 +70,40 @@ class RowTracker:
         followed = self.service.follow_rows(guess, tokens, lengths, index, vocab_size=self._vocab)
         return self._settle(index, tokens, lengths, guess, followed)
 
-    def propose(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
-                min_score: float | None = None, curve: CostCurve | None = None) -> tuple[list[int], Drafts]:
+    def propose(self, index: Sequence[int] | None, tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
+                min_score: float | None = None, curve: CostCurve | None = None) -> tuple[list[int], ChainDrafts]:
         """:meth:`step`, then each row's chain (:meth:`drafting.DraftingService.propose`, ``chain=True``): one native
         call when every row holds the request it held at the last step.
 
         Args:
-            index / tokens / lengths: as :meth:`step`. budgets: ``[len(index)]`` integers, each row's most draft tokens.
+            index: as :meth:`step`, or ``None``: every row of the batch (``len(budgets)`` rows from row 0).
+            tokens / lengths: as :meth:`step`. budgets: ``[rows]`` integers (int64 is passed as it is), each row's
+                most draft tokens.
             min_score: as :meth:`drafting.DraftingService.propose`.
             curve: the engine's step-cost curve the chains are cut to (``None``: not cut; see
                 :meth:`drafting.DraftingService.follow_and_propose`).
 
         Returns:
-            ``(request ids, drafts)``, in the order of ``index``.
+            ``(request ids, chains)``, in the order of the rows.
 
         Raises:
             As :meth:`step` and :meth:`drafting.DraftingService.propose`.
         """
-        guess: list[int | None] = [self._by_row.get(i) for i in index]
-        if index and None not in guess:  # perhaps a steady step: follow and draft in one call
-            followed, drafts = self.service.follow_and_propose(guess, tokens, lengths, index, budgets, chain=True,
+        rows = range(len(budgets)) if index is None else index
+        by_row = self._by_row
+        guess: list[int | None] = [by_row.get(i) for i in rows]
+        if rows and None not in guess:  # perhaps a steady step: follow and draft in one call
+            followed, chains = self.service.follow_and_propose(guess, tokens, lengths, index, budgets,
                                                                min_score=min_score, vocab_size=self._vocab,
                                                                curve=curve)
-            ids = self._settle(index, tokens, lengths, guess, followed)
-            if drafts is not None:
-                return ids, drafts
+            ids = self._settle(rows, tokens, lengths, guess, followed)
+            if chains is not None:
+                return ids, chains
         else:
-            ids = self.step(index, tokens, lengths)
-        return ids, self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score,
-                                         curve=curve)
+            ids = self.step(rows, tokens, lengths)
+        drafts = self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score,
+                                      curve=curve)
+        return ids, drafts.chains()
 
     def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
                 followed: list[bool]) -> list[int]:

@@ -191,7 +191,6 @@ class CrestProposer:
         # a step's allowances where no row is near max_model_len: [rows] int64 of k, one per batch size, read only
         # (the hook runs on caches a forward pass has just flushed, where each numpy operation costs ~10 us)
         self._full: dict[int, np.ndarray] = {}
-        self._all_rows: dict[int, list[int]] = {}  # [0, rows): the index of a step where every row decodes
         self._last_end: float | None = None  # when the previous propose returned ...
         self._last_tokens = 0                # ... how many tokens the engine then verified ...
         self._last_rows = 0                  # ... in how many rows
@@ -216,40 +215,39 @@ class CrestProposer:
         """
         start = time.perf_counter()
         rows = len(sampled_token_ids)
-        if all(sampled_token_ids):  # every row decodes (the steady case)
-            index = self._all_rows.get(rows) or self._all_rows.setdefault(rows, list(range(rows)))
-        else:
+        index: list[int] | None = None  # every row decodes (the steady case)
+        if not all(sampled_token_ids):
             index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
         started, verified = self.rows.started, rows
-        if index:
+        if index is None or index:
             budgets = self._budgets(num_tokens_no_spec, index, rows)
             if self.config.adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
-                budgets = np.zeros(len(index), np.int64)
-            _, drafts = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
+                budgets = np.zeros(len(budgets), np.int64)
+            _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           min_score=self.config.min_score,
                                           curve=self.cost.curve if self.config.adaptive else None)
-            lists = drafts.token_lists()
-            verified += drafts.nodes
-            if len(index) == rows:
-                out = lists
+            verified += chains.nodes
+            if index is None:
+                out = chains.token_ids
             else:
                 out = [[] for _ in sampled_token_ids]
-                for i, tokens in zip(index, lists):
+                for i, tokens in zip(index, chains.token_ids):
                     out[i] = tokens
         else:
             self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
             out = [[] for _ in sampled_token_ids]
-        if self._last_end is not None and self.rows.started == started and len(index) == rows:
+        if self._last_end is not None and self.rows.started == started and index is None:
             # a decode-only step (no prefill in it)
             self.cost.observe(self._last_tokens, start - self._last_end, drafted=self._last_tokens > self._last_rows)
         self._last_tokens, self._last_rows = verified, rows
         self._last_end = time.perf_counter()
         return out
 
-    def _budgets(self, num_tokens_no_spec: np.ndarray, index: list[int], rows: int) -> np.ndarray:
-        """``[len(index)]`` int64: each row's most draft tokens, ``k``, fewer for a row within ``k`` of
-        ``max_model_len`` (none past it). Read only: a shared array when no row is near the end."""
-        counts = (num_tokens_no_spec[:rows] if len(index) == rows else num_tokens_no_spec[index]).tolist()
+    def _budgets(self, num_tokens_no_spec: np.ndarray, index: list[int] | None, rows: int) -> np.ndarray:
+        """``[rows drafted]`` int64: each row's most draft tokens (``index``'s rows; ``None``: every row), ``k``, fewer
+        for a row within ``k`` of ``max_model_len`` (none past it). Read only: a shared array when no row is near the
+        end."""
+        counts = (num_tokens_no_spec[:rows] if index is None else num_tokens_no_spec[index]).tolist()
         if max(counts) < self.max_model_len - 1 - self.k:
             full = self._full.get(len(counts))
             if full is None:

@@ -190,12 +190,56 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
             steady += 1
         else:  # a fixed number of calls, and one per request started or stopped
             assert sum(counting.calls.values()) - counting.calls["start"] - counting.calls["stop"] <= 4, counting.calls
-        for a, b in zip(got, want):
-            assert _same(a, b)
-            compared += 1
+        assert got.token_ids == want.chains().token_ids
+        assert got.scores.tobytes() == want.scores.tobytes() and not got.scores.flags.writeable
+        compared += len(got.token_ids)
         for i in rows:
             seqs[i] += lives[i][1][step]
     assert steady > 10 and compared > 50 and cut > 5
+
+
+STEADY_BAD: list[tuple[Any, type[BaseException], str]] = [  # (the step's arguments spoilt, error, what it names)
+    (lambda t, n, b: (t.astype(np.float32), n, None, b), InvalidContext, "float32"),
+    (lambda t, n, b: (t, n.astype(np.int64), None, b), InvalidContext, "lengths is a 1-D numpy array of int64"),
+    (lambda t, n, b: (t, n, [1], b), InvalidContext, "outside the 1 given"),
+    (lambda t, n, b: (t, n + t.shape[1], None, b), InvalidContext, "of the rows in index are outside"),
+    (lambda t, n, b: (t, np.zeros(0, np.int32), None, b), InvalidContext, "names rows outside the 0 given"),
+    (lambda t, n, b: (t, n, None, b + MAX_BUDGET), ValueError,
+     f"budgets[0] {MAX_BUDGET + 8} is outside 0..{MAX_BUDGET}"),
+    (lambda t, n, b: (t, n, None, b - 9), ValueError, "budgets[0] -1 is outside"),
+    (lambda t, n, b: (t, n, None, np.zeros(2, np.int64)), ValueError, "2 budgets for 1 rows"),
+    (lambda t, n, b: (np.where(np.arange(t.shape[1]) == n[0] - 1, VOCAB, t).astype(np.int32), n, None, b),
+     InvalidContext, f"holds token id {VOCAB} (outside 0..{VOCAB - 1})"),
+]
+
+
+@pytest.mark.parametrize("spoil,error,named", STEADY_BAD, ids=[n for *_, n in STEADY_BAD])
+def test_the_one_call_refuses_bad_rows_as_the_door_does_and_changes_nothing(replica_source, eval_prompts, spoil,
+                                                                              error, named):
+    """A steady step's rows go to the one native call unchecked by Python; what it refuses is named as the door names
+    it, before any row follows; then the same request drafts on as before. An engine's other layouts (a column slice,
+    budgets as a list) are taken, not refused."""
+    service, _ = merged(replica_source, min_score=0.1)
+    prompt, chunks = _steps(eval_prompts[0].token_ids)
+    service.start_request("a", prompt)
+    seq = list(prompt) + chunks[0]
+    tokens, lengths = np.array([seq + [0] * 8], np.int32), np.array([len(seq)], np.int32)
+    budgets = np.full(1, 8, np.int64)
+    followed, chains = service.follow_and_propose(["a"], tokens, lengths, None, budgets, vocab_size=VOCAB)
+    assert followed == [True] and chains is not None  # the request's handles are kept: the next step is steady
+    seq += chunks[1]
+    tokens[0, :len(seq)], lengths[0] = seq, len(seq)
+    with pytest.raises(error, match=re.escape(named)):
+        service.follow_and_propose(["a"], *spoil(tokens, lengths, budgets), vocab_size=VOCAB)
+    assert service.read_request("a", lambda core, h: core.count(h)) == len(seq) - len(chunks[1])  # nothing followed
+    wide = np.zeros((1, 2 * tokens.shape[1]), np.int32)
+    wide[0, :tokens.shape[1]] = tokens[0]
+    followed, chains = service.follow_and_propose(["a"], wide[:, :tokens.shape[1]], lengths, None, [8],
+                                                  vocab_size=VOCAB)
+    alone, _ = merged(replica_source, min_score=0.1)
+    alone.start_request("b", seq)
+    want = alone.propose([("b", 8)], chain=True)
+    assert followed == [True] and chains is not None and chains.token_ids == want.chains().token_ids
 
 
 def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):

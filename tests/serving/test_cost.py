@@ -242,3 +242,20 @@ def test_group_medians_are_numpys_medians():
         starts = np.r_[0, np.cumsum(sizes)[:-1]]
         got = _group_medians(np.concatenate(groups), starts, sizes)
         assert np.array_equal(got, [np.median(g) for g in groups])
+
+
+def test_fits_thin_out_as_the_window_fills_and_still_follow_the_engine():
+    """A fit is the hook's slowest step: one in as many new steps as half the steps held (at least refit_every), so
+    at most one in window // 2 once the window is full; a change in the engine's cost is in the curve within a
+    window."""
+    model = StepCostModel(window=512, min_steps=16, refit_every=16)
+    fits, last = [], None
+    for step in range(3000):
+        slope = 0.002 if step < 1500 else 0.004  # the engine slows down half-way
+        model.observe(1 + step % 9, 0.02 + slope * (1 + step % 9), drafted=True)
+        if model.curve is not last:
+            fits.append(step)
+            last = model.curve
+    gaps = np.diff(fits)
+    assert len(fits) <= 9 + 3000 // 256 and gaps[-3:].tolist() == [256] * 3 and gaps.min() >= 16
+    assert last is not None and _at(last, 9) == pytest.approx(0.02 + 0.004 * 9, rel=0.01)
