@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import os
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -240,6 +242,54 @@ def test_the_one_call_refuses_bad_rows_as_the_door_does_and_changes_nothing(repl
     alone.start_request("b", seq)
     want = alone.propose([("b", 8)], chain=True)
     assert followed == [True] and chains is not None and chains.token_ids == want.chains().token_ids
+
+
+@pytest.mark.parametrize("fault", ["truncated", "bit-flipped", "deleted"])
+def test_a_replica_fault_mid_run_never_changes_an_engine_steps_chains(fault, shared_source, chat_datastore,
+                                                                       database_url, tokenizer, eval_prompts,
+                                                                       tmp_path):
+    """An engine's steady steps (one native call each) while the replica file is cut short, bit-flipped or deleted:
+    every step's chains stay what the round trip drafts, bit for bit (a damaged replica sends the step to the round
+    trip), and the process lives on."""
+    source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
+                                                          database_url=database_url, replicas=tmp_path / "replicas"))
+    client = cast(SharedDatastore, source.client)
+    assert client.replicas is not None and client.replicas.wait_ready(60)
+    stores = client.stores()
+    assert stores is not None
+    path = Path(stores.datastore.path)
+    local, method = merged(source)
+    trip, _ = merged(shared_source)
+    seqs = [list(map(int, p.token_ids)) for p in eval_prompts if len(p.token_ids) > 60][:6]
+    tokens, lengths = np.zeros((len(seqs), 64), np.int32), np.zeros(len(seqs), np.int32)
+    ids = list(range(len(seqs)))
+    for i, seq in enumerate(seqs):
+        local.start_request(i, seq[:12])
+        trip.start_request(i, seq[:12])
+    budgets = np.full(len(seqs), 8, np.int64)
+    for pos in range(12, 60):
+        if pos == 30:
+            if fault == "truncated":
+                os.truncate(path, path.stat().st_size // 2)
+            elif fault == "deleted":
+                path.unlink()
+            else:
+                with open(path, "r+b") as f:
+                    for at in range(path.stat().st_size // 3, path.stat().st_size, 4096):  # a page of records each
+                        f.seek(at)
+                        byte = f.read(1)
+                        f.seek(at)
+                        f.write(bytes([byte[0] ^ 0x20]))
+        for i, seq in enumerate(seqs):
+            tokens[i, :pos], lengths[i] = seq[:pos], pos
+            if pos > 12:
+                trip.add_tokens(i, seq[pos - 1:pos])
+        followed, got = local.follow_and_propose(ids, tokens, lengths, None, budgets, vocab_size=VOCAB)
+        want = trip.propose([(i, 8) for i in ids], chain=True).chains()
+        assert followed == [True] * len(seqs) and got is not None, pos
+        assert got.token_ids == want.token_ids and got.scores.tobytes() == want.scores.tobytes(), (fault, pos)
+    assert method.stats.damaged <= (0 if fault == "deleted" else 1) and method.stats.replica_steps >= 18
+    source.close()
 
 
 def test_chains_are_the_merged_trees_best_paths(shared_source, eval_prompts):
