@@ -233,6 +233,7 @@ class DraftingService:
         curve = door.curve(curve, True)
         if type(budgets) is not np.ndarray or budgets.dtype != np.int64:
             budgets = door.budgets(budgets, len(req_ids))
+        pairs = range(len(req_ids)) if index is None else index  # each pair's row
         with self._lock:
             self._check_open()
             handles = self._steady_handles(req_ids)
@@ -241,16 +242,15 @@ class DraftingService:
             try:
                 made = self._draft_following(handles, Follow(tokens, at, lengths, limit), budgets, cut, curve, start)
             except (TypeError, ValueError):  # refused by the native call: name the fault as the door does, or retry
-                rows, counts, at = door.engine_rows(tokens, lengths, range(len(req_ids)) if index is None else index)
+                rows, counts, at = door.engine_rows(tokens, lengths, pairs)
                 door.budgets(budgets, len(at))
                 made = self._draft_following(handles, Follow(rows, at, counts, limit), budgets, cut, curve, start)
             if made is not None:
                 followed, bad, bad_id, chains = made
                 if followed is None:
-                    at = np.arange(len(req_ids)) if index is None else np.asarray(index)
-                    raise _bad_new_id(req_ids, at, limit, bad, bad_id)
+                    raise _bad_new_id(req_ids, np.asarray(pairs), limit, bad, bad_id)
                 return followed, chains
-        rows, counts, at = door.engine_rows(tokens, lengths, range(len(req_ids)) if index is None else index)
+        rows, counts, at = door.engine_rows(tokens, lengths, pairs)
         req_ids = door.engine_request_ids(req_ids, len(at))
         door.budgets(budgets, len(at))
         followed = self._follow(req_ids, rows, at, counts, limit)
