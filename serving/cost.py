@@ -207,7 +207,8 @@ class StepCostModel:
         once ``min_plain`` steps without drafts were timed), or ``None`` before ``min_steps`` steps with drafts or while
         every one verified the same count."""
         held, jump = len(self._steps), len(self._plain) >= self.min_plain
-        due = self._since_fit >= max(self.refit_every, held // 2) or (jump and not self._jumped)  # or the jump first told
+        # due: enough new steps, or the jump is measured and the last fit had none
+        due = self._since_fit >= max(self.refit_every, held // 2) or (jump and not self._jumped)
         if held >= self.min_steps and (self._curve is None or due):
             self._since_fit = 0
             n, t = np.asarray(self._steps, dtype=np.float64).T
