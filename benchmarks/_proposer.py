@@ -38,7 +38,16 @@ class InstrumentedProposer(CrestProposer):
         self.expected = 0.0  # the calibrated expected accepted tokens of every chain proposed (the sum of its scores)
         self.native: deque = deque(maxlen=STEP_TIMES_KEPT)  # each step's seconds in the native core
         self._drafts: ChainDrafts | None = None
+        # each decode step the step-cost model timed: (rows, tokens verified, seconds, whether it had drafts)
+        self.cost_log: deque = deque(maxlen=STEP_TIMES_KEPT)
         drafting = self.rows.propose
+        observe = self.cost.observe
+
+        def logged(tokens: int, seconds: float, *, rows: int, drafted: bool) -> None:
+            self.cost_log.append((rows, tokens, seconds, drafted))
+            observe(tokens, seconds, rows=rows, drafted=drafted)
+
+        self.cost.observe = logged  # type: ignore[method-assign]
 
         def kept(*args, **kwargs):  # the step's drafts (cut to the engine's step cost), counted after the timed call
             ids, drafts = drafting(*args, **kwargs)
@@ -74,6 +83,7 @@ class InstrumentedProposer(CrestProposer):
         """Forget the timed steps so far (a run's figures then cover that run only)."""
         self.times.clear()
         self.native.clear()
+        self.cost_log.clear()
         self.service.stats.step_times.clear()
 
     def stats(self) -> dict:
@@ -98,16 +108,18 @@ class InstrumentedProposer(CrestProposer):
                 "tokens_proposed": self.tokens_proposed, "expected_accepted": self.expected,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
-                "cost_steps": self.cost.observed, "step_cost": _curve(self.cost.curve),
+                "cost_steps": self.cost.observed, "step_cost": _cost(self.cost.cost),
                 "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
                 "faults": dict(lookups.faults) if lookups is not None else {},
                 "outputs": self.service.outputs_info(),
                 "datastore": client.stats() if isinstance(client, LookupClient) else None}
 
 
-def _curve(curve) -> dict | None:
-    """A step-cost curve as JSON: its points (tokens, ms), tail (ms per token) and a step's jump with drafts (ms)."""
-    if curve is None:
+def _cost(cost) -> dict | None:
+    """A step cost as JSON: its curve's points (tokens, ms), tail (ms per token), a step's jump with drafts (ms) and
+    each row's surcharge (ms)."""
+    if cost is None:
         return None
+    curve = cost.curve
     return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail,
-            "draft_ms": 1e3 * curve.draft_s}
+            "draft_ms": 1e3 * curve.draft_s, "row_ms": 1e3 * cost.row_s}

@@ -13,8 +13,12 @@ accept length (tokens per verification step, bonus included: output tokens / (ou
 draft tokens), prefill token excluded), whether every greedy output equals the no-speculation output of
 the same prompt, each method's own ``propose`` per engine step (p50 and p99, ms: vLLM's ``ngram`` and ``suffix``
 proposers timed as ours is), and for ours the steps drafted from the host's replica and the round trip's share.
-``--temperature T`` samples instead (each request seeded by its position; outputs are then not compared). Ours waits for
-its replica before the timed run (the first engine on a host writes it).
+``--repeats R`` runs every engine R times per concurrency, each round in the reverse order of the one before, and
+prints each method's tok/s over the rounds and its ratios to no speculation and to the best built-in method, each
+taken within its round (a 2-core host's speed drifts by 10-25% between engines minutes apart; a ratio of two engines
+in one round is what can be compared). ``--temperature T`` samples instead (each request seeded by its position;
+outputs are then not compared). Ours waits for its replica before the timed run (the first engine on a host writes
+it).
 
 Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
 run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose
@@ -294,7 +298,9 @@ def child(args) -> None:
                                - ds0.get("round_trips", 0), "query_s": ds.get("query_s", 0) - ds0.get("query_s", 0),
                                "lookup_s": ps["lookup_s"] - pstats0["lookup_s"], "faults": ps["faults"],
                                "tokens_proposed": ps["tokens_proposed"] - pstats0["tokens_proposed"],
-                               "expected_accepted": ps["expected_accepted"] - pstats0["expected_accepted"]}
+                               "expected_accepted": ps["expected_accepted"] - pstats0["expected_accepted"],
+                               # each timed decode step: [rows, tokens verified, seconds, had drafts]
+                               "cost_log": [list(step) for step in proposer.cost_log]}
         if proposer:
             run["propose"] = _percentiles(list(proposer.times))
         elif own_times is not None:
@@ -323,15 +329,17 @@ def child(args) -> None:
 
 def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[dict]:
     rows = []
-    base = {(r["concurrency"], s): r["sets"][s] for r in results if r["method"] == "none" for s in sets}
+    base = {(r["concurrency"], r.get("round", 0), s): r["sets"][s] for r in results if r["method"] == "none"
+            for s in sets}
     for s in sets:
         for r in results:
             run = r["sets"][s]
-            ref = base.get((r["concurrency"], s))
+            ref = base.get((r["concurrency"], r.get("round", 0), s))  # no speculation in the same round
             c = run["counters"]
             decode = run["tokens"] - len(run["prompts"])
             acc = c.get("spec_decode_num_accepted_tokens", 0)
             row = {"set": s, "method": r["method"], "k": r["k"], "concurrency": r["concurrency"],
+                   "round": r.get("round", 0),
                    "prompts": len(run["prompts"]), "tokens_per_s": run["tokens"] / run["wall_s"],
                    "tpot_ms": 1e3 * run["tpot_s"], "accept_length": decode / max(decode - acc, 1),
                    "identical": None if ref is None or not greedy
@@ -346,6 +354,42 @@ def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[di
                 row |= {"propose_p50_ms": run["propose"]["p50_ms"], "propose_p99_ms": run["propose"]["p99_ms"]}
             rows.append(row)
     return rows
+
+
+BUILT_IN = ("ngram", "suffix")
+"""The engine's own speculative methods: ours is compared with the best of them."""
+
+
+def over_rounds(rows: list[dict]) -> list[dict]:
+    """Per set, concurrency and method, over the rounds of a ``--repeats`` run: tok/s (each round's, and their median)
+    and, each taken within its round, the ratio to no speculation and to the best built-in method (:data:`BUILT_IN`,
+    those run); ``None`` where the round has no such run."""
+    out: dict[tuple, dict] = {}
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["method"] in BUILT_IN:
+            key = (r["set"], r["concurrency"], r["round"])
+            best[key] = max(best.get(key, 0.0), r["tokens_per_s"])
+    for r in rows:
+        entry = out.setdefault((r["set"], r["concurrency"], r["method"]), {
+            "set": r["set"], "concurrency": r["concurrency"], "method": r["method"], "tokens_per_s": [],
+            "x_none": [], "x_best_built_in": []})
+        entry["tokens_per_s"].append(r["tokens_per_s"])
+        entry["x_none"].append(r["speedup_vs_none"])
+        top = best.get((r["set"], r["concurrency"], r["round"]))
+        entry["x_best_built_in"].append(None if top is None or r["method"] in BUILT_IN else r["tokens_per_s"] / top)
+    for entry in out.values():
+        entry["tokens_per_s_median"] = float(np.median(entry["tokens_per_s"]))
+        for ratio in ("x_none", "x_best_built_in"):
+            known = [v for v in entry[ratio] if v is not None]
+            entry[f"{ratio}_median"] = float(np.median(known)) if known else None
+    return list(out.values())
+
+
+def _spread(values: list[float | None], median: float | None) -> str:
+    """``median [min-max]``, or ``-``."""
+    known = [v for v in values if v is not None]
+    return "-" if median is None else f"{median:.2f} [{min(known):.2f}-{max(known):.2f}]"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -372,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="num_speculative_tokens for every speculating method (default: per method).")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json",
                     help="the results' JSON file (default: results/vllm_serving.json).")
+    ap.add_argument("--repeats", type=int_in(1), default=1,
+                    help="rounds of every run per concurrency, each round in the reverse order of the one before "
+                         "(default: 1); with more than one, each method's tok/s over the rounds and its ratios to no "
+                         "speculation and to the best built-in method, each taken within a round, are also printed.")
     ap.add_argument("--resume", action="store_true", help="reuse the per-run files an interrupted run left.")
     ap.add_argument("--accounting", action="store_true",
                     help="split each engine step into its phases and the threads' CPU time (see the docstring).")
@@ -485,6 +533,16 @@ def _screen_live(name: str, mark: int, result: dict) -> int:
         raise SystemExit(f"error: {exc}") from None
 
 
+def schedule(runs: list[tuple[str, dict[str, str]]], concurrencies: list[int],
+             repeats: int) -> list[tuple[int, int, tuple[str, dict[str, str]]]]:
+    """The engines in the order they run: ``(concurrency, round, run)``. Per concurrency, ``repeats`` rounds of every
+    run, each round in the reverse order of the one before (ABBA): a host whose speed drifts during the benchmark
+    (2-core cloud machines do, by 10-25% between engines minutes apart) then slows every method alike, and a ratio is
+    taken within a round."""
+    return [(c, r, run) for c in concurrencies for r in range(repeats)
+            for run in (runs if r % 2 == 0 else runs[::-1])]
+
+
 def main() -> None:
     args = build_parser().parse_args()
     if args.child:
@@ -501,28 +559,31 @@ def main() -> None:
             require_clean_datastore(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for c in args.concurrency:
-        for m, variant in runs:
-            label = m + variant_label(variant)
-            out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_')}_c{c}.json")
-            if args.resume and out.exists():
-                results.append(json.loads(out.read_text()))
-                continue
-            env = cpu_env(in_process=True) | shared | variant
-            mark = _fresh_live(name, keep=args.keep_live) if m == "crest" else None
-            t = time.perf_counter()
-            proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{label} at concurrency {c} failed")
-            result = json.loads(out.read_text()) | {"method": label}
-            if mark is not None:
-                result["live_held_before"] = _screen_live(name, mark, result)
-            out.write_text(json.dumps(result))
-            results.append(result)
-            print(f"  {label:>6} c={c:<3} done in {time.perf_counter() - t:.0f} s", flush=True)
+    for c, rnd, (m, variant) in schedule(runs, args.concurrency, args.repeats):
+        label = m + variant_label(variant)
+        suffix = f"_r{rnd}" if args.repeats > 1 else ""
+        out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_')}_c{c}{suffix}.json")
+        if args.resume and out.exists():
+            results.append(json.loads(out.read_text()))
+            continue
+        env = cpu_env(in_process=True) | shared | variant
+        mark = _fresh_live(name, keep=args.keep_live) if m == "crest" else None
+        t = time.perf_counter()
+        proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"{label} at concurrency {c} failed")
+        result = json.loads(out.read_text()) | {"method": label, "round": rnd}
+        if mark is not None:
+            result["live_held_before"] = _screen_live(name, mark, result)
+        out.write_text(json.dumps(result))
+        results.append(result)
+        at = f" round {rnd + 1}/{args.repeats}" if args.repeats > 1 else ""
+        print(f"  {label:>6} c={c:<3}{at} done in {time.perf_counter() - t:.0f} s", flush=True)
     rows = _table(results, args.sets, greedy=args.temperature == 0)
-    args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature}, indent=1))
+    summary = {"over_rounds": over_rounds(rows)} if args.repeats > 1 else {}
+    args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature, **summary},
+                                   indent=1))
     print(f"temperature {args.temperature}")
     print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
           f"{'x none':>6} {'identical':>9} {'propose p50/p99 ms':>19}  ours: replica steps / lookup share; the hook's "
@@ -537,6 +598,14 @@ def main() -> None:
         own = "-" if r.get("propose_p50_ms") is None else f"{r['propose_p50_ms']:.3f}/{r['propose_p99_ms']:.3f}"
         print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
               f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9} {own:>19}{extra}")
+    if args.repeats > 1:
+        print(f"\nover {args.repeats} rounds (each ratio within its round): median [min-max]")
+        print(f"{'set':<11} {'method':<7} {'conc':>4} {'tok/s':>22} {'x none':>18} {'x best built-in':>18}")
+        for e in over_rounds(rows):
+            print(f"{e['set']:<11} {e['method']:<7} {e['concurrency']:>4} "
+                  f"{_spread(e['tokens_per_s'], e['tokens_per_s_median']):>22} "
+                  f"{_spread(e['x_none'], e['x_none_median']):>18} "
+                  f"{_spread(e['x_best_built_in'], e['x_best_built_in_median']):>18}")
     if args.accounting:
         print_accounting(results, args.sets)
     print(f"wrote {args.out}")
