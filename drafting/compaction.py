@@ -294,6 +294,12 @@ class LiveCompactor:
         with self._lock:
             return {kind: lane.child.pid for kind, lane in self._lanes.items() if lane.child is not None}
 
+    def in_flight_since(self) -> dict[str, float]:
+        """The start (``time.time()``, seconds) of each compaction in flight from this process, by kind (``"delta"``,
+        ``"fold"``): a compaction that never ends under a full engine is in no :attr:`runs`."""
+        with self._lock:
+            return {kind: lane.started for kind, lane in self._lanes.items() if lane.child is not None}
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop checking; the compactions in flight are terminated (the previous builds keep serving)."""
         self._closing.set()

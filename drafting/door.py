@@ -125,8 +125,8 @@ def curve(value: object, chained: bool) -> CostCurve | None:
     if value is None:
         return None
     if not isinstance(value, CostCurve):
-        raise TypeError(f"curve={_describe(value)}: pass a drafting.draft.CostCurve "
-                        "(serving.cost.StepCostModel.curve_for) or None")
+        raise TypeError(f"curve={_describe(value)}: pass a drafting.draft.CostCurve (serving.cost.StepCostModel.curve) "
+                        "or None")
     if not chained:
         raise ValueError("a step-cost curve cuts chains: pass chain=True (or curve=None)")
     return value

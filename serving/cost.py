@@ -11,17 +11,10 @@ because a monotone table of the medians made flat stretches wherever noise (or a
 below its neighbours', and priced every token along one at nothing; a GPU's tile steps are priced at their average
 slope.
 
-**A row costs more than a draft token.** A step's rows each carry work a draft token does not (the row's sampling,
-its metadata, its KV cache's block table), so ``T`` depends on the rows ``B`` as well as on ``N``: a plane fitted to
-vLLM-CPU's steps at 8 and 32 streams (2-core EPYC) put a row at 2.6-4.8 ms and a draft token at 2.2-3.4 ms. One
-curve in ``N`` over steps of every batch size prices a draft token at their blend: too dear where the batch is full,
-and it overprices the steps of a draining batch (1-4 rows at 32 streams took 0.62-0.71 of what it predicted). So the
-model is ``T(B, N) = h(N) + r * B``, ``h`` the convex curve and ``r >= 0`` each row's surcharge (:func:`fit_curve`);
-a step of ``B`` rows is cut on ``h + r * B`` (:meth:`StepCostModel.curve_for`). Each step predicted from the steps
-before it, the mean ``|log(measured / predicted)|`` went from 0.195 / 0.155 / 0.210 to 0.157 / 0.157 / 0.191 in three
-runs at 32 streams, and from 0.126 / 0.129 / 0.128 to 0.123 / 0.131 / 0.128 at 8 (``docs/serving.md``, 2026-11-29).
-With one batch size (one stream) ``r`` cannot be told from the curve's intercept: it is 0, and the curve is the one
-fitted on the tokens alone.
+One curve in ``N`` serves every batch size. A row's own surcharge, ``T(B, N) = h(N) + r * B``, was tried: it predicted
+vLLM-CPU's steps better at 32 streams (mean ``|log(measured / predicted)|`` 0.155-0.191 against 0.155-0.210) and no
+better at 8, and in ABBA rounds at 8 streams its cut drafted what this one does (its ``r`` fitted to 0 by each run's
+end) without a measured gain in tokens/s, so it was taken out (``docs/serving.md``, 2026-11-29).
 
 A draft token whose chain score is ``p`` (its path probability: the chance every token up to it is accepted) adds
 ``p`` expected tokens. With ``B`` rows, keeping the ``n`` best-scored draft tokens of the batch emits
@@ -50,45 +43,22 @@ one in ``probe_every // 16``; then one in ``probe_every``), so the jump stays me
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
 
 import numpy as np
 
 from drafting.draft import CostCurve
 
-__all__ = ["StepCost", "StepCostModel", "convex_fit", "fit_curve", "with_draft_cost"]
+__all__ = ["StepCostModel", "convex_fit", "fit_curve", "with_draft_cost"]
 
 BINS = 64
 """Most points of a fitted curve: steps are pooled into this many groups of nearby token counts."""
 
 
-class StepCost(NamedTuple):
-    """An engine's step cost ``T(B, N) = curve(N) + row_s * B``: seconds for a step of ``B`` rows verifying ``N``
-    tokens (:func:`fit_curve`).
-
-    Attributes:
-        curve: ``h``, without the rows' surcharge (its ``draft_s``: the jump of a step with drafts,
-            :func:`with_draft_cost`). row_s: seconds each row adds beyond its token's price on ``h`` (>= 0).
-    """
-
-    curve: CostCurve
-    row_s: float = 0.0
-
-    def for_rows(self, rows: int) -> CostCurve:
-        """The curve a step of ``rows`` rows is cut on: ``h`` raised by ``row_s * rows`` (``h`` itself when
-        ``row_s`` is 0)."""
-        if self.row_s == 0.0:
-            return self.curve
-        c = self.curve
-        return CostCurve(c.tokens, c.seconds + self.row_s * rows, c.tail, c.draft_s)
-
-
-def fit_curve(tokens: np.ndarray, seconds: np.ndarray, rows: np.ndarray | None = None) -> StepCost | None:
-    """The step cost of steps ``(tokens[i], seconds[i])`` of ``rows[i]`` rows: the median seconds of each group of
-    steps of nearby token counts (at most :data:`BINS` groups, so one slow step moves nothing) and one batch size, then
-    the convex non-decreasing piecewise-linear ``h`` and the rows' surcharge closest to those medians (weighted by
-    their steps; :func:`convex_fit`), ``h``'s tail the slope of its last segment; ``None`` when every step verified the
-    same count (the slope cannot be told).
+def fit_curve(tokens: np.ndarray, seconds: np.ndarray) -> CostCurve | None:
+    """The step-cost curve of steps ``(tokens[i], seconds[i])``: the median seconds of each group of nearby token
+    counts (at most :data:`BINS` groups, so one slow step moves nothing), then the convex non-decreasing
+    piecewise-linear curve closest to those medians (weighted by their steps; :func:`convex_fit`), its tail the slope
+    of its last segment; ``None`` when every step verified the same count (the slope cannot be told).
 
     Convex: a roofline, flat while the weights stream and then steeper, never cheaper per token at a larger batch.
     Any noise that makes a group's median fall below its neighbours' does not become a flat stretch there (a monotone
@@ -96,17 +66,15 @@ def fit_curve(tokens: np.ndarray, seconds: np.ndarray, rows: np.ndarray | None =
     tokens the engine paid 2 ms each for).
 
     Args:
-        tokens: ``[steps]`` token counts (> 0). seconds: ``[steps]`` step seconds (> 0). rows: ``[steps]`` rows of
-            each step (``None``, or one batch size: no surcharge is fitted, ``row_s`` 0).
+        tokens: ``[steps]`` token counts (> 0). seconds: ``[steps]`` step seconds (> 0).
 
     Raises:
-        ValueError: when ``tokens``, ``seconds`` and ``rows`` differ in length.
+        ValueError: when ``tokens`` and ``seconds`` differ in length.
     """
-    if len(tokens) != len(seconds) or (rows is not None and len(rows) != len(tokens)):
-        raise ValueError(f"tokens ({len(tokens)}), seconds ({len(seconds)}) and rows "
-                         f"({'-' if rows is None else len(rows)}) must hold one entry per step")
-    n, t = np.asarray(tokens, np.float64), np.asarray(seconds, np.float64)
-    b = np.zeros_like(n) if rows is None else np.asarray(rows, np.float64)
+    if len(tokens) != len(seconds):
+        raise ValueError(f"tokens ({len(tokens)}) and seconds ({len(seconds)}) must hold one entry per step")
+    order = np.argsort(tokens, kind="stable")
+    n, t = np.asarray(tokens, np.float64)[order], np.asarray(seconds, np.float64)[order]
     distinct = np.unique(n)
     if len(distinct) < 2:
         return None
@@ -115,14 +83,12 @@ def fit_curve(tokens: np.ndarray, seconds: np.ndarray, rows: np.ndarray | None =
     else:  # equal-count groups over the steps, each distinct count in one group
         edges = np.unique(np.quantile(n, np.linspace(0, 1, BINS + 1)[1:-1], method="higher"))
         groups = np.searchsorted(edges, n, side="right")
-    by_n, by_t = np.lexsort((n, b, groups)), np.lexsort((t, b, groups))  # same groups, sorted within by n, by t
-    g, r = groups[by_n], b[by_n]
-    starts = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (r[1:] != r[:-1])])
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
     sizes = np.diff(np.r_[starts, len(n)])
-    x = _group_medians(n[by_n], starts, sizes)
-    y = _group_medians(t[by_t], starts, sizes)
-    knots, values, tail, row_s = convex_fit(x, y, sizes.astype(np.float64), None if rows is None else r[starts])
-    return StepCost(CostCurve(knots, values, tail), row_s)
+    x = _group_medians(n, starts, sizes)  # n is sorted, so within each group too
+    y = _group_medians(t[np.lexsort((t, groups))], starts, sizes)  # seconds sorted within each group
+    knots, values, tail = convex_fit(x, y, sizes.astype(np.float64))
+    return CostCurve(knots, values, tail)
 
 
 def _group_medians(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -132,74 +98,63 @@ def _group_medians(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) ->
     return 0.5 * (values[starts + (sizes - 1) // 2] + values[starts + sizes // 2])
 
 
-def convex_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray,
-               rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """The convex non-decreasing piecewise-linear ``h`` and the surcharge ``r`` minimising
-    ``sum(w * (y - h(x) - r * rows)**2)``, ``h``'s knots at the distinct points of ``x``:
-    ``h(x) = a + sum_j c_j * max(0, x - x_j)`` with ``a, c_j, r >= 0`` (each ``c_j`` the slope's rise at ``x_j``), by
-    non-negative least squares (:func:`scipy.optimize.nnls`).
+def convex_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The convex non-decreasing piecewise-linear ``f`` minimising ``sum(w * (y - f(x))**2)``, its knots at points of
+    ``x``: ``f(x) = a + sum_j c_j * max(0, x - x_j)`` with ``a, c_j >= 0`` (each ``c_j`` the slope's rise at ``x_j``),
+    by non-negative least squares (:func:`scipy.optimize.nnls`).
 
     Args:
-        x: ``[m]`` float64, at least two distinct values. y: ``[m]`` float64. w: ``[m]`` float64 weights, > 0.
-        rows: ``[m]`` float64, each point's rows, or ``None`` (no surcharge; nor where every point has the same rows,
-            which the intercept holds).
+        x: ``[m]`` float64, increasing, ``m >= 2``. y: ``[m]`` float64. w: ``[m]`` float64 weights, > 0.
 
     Returns:
-        ``(knots, values, tail, r)``: ``h`` at its first point, at each point where its slope rises and at its last
-        point (float64, increasing knots; interpolated between, as :class:`drafting.draft.CostCurve` is read), its slope
-        past the last point, and ``r`` (0.0 without rows).
+        ``(knots, values, tail)``: ``f`` at its first point, at each point where its slope rises and at its last point
+        (float64, increasing knots; interpolated between, as :class:`drafting.draft.CostCurve` is read), and its slope
+        past the last point.
     """
     from scipy.optimize import nnls
 
-    points = np.unique(x)  # sorted
-    hinges = np.maximum(x[:, None] - points[None, :-1], 0.0)  # [m, k - 1]: column j is max(0, x - points_j)
-    extra = [rows] if rows is not None and float(np.ptp(rows)) > 0 else []
-    surcharge = bool(extra)
-    basis = np.column_stack([np.ones_like(x), hinges, *extra])
+    hinges = np.maximum(x[:, None] - x[None, :-1], 0.0)  # [m, m - 1]: column j is max(0, x - x_j)
+    basis = np.column_stack([np.ones_like(x), hinges])
     root = np.sqrt(w)
     scale = max(float(np.abs(y).max()), 1e-300)  # seconds are small: solve in units of the largest
     c, _ = nnls(basis * root[:, None], y * root / scale)
     c *= scale
-    rises = c[1:len(points)]
-    values = c[0] + np.maximum(points[:, None] - points[None, :-1], 0.0) @ rises
-    keep = np.r_[True, rises[1:] > 0, True]  # the first point, each point where the slope rises, the last
-    return points[keep], values[keep], float(rises.sum()), float(c[-1]) if surcharge else 0.0
+    fitted = basis @ c
+    keep = np.r_[True, c[2:] > 0, True]  # the first point, each point where the slope rises, the last
+    return x[keep], fitted[keep], float(c[1:].sum())
 
 
-def with_draft_cost(cost: StepCost, tokens: np.ndarray, seconds: np.ndarray) -> StepCost:
-    """``cost``, fitted on steps with drafts, split into a step without drafts and the jump a step with drafts pays
-    once (:attr:`drafting.draft.CostCurve.draft_s`), from steps without drafts ``(tokens[i], seconds[i])`` (each of
-    ``tokens[i]`` rows: one token a row): the median of ``cost(tokens[i], tokens[i]) - seconds[i]``, at least 0 and
-    at most half the curve's first point with the fewest of those rows (a noisy median never makes a step cost
-    nothing). Steps without drafts verify fewer tokens than any with (one a row), so the curve is read below its first
-    point along its first segment's slope (its tail when it has one point): read flat there, the jump would also hold
-    one token's cost, several ms a step on a CPU past its knee.
+def with_draft_cost(curve: CostCurve, tokens: np.ndarray, seconds: np.ndarray) -> CostCurve:
+    """``curve``, fitted on steps with drafts, split into a step without drafts and the jump a step with drafts pays
+    once (:attr:`drafting.draft.CostCurve.draft_s`), from steps without drafts ``(tokens[i], seconds[i])``: the median
+    of ``curve(tokens[i]) - seconds[i]``, at least 0 and at most half the curve's first point (a noisy median never
+    makes a step cost nothing). Steps without drafts verify fewer tokens than any with (one a row), so the curve is
+    read below its first point along its first segment's slope (its tail when it has one point): read flat there, the
+    jump would also hold one token's cost, several ms a step on a CPU past its knee.
 
     Args:
-        cost: from :func:`fit_curve` on steps that verified draft tokens (its curve's ``draft_s`` is ignored).
+        curve: from :func:`fit_curve` on steps that verified draft tokens (its ``draft_s`` is ignored).
         tokens / seconds: ``[steps]`` float64, steps that verified no draft token (at least one).
     """
-    curve = cost.curve
     x, y = curve.tokens, curve.seconds
     first = (y[1] - y[0]) / (x[1] - x[0]) if len(x) > 1 else curve.tail
     predicted = (np.interp(tokens, x, y) + curve.tail * np.maximum(tokens - x[-1], 0)
-                 - first * np.maximum(x[0] - tokens, 0) + cost.row_s * tokens)
-    jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * (y[0] + cost.row_s * float(np.min(tokens)))))
-    return StepCost(CostCurve(curve.tokens, curve.seconds - jump, curve.tail, jump), cost.row_s)
+                 - first * np.maximum(x[0] - tokens, 0))
+    jump = float(np.clip(np.median(predicted - seconds), 0.0, 0.5 * y[0]))
+    return CostCurve(curve.tokens, curve.seconds - jump, curve.tail, jump)
 
 
 class StepCostModel:
-    """The engine's step cost (:class:`StepCost`: a curve in the tokens verified, and each row's surcharge) over its
-    last ``window`` steps with drafts and its last ``window // 8`` steps without (their difference is the curve's
-    ``draft_s``: :func:`with_draft_cost`); a step of ``B`` rows is cut on :meth:`curve_for` ``(B)``. Refitted once as
-    many new steps were timed as half the steps held, and at least ``refit_every``: so fits thin out geometrically
-    while the window fills, then come once in ``window // 2`` steps. A fit is a few dozen vector operations, about
-    0.3 ms and 0.9 ms on caches a forward pass has just flushed (2-core EPYC): taken once in 32 steps, it was the
-    hook's slowest 3% of steps, its p99.
+    """The engine's step-cost curve (:class:`drafting.draft.CostCurve`) over its last ``window`` steps with drafts and
+    its last ``window // 8`` steps without (their difference is the curve's ``draft_s``: :func:`with_draft_cost`),
+    refitted once as many new steps were timed as half the steps held, and at least ``refit_every``: so fits thin out
+    geometrically while the window fills, then come once in ``window // 2`` steps. A fit is a few dozen vector
+    operations, about 0.3 ms and 0.9 ms on caches a forward pass has just flushed (2-core EPYC): taken once in 32
+    steps, it was the hook's slowest 3% of steps, its p99.
 
     Args:
         window: steps with drafts kept (>= 8).
-        min_steps: steps with drafts needed before :attr:`cost` answers (>= 2).
+        min_steps: steps with drafts needed before :attr:`curve` answers (>= 2).
         refit_every: the fewest new steps between two fits (>= 1).
         min_plain: steps without drafts needed before the curve has a ``draft_s`` (>= 1; before: 0).
         probe_every: steps between two steps without drafts that :meth:`probe` asks for (>= 16).
@@ -216,10 +171,9 @@ class StepCostModel:
                              f">= 1, min_plain={min_plain} >= 1 and probe_every={probe_every} >= 16")
         self.min_steps, self.refit_every = min_steps, refit_every
         self.min_plain, self.probe_every = min_plain, probe_every
-        self._steps: deque[tuple[int, int, float]] = deque(maxlen=window)  # (rows, tokens, seconds)
-        self._plain: deque[tuple[int, float]] = deque(maxlen=max(window // 8, min_plain))  # (tokens, seconds)
-        self._cost: StepCost | None = None
-        self._for_rows: dict[int, CostCurve] = {}  # the fit's curve by batch size, made once per fit
+        self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._plain: deque[tuple[int, float]] = deque(maxlen=max(window // 8, min_plain))
+        self._curve: CostCurve | None = None
         self._since_fit = 0
         self._jumped = False  # whether the last fit had its jump (min_plain steps without drafts)
         self._since_plain = 0  # steps since the last step without drafts, timed or asked for
@@ -229,12 +183,12 @@ class StepCostModel:
         """Steps held, with drafts and without."""
         return len(self._steps) + len(self._plain)
 
-    def observe(self, tokens: int, seconds: float, *, rows: int, drafted: bool) -> None:
-        """Record one engine step of ``rows`` rows that verified ``tokens`` tokens in ``seconds``, ``drafted``: whether
-        any of them was a draft token (steps with other than positive figures are ignored)."""
-        if tokens > 0 and seconds > 0 and rows > 0:
+    def observe(self, tokens: int, seconds: float, *, drafted: bool) -> None:
+        """Record one engine step that verified ``tokens`` tokens in ``seconds``, ``drafted``: whether any of them was
+        a draft token (steps with other than positive figures are ignored)."""
+        if tokens > 0 and seconds > 0:
             if drafted:
-                self._steps.append((rows, tokens, seconds))
+                self._steps.append((tokens, seconds))
                 self._since_plain += 1
             else:
                 self._plain.append((tokens, seconds))
@@ -247,37 +201,25 @@ class StepCostModel:
         fewer than ``min_plain`` are held, or ``probe_every`` steps ago after that. A step asked for that the engine's
         step does not let be timed (a prefill in it) is asked for again only after the next gap: never in a burst."""
         gap = self.probe_every if len(self._plain) >= self.min_plain else self.probe_every // 16
-        if self._cost is None or self._since_plain < gap:
+        if self._curve is None or self._since_plain < gap:
             return False
         self._since_plain = 0
         return True
 
-    def curve_for(self, rows: int) -> CostCurve | None:
-        """The curve a step of ``rows`` rows is cut on (:meth:`StepCost.for_rows` of :attr:`cost`), or ``None`` while
-        :attr:`cost` is."""
-        cost = self.cost
-        if cost is None:
-            return None
-        curve = self._for_rows.get(rows)
-        if curve is None:
-            curve = self._for_rows[rows] = cost.for_rows(rows)
-        return curve
-
     @property
-    def cost(self) -> StepCost | None:
-        """The fitted step cost (:func:`fit_curve` over the steps with drafts; with their jump,
-        :func:`with_draft_cost`, once ``min_plain`` steps without drafts were timed), or ``None`` before ``min_steps``
-        steps with drafts or while every one verified the same count."""
+    def curve(self) -> CostCurve | None:
+        """The fitted curve (:func:`fit_curve` over the steps with drafts; with their jump, :func:`with_draft_cost`,
+        once ``min_plain`` steps without drafts were timed), or ``None`` before ``min_steps`` steps with drafts or while
+        every one verified the same count."""
         held, jump = len(self._steps), len(self._plain) >= self.min_plain
         # due: enough new steps, or the jump is measured and the last fit had none
         due = self._since_fit >= max(self.refit_every, held // 2) or (jump and not self._jumped)
-        if held >= self.min_steps and (self._cost is None or due):
+        if held >= self.min_steps and (self._curve is None or due):
             self._since_fit = 0
-            b, n, t = np.asarray(self._steps, dtype=np.float64).T
-            cost = fit_curve(n, t, b)
-            if cost is not None and jump:
+            n, t = np.asarray(self._steps, dtype=np.float64).T
+            curve = fit_curve(n, t)
+            if curve is not None and jump:
                 pn, pt = np.asarray(self._plain, dtype=np.float64).T
-                cost = with_draft_cost(cost, pn, pt)
-            self._cost, self._jumped = cost, jump
-            self._for_rows.clear()
-        return self._cost
+                curve = with_draft_cost(curve, pn, pt)
+            self._curve, self._jumped = curve, jump
+        return self._curve

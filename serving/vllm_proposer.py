@@ -18,8 +18,7 @@ the match in the finished outputs (this process's, learned the moment a request 
 read back from the live layer), and the chain with the largest
 expected accepted length under the calibrated probabilities, cut before the first node scoring below
 ``CREST_MIN_SCORE``; then the batch keeps only its draft tokens that raise its expected tokens per second on this
-engine's measured step cost at the batch's size (:class:`serving.cost.StepCostModel`, a row priced apart from a
-draft token: so a large batch on a CPU drafts only
+engine's measured step-cost curve (:class:`serving.cost.StepCostModel`: so a large batch on a CPU drafts only
 near-certain tokens, and throughput does not fall below no speculation; a step with drafts is priced with the engine's
 fixed work for them, its rejection sampler, timed against an occasional step without drafts). Every datastore fault
 drafts without the datastore, so vLLM's output never changes.
@@ -226,7 +225,7 @@ class CrestProposer:
                 budgets = np.zeros(len(budgets), np.int64)
             _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           min_score=self.config.min_score,
-                                          curve=self.cost.curve_for(len(budgets)) if self.config.adaptive else None)
+                                          curve=self.cost.curve if self.config.adaptive else None)
             verified += chains.nodes
             if index is None:
                 out = chains.token_ids
@@ -239,8 +238,7 @@ class CrestProposer:
             out = [[] for _ in sampled_token_ids]
         if self._last_end is not None and self.rows.started == started and index is None:
             # a decode-only step (no prefill in it)
-            self.cost.observe(self._last_tokens, start - self._last_end, rows=self._last_rows,
-                              drafted=self._last_tokens > self._last_rows)
+            self.cost.observe(self._last_tokens, start - self._last_end, drafted=self._last_tokens > self._last_rows)
         self._last_tokens, self._last_rows = verified, rows
         self._last_end = time.perf_counter()
         return out

@@ -3,9 +3,11 @@ is taken within its round, so a host that slows down between rounds moves no rat
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
-from vllm_serving import _table, build_parser, over_rounds, schedule
+from vllm_serving import _during_compaction, _other_cpu, _process_cpu, _table, build_parser, over_rounds, schedule
 
 
 def test_each_round_runs_in_the_reverse_order_of_the_one_before():
@@ -50,3 +52,33 @@ def test_every_ratio_is_taken_within_its_round():
     # ratios against the faster round's peers would read 44 / 1.6 / 40 = 0.69 in round 1: not what is reported
     alone = over_rounds(_table([_run("crest", 0, 44.0, out)], ["spec_bench"]))
     assert alone[0]["x_none"] == [None] and alone[0]["x_best_built_in_median"] is None
+
+
+def test_a_compaction_still_in_flight_counts_its_forwards():
+    """Forwards ``(end, seconds, tokens)``: one inside a finished compaction, two after a compaction that never
+    finished started (a starved one: in no finished run), one before both, and a prefill (past ``decode_tokens``)
+    inside the finished one, which counts nowhere."""
+    forwards = [(10.0, 0.10, 8), (20.5, 0.20, 16), (20.6, 5.0, 400), (31.0, 0.30, 8), (32.0, 0.40, 8)]
+    finished = [SimpleNamespace(started=20.0, seconds=1.0)]
+    got = _during_compaction(forwards, finished, {"fold": 30.0}, decode_tokens=72)
+    assert got["compactions"] == 2
+    assert (got["steps_during"], got["steps_outside"]) == (3, 1)
+    assert got["forward_ms_p50_during"] == pytest.approx(300.0) and got["forward_ms_max_during"] == pytest.approx(400.0)
+    assert got["forward_ms_p50_outside"] == pytest.approx(100.0)
+    before = _during_compaction(forwards, finished, {}, decode_tokens=72)  # finished runs only: as it read before
+    assert (before["compactions"], before["steps_during"], before["steps_outside"]) == (1, 1, 3)
+
+
+def test_other_processes_cpu_is_summed_by_command_name():
+    before = {1: ("postgres", 10.0), 2: ("postgres", 1.0), 3: ("python", 5.0), 4: ("bash", 2.0), 9: ("gone", 1.0),
+              5: ("kworker/u8:0-writeback", 1.0)}
+    after = {1: ("postgres", 10.5), 2: ("postgres", 1.25), 3: ("python", 5.0), 4: ("sleep", 0.5), 7: ("python", 0.2),
+             5: ("kworker/u8:0-writeback", 1.25), 6: ("kworker/0:2-events", 0.125)}
+    got = _other_cpu(before, after)
+    # pid 4 is another program now (its pid reused): it counts whole; pid 3 took nothing; pid 9 ended unseen; the
+    # kernel's workers are one entry, whatever work each is named by
+    assert got == pytest.approx({"postgres": 0.75, "sleep": 0.5, "kworker": 0.375, "python": 0.2})
+    assert list(got) == ["postgres", "sleep", "kworker", "python"]  # most first
+    import os
+    here = _process_cpu()
+    assert os.getpid() not in here and os.getppid() in here and all(cpu >= 0 for _, cpu in here.values())

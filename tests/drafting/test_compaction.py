@@ -138,6 +138,8 @@ def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_u
         _until(building, every=0.01)  # the compaction is inside its build
         pid = compactor.running()["fold"]
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # it never takes a core an engine wants
+        assert compactor.in_flight_since()["fold"] <= time.time()  # in flight, and in no finished run
+        assert all(run.kind != "fold" or run.exit_code == 0 for run in compactor.runs)
         os.kill(pid, signal.SIGKILL)
         _until(lambda: compactor.failures >= 1)
         assert _layer(database_url, live_ds) == first  # the previous live build serves

@@ -10,10 +10,7 @@ import pytest
 from crest_native import goodput_keep
 from drafting.draft import CostCurve, Drafts, ScoreKind
 from oracle import goodput as oracle
-from serving.cost import StepCost, StepCostModel, fit_curve
-
-_NONE = CostCurve(np.array([1.0]), np.array([-1.0]), -1.0, -1.0)
-"""What an assertion reads when a model has no curve yet: its fields hold no value a fitted curve could."""
+from serving.cost import StepCostModel, fit_curve
 
 CHAIN = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 """One row's chain scores (path probabilities: never rising)."""
@@ -23,7 +20,7 @@ def _model(cost, counts=range(1, 41), repeat: int = 3) -> StepCostModel:
     model = StepCostModel(min_steps=4, refit_every=1)
     for _ in range(repeat):
         for n in counts:
-            model.observe(n, cost(n), rows=1, drafted=True)
+            model.observe(n, cost(n), drafted=True)
     return model
 
 
@@ -35,8 +32,8 @@ def test_a_line_is_recovered_from_noisy_steps():
     rng = np.random.default_rng(0)
     model = StepCostModel(min_steps=4)
     for n in rng.integers(1, 129, 400):
-        model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4), rows=1, drafted=True)
-    curve = model.curve_for(1)
+        model.observe(int(n), 0.021 + 0.0025 * n + rng.normal(0, 1e-4), drafted=True)
+    curve = model.curve
     assert curve is not None and np.all(np.diff(curve.seconds) >= 0) and np.all(np.diff(curve.tokens) > 0)
     for n in (16, 64, 128, 200):  # 200: past the steps seen, by the tail
         assert _at(curve, n) == pytest.approx(0.021 + 0.0025 * n, rel=0.02)
@@ -51,7 +48,7 @@ def test_a_line_is_recovered_from_noisy_steps():
     ("steep line", lambda n: 0.002 + 0.010 * n, 4, 0),
 ])
 def test_the_goodput_choice_on_known_curves(name, cost, rows, best):
-    curve = _model(cost).curve_for(1)
+    curve = _model(cost).curve
     assert curve is not None
     scores = np.array(CHAIN * rows)
     keep = goodput_keep(scores, rows, curve).view(bool)
@@ -66,7 +63,7 @@ def test_tile_steps_are_priced_at_their_average_slope():
     stays within 6% of the best (24 kept: 19.6 / 0.030 against 20.8 / 0.030)."""
     def cost(n):
         return 0.020 + 0.010 * ((n - 1) // 16)
-    curve = _model(cost).curve_for(1)
+    curve = _model(cost).curve
     assert curve is not None and np.all(np.diff(np.diff(curve.seconds) / np.diff(curve.tokens)) >= -1e-12)  # convex
     rows, scores = 4, np.array(CHAIN * 4)
     keep = goodput_keep(scores, rows, curve).view(bool)
@@ -83,8 +80,8 @@ def test_noise_makes_no_free_tokens():
     model = StepCostModel(min_steps=4, refit_every=1)
     for n in rng.integers(20, 60, 400):
         dip = 0.012 if 30 <= n <= 36 else 0.0  # a band of steps that came out cheaper (by 6 tokens' cost)
-        model.observe(int(n), 0.040 + 0.002 * n - dip + rng.normal(0, 2e-3), rows=1, drafted=True)
-    curve = model.curve_for(1)
+        model.observe(int(n), 0.040 + 0.002 * n - dip + rng.normal(0, 2e-3), drafted=True)
+    curve = model.curve
     assert curve is not None
     slopes = np.r_[np.diff(curve.seconds) / np.diff(curve.tokens), curve.tail]
     assert np.all(np.diff(slopes) >= -1e-12) and slopes.min() > 0.001  # convex, and every token costs 1 ms or more
@@ -100,7 +97,7 @@ def test_a_step_with_drafts_pays_its_jump_once(jump, best):
     batch's expected tokens do not pay for it, and is otherwise the choice without it."""
     def cost(n):
         return 0.020 + 1e-5 * n
-    base = _model(cost).curve_for(1)
+    base = _model(cost).curve
     assert base is not None
     curve = base._replace(draft_s=jump)
     rows, scores = 4, np.array(CHAIN * 4)
@@ -122,26 +119,26 @@ def test_the_jump_is_told_from_steps_without_drafts():
     model = StepCostModel(min_steps=4, refit_every=1)
     for _ in range(300):
         n = int(rng.integers(9, 40))
-        model.observe(n, cost(n) + jump + rng.normal(0, 3e-4), rows=1, drafted=True)
-    assert (model.curve_for(1) or _NONE).draft_s == 0.0  # no step without drafts timed yet
+        model.observe(n, cost(n) + jump + rng.normal(0, 3e-4), drafted=True)
+    assert model.curve is not None and model.curve.draft_s == 0.0  # no step without drafts timed yet
     for _ in range(model.min_plain):
-        model.observe(8, cost(8) + rng.normal(0, 3e-4), rows=1, drafted=False)
-    curve = model.curve_for(1)
+        model.observe(8, cost(8) + rng.normal(0, 3e-4), drafted=False)
+    curve = model.curve
     assert curve is not None and curve.draft_s == pytest.approx(jump, abs=5e-4)
     for n in (9, 12, 20, 39):
         assert _at(curve, n) == pytest.approx(cost(n), abs=6e-4)
     line = StepCostModel(min_steps=4, refit_every=1)  # past the knee from the first token: read along the slope
     for n in range(9, 40):
-        line.observe(n, 0.040 + 0.004 * n + jump, rows=1, drafted=True)
+        line.observe(n, 0.040 + 0.004 * n + jump, drafted=True)
     for _ in range(4):
-        line.observe(8, 0.040 + 0.004 * 8, rows=1, drafted=False)
-    assert (line.curve_for(1) or _NONE).draft_s == pytest.approx(jump, abs=1e-9)
+        line.observe(8, 0.040 + 0.004 * 8, drafted=False)
+    assert line.curve is not None and line.curve.draft_s == pytest.approx(jump, abs=1e-9)
     wild = StepCostModel(min_steps=4, refit_every=1)  # steps without drafts slower than with: no negative jump
     for n in range(9, 40):
-        wild.observe(n, cost(n), rows=1, drafted=True)
+        wild.observe(n, cost(n), drafted=True)
     for _ in range(4):
-        wild.observe(8, 0.9, rows=1, drafted=False)
-    assert (wild.curve_for(1) or _NONE).draft_s == 0.0
+        wild.observe(8, 0.9, drafted=False)
+    assert wild.curve is not None and wild.curve.draft_s == 0.0
 
 
 def test_a_step_without_drafts_is_asked_for_now_and_then():
@@ -151,20 +148,20 @@ def test_a_step_without_drafts_is_asked_for_now_and_then():
     model = StepCostModel(min_steps=4, refit_every=1, min_plain=2, probe_every=64)
     asked = []
     for step in range(400):
-        probe = model.curve_for(1) is not None and model.probe()
+        probe = model.curve is not None and model.probe()
         if probe:
             asked.append(step)
-        model.observe(10 if probe else 10 + step % 7, 0.03 + 0.001 * (step % 7), rows=1, drafted=not probe)
+        model.observe(10 if probe else 10 + step % 7, 0.03 + 0.001 * (step % 7), drafted=not probe)
     gaps = np.diff(asked).tolist()
     assert gaps[0] == 64 // 16 + 1 and set(gaps[1:]) == {64 + 1}  # the probe's own step, then the gap
-    assert (model.curve_for(1) or _NONE).draft_s >= 0.0
+    assert model.curve is not None and model.curve.draft_s >= 0.0
     untimed = StepCostModel(min_steps=4, refit_every=1, min_plain=2, probe_every=64)
     asked = []
     for step in range(200):  # every probe's step has a prefill in it: not timed
-        if untimed.curve_for(1) is not None and untimed.probe():
+        if untimed.curve is not None and untimed.probe():
             asked.append(step)
         else:
-            untimed.observe(10 + step % 7, 0.03 + 0.001 * (step % 7), rows=1, drafted=True)
+            untimed.observe(10 + step % 7, 0.03 + 0.001 * (step % 7), drafted=True)
     assert set(np.diff(asked).tolist()) == {64 // 16 + 1}  # one in a gap, never two in a row
 
 
@@ -184,19 +181,19 @@ def test_the_native_choice_is_the_oracles_on_random_batches():
 def test_one_slow_step_does_not_move_the_curve():
     """The first step of an engine (lazy initialisation) can take 5x a normal one: the medians drop it."""
     model = _model(lambda n: 0.035 + 0.0024 * n, counts=range(1, 30), repeat=2)
-    model.observe(3, 0.27, rows=1, drafted=True)
-    curve = model.curve_for(1)
+    model.observe(3, 0.27, drafted=True)
+    curve = model.curve
     assert curve is not None and _at(curve, 3) == pytest.approx(0.035 + 0.0024 * 3, rel=0.01)
 
 
 def test_no_curve_without_spread_and_bad_arguments():
     model = StepCostModel(min_steps=4)
-    assert model.curve_for(1) is None  # nothing observed yet: not cut
+    assert model.curve is None  # nothing observed yet: not cut
     for _ in range(10):
-        model.observe(4, 0.03, rows=1, drafted=True)  # every step the same size: the slope cannot be told
-    model.observe(0, 0.03, rows=1, drafted=True)  # ignored
-    model.observe(5, -1.0, rows=1, drafted=False)  # ignored
-    assert model.curve_for(1) is None and fit_curve(np.array([4.0, 4.0]), np.array([0.1, 0.2])) is None
+        model.observe(4, 0.03, drafted=True)  # every step the same size: the slope cannot be told
+    model.observe(0, 0.03, drafted=True)  # ignored
+    model.observe(5, -1.0, drafted=False)  # ignored
+    assert model.curve is None and fit_curve(np.array([4.0, 4.0]), np.array([0.1, 0.2])) is None
     assert model.observed == 10 and not model.probe()  # no curve: nothing to time a step without drafts for
     for bad in ({"window": 2}, {"min_steps": 1}, {"refit_every": 0}, {"min_plain": 0}, {"probe_every": 8}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -255,84 +252,10 @@ def test_fits_thin_out_as_the_window_fills_and_still_follow_the_engine():
     fits, last = [], None
     for step in range(3000):
         slope = 0.002 if step < 1500 else 0.004  # the engine slows down half-way
-        model.observe(1 + step % 9, 0.02 + slope * (1 + step % 9), rows=1, drafted=True)
-        if model.curve_for(1) is not last:
+        model.observe(1 + step % 9, 0.02 + slope * (1 + step % 9), drafted=True)
+        if model.curve is not last:
             fits.append(step)
-            last = model.curve_for(1)
+            last = model.curve
     gaps = np.diff(fits)
     assert len(fits) <= 9 + 3000 // 256 and gaps[-3:].tolist() == [256] * 3 and gaps.min() >= 16
     assert last is not None and _at(last, 9) == pytest.approx(0.02 + 0.004 * 9, rel=0.01)
-
-
-def _row_engine(rows: int, n: int) -> float:
-    """An engine step without drafts: 20 ms, 6 ms a row, 2 ms a draft token (a row's sampling and metadata are work a
-    draft token does not bring): a step's tokens alone do not tell its cost."""
-    return 0.020 + 0.006 * rows + 0.002 * (n - rows)
-
-
-def test_a_row_is_priced_apart_from_a_draft_token():
-    """Steps of 8 and of 24 rows with drafts, and steps without drafts at both, on an engine whose rows cost 3x a draft
-    token: the fit recovers the surcharge and the jump, and the curve of each batch size prices its own steps; one
-    curve in the tokens alone (the model before the surcharge) misprices both at 30 tokens by more than 15%."""
-    rng = np.random.default_rng(5)
-    jump = 0.004
-    model = StepCostModel(min_steps=16, refit_every=1)
-    for _ in range(300):
-        rows = int(rng.choice([8, 24]))
-        n = rows + int(rng.integers(1, 17))
-        model.observe(n, _row_engine(rows, n) + jump + rng.normal(0, 2e-4), rows=rows, drafted=True)
-        if rng.random() < 0.1:
-            model.observe(rows, _row_engine(rows, rows) + rng.normal(0, 2e-4), rows=rows, drafted=False)
-    cost = model.cost
-    assert cost is not None and cost.row_s == pytest.approx(0.004, rel=0.05)
-    assert cost.curve.draft_s == pytest.approx(jump, abs=6e-4)
-    for rows in (8, 24):
-        curve = model.curve_for(rows)
-        assert curve is not None and curve is model.curve_for(rows)  # made once per fit
-        for n in range(rows + 1, rows + 17):
-            assert _at(curve, n) == pytest.approx(_row_engine(rows, n), rel=0.02)
-    steps = np.array([(r, r + d) for r in (8, 24) for d in range(1, 17)], np.float64)
-    seconds = np.array([_row_engine(int(r), int(n)) for r, n in steps])
-    tokens_only = fit_curve(steps[:, 1], seconds)
-    assert tokens_only is not None and tokens_only.row_s == 0.0
-    assert max(abs(_at(tokens_only.curve, 30) - _row_engine(r, 30)) / _row_engine(r, 30) for r in (8, 24)) > 0.15
-
-
-def test_one_batch_size_has_no_surcharge_and_the_same_curve():
-    """At one batch size a surcharge cannot be told from the curve's intercept: it is 0, and the curve is the one
-    fitted on the tokens alone, bit for bit."""
-    rng = np.random.default_rng(6)
-    tokens = rng.integers(2, 40, 300).astype(np.float64)
-    seconds = 0.03 + 0.003 * tokens + rng.normal(0, 3e-4, 300)
-    alone, with_rows = fit_curve(tokens, seconds), fit_curve(tokens, seconds, np.ones(300))
-    assert alone is not None and with_rows is not None and with_rows.row_s == 0.0
-    for field in ("tokens", "seconds", "tail", "draft_s"):
-        assert np.array_equal(getattr(alone.curve, field), getattr(with_rows.curve, field))
-    assert with_rows.for_rows(1) is with_rows.curve
-    raised = StepCost(alone.curve, 0.002).for_rows(5)
-    assert np.array_equal(raised.seconds, alone.curve.seconds + 0.010) and raised.tail == alone.curve.tail
-    with pytest.raises(ValueError, match="rows"):
-        fit_curve(tokens, seconds, np.ones(5))
-
-
-def test_the_cut_on_each_batch_sizes_curve_is_the_best_on_the_true_cost():
-    """The goodput cut on each batch size's curve against one curve over every step's tokens: on the engine whose
-    rows cost 3x a draft token, each batch size's cut keeps the brute force's count on the true cost, while the blended
-    curve (a jump between the batch sizes' steps, smoothed into a steep slope) keeps far fewer and loses more than 10%
-    of the batch's tokens per second."""
-    rng = np.random.default_rng(7)
-    model = StepCostModel(min_steps=16, refit_every=1)
-    pooled = StepCostModel(min_steps=16, refit_every=1)  # one curve over every step: each step's rows told as 1
-    for _ in range(400):
-        rows = int(rng.choice([8, 24]))
-        n = rows + int(rng.integers(1, 17))
-        model.observe(n, _row_engine(rows, n), rows=rows, drafted=True)
-        pooled.observe(n, _row_engine(rows, n), rows=1, drafted=True)
-    for rows in (8, 24):
-        scores = np.array(CHAIN * rows)
-        order = np.sort(scores)[::-1]
-        value = [(rows + order[:n].sum()) / _row_engine(rows, rows + n) for n in range(len(scores) + 1)]
-        by_rows = int(goodput_keep(scores, rows, model.curve_for(rows)).view(bool).sum())
-        blended = int(goodput_keep(scores, rows, pooled.curve_for(1)).view(bool).sum())
-        assert by_rows == int(np.argmax(value))
-        assert value[blended] < 0.9 * value[by_rows]
