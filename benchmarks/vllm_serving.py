@@ -185,37 +185,35 @@ def _during_compaction(forwards: list[tuple[float, float, int]], runs, in_flight
 
 def _thread_cpu() -> dict[str, float]:
     """CPU seconds (user + system) so far of this process's threads: ``ours`` (named ``crest-*``) and ``other``."""
-    import os
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
     out = {"ours": 0.0, "other": 0.0}
     for tid in os.listdir("/proc/self/task"):
-        try:
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        out["ours" if names.get(int(tid), "").startswith("crest") else "other"] += cpu
+        stat = _stat_cpu(f"/proc/self/task/{tid}/stat")
+        if stat is not None:
+            out["ours" if names.get(int(tid), "").startswith("crest") else "other"] += stat[1]
     return out
+
+
+def _stat_cpu(path: str) -> tuple[str, float] | None:
+    """A process's or thread's ``/proc/.../stat``: its command name and CPU seconds so far (user + system), or
+    ``None`` when it is gone."""
+    try:
+        head, tail = Path(path).read_text().rsplit(")", 1)
+    except OSError:
+        return None
+    fields = tail.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _process_cpu() -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) so far of every other process on the host, by pid: ``(its command name, seconds)``
     (the database's backends, a compaction's child, anything else that takes the engine's cores)."""
-    import os
-
-    tick, own, out = os.sysconf("SC_CLK_TCK"), os.getpid(), {}
+    own, out = os.getpid(), {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        try:
-            head, tail = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)
-        except OSError:  # gone since the listing
-            continue
-        fields = tail.split()
-        out[int(entry)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+        if entry.isdigit() and int(entry) != own and (stat := _stat_cpu(f"/proc/{entry}/stat")) is not None:
+            out[int(entry)] = stat
     return out
 
 
