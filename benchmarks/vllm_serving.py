@@ -357,7 +357,8 @@ def child(args) -> None:
         result["sets"][name] = run
     compactor = proposer.method.compactor if proposer else None
     if compactor is not None:  # the live layer's compactions in this engine: kind, start, seconds, exit code
-        result["compactions"] = [{"kind": c.kind, "started": c.started, "seconds": c.seconds, "exit_code": c.exit_code}
+        result["compactions"] = [{"kind": c.kind, "started": c.started, "seconds": c.seconds, "exit_code": c.exit_code,
+                                  "yielded": getattr(c, "yielded", False)}  # stopped for the engine's step
                                  for c in list(getattr(compactor, "runs", []))]
         result["compactions_in_flight"] = sorted(getattr(compactor, "running", dict)())  # kinds still running
         result["compaction_checks"] = getattr(compactor, "checks", 0)
@@ -677,10 +678,15 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
                       + ", ".join(f"{name} {1e3 * cpu / steps:.2f}" for name, cpu in list(others.items())[:4]))
             c = acc.get("compaction")
             if c and c["steps_during"]:
-                print(f"{'':<11} {'':>4} {'':<7} decode forward p50 {c['forward_ms_p50_during']:.2f} ms "
-                      f"({c['forward_ms_per_token_p50_during']:.3f} a token) in {c['steps_during']} steps during "
-                      f"{c['compactions']} compaction(s), {c['forward_ms_p50_outside']:.2f} ms "
-                      f"({c['forward_ms_per_token_p50_outside']:.3f}) in the {c['steps_outside']} others")
+                print(f"{'':<11} {'':>4} {'':<7} decode forward p50 {_ms(c['forward_ms_p50_during'])} ms "
+                      f"({_ms(c['forward_ms_per_token_p50_during'], 3)} a token) in {c['steps_during']} steps during "
+                      f"{c['compactions']} compaction(s), {_ms(c['forward_ms_p50_outside'])} ms "
+                      f"({_ms(c['forward_ms_per_token_p50_outside'], 3)}) in the {c['steps_outside']} others")
+
+
+def _ms(value: float | None, digits: int = 2) -> str:
+    """A figure for the accounting's lines (``-`` where there were no steps to take it from)."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ name) and its scorer :class:`Calibration`, the fault-tolerant :class:`DatastoreS
 :class:`DraftMethod` protocol and the :class:`Step` a method drafts; a draft model's candidate tree
 (:class:`HeadTree`) and the protocol of a draft model as a source (:class:`HeadSource`, S4C's: :mod:`s4c`). The
 accept rule of verification is in :mod:`drafting.accept`. The live layer's automatic compaction
-(:class:`LiveCompactor`, when :class:`CompactionPolicy`) runs beside the service, and :class:`OutputFeed` feeds the
+(:class:`LiveCompactor`, when :class:`CompactionPolicy`, and while the engine leaves it the cores: :class:`Anytime`,
+:class:`WhenEngineIdle`) runs beside the service, and :class:`OutputFeed` feeds the
 fleet's finished outputs into its output index. Drafting loads no torch.
 """
 
 from .calibration import Calibration
-from .compaction import CompactionPolicy, LiveCompactor
+from .compaction import Anytime, CompactionPolicy, EngineGate, LiveCompactor, WhenEngineIdle
 from .draft import Draft, ScoreKind
 from .heads import HeadSource, HeadTree
 from .lifecycle import Drafter
@@ -25,5 +26,6 @@ from .output_feed import OutputFeed
 from .service import DraftingService
 from .source import DatastoreSource
 
-__all__ = ["Calibration", "CompactionPolicy", "DatastoreSource", "Draft", "DraftMethod", "Drafter", "DraftingService",
-           "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "OutputFeed", "ScoreKind", "Step"]
+__all__ = ["Anytime", "Calibration", "CompactionPolicy", "DatastoreSource", "Draft", "DraftMethod", "Drafter",
+           "DraftingService", "EngineGate", "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "OutputFeed",
+           "ScoreKind", "Step", "WhenEngineIdle"]

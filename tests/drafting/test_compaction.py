@@ -1,7 +1,8 @@
 """The live layer's automatic compaction (:mod:`drafting.compaction`) on the real Postgres: when a compaction is due,
 one compactor per datastore under the advisory lock (a second one and a held lock do nothing), a killed compaction
 leaving the previous live build serving and nothing evicted, then retried; deltas between folds, a fold once the delta
-is large, a killed delta compaction; lookups never wait for it."""
+is large, a killed delta compaction; lookups never wait for it; beside an engine that holds every core, compactions
+only while it idles."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from datastore.connection import connect
 from datastore.errors import DatastoreError
 from datastore.live import delta_name, encode_output, live_name
 from datastore.registry import compactor_lock_key
-from drafting import CompactionPolicy, LiveCompactor
+from drafting import CompactionPolicy, LiveCompactor, WhenEngineIdle
 from drafting.compaction import Layer
 from ingest.tokens import SEPARATOR
 
@@ -151,6 +152,79 @@ def test_a_killed_compaction_leaves_the_previous_build_and_is_retried(database_u
     finally:
         compactor.close()
     assert "compaction failed" in caplog.text and "previous live build keeps serving" in caplog.text
+
+
+def test_the_engine_is_idle_after_idle_s_without_a_step_and_its_first_step_after_says_so():
+    gate = WhenEngineIdle(0.2)
+    busy: list[float] = []
+    gate.on_busy(lambda: busy.append(time.monotonic()))
+    assert gate.idle_in() <= 0  # no step yet: idle
+    gate.step()
+    assert busy and 0.15 < gate.idle_in() <= 0.2  # the first step ends the idle spell ...
+    for _ in range(5):
+        gate.step()
+    assert len(busy) == 1  # ... once: steady steps cost no callback
+    time.sleep(0.25)
+    assert gate.idle_in() <= 0
+    gate.step()
+    assert len(busy) == 2
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="CREST_COMPACT_IDLE_S"):
+            WhenEngineIdle(bad)
+
+
+@pytest.mark.slow
+def test_beside_a_busy_engine_nothing_compacts_and_a_step_stops_a_compaction(database_url, real_stream, live_ds):
+    """An engine stepping every 20 ms: no due check, no compaction. Once it idles, one starts; the engine's next step
+    stops it (not a failure: the previous build serves, nothing is evicted, no retry wait), and the next idle spell
+    compacts everything."""
+    docs = _documents(real_stream, 16)
+    gate = WhenEngineIdle(0.3)
+    stepping = threading.Event()
+    done = threading.Event()
+
+    def engine() -> None:
+        while not done.is_set():
+            if stepping.is_set():
+                gate.step()
+            time.sleep(0.02)
+
+    stepping.set()
+    thread = threading.Thread(target=engine, daemon=True)
+    thread.start()
+    compactor = LiveCompactor(live_ds, database_url, FAST, gate)
+    try:
+        newest = _append(database_url, live_ds, docs[:8])
+        time.sleep(2.0)  # ten checks' worth of time with an output due
+        assert compactor.checks == 0 and not compactor.running() and not compactor.runs
+        assert _layer(database_url, live_ds) is None
+
+        stepping.clear()  # the engine idles: the due compaction runs, whole
+        first = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        _until(lambda: not compactor.running())
+        newest = _append(database_url, live_ds, docs[8:])
+        pid = _until(lambda: compactor.running().get("fold"), every=0.01)
+        stepping.set()  # the engine steps again: the compaction in flight is stopped
+        _until(lambda: compactor.yields >= 1 and not compactor.running())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        stopped = [r for r in compactor.runs if r.yielded]
+        assert len(stopped) == 1 and stopped[0].exit_code != 0 and compactor.failures == 0
+        assert _layer(database_url, live_ds) == first  # the previous live build serves
+        with connect(database_url) as conn:
+            row = conn.execute("SELECT count(*) FROM live_outputs WHERE name = %s", [live_ds]).fetchone()
+        assert row is not None and row[0] == len(docs)  # nothing evicted
+        time.sleep(1.0)
+        assert not compactor.running() and _layer(database_url, live_ds) == first  # none restarted while it steps
+
+        stepping.clear()
+        again = _until(lambda: (got := _layer(database_url, live_ds)) and got[1] == newest and got)
+        assert again[0] > first[0]
+    finally:
+        done.set()
+        thread.join()
+        compactor.close()
+    assert compactor.failures == 0
 
 
 @pytest.mark.parametrize(("layer", "due"), [

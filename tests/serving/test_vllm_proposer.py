@@ -96,10 +96,12 @@ def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, o
 
 
 def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, ours):
-    """The proposer's own compactor builds the live layer from the earlier rounds' outputs while vLLM serves; the
-    round after drafts from it, and is vLLM's greedy output token for token."""
+    """The proposer's own compactor builds the live layer from the earlier rounds' outputs once vLLM idles (on the
+    CPU platform a compaction waits for the engine's idle spell: drafting.WhenEngineIdle); the round after drafts from
+    it, and is vLLM's greedy output token for token."""
     got = ours["after_live"]
     assert got["outputs"] == plain_vllm
+    assert got["gate"] == "WhenEngineIdle"  # vLLM-CPU's threads hold every core
     assert got["live_build"] is not None  # the proposer compacted on its own and followed the new layer
     assert any(r and r["build_id"] == got["live_build"] for r in got["compactions"]), got["compactions"]
 
@@ -156,7 +158,8 @@ def test_compaction_settings_from_the_environment(monkeypatch):
     from serving.vllm_proposer import ProposerConfig
 
     for var in ("CREST_COMPACT", "CREST_COMPACT_URL", "CREST_COMPACT_OUTPUTS", "CREST_COMPACT_AFTER_S",
-                "CREST_COMPACT_GAP_S", "CREST_COMPACT_FOLD_TOKENS", "CREST_LIVE_TOP_T", "CREST_LIVE_MAX_BYTES"):
+                "CREST_COMPACT_IDLE_S", "CREST_COMPACT_GAP_S", "CREST_COMPACT_FOLD_TOKENS", "CREST_LIVE_TOP_T",
+                "CREST_LIVE_MAX_BYTES"):
         monkeypatch.delenv(var, raising=False)
     cfg = ProposerConfig.from_env()
     assert cfg.compaction == CompactionPolicy() and cfg.compact_url is None  # on by default: no cron job needed
@@ -177,6 +180,13 @@ def test_compaction_settings_from_the_environment(monkeypatch):
         ProposerConfig.from_env()
     monkeypatch.setenv("CREST_COMPACT", "0")
     assert ProposerConfig.from_env().compaction is None
+    monkeypatch.delenv("CREST_COMPACT_IDLE_S", raising=False)
+    assert ProposerConfig.from_env().compact_idle_s is None  # the engine's platform decides: 1 s on a CPU, else 0
+    monkeypatch.setenv("CREST_COMPACT_IDLE_S", "0")
+    assert ProposerConfig.from_env().compact_idle_s == 0.0  # compact whenever due, beside the engine
+    monkeypatch.setenv("CREST_COMPACT_IDLE_S", "-1")
+    with pytest.raises(ValueError, match="CREST_COMPACT_IDLE_S=-1.0: must be >= 0"):
+        ProposerConfig.from_env()
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports

@@ -65,7 +65,8 @@ def _wait_live(proposer: "InstrumentedProposer", timeout: float = 300) -> dict[s
     while not recorded() and time.monotonic() < deadline:
         time.sleep(0.2)
     info = live()
-    return {"live_build": None if info is None else info.id, "compactions": [r.result for r in compactor.runs]}
+    return {"live_build": None if info is None else info.id, "compactions": [r.result for r in compactor.runs],
+            "gate": type(proposer.gate).__name__}
 
 
 def main() -> None:
