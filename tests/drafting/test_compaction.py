@@ -158,7 +158,8 @@ def test_the_engine_is_idle_after_idle_s_without_a_step_and_its_first_step_after
     gate = WhenEngineIdle(0.2)
     busy: list[float] = []
     gate.on_busy(lambda: busy.append(time.monotonic()))
-    assert gate.idle_in() <= 0  # no step yet: idle
+    time.sleep(0.25)
+    assert gate.idle_in() <= 0  # no step, and a quiet window: idle
     gate.step()
     assert busy and 0.15 < gate.idle_in() <= 0.2  # the first step ends the idle spell ...
     for _ in range(5):
@@ -171,6 +172,21 @@ def test_the_engine_is_idle_after_idle_s_without_a_step_and_its_first_step_after
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match="CREST_COMPACT_IDLE_S"):
             WhenEngineIdle(bad)
+    with pytest.raises(ValueError, match="busy_cores"):
+        WhenEngineIdle(1.0, busy_cores=0.0)
+
+
+def test_a_step_longer_than_idle_s_is_not_an_idle_spell():
+    """No step for longer than ``idle_s`` while this process computes (a long prefill): busy, until a window of
+    ``idle_s`` passes quiet."""
+    gate = WhenEngineIdle(0.2, busy_cores=0.2)  # the pass below may share its core with another test worker
+    gate.step()
+    end = time.monotonic() + 0.8
+    verdicts = []
+    while time.monotonic() < end:  # a forward pass of 0.8 s, on this thread: a core busy
+        verdicts.append(gate.idle_in() > 0)
+    assert all(verdicts)
+    _until(lambda: gate.idle_in() <= 0, timeout=2.0, every=0.05)  # quiet: a window after the pass says idle
 
 
 @pytest.mark.slow
