@@ -41,7 +41,8 @@ Configuration (environment variables, read when vLLM builds the proposer):
                          (:class:`drafting.LiveCompactor`: one compactor per datastore across processes and hosts, in
                          a child process, under a Postgres advisory lock); ``0``: off (run ``python -m ingest
                          compact-live`` yourself, e.g. from cron);
-``CREST_COMPACT_IDLE_S`` a compaction starts only once the engine has not stepped for this many seconds, and the
+``CREST_COMPACT_IDLE_S`` a compaction starts only once the engine has not stepped for this many seconds (and its
+                         process has used under half a core over as long: a step can outlast them), and the
                          engine's next step stops it (:class:`drafting.WhenEngineIdle`: retried when the engine idles
                          again; the fleet's outputs reach this process through the output feed meanwhile); ``0``:
                          compact whenever due, beside the engine (:class:`drafting.Anytime`). Default 1 on vLLM's CPU
