@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -49,7 +49,7 @@ from .door import RequestId
 from .draft import ChainDrafts, CostCurve, Drafts, ScoreKind
 from .method import DraftMethod, Follow, FollowedStep, Step
 
-__all__ = ["DraftingService", "STEP_TIMES_KEPT", "ServiceStats"]
+__all__ = ["DraftingService", "STEP_TIMES_KEPT", "ServiceStats", "SteadyBatch"]
 
 STEP_TIMES_KEPT = 10_000
 """Steps whose seconds :class:`ServiceStats` keeps one by one."""
@@ -259,6 +259,32 @@ class DraftingService:
         ids = cast("list[RequestId]", list(req_ids))  # every pair followed: none is None
         return followed, self.propose(list(zip(ids, budgets.tolist())), chain=True, min_score=min_score,
                                       curve=curve).chains()
+
+    def steady_batch(self, req_ids: Sequence[RequestId], *, min_score: float | None = None,
+                     vocab_size: int | None = None) -> SteadyBatch | None:
+        """An engine's whole batch, pair ``i`` on row ``i``, prepared for its steady steps
+        (:meth:`SteadyBatch.draft`: :meth:`follow_and_propose` with ``index=None``, its per-batch work done once here);
+        ``None`` when the batch cannot be drafted in one native call (a request not active, or one that keeps a method
+        state). vLLM's persistent batch is the model: what holds from step to step is checked once.
+
+        Args:
+            req_ids: ``[rows]`` the request on each row, every one active.
+            min_score / vocab_size: as :meth:`follow_and_propose`, fixed for the batch.
+
+        Raises:
+            As :meth:`follow_and_propose` for ``req_ids``, ``min_score`` and ``vocab_size``.
+            datastore.errors.ClosedError: after :meth:`close`.
+        """
+        limit = door.engine_vocab(vocab_size)
+        cut = self._cut(min_score)
+        with self._lock:
+            self._check_open()
+            handles = self._steady_handles(req_ids)
+            key = self._steady
+        if handles is None or key is None:
+            return None
+        return SteadyBatch(self, key, Step(self._core, self._lock, handles, (), _NO_BUDGETS, True, cut),
+                           Follow(_NO_ROWS, None, _NO_BUDGETS, limit))
 
     def _steady_handles(self, req_ids: Sequence[RequestId | None]) -> np.ndarray | None:
         """``[len(req_ids)]`` int64: each request's handle in the core, when every one is active and no request keeps
@@ -478,6 +504,7 @@ class DraftingService:
             if self._closed:
                 return
             self._closed = True
+            self._steady = None  # every SteadyBatch goes stale: its next step takes the checked path, which raises
         self.method.close()
 
     # -- os.fork ----------------------------------------------------------------------------------------------
@@ -496,6 +523,72 @@ class DraftingService:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+_NO_BUDGETS = np.zeros(0, np.int64)
+_NO_ROWS = np.zeros((0, 0), np.int32)
+
+
+class SteadyBatch:
+    """An engine's batch (pair ``i`` on row ``i``) whose rows hold the requests they held when it was prepared
+    (:meth:`DraftingService.steady_batch`), drafted a step at a time in one native call with nothing re-checked that
+    held since: the requests' handles, the cut and the id limit are fixed; the step's budgets and curve are checked when
+    they change (an engine passes the same objects from step to step), and the rows, counts and budgets by the native
+    call itself. It goes stale, and :meth:`draft` answers ``None``, once the service starts or stops a request, prepares
+    another batch, or is closed.
+
+    Not thread-safe: one engine thread steps one batch (the service's lock guards the core, as for every call).
+
+    Attributes:
+        ids: ``[rows]`` the request on each row (read only).
+    """
+
+    __slots__ = ("_follow", "_key", "_service", "_step", "ids")
+
+    def __init__(self, service: DraftingService, key: tuple[list, np.ndarray], step: Step, follow: Follow) -> None:
+        self._service, self._key, self._step, self._follow = service, key, step, follow
+        self.ids: Sequence[RequestId] = key[0]
+
+    def draft(self, tokens: np.ndarray, lengths: np.ndarray,
+              budgets: np.ndarray | Sequence[int],
+              curve: CostCurve | None = None) -> tuple[list[bool], ChainDrafts | None] | None:
+        """:meth:`DraftingService.follow_and_propose` of this batch (``index=None``), or ``None`` when the batch is
+        stale, the method cannot draft the step in one native call now (replicas not mapped), or the native call
+        refused the arrays (the checked path then names the fault): call :meth:`DraftingService.follow_and_propose`.
+
+        Args:
+            tokens / lengths / budgets / curve: as :meth:`DraftingService.follow_and_propose`, one row per request.
+
+        Returns:
+            ``(followed, chains)``, as :meth:`DraftingService.follow_and_propose`, or ``None``.
+
+        Raises:
+            datastore.errors.InvalidContext: for a new id outside ``[0, vocab_size)`` (nothing is followed).
+            TypeError / ValueError: for a malformed ``budgets`` or ``curve``.
+        """
+        service = self._service
+        if service._steady is not self._key:
+            return None
+        step, follow = self._step, self._follow
+        if budgets is not step.budgets or curve is not step.curve:
+            if type(budgets) is not np.ndarray or budgets.dtype != np.int64:
+                budgets = door.budgets(budgets, len(self.ids))
+            step = self._step = replace(step, budgets=budgets, curve=door.curve(curve, True))
+        if tokens is not follow.rows or lengths is not follow.lengths:
+            follow = self._follow = follow._replace(rows=tokens, lengths=lengths)
+        start = time.perf_counter()
+        try:
+            made = service.method.draft_following(step, follow)
+        except (TypeError, ValueError):
+            return None
+        if made is None:
+            return None
+        followed, bad, bad_id, chains = made
+        if followed is None:
+            raise _bad_new_id(self.ids, np.arange(len(self.ids)), follow.limit, bad, bad_id)
+        if chains is not None:
+            service._count(len(self.ids), chains.nodes, start)
+        return followed, chains
 
 
 def _bad_new_id(req_ids: Sequence[RequestId | None], at: np.ndarray, limit: int, bad: int,

@@ -157,11 +157,21 @@ class CountingCore:
         return call
 
 
-def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
+@pytest.mark.parametrize("whole", [False, True], ids=["rows named", "whole batch"])
+def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts, whole):
     """An engine's rows followed and drafted by RowTracker.propose: one native call a step while every row holds its
     request, a few when requests start, stop or move (never one per row); the drafts, cut to a step-cost curve, are bit
-    for bit those of following the rows, then drafting, then cutting, in three calls."""
+    for bit those of following the rows, then drafting, then cutting, in three calls. A whole batch (``index=None``, as
+    vLLM steps) steps steadily through its prepared SteadyBatch: not through follow_and_propose's checks."""
     one, _ = merged(replica_source, min_score=0.1)
+    checked: collections.Counter = collections.Counter()
+    follow_and_propose = one.follow_and_propose
+
+    def counted(*args, **kwargs):
+        checked["calls"] += 1
+        return follow_and_propose(*args, **kwargs)
+
+    one.follow_and_propose = counted  # type: ignore[method-assign]
     two, _ = merged(replica_source, min_score=0.1)
     counting = CountingCore(one._core)
     one._core = counting
@@ -170,7 +180,7 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
     width = max(len(p.token_ids) for p in eval_prompts[:6]) + 8
     tokens, lengths = np.zeros((8, width), np.int32), np.zeros(8, np.int32)
     seqs = [list(prompt) for prompt, _ in lives]
-    steady = compared = cut = 0
+    steady = compared = cut = batched = 0
     for step in range(max(len(c) for _, c in lives)):
         rows = [i for i, (_, c) in enumerate(lives) if step < len(c)]
         rows = rows[::-1] if step == 3 else rows  # the engine reorders its rows once: requests move
@@ -182,14 +192,16 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
         t = trackers[0]
         before = (t.started, t.moved, t.stopped)
         counting.calls.clear()
+        checked.clear()
         curve = CostCurve(np.array([1.0, 6.0]), np.array([0.020, 0.021]), 0.008)  # a knee at 6 tokens
-        _, got = t.propose(index, tokens, lengths, budgets, min_score=0.1, curve=curve)
+        _, got = t.propose(None if whole else index, tokens, lengths, budgets, min_score=0.1, curve=curve)
         ids = trackers[1].step(index, tokens, lengths)
         want = two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1, curve=curve)
         cut += want.nodes < two.propose([(rid, 8) for rid in ids], chain=True, min_score=0.1).nodes
         if (t.started, t.moved, t.stopped) == before:  # every row held its request: a steady step
             assert counting.calls == {"follow_draft_stored": 1}, counting.calls
             steady += 1
+            batched += whole and not checked
         else:  # a fixed number of calls, and one per request started or stopped
             assert sum(counting.calls.values()) - counting.calls["start"] - counting.calls["stop"] <= 4, counting.calls
         assert got.token_ids == want.chains().token_ids
@@ -198,6 +210,62 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts):
         for i in rows:
             seqs[i] += lives[i][1][step]
     assert steady > 10 and compared > 50 and cut > 5
+    assert batched >= steady - 3 if whole else batched == 0  # all but the steps after a change of rows
+
+
+def test_a_steady_batch_goes_stale_when_its_requests_change(replica_source, eval_prompts):
+    """A prepared SteadyBatch drafts what follow_and_propose drafts; once the service starts or stops a request,
+    prepares another batch, or is closed, it answers None (the caller takes the checked path), and a bad new id is
+    refused through it as the door refuses it, nothing followed."""
+    service, _ = merged(replica_source, min_score=0.1)
+    alone, _ = merged(replica_source, min_score=0.1)
+    seqs, chunks = [], []
+    for i, p in enumerate(eval_prompts[:2]):
+        prompt, rest = _steps(p.token_ids)
+        service.start_request(i, prompt)
+        seqs.append(list(prompt))
+        chunks.append(rest)
+    width = max(len(p.token_ids) for p in eval_prompts[:2]) + 8
+    tokens, lengths = np.zeros((2, width), np.int32), np.zeros(2, np.int32)
+    budgets = np.full(2, 8, np.int64)
+
+    def advance(step: int) -> None:
+        for r in range(2):
+            seqs[r] += chunks[r][step]
+            tokens[r, :len(seqs[r])], lengths[r] = seqs[r], len(seqs[r])
+
+    batch = service.steady_batch([0, 1], min_score=0.1, vocab_size=VOCAB)
+    assert batch is not None and list(batch.ids) == [0, 1]
+    for step in range(3):
+        advance(step)
+        made = batch.draft(tokens, lengths, budgets)
+        assert made is not None and made[0] == [True, True] and made[1] is not None
+        for r in range(2):
+            alone.start_request(f"want{step}.{r}", seqs[r])
+        want = alone.propose([(f"want{step}.{r}", 8) for r in range(2)], chain=True)
+        assert made[1].token_ids == want.chains().token_ids
+    advance(3)
+    bad = tokens.copy()
+    bad[1, lengths[1] - 1] = VOCAB
+    with pytest.raises(InvalidContext, match=re.escape(f"holds token id {VOCAB}")):
+        batch.draft(bad, lengths, budgets)
+    assert service.read_request(1, lambda core, h: core.count(h)) == len(seqs[1]) - len(chunks[1][3])
+    assert batch.draft(tokens.astype(np.int64), lengths, budgets) is None  # refused: the checked path names it
+    service.start_request(2, seqs[0])
+    assert batch.draft(tokens, lengths, budgets) is None
+    again = service.steady_batch([0, 1], min_score=0.1, vocab_size=VOCAB)
+    assert again is not None and again.draft(tokens, lengths, budgets) is not None
+    service.stop_request(2)
+    assert again.draft(tokens, lengths, budgets) is None
+    last = service.steady_batch([0, 1], min_score=0.1, vocab_size=VOCAB)
+    assert last is not None and service.steady_batch([1, 0], min_score=0.1, vocab_size=VOCAB) is not None
+    assert last.draft(tokens, lengths, budgets) is None  # another batch was prepared since
+    assert service.steady_batch([0, 5], vocab_size=VOCAB) is None  # request 5 is not active
+    service.close()
+    alone.close()
+    assert again.draft(tokens, lengths, budgets) is None
+    with pytest.raises(ClosedError):
+        service.follow_and_propose([0, 1], tokens, lengths, None, budgets)
 
 
 STEADY_BAD: list[tuple[Any, type[BaseException], str]] = [  # (the step's arguments spoilt, error, what it names)
