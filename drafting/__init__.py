@@ -4,7 +4,8 @@ in the native core, each argument checked once at the door), the methods it draf
 scored by its calibrated acceptance probability, in the native core; the papers' drafters, :mod:`drafting.drafters`),
 and the draft type they share.
 
-Public API: :class:`DraftingService`, :class:`MergedMethod` (:meth:`MergedMethod.open` composes it for a datastore
+Public API: :class:`DraftingService` (and the :class:`SteadyBatch` it prepares for an engine's steady steps),
+:class:`MergedMethod` (:meth:`MergedMethod.open` composes it for a datastore
 name) and its scorer :class:`Calibration`, the fault-tolerant :class:`DatastoreSource` it draws on, the
 :class:`Draft` every drafter proposes (and its :class:`ScoreKind`), the :class:`Drafter` protocol, the
 :class:`DraftMethod` protocol and the :class:`Step` a method drafts; a draft model's candidate tree
@@ -23,9 +24,9 @@ from .lifecycle import Drafter
 from .merged import MergedMethod
 from .method import DraftMethod, Step
 from .output_feed import OutputFeed
-from .service import DraftingService
+from .service import DraftingService, SteadyBatch
 from .source import DatastoreSource
 
 __all__ = ["Anytime", "Calibration", "CompactionPolicy", "DatastoreSource", "Draft", "DraftMethod", "Drafter",
            "DraftingService", "EngineGate", "HeadSource", "HeadTree", "LiveCompactor", "MergedMethod", "OutputFeed",
-           "ScoreKind", "Step", "WhenEngineIdle"]
+           "ScoreKind", "SteadyBatch", "Step", "WhenEngineIdle"]

@@ -32,9 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from drafting import DraftingService
+from drafting import DraftingService, SteadyBatch
 from drafting.draft import ChainDrafts, CostCurve
-from drafting.service import SteadyBatch
 
 __all__ = ["RowTracker"]
 
