@@ -13,15 +13,6 @@ namespace crest {
 StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch)
     : stores_{datastore, live, delta}, scratch_(scratch) {}
 
-bool StoredTrees::intact() {
-  for (int k = 0; k < 3; ++k)
-    if (stores_[k] && !stores_[k]->unchanged()) {
-      damaged = k;
-      return false;
-    }
-  return true;
-}
-
 bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) {
   out.candidates.clear();
   out.live = out.delta = SourceTree{};

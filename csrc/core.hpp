@@ -82,10 +82,9 @@ struct StoredScratch {
 class StoredTrees final : public Retrieval {
  public:
   StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch);
-  // Whether the files are as they were mapped (a file changed in place is damaged); sets `damaged` when not.
-  bool intact();
   bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
-  int damaged = -1;  // the damaged store: 0 the datastore's, 1 the live layer's, 2 its delta's
+  int damaged = -1;  // the damaged store (a read failed its check or the file was cut short): 0 the datastore's, 1 the
+                    // live layer's, 2 its delta's
 
  private:
   const Replica* stores_[3];

@@ -320,7 +320,7 @@ nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, cons
     bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), at.data(), lengths.data(),
                            pairs, limit, followed.data(), &bad_id);
     all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
-    if (all) ok = stored.intact() && c.draft(h, b, {}, stored, true, min_score, out);
+    if (all) ok = c.draft(h, b, {}, stored, true, min_score, out);
     if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
   }
   if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
@@ -524,7 +524,7 @@ nb::tuple core_draft_stored(crest::Core& c, In1D<int64_t> handles, In1D<int64_t>
   bool ok;
   {
     nb::gil_scoped_release quiet;
-    ok = stored.intact() && c.draft(h, b, heads_trees, stored, chain, min_score, out);
+    ok = c.draft(h, b, heads_trees, stored, chain, min_score, out);
     if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
   }
   if (!ok) out.clear();
