@@ -239,12 +239,13 @@ class DraftingService:
             handles = self._steady_handles(req_ids)
         if handles is not None:
             at = None if index is None else door.engine_rows(tokens, lengths, index)[2]  # a part of the batch
+            step = Step(self._core, self._lock, handles, (), budgets, True, cut, curve)
             try:
-                made = self._draft_following(handles, Follow(tokens, at, lengths, limit), budgets, cut, curve, start)
+                made = self._draft_following(step, Follow(tokens, at, lengths, limit), start)
             except (TypeError, ValueError):  # refused by the native call: name the fault as the door does, or retry
                 rows, counts, at = door.engine_rows(tokens, lengths, pairs)
                 door.budgets(budgets, len(at))
-                made = self._draft_following(handles, Follow(rows, at, counts, limit), budgets, cut, curve, start)
+                made = self._draft_following(step, Follow(rows, at, counts, limit), start)
             if made is not None:
                 followed, bad, bad_id, chains = made
                 if followed is None:
@@ -303,12 +304,12 @@ class DraftingService:
         self._steady = (list(ids), handles)
         return handles
 
-    def _draft_following(self, handles: np.ndarray, follow: Follow, budgets: np.ndarray, cut: float | None,
-                         curve: CostCurve | None, start: float) -> FollowedStep | None:
-        """The method's one call for a steady step (:meth:`drafting.method.DraftMethod.draft_following`), counted."""
-        made = self.method.draft_following(Step(self._core, self._lock, handles, (), budgets, True, cut, curve), follow)
+    def _draft_following(self, step: Step, follow: Follow, start: float) -> FollowedStep | None:
+        """The method's one call for a steady step (:meth:`drafting.method.DraftMethod.draft_following`), counted (for
+        :meth:`follow_and_propose` and :meth:`SteadyBatch.draft`)."""
+        made = self.method.draft_following(step, follow)
         if made is not None and made[3] is not None:
-            self._count(len(handles), made[3].nodes, start)
+            self._count(len(step.handles), made[3].nodes, start)
         return made
 
     def add_hidden_states(self, req_id: RequestId, hidden: Any) -> None:
@@ -576,9 +577,8 @@ class SteadyBatch:
             step = self._step = replace(step, budgets=budgets, curve=door.curve(curve, True))
         if tokens is not follow.rows or lengths is not follow.lengths:
             follow = self._follow = follow._replace(rows=tokens, lengths=lengths)
-        start = time.perf_counter()
         try:
-            made = service.method.draft_following(step, follow)
+            made = service._draft_following(step, follow, time.perf_counter())
         except (TypeError, ValueError):
             return None
         if made is None:
@@ -586,8 +586,6 @@ class SteadyBatch:
         followed, bad, bad_id, chains = made
         if followed is None:
             raise _bad_new_id(self.ids, np.arange(len(self.ids)), follow.limit, bad, bad_id)
-        if chains is not None:
-            service._count(len(self.ids), chains.nodes, start)
         return followed, chains
 
 
