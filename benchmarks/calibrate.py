@@ -15,6 +15,10 @@ sources' own count ratios (each node's largest path product of count ratios over
 The live layer's features (the model's earlier outputs, :mod:`datastore.live`) are fitted by cross-fitting:
 the fit half is split in two, each part's outputs compacted into a live layer that the other part's
 prompts look up (datastores ``calibfit-a.live`` and ``calibfit-b.live``, left in place for inspection).
+The fit half is replayed twice, with that layer and with none, and both replays are fitted together: a server meets
+both (a layer that is empty, not yet compacted or holds nothing for a prompt, and one that holds its kind). Fitted
+with the layer alone, the other sources' weights lean on it, and on HumanEval's held-out half a replay without it
+accepted 6% less at chain 8 (2.34 against 2.48 for the joint fit; docs/drafter-quality.md section 1).
 
 With ``--heads`` the S4C heads (:mod:`s4c`) are a fifth source: at every position their candidate tree (from the
 target's hidden states over the reference, one forward pass per reference, cached) joins each union, and the fit
@@ -83,7 +87,7 @@ class HeadTrees:
 
 
 def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
-            live=None, heads: HeadTrees | None = None, desc: str = "replay"):
+            live=None, heads: HeadTrees | None = None, desc: str = "replay", candidates: str = "longest"):
     """Replay logs: ``(features, accepted, conditional score)`` of nodes whose parent was accepted (for fitting; the
     conditional is the node's score over its parent's), and per node of the longest candidate's union
     ``(calibrated score, count-ratio score, accepted)``, from the native core's node tables under ``calibration``
@@ -91,7 +95,9 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
     ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
     ``heads``: the S4C heads' trees, a fifth source (``None``: none).
     The requests' outputs go into the core's output index, each after its request (as a server's finish).
-    ``desc`` labels the progress bar (references done, the time left)."""
+    ``desc`` labels the progress bar (references done, the time left).
+    ``candidates``: ``longest`` reads the longest stored suffix's union only (what every draft below the back-off
+    budget reads: chains, and trees under ``back_off_min_budget`` nodes), ``all`` every stored suffix's."""
     from tqdm import tqdm
 
     xs, ys, conds, scored = [], [], [], []
@@ -109,6 +115,8 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
         for pos in range(1, len(ref)):
             if pos % stride == 0:
                 cands = source.candidates_batch([seq[-8:]])[0]
+                if candidates == "longest":
+                    cands = cands[:1]
                 tree = None if heads is None else heads.tree(r)
                 live_match = None if layer is None else layer.lookup(seq[-8:])
                 for j, table in enumerate(method.node_tables(core, r.id, cands, live_match, tree)):
@@ -215,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the requests' automata's deepest continuation node.")
     ap.add_argument("--outputs-mb", type=float_in(0), default=64.0,
                     help="the output index's bound, MiB (each set's earlier requests' outputs; 0: off).")
+    ap.add_argument("--candidates", choices=("longest", "all"), default="longest",
+                    help="the datastore candidates whose unions are fitted and reported: the longest stored suffix's "
+                         "(default; what chains and trees under the back-off budget draft from) or every stored "
+                         "suffix's (what the back-off lookup of large trees chooses among).")
     ap.add_argument("--live-top-t", type=int_in(1), default=LIVE_TOP_T, help="top-t of the cross-fitted live layers.")
     references_option(ap)
     return ap
@@ -242,14 +254,17 @@ def main() -> None:
     local = {"kind": "suffix", "max_depth": args.max_depth}
     features_only = Calibration(np.zeros(len(FEATURES)), 0.0, args.prior, {"local": local}, weighed)  # the features
     settings = {"outputs_bytes": int(args.outputs_mb * 2**20), "vocab_size": len(tok), "stride": args.stride,
-                "heads": heads}
-    parts = [collect(half(refs[name], "fit"), sources[name], calibration=features_only, live=lambda r: live[r.id],
-                     desc=f"fit {name}", **settings) for name in SETS]
+                "heads": heads, "candidates": args.candidates}
+    parts = [collect(half(refs[name], "fit"), sources[name], calibration=features_only, live=layer,
+                     desc=f"fit {name}{label}", **settings)
+             for name in SETS for layer, label in ((lambda r: live[r.id], ""), (None, ", no live layer"))]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     cal = Calibration.fit(x, y, prior=args.prior, sources=weighed, meta={
         "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
         "fit_rows": int(len(y)),
         "sets": list(SETS), "half": "fit (even positions within each category)",
+        "fit_live": "each fit prompt replayed twice: with its cross-fitted live layer and with none",
+        "candidates": args.candidates,
         "local": local, "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": 16},
         **({"heads": heads.source.config()} if heads is not None else {})})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
