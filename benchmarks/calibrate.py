@@ -2,7 +2,8 @@
 them on the other half, with the calibration curve as a plot.
 
 Every position of every reference output is visited (not only a drafter's steps, so the logs do not
-depend on any drafter): the datastore's candidate n-grams (all stored suffixes of the context), and for each
+depend on any drafter): the datastore's candidate n-grams (the longest stored suffix of the context, what chains and
+trees under the back-off budget draft from; every stored suffix with ``--candidates all``), and for each
 candidate the native core's node table (:meth:`drafting.MergedMethod.node_tables`): its union with the request's
 own match (prompt and output so far), the match in the outputs of the requests before it (this process's output
 index: the set's prompts run in file order, as a server would meet them) and the live layer's, with every node's
