@@ -16,9 +16,12 @@ proposers timed as ours is), and for ours the steps drafted from the host's repl
 ``--repeats R`` runs every engine R times per concurrency, each round in the reverse order of the one before, and
 prints each method's tok/s over the rounds and its ratios to no speculation and to the best built-in method, each
 taken within its round (a 2-core host's speed drifts by 10-25% between engines minutes apart; a ratio of two engines
-in one round is what can be compared). ``--temperature T`` samples instead (each request seeded by its position;
-outputs are then not compared). Ours waits for its replica before the timed run (the first engine on a host writes
-it).
+in one round is what can be compared). With ``--accounting`` that ratio is also given at one forward curve: every
+run's forward passes priced at the median pass for their token count over every run of the set and concurrency
+(:func:`common_forward_curve`), the rest of its wall time as measured, which takes the host's drift within a round out
+too (the headline figures stay the measured ones). ``--temperature T`` samples instead (each request seeded by its
+position; outputs are then not compared). Ours waits for its replica before the timed run (the first engine on a host
+writes it).
 
 Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
 run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose
@@ -365,8 +368,34 @@ def child(args) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
+def common_forward_curve(results: list[dict], name: str, concurrency: int) -> dict[int, float]:
+    """The forward pass's ms by tokens verified, pooled over every ``--accounting`` run of set ``name`` at
+    ``concurrency`` (every method and round): per token count, the median of those runs' forward passes that verified
+    that many. A 2-core host's forward pass for the same tokens drifts by up to 25% between engines minutes apart
+    (one token: 10.2 ms in one run, 13.1 ms in the next, 2026-11-29): pricing every run's steps at one curve takes the
+    drift out of its forward time, leaving what the method decides (how many steps, how many tokens each)."""
+    pooled: dict[int, list[float]] = {}
+    for r in results:
+        acc = r["sets"][name].get("accounting") if r["concurrency"] == concurrency else None
+        for ms, tokens in (acc or {}).get("forwards", []):
+            pooled.setdefault(int(tokens), []).append(float(ms))
+    return {tokens: float(np.median(ms)) for tokens, ms in pooled.items()}
+
+
+def _at_common_forward(run: dict, curve: dict[int, float]) -> float | None:
+    """A run's output tokens/s with its forward passes priced at ``curve`` (:func:`common_forward_curve`) and the rest
+    of its wall time (scheduling, sampling, the proposer, the engine's own work) as measured; ``None`` without its
+    forward passes (not an ``--accounting`` run)."""
+    acc = run.get("accounting")
+    if not acc or not acc.get("forwards"):
+        return None
+    priced = sum(curve[int(tokens)] for _, tokens in acc["forwards"]) / 1e3
+    return run["tokens"] / (run["wall_s"] - acc["forward"][0] + priced)
+
+
 def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[dict]:
     rows = []
+    curves = {(s, c): common_forward_curve(results, s, c) for s in sets for c in {r["concurrency"] for r in results}}
     base = {(r["concurrency"], r.get("round", 0), s): r["sets"][s] for r in results if r["method"] == "none"
             for s in sets}
     for s in sets:
@@ -383,7 +412,8 @@ def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[di
                    "identical": None if ref is None or not greedy
                    else sum(a == b for a, b in zip(run["outputs"], ref["outputs"])),
                    "speedup_vs_none": None if ref is None
-                   else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"])}
+                   else (run["tokens"] / run["wall_s"]) / (ref["tokens"] / ref["wall_s"]),
+                   "tokens_per_s_common_forward": _at_common_forward(run, curves[(s, r["concurrency"])])}
             if "proposer" in run:
                 row |= {f"proposer_{k}": v for k, v in run["proposer"].items()}
                 # the calibration's check in the engine: draft tokens vLLM accepted per token it expected
@@ -401,24 +431,32 @@ BUILT_IN = ("ngram", "suffix")
 def over_rounds(rows: list[dict]) -> list[dict]:
     """Per set, concurrency and method, over the rounds of a ``--repeats`` run: tok/s (each round's, and their median)
     and, each taken within its round, the ratio to no speculation and to the best built-in method (:data:`BUILT_IN`,
-    those run); ``None`` where the round has no such run."""
+    those run), and that ratio again with every run's forward passes priced at one curve (``--accounting`` runs:
+    :func:`common_forward_curve`); ``None`` where the round has no such run."""
     out: dict[tuple, dict] = {}
     best: dict[tuple, float] = {}
+    best_common: dict[tuple, float] = {}
     for r in rows:
         if r["method"] in BUILT_IN:
             key = (r["set"], r["concurrency"], r["round"])
             best[key] = max(best.get(key, 0.0), r["tokens_per_s"])
+            if r.get("tokens_per_s_common_forward") is not None:
+                best_common[key] = max(best_common.get(key, 0.0), r["tokens_per_s_common_forward"])
     for r in rows:
         entry = out.setdefault((r["set"], r["concurrency"], r["method"]), {
             "set": r["set"], "concurrency": r["concurrency"], "method": r["method"], "tokens_per_s": [],
-            "x_none": [], "x_best_built_in": []})
+            "x_none": [], "x_best_built_in": [], "x_best_built_in_common_forward": []})
         entry["tokens_per_s"].append(r["tokens_per_s"])
         entry["x_none"].append(r["speedup_vs_none"])
-        top = best.get((r["set"], r["concurrency"], r["round"]))
+        key = (r["set"], r["concurrency"], r["round"])
+        top, common = best.get(key), best_common.get(key)
         entry["x_best_built_in"].append(None if top is None or r["method"] in BUILT_IN else r["tokens_per_s"] / top)
+        own = r.get("tokens_per_s_common_forward")
+        entry["x_best_built_in_common_forward"].append(
+            None if common is None or own is None or r["method"] in BUILT_IN else own / common)
     for entry in out.values():
         entry["tokens_per_s_median"] = float(np.median(entry["tokens_per_s"]))
-        for ratio in ("x_none", "x_best_built_in"):
+        for ratio in ("x_none", "x_best_built_in", "x_best_built_in_common_forward"):
             known = [v for v in entry[ratio] if v is not None]
             entry[f"{ratio}_median"] = float(np.median(known)) if known else None
     return list(out.values())
@@ -638,12 +676,14 @@ def main() -> None:
               f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9} {own:>19}{extra}")
     if args.repeats > 1:
         print(f"\nover {args.repeats} rounds (each ratio within its round): median [min-max]")
-        print(f"{'set':<11} {'method':<7} {'conc':>4} {'tok/s':>22} {'x none':>18} {'x best built-in':>18}")
+        print(f"{'set':<11} {'method':<7} {'conc':>4} {'tok/s':>22} {'x none':>18} {'x best built-in':>18} "
+              f"{'at one forward curve':>20}")
         for e in over_rounds(rows):
             print(f"{e['set']:<11} {e['method']:<7} {e['concurrency']:>4} "
                   f"{_spread(e['tokens_per_s'], e['tokens_per_s_median']):>22} "
                   f"{_spread(e['x_none'], e['x_none_median']):>18} "
-                  f"{_spread(e['x_best_built_in'], e['x_best_built_in_median']):>18}")
+                  f"{_spread(e['x_best_built_in'], e['x_best_built_in_median']):>18} "
+                  f"{_spread(e['x_best_built_in_common_forward'], e['x_best_built_in_common_forward_median']):>20}")
     if args.accounting:
         print_accounting(results, args.sets)
     print(f"wrote {args.out}")

@@ -7,7 +7,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from vllm_serving import _during_compaction, _other_cpu, _process_cpu, _table, build_parser, over_rounds, schedule
+from vllm_serving import (
+    _during_compaction,
+    _other_cpu,
+    _process_cpu,
+    _table,
+    build_parser,
+    common_forward_curve,
+    over_rounds,
+    schedule,
+)
 
 
 def test_each_round_runs_in_the_reverse_order_of_the_one_before():
@@ -52,6 +61,37 @@ def test_every_ratio_is_taken_within_its_round():
     # ratios against the faster round's peers would read 44 / 1.6 / 40 = 0.69 in round 1: not what is reported
     alone = over_rounds(_table([_run("crest", 0, 44.0, out)], ["spec_bench"]))
     assert alone[0]["x_none"] == [None] and alone[0]["x_best_built_in_median"] is None
+
+
+def _timed_run(method: str, steps: dict[int, int], slower: float, rest_s: float) -> dict:
+    """An ``--accounting`` run of 100 output tokens whose forward pass over ``n`` tokens takes ``10 + n`` ms times
+    ``slower`` (``steps[n]`` such passes), with ``rest_s`` seconds of other work."""
+    forwards = [[(10.0 + n) * slower, n] for n, count in steps.items() for _ in range(count)]
+    forward_s = sum(ms for ms, _ in forwards) / 1e3
+    run = _run(method, 0, 1.0, [[1] * 50, [2] * 50])
+    run["sets"]["spec_bench"] |= {"wall_s": forward_s + rest_s,
+                                  "accounting": {"forward": [forward_s, len(forwards)], "forwards": forwards}}
+    return run
+
+
+def test_forward_passes_priced_at_one_curve_take_out_a_slower_host():
+    """Ours ran while the host's forward pass was 1.5x slower: measured, it loses to suffix; with every run's forward
+    passes priced at the pooled curve (ngram's and suffix's passes outvote ours at each token count), it takes fewer,
+    larger steps and wins, by exactly what its steps and tokens cost at the shared curve."""
+    results = [_timed_run("ngram", {1: 60, 2: 20}, 1.0, 0.2), _timed_run("suffix", {1: 30, 2: 40}, 1.0, 0.2),
+               _timed_run("crest", {1: 10, 2: 20, 3: 20}, 1.5, 0.2)]
+    assert common_forward_curve(results, "spec_bench", 8) == {1: 11.0, 2: 12.0, 3: 13.0 * 1.5}
+    rows = {r["method"]: r for r in _table(results, ["spec_bench"])}
+    suffix = 100 / (0.2 + (30 * 11 + 40 * 12) / 1e3)
+    ours = 100 / (0.2 + (10 * 11 + 20 * 12 + 20 * 13 * 1.5) / 1e3)  # its 3-token passes are its own
+    assert rows["suffix"]["tokens_per_s_common_forward"] == pytest.approx(suffix)
+    assert rows["crest"]["tokens_per_s_common_forward"] == pytest.approx(ours)
+    assert rows["crest"]["tokens_per_s"] < rows["suffix"]["tokens_per_s"] and ours > suffix
+    summary = {e["method"]: e for e in over_rounds(list(rows.values()))}
+    assert summary["crest"]["x_best_built_in_common_forward"] == pytest.approx([ours / suffix])
+    assert summary["suffix"]["x_best_built_in_common_forward"] == [None]
+    plain = _table([_run("crest", 0, 44.0, [[1, 2]])], ["spec_bench"])  # no --accounting: no such figure
+    assert plain[0]["tokens_per_s_common_forward"] is None
 
 
 def test_a_compaction_still_in_flight_counts_its_forwards():
