@@ -427,6 +427,9 @@ def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[di
 BUILT_IN = ("ngram", "suffix")
 """The engine's own speculative methods: ours is compared with the best of them."""
 
+AGAINST_BEST = {"x_best_built_in": "tokens_per_s", "x_best_built_in_common_forward": "tokens_per_s_common_forward"}
+"""Each ratio to the best built-in method (:func:`over_rounds`), and the tok/s figure of a row it divides."""
+
 
 def over_rounds(rows: list[dict]) -> list[dict]:
     """Per set, concurrency and method, over the rounds of a ``--repeats`` run: tok/s (each round's, and their median)
@@ -434,29 +437,24 @@ def over_rounds(rows: list[dict]) -> list[dict]:
     those run), and that ratio again with every run's forward passes priced at one curve (``--accounting`` runs:
     :func:`common_forward_curve`); ``None`` where the round has no such run."""
     out: dict[tuple, dict] = {}
-    best: dict[tuple, float] = {}
-    best_common: dict[tuple, float] = {}
+    best: dict[tuple, float] = {}  # (figure, set, concurrency, round) -> the best built-in method's
     for r in rows:
-        if r["method"] in BUILT_IN:
-            key = (r["set"], r["concurrency"], r["round"])
-            best[key] = max(best.get(key, 0.0), r["tokens_per_s"])
-            if r.get("tokens_per_s_common_forward") is not None:
-                best_common[key] = max(best_common.get(key, 0.0), r["tokens_per_s_common_forward"])
+        for figure in AGAINST_BEST.values():
+            if r["method"] in BUILT_IN and r.get(figure) is not None:
+                key = (figure, r["set"], r["concurrency"], r["round"])
+                best[key] = max(best.get(key, 0.0), r[figure])
     for r in rows:
         entry = out.setdefault((r["set"], r["concurrency"], r["method"]), {
             "set": r["set"], "concurrency": r["concurrency"], "method": r["method"], "tokens_per_s": [],
-            "x_none": [], "x_best_built_in": [], "x_best_built_in_common_forward": []})
+            "x_none": [], **{ratio: [] for ratio in AGAINST_BEST}})
         entry["tokens_per_s"].append(r["tokens_per_s"])
         entry["x_none"].append(r["speedup_vs_none"])
-        key = (r["set"], r["concurrency"], r["round"])
-        top, common = best.get(key), best_common.get(key)
-        entry["x_best_built_in"].append(None if top is None or r["method"] in BUILT_IN else r["tokens_per_s"] / top)
-        own = r.get("tokens_per_s_common_forward")
-        entry["x_best_built_in_common_forward"].append(
-            None if common is None or own is None or r["method"] in BUILT_IN else own / common)
+        for ratio, figure in AGAINST_BEST.items():
+            top, own = best.get((figure, r["set"], r["concurrency"], r["round"])), r.get(figure)
+            entry[ratio].append(None if top is None or own is None or r["method"] in BUILT_IN else own / top)
     for entry in out.values():
         entry["tokens_per_s_median"] = float(np.median(entry["tokens_per_s"]))
-        for ratio in ("x_none", "x_best_built_in", "x_best_built_in_common_forward"):
+        for ratio in ("x_none", *AGAINST_BEST):
             known = [v for v in entry[ratio] if v is not None]
             entry[f"{ratio}_median"] = float(np.median(known)) if known else None
     return list(out.values())
