@@ -148,8 +148,12 @@ void Automaton::continuations(int32_t state, int budget, int max_depth, uint32_t
   // can never be taken: its `room` better siblings are taken first, and at most `room` more nodes are taken.
   auto push_children = [&](int32_t from, int32_t parent, int32_t depth, std::size_t room) {
     kids.clear();
-    for (int32_t e = states_[from].head; e >= 0; e = edges_[e].next)
-      kids.push_back({states_[edges_[e].target].count, parent, edges_[e].token, edges_[e].target, depth});
+    for (int32_t e = states_[from].head; e >= 0; e = edges_[e].next) {
+      const State& kid = states_[edges_[e].target];
+      // a hint: the kid's first edge, read if it is taken (on caches a forward pass flushed, each edge is a miss)
+      if (kid.head >= 0) __builtin_prefetch(&edges_[static_cast<std::size_t>(kid.head)]);
+      kids.push_back({kid.count, parent, edges_[e].token, edges_[e].target, depth});
+    }
     if (kids.size() > room) {
       std::nth_element(kids.begin(), kids.begin() + static_cast<std::ptrdiff_t>(room), kids.end(),
                        [&](const Candidate& a, const Candidate& b) { return worse(b, a); });

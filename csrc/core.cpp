@@ -35,6 +35,11 @@ bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, b
   return true;
 }
 
+void StoredTrees::prefetch(std::size_t, const uint32_t* tokens, std::size_t n) {
+  for (const Replica* store : stores_)
+    if (store) store->prefetch(tokens, n);
+}
+
 // -- the request table ---------------------------------------------------------------------------------------------
 
 Core::Core(Calibration calibration, Options options)
@@ -269,6 +274,10 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& bud
                  const std::vector<SourceTree>& heads, Retrieval& retrieval, bool chain, double min_score,
                  std::vector<Drafted>& out) {
   out.resize(handles.size());
+  for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
+    const Request* r = find(handles[i]);
+    if (r && budgets[i] > 0) retrieval.prefetch(i, r->tokens.data(), r->tokens.size());
+  }
   for (std::size_t i = 0; i < handles.size(); ++i) {
     Request* r = find(handles[i]);
     out[i].clear();

@@ -58,6 +58,9 @@ class Retrieval {
   // Row `row`'s trees, for a request whose tokens are tokens[0..n); every stored suffix when `back_off`, else the
   // longest. False: the store is damaged (the step is to be drafted another way).
   virtual bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) = 0;
+  // A hint that row `row` (tokens[0..n)) will be retrieved this step: a strategy that reads memory may start fetching
+  // it, so that the rows' misses overlap. Nothing is read or checked.
+  virtual void prefetch(std::size_t /*row*/, const uint32_t* /*tokens*/, std::size_t /*n*/) {}
 };
 
 // The trees the caller fetched, per row (a round trip's answer; its arrays borrowed).
@@ -83,6 +86,7 @@ class StoredTrees final : public Retrieval {
  public:
   StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch);
   bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
+  void prefetch(std::size_t row, const uint32_t* tokens, std::size_t n) override;
   int damaged = -1;  // the damaged store (a read failed its check or the file was cut short): 0 the datastore's, 1 the
                     // live layer's, 2 its delta's
 

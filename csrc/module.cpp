@@ -43,6 +43,14 @@ Out1D<T> to_numpy(std::vector<T>&& v) {
   return Out1D<T>(heap->data(), {heap->size()}, owner);
 }
 
+// A read-only array (numpy's writeable flag off) owning `v`: what the caller is handed and must not change.
+nb::ndarray<nb::numpy, const double, nb::ndim<1>> to_numpy_readonly(std::vector<double>&& v) {
+  auto* heap = new std::vector<double>(std::move(v));
+  heap->reserve(1);  // never a null pointer: an empty array with none would be exported as a new, writeable one
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+  return nb::ndarray<nb::numpy, const double, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
 Out2D to_numpy_2d(std::vector<double>&& v, std::size_t rows, std::size_t cols) {
   auto* heap = new std::vector<double>(std::move(v));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
@@ -277,8 +285,8 @@ std::vector<int64_t> engine_index(nb::handle index, const In2D<T>& rows, const I
   return at;
 }
 
-// A step's chains as an engine takes them: (token ids, one list of ints per row; scores [nodes] float64, row after
-// row; backed off: the rows that drafted from a shorter datastore n-gram than their longest, chosen > 0).
+// A step's chains as an engine takes them: (token ids, one list of ints per row; scores [nodes] float64, read-only,
+// row after row; backed off: the rows that drafted from a shorter datastore n-gram than their longest, chosen > 0).
 nb::tuple chain_lists(const std::vector<crest::Drafted>& out) {
   nb::list lists;
   std::vector<double> scores;
@@ -290,7 +298,7 @@ nb::tuple chain_lists(const std::vector<crest::Drafted>& out) {
     scores.insert(scores.end(), d.scores.begin(), d.scores.end());
     backed_off += d.chosen > 0;
   }
-  return nb::make_tuple(lists, to_numpy(std::move(scores)), backed_off);
+  return nb::make_tuple(lists, to_numpy_readonly(std::move(scores)), backed_off);
 }
 
 // A steady engine step in one call: check the rows (engine_index), follow each row's new tokens (as follow_rows), then,

@@ -321,6 +321,17 @@ Probe Replica::find(const uint32_t* tokens, int n, Tree& out, std::vector<uint8_
   return Probe::kAbsent;
 }
 
+void Replica::prefetch(const uint32_t* tokens, std::size_t n) const {
+  if (slots_ == 0) return;
+  uint8_t key[kMaxKeyTokens * 4];
+  for (int len : lengths_) {
+    if (static_cast<std::size_t>(len) > n) continue;
+    if (!encode_key(tokens + n - len, len, key_width_, key)) continue;
+    const uint64_t b = slot_index(key_hash(key, static_cast<std::size_t>(len) * key_width_), slots_) / kBlockSlots;
+    __builtin_prefetch(slot_table_ + b * kBlockBytes);
+  }
+}
+
 bool stored_suffixes(const Replica& replica, const uint32_t* tokens, std::size_t n, bool every, std::vector<Tree>& trees,
                      std::vector<int>& lengths, std::size_t& found, std::vector<uint8_t>& record) {
   found = 0;

@@ -71,6 +71,11 @@ class Replica {
   // The tree of the n-gram tokens[0..n) into `out`, its record copied into `record` (scratch) first. Reentrant: any
   // number of threads may probe at once.
   Probe find(const uint32_t* tokens, int n, Tree& out, std::vector<uint8_t>& record) const;
+  // Ask the CPU to fetch the slot block where each stored suffix of tokens[0..n) starts probing (a hint: nothing is
+  // read, checked or faulted in). A drafting step runs on caches a forward pass has just flushed, and find's probes
+  // for a request's suffixes, longest first, each wait for their own block: fetched together first, their misses
+  // overlap.
+  void prefetch(const uint32_t* tokens, std::size_t n) const;
   // Whether the mapped file is as it was mapped (fstat: size and modification time); a file written in place is
   // damaged (a replica is never rewritten, only replaced). Asked by the replicas' keeper (datastore.replica, once a
   // second), not by a drafting step: a step's reads are checked byte for byte, and a syscall per replica per step cost
