@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "codec.hpp"
@@ -36,19 +37,19 @@ template <typename T>
 using Out1D = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 using Out2D = nb::ndarray<nb::numpy, double, nb::ndim<2>>;
 
+// An array owning `v`; with a const T, read-only (numpy's writeable flag off: what the caller must not change).
 template <typename T>
-Out1D<T> to_numpy(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+Out1D<T> owned_array(std::vector<std::remove_const_t<T>>&& v) {
+  using V = std::vector<std::remove_const_t<T>>;
+  auto* heap = new V(std::move(v));
+  heap->reserve(1);  // never a null pointer: an empty array with none would be exported as a new, writeable one
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<V*>(p); });
   return Out1D<T>(heap->data(), {heap->size()}, owner);
 }
 
-// A read-only array (numpy's writeable flag off) owning `v`: what the caller is handed and must not change.
-nb::ndarray<nb::numpy, const double, nb::ndim<1>> to_numpy_readonly(std::vector<double>&& v) {
-  auto* heap = new std::vector<double>(std::move(v));
-  heap->reserve(1);  // never a null pointer: an empty array with none would be exported as a new, writeable one
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-  return nb::ndarray<nb::numpy, const double, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+template <typename T>
+Out1D<T> to_numpy(std::vector<T>&& v) {
+  return owned_array<T>(std::move(v));
 }
 
 Out2D to_numpy_2d(std::vector<double>&& v, std::size_t rows, std::size_t cols) {
@@ -298,7 +299,7 @@ nb::tuple chain_lists(const std::vector<crest::Drafted>& out) {
     scores.insert(scores.end(), d.scores.begin(), d.scores.end());
     backed_off += d.chosen > 0;
   }
-  return nb::make_tuple(lists, to_numpy_readonly(std::move(scores)), backed_off);
+  return nb::make_tuple(lists, owned_array<const double>(std::move(scores)), backed_off);
 }
 
 // A steady engine step in one call: check the rows (engine_index), follow each row's new tokens (as follow_rows), then,
