@@ -49,10 +49,10 @@ Core::Core(Calibration calibration, Options options)
                                 " weights, the native core's features are " + std::to_string(kNumFeatures));
   const Options& o = options_;
   if (o.local_depth < 1 || o.outputs_depth < 1 || o.match_nodes < 1 || o.context_tokens < 1 ||
-      o.back_off_min_budget < 0 || calibration_.prior < 0)
+      o.back_off_min_budget < 0 || o.max_tokens < 0 || calibration_.prior < 0)
     throw std::invalid_argument(
-        "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget >= 0 and the "
-        "calibration's prior >= 0");
+        "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget and max_tokens "
+        ">= 0 and the calibration's prior >= 0");
   z_.sources.assign(kNumSources, nullptr);
 }
 
@@ -64,6 +64,12 @@ Core::Request* Core::find(Handle h) {
 }
 
 const Core::Request* Core::find(Handle h) const { return const_cast<Core*>(this)->find(h); }
+
+int Core::fitting(const Request& r, int budget) const {
+  if (options_.max_tokens <= 0) return budget;
+  const int64_t room = int64_t{options_.max_tokens} - 1 - static_cast<int64_t>(r.tokens.size());
+  return static_cast<int>(std::clamp<int64_t>(room, 0, std::max(budget, 0)));
+}
 
 Handle Core::start(const uint32_t* prompt, std::size_t n) {
   uint32_t slot;
@@ -276,16 +282,16 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& bud
   out.resize(handles.size());
   for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
     const Request* r = find(handles[i]);
-    if (r && budgets[i] > 0) retrieval.prefetch(i, r->tokens.data(), r->tokens.size());
+    if (r && fitting(*r, budgets[i]) > 0) retrieval.prefetch(i, r->tokens.data(), r->tokens.size());
   }
   for (std::size_t i = 0; i < handles.size(); ++i) {
     Request* r = find(handles[i]);
     out[i].clear();
     if (!r) continue;  // stopped while its lookups ran: an empty draft
-    if (budgets[i] > 0) {
-      if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budgets[i], chain), z_.retrieved))
+    if (const int budget = fitting(*r, budgets[i]); budget > 0) {
+      if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
         return false;
-      draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budgets[i], chain, min_score, out[i]);
+      draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budget, chain, min_score, out[i]);
     }
     r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
   }
@@ -327,8 +333,9 @@ void Core::plan(const std::vector<Handle>& handles, const std::vector<int>& budg
   tails.assign(handles.size(), {});
   for (std::size_t i = 0; i < handles.size(); ++i) {
     const Request* r = find(handles[i]);
-    if (!r || budgets[i] <= 0) continue;
-    back_off[i] = backs_off(budgets[i], chain);
+    const int budget = r ? fitting(*r, budgets[i]) : 0;
+    if (budget <= 0) continue;
+    back_off[i] = backs_off(budget, chain);
     std::size_t n = std::min(tail, r->tokens.size());
     auto begin = r->tokens.end() - static_cast<std::ptrdiff_t>(n);
     for (auto it = begin; it != r->tokens.end(); ++it)  // a key holding an id outside the keys' vocabulary is stored

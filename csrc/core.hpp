@@ -39,6 +39,8 @@ struct Options {
   int outputs_depth = 16;                           // the output index's deepest continuation node
   int context_tokens = 64;                          // trailing tokens of a request matched against the outputs
   int back_off_min_budget = 32;                     // trees of at least this budget choose among every stored suffix
+  int max_tokens = 0;  // an engine's context length: a request's draft is cut to what fits beside its tokens and the
+                       // bonus token (tokens + draft + 1 <= max_tokens; 0: no bound)
   bool sources[kNumSources] = {true, true, true, true, false};  // the sources drafted from (not the heads)
 };
 
@@ -180,6 +182,8 @@ class Core {
   const Request* find(Handle h) const;
   void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft
   bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
+  // `budget` cut to what fits in the context beside request r's tokens and the bonus token (Options::max_tokens).
+  int fitting(const Request& r, int budget) const;
   // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match,
   // the output index's and the heads' tree.
   void gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes);

@@ -138,6 +138,7 @@ constexpr OptionField kOptionFields[] = {
     {"outputs_depth", &crest::Options::outputs_depth, nullptr},
     {"context_tokens", &crest::Options::context_tokens, nullptr},
     {"back_off_min_budget", &crest::Options::back_off_min_budget, nullptr},
+    {"max_tokens", &crest::Options::max_tokens, nullptr},
 };
 
 // Every option of `o` by its keyword (crest_native.DEFAULTS is this of the defaults).

@@ -121,13 +121,17 @@ class MergedMethod:
             default, :data:`crest_native.DEFAULTS`).
         back_off_min_budget: trees of at least this many nodes choose the datastore n-gram among ALL stored suffixes
             of the context (``None``: the core's default, chosen on the calibration's fit half).
+        max_tokens: an engine's context length (vLLM's ``max_model_len``): each request's draft is cut to what fits
+            beside its tokens and the bonus token (its tokens + draft + 1 <= ``max_tokens``), in the native core, so a
+            step's budgets need not be (0: no bound).
         heads: a draft model's trees as one more source (S4C's heads: :class:`s4c.HeadsSource`).
         live_writer: each finished request's output is handed to it (enqueued; written on its own thread).
         compactor: keeps the live layer compacted on its own (:class:`drafting.compaction.LiveCompactor`); closed with
             the method.
 
     Raises:
-        ValueError: when ``min_score`` is not a probability, a source is unknown or not weighed by the calibration.
+        ValueError: when ``min_score`` is not a probability, a source is unknown or not weighed by the calibration,
+            or ``max_tokens < 0``.
         FileNotFoundError: when the heads' calibration is missing (fit it: ``benchmarks/calibrate.py --heads``).
     """
 
@@ -137,7 +141,7 @@ class MergedMethod:
     def __init__(self, lookups: DatastoreSource | None = None, *, vocab_size: int | None = None,
                  calibration: Calibration | None = None, sources: tuple[str, ...] = RETRIEVAL_SOURCES,
                  min_score: float = 0.0, outputs_bytes: int | None = None, back_off_min_budget: int | None = None,
-                 heads: HeadSource | None = None, live_writer: OutputSink | None = None,
+                 max_tokens: int = 0, heads: HeadSource | None = None, live_writer: OutputSink | None = None,
                  compactor: Closeable | None = None) -> None:
         from . import door
 
@@ -159,6 +163,8 @@ class MergedMethod:
             options["outputs_bytes"] = outputs_bytes
         if back_off_min_budget is not None:
             options["back_off_min_budget"] = back_off_min_budget
+        if max_tokens:
+            options["max_tokens"] = max_tokens
         self._settings = CoreSettings(self.calibration.coef, self.calibration.intercept, self.calibration.prior,
                                       options)
         self._settings.core()  # refuses bad settings now, naming them
@@ -175,8 +181,9 @@ class MergedMethod:
     @classmethod
     def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
              cache_bytes: int = CACHE_BYTES, replicas: bool = True, calibration: Calibration | None = None,
-             min_score: float = 0.0, outputs_bytes: int | None = None, live_writer: OutputSink | None = None,
-             compactor: Closeable | None = None, reopen_in_background: bool = True) -> MergedMethod:
+             min_score: float = 0.0, outputs_bytes: int | None = None, max_tokens: int = 0,
+             live_writer: OutputSink | None = None, compactor: Closeable | None = None,
+             reopen_in_background: bool = True) -> MergedMethod:
         """The merged method over datastore ``datastore``, its lookups composed in one place (what an engine's proposer
         uses; ``DraftingService(method, vocab_size=len(tokenizer))`` drafts with it).
 
@@ -188,8 +195,8 @@ class MergedMethod:
             cache_bytes: the round trip's tree cache bound, bytes.
             replicas: read host-local replicas of the builds (:mod:`datastore.replica`, ``CREST_REPLICAS``) once they
                 are ready; ``False``: every step is a round trip.
-            calibration / min_score / outputs_bytes / live_writer / compactor: as the constructor (``live_writer``:
-                a :class:`datastore.admin.live_writer.LiveWriter` the caller made; ``compactor``: an
+            calibration / min_score / outputs_bytes / max_tokens / live_writer / compactor: as the constructor
+                (``live_writer``: a :class:`datastore.admin.live_writer.LiveWriter` the caller made; ``compactor``: an
                 :class:`drafting.compaction.LiveCompactor`).
             reopen_in_background: a failed datastore is reopened on a background thread, so no step ever waits for a
                 connection attempt (an engine's step must not stall while the server is down).
@@ -205,7 +212,7 @@ class MergedMethod:
             datastore, tokenizer=tokenizer, database_url=database_url, cache_bytes=cache_bytes, live=layer,
             replicas=replicas), reopen_in_background=reopen_in_background)
         return cls(lookups, vocab_size=len(tokenizer), calibration=calibration, min_score=min_score,
-                   outputs_bytes=outputs_bytes, live_writer=live_writer, compactor=compactor)
+                   outputs_bytes=outputs_bytes, max_tokens=max_tokens, live_writer=live_writer, compactor=compactor)
 
     def core_settings(self) -> CoreSettings:
         """The calibration and the core's settings."""

@@ -200,7 +200,7 @@ class CrestProposer:
         self.method = MergedMethod.open(
             cfg.datastore, tokenizer=tokenizer, database_url=cfg.database_url, live=cfg.live,
             cache_bytes=int(cfg.cache_mb * 2**20), replicas=cfg.replicas, outputs_bytes=int(cfg.outputs_mb * 2**20),
-            min_score=cfg.min_score, live_writer=writer, compactor=compactor)
+            min_score=cfg.min_score, max_tokens=self.max_model_len, live_writer=writer, compactor=compactor)
         self.service = DraftingService(self.method,
                                        vocab_size=max(len(tokenizer), int(vllm_config.model_config.get_vocab_size())))
         self.feed = None
@@ -212,8 +212,9 @@ class CrestProposer:
                                    skip_origin=lambda: own.origin)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
-        # a step's allowances where no row is near max_model_len: [rows] int64 of k, one per batch size, read only
-        # (the hook runs on caches a forward pass has just flushed, where each numpy operation costs ~10 us)
+        # a step's allowances: [rows] int64 of k, one per batch size, read only. A row near max_model_len drafts
+        # fewer: the core cuts each draft to what fits (max_tokens), so nothing here reads the rows' counts (the hook
+        # runs on caches a forward pass has just flushed, where each numpy operation costs ~10 us)
         self._full: dict[int, np.ndarray] = {}
         self._last_end: float | None = None  # when the previous propose returned ...
         self._last_tokens = 0                # ... how many tokens the engine then verified ...
@@ -245,7 +246,7 @@ class CrestProposer:
             index = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
         started, verified = self.rows.started, rows
         if index is None or index:
-            budgets = self._budgets(num_tokens_no_spec, index, rows)
+            budgets = self._budgets(rows if index is None else len(index))
             if self.config.adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
                 budgets = np.zeros(len(budgets), np.int64)
             _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
@@ -268,18 +269,15 @@ class CrestProposer:
         self._last_end = time.perf_counter()
         return out
 
-    def _budgets(self, num_tokens_no_spec: np.ndarray, index: list[int] | None, rows: int) -> np.ndarray:
-        """``[rows drafted]`` int64: each row's most draft tokens (``index``'s rows; ``None``: every row), ``k``, fewer
-        for a row within ``k`` of ``max_model_len`` (none past it). Read only: a shared array when no row is near the
-        end."""
-        counts = (num_tokens_no_spec[:rows] if index is None else num_tokens_no_spec[index]).tolist()
-        if max(counts) < self.max_model_len - 1 - self.k:
-            full = self._full.get(len(counts))
-            if full is None:
-                full = self._full[len(counts)] = np.full(len(counts), self.k, np.int64)
-                full.flags.writeable = False
-            return full
-        return np.array([min(self.k, max(0, self.max_model_len - 1 - c)) for c in counts], np.int64)
+    def _budgets(self, rows: int) -> np.ndarray:
+        """``[rows]`` int64, read only: each row's most draft tokens, ``k`` (the core drafts fewer for a row within
+        ``k`` of ``max_model_len``, none past it: :class:`drafting.MergedMethod`'s ``max_tokens``). One shared array
+        per batch size."""
+        full = self._full.get(rows)
+        if full is None:
+            full = self._full[rows] = np.full(rows, self.k, np.int64)
+            full.flags.writeable = False
+        return full
 
 
 def _engine_idle_s() -> float:

@@ -158,6 +158,34 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
             core.add_outputs(np.arange(3, dtype=np.uint32), np.asarray(lengths, np.int64))
 
 
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_a_context_length_cuts_each_draft_to_what_fits(chain):
+    """With ``max_tokens`` (an engine's context length), a request's draft is the one an unbounded core drafts at the
+    budget that fits beside its tokens and the bonus token (``max_tokens - 1 - count``, at most the one asked, none
+    when nothing fits), bit for bit; a negative ``max_tokens`` is refused."""
+    cal = Calibration.load()
+    max_tokens, budget = 64, 6
+    cycle = [17, 4, 99, 23, 8, 61, 5]  # a request repeating itself: its own automaton drafts `budget` nodes
+    counts = [max_tokens - 3, max_tokens - 1, max_tokens + 5, 20]  # 2 fit, none, none (past the end), all
+    options = {"local_depth": 16, "outputs_bytes": 0}
+    bounded = crest_native.Core(cal.coef, cal.intercept, cal.prior, options | {"max_tokens": max_tokens})
+    free = crest_native.Core(cal.coef, cal.intercept, cal.prior, options)
+
+    def drafts(core, budgets):
+        handles = np.array([core.start(np.array((cycle * 20)[:n], np.uint32)) for n in counts], np.int64)
+        tokens, parents, scores, offsets, _, sources = core.draft_given(
+            handles, np.asarray(budgets, np.int64), [[] for _ in counts], [None] * len(counts), None, chain, 0.0)
+        return [(tokens[a:b].tolist(), parents[a:b].tolist(), scores[a:b].tolist(), sources[a:b].tolist())
+                for a, b in zip(offsets[:-1], offsets[1:])]
+
+    fits = [min(budget, max(0, max_tokens - 1 - n)) for n in counts]
+    assert fits == [2, 0, 0, budget]
+    got, want = drafts(bounded, [budget] * len(counts)), drafts(free, fits)
+    assert got == want and [len(d[0]) for d in got] == fits
+    with pytest.raises(ValueError, match="max_tokens"):
+        crest_native.Core(cal.coef, cal.intercept, cal.prior, {"max_tokens": -1})
+
 @pytest.mark.parametrize("chain", [True, False])
 def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain, chat_datastore, database_url,
                                                                          tokenizer):

@@ -192,8 +192,8 @@ def test_compaction_settings_from_the_environment(monkeypatch):
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
 def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database_url, tokenizer):
     """The hook's allowances: ``k`` draft tokens a row, fewer for a row within ``k`` of ``max_model_len``, none for a
-    row at its end; the same call after a row moves back from the end drafts ``k`` again (the shared allowance
-    array is never written)."""
+    row at its end (the core cuts each draft to what fits: ``max_tokens``); the same call after a row moves back from
+    the end drafts ``k`` again, and a followed row that nears the end drafts what fits."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -218,5 +218,10 @@ def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database
         tokens[0, :64], lengths[0] = tokens[1, :64], 64  # the row now holds another request, far from the end
         got = proposer.propose([[int(tokens[r, n - 1])] for r, n in enumerate(lengths)], lengths, tokens)
         assert [len(d) for d in got] == [k, k, 0], got
+        lengths[1] = max_len - 2  # the same request nears the end (a steady step): one token fits
+        tokens[1, :max_len - 2] = (cycle * max_len)[:max_len - 2]
+        got = proposer.propose([[int(tokens[r, n - 1])] for r, n in enumerate(lengths)], lengths, tokens)
+        assert [len(d) for d in got] == [k, 1, 0], got
+        assert proposer.rows.started == 4  # row 1 held its request: followed, not restarted
     finally:
         proposer.service.close()
