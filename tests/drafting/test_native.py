@@ -158,7 +158,6 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
             core.add_outputs(np.arange(3, dtype=np.uint32), np.asarray(lengths, np.int64))
 
 
-
 @pytest.mark.parametrize("chain", [True, False])
 def test_a_context_length_cuts_each_draft_to_what_fits(chain):
     """With ``max_tokens`` (an engine's context length), a request's draft is the one an unbounded core drafts at the
@@ -185,6 +184,7 @@ def test_a_context_length_cuts_each_draft_to_what_fits(chain):
     assert got == want and [len(d[0]) for d in got] == fits
     with pytest.raises(ValueError, match="max_tokens"):
         crest_native.Core(cal.coef, cal.intercept, cal.prior, {"max_tokens": -1})
+
 
 @pytest.mark.parametrize("chain", [True, False])
 def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain, chat_datastore, database_url,
