@@ -315,6 +315,30 @@ def test_replica_memory(database_url, chat_datastore, references):
     assert all(float(m[2]) > 0 and float(m[4]) > 0 and int(m[6]) > 0 for m in rows)
 
 
+def test_ranking_headroom(database_url, chat_datastore, references, tmp_path):
+    # a fleet stream as `fleet.py prepare` leaves it: Spec-Bench's saved references, the second a repeat of the first
+    saved = [json.loads(line) for line in (references / "spec_bench.jsonl").read_text().splitlines()[1:]]
+    stream = [{"id": f"r{i}", "kind": kind, "text": "", "prompt_ids": r["prompt_ids"], "output_ids": r["output_ids"]}
+              for i, (r, kind) in enumerate(zip([saved[0], *saved], ("new", "repeat", "new", "new")))]
+    (tmp_path / "today.json").write_text(json.dumps({"meta": {}, "stream": stream}))
+    out = _run("ranking_headroom", "--datastore", chat_datastore, "--code-datastore", chat_datastore, "--references",
+               references, "--fleet", tmp_path, "--fleet-datastore", chat_datastore, "--out",
+               tmp_path / "headroom.json", url=database_url)
+    report = json.loads((tmp_path / "headroom.json").read_text())
+    assert list(report["streams"]) == ["spec_bench", "humaneval", "fleet"]
+    assert report["streams"]["fleet"]["report_requests"] == 2  # the odd ones: the repeat and the last
+    for name, got in report["streams"].items():
+        rows = {r: row["accept_length"]["all"] for r, row in got["rows"].items()}
+        assert list(rows) == ["union's best", "shipped", "refit", "refit + history", "boosted", "boosted + tokens"]
+        assert all(a >= 1 for a in rows.values()) and rows["union's best"] == max(rows.values()), name
+        assert len(_lines(out, rf"{name} \(datastore {re.escape(chat_datastore)}; fitted on \d+ requests")) == 1
+    first = _lines(out, r"first token: the union offers ([\d.]+); the shipped chain's is the target's at ([\d.]+)% of "
+                        r"positions, one of them at ([\d.]+)%")
+    assert len(first) == 3 and all(float(m[1]) >= 1 and float(m[2]) <= float(m[3]) for m in first)
+    repeat = report["streams"]["fleet"]["rows"]["union's best"]["accept_length"]["repeat"]
+    assert repeat > report["streams"]["fleet"]["rows"]["union's best"]["accept_length"]["new"]  # its answer is held
+
+
 def test_replica_gil(database_url, chat_datastore):
     out = _run("replica_gil", "--datastore", chat_datastore, "--alone-s", "0.2", url=database_url)
     written = _lines(out, r"writer: (thread|process); replica ([\d,.]+) MiB written in ([\d.]+) s")
