@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _lookup import stored_suffixes  # noqa: E402
 from _refs import REPO, Reference, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES  # noqa: E402
 from datastore.live import LIVE_TOP_T  # noqa: E402
@@ -115,7 +116,7 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
             heads.start(r)
         for pos in range(1, len(ref)):
             if pos % stride == 0:
-                cands = source.candidates_batch([seq[-8:]])[0]
+                cands = stored_suffixes(source, seq[-8:])
                 if candidates == "longest":
                     cands = cands[:1]
                 tree = None if heads is None else heads.tree(r)
@@ -245,7 +246,8 @@ def main() -> None:
     out = args.out or (HEADS_PATH if heads is not None else REPO / "drafting" / "data" / "calibration.json")
     plot = args.plot or REPO / "docs" / "img" / ("calibration-heads.png" if heads is not None else "calibration.png")
     stores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
-    sources = {name: DatastoreSource(partial(SharedDatastore.open, d, tokenizer=tok)) for name, d in stores.items()}
+    sources = {name: DatastoreSource(partial(SharedDatastore.open, d, tokenizer=tok), retry_s=0.5)
+               for name, d in stores.items()}
     refs = {name: load_references(name, args.references) for name in SETS}
     for name in SETS:  # the corpora must not hold the prompts fitted on or reported
         require_clean_datastore(stores[name], name, [r.id for r in refs[name]])

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _lookup import stored_suffixes  # noqa: E402
 from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES, MAX_BUDGET, SOURCES  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
@@ -47,7 +48,6 @@ from toolkit.options import float_in, int_in  # noqa: E402
 BLOCK = len(FEATURES) // len(SOURCES)  # the columns of one source's block (csrc/features.hpp)
 COUNTED = ("ds", "live", "local", "outputs")  # the sources whose blocks hold counts (column 1: the count ratio)
 RANKERS = ("union's best", "shipped", "refit", "refit + history", "boosted", "boosted + tokens")
-ATTEMPTS = 5  # lookups of one position before the run stops
 TOKEN_CATEGORIES = 254  # scikit-learn's boosted trees take at most 255 categories: these tokens and "any other"
 
 
@@ -79,23 +79,6 @@ class Position:
     history: np.ndarray
 
 
-def _longest(source, context: list[int]) -> list:
-    """The longest stored suffix of ``context`` (``[]``: none), looked up again after a fault (a lookup that timed
-    out on cold pages): a position drafted without the datastore is not the union measured.
-
-    Raises:
-        SystemExit: when the datastore faults :data:`ATTEMPTS` times running.
-    """
-    for _ in range(ATTEMPTS):
-        faults = sum(source.faults.values())
-        got = source.candidates_batch([context])[0][:1]
-        if sum(source.faults.values()) == faults:
-            return got
-        time.sleep(source.retry_s * 1.1)  # the source reopens its backend at its next lookup after retry_s
-    raise SystemExit(f"error: the datastore faulted {ATTEMPTS} times running ({dict(source.faults)}); rerun when the "
-                     "server is reachable")
-
-
 def collect(requests: list[Request], source, *, budget: int, decay: float, vocab_size: int,
             desc: str) -> list[Position]:
     """Every position of every request's output (the first excepted: the prefill's token), in order, as
@@ -116,7 +99,7 @@ def collect(requests: list[Request], source, *, budget: int, decay: float, vocab
         hits, seen = np.zeros(len(COUNTED)), np.zeros(len(COUNTED))
         for pos in range(1, len(ref)):
             history = (hits + 1.0) / (seen + 2.0)  # each source's decayed record, shrunk towards one half
-            tables = method.node_tables(core, r.id, _longest(source, seq[-8:]), None)
+            tables = method.node_tables(core, r.id, stored_suffixes(source, seq[-8:])[:1], None)
             if tables:
                 t = tables[0]
                 keep = t.depths <= budget
