@@ -59,12 +59,14 @@ def require_clean_datastore(datastore: str, set_name: str, ids: list[str]) -> No
     (:func:`evaluation.require_clean`, on ``$DATABASE_URL`` or the embedded server).
 
     Raises:
-        SystemExit: naming the contaminated items and documents, or a datastore that records no screen.
+        SystemExit: naming the contaminated items and documents, a datastore that records no screen, or one that
+            is not built.
     """
     from datastore.connection import resolve_database_url
+    from datastore.errors import DatastoreNotFound
     from evaluation.contamination import Contaminated, NotScreened, require_clean
 
     try:
         require_clean(resolve_database_url(None), datastore, set_name, ids)
-    except (Contaminated, NotScreened) as exc:
+    except (Contaminated, NotScreened, DatastoreNotFound) as exc:
         raise SystemExit(f"error: {exc}") from None

@@ -467,7 +467,7 @@ def summary(got: list[tuple[int, int, dict]], kinds: list[str]) -> dict:
             "per_request": [list(g[:2]) for g in got]}
 
 
-def _read(path: Path, key: str, remedy: str) -> dict:
+def read_doc(path: Path, key: str, remedy: str) -> dict:
     """The JSON object at ``path`` that holds ``key``; else exit with one line naming the file and ``remedy``."""
     if not path.exists():
         raise SystemExit(f"error: {path} does not exist: {remedy} first")
@@ -483,7 +483,7 @@ def _read(path: Path, key: str, remedy: str) -> dict:
 def run(args) -> None:
     from tqdm import tqdm
 
-    doc = _read(args.dir / "today.json", "stream", f"run `benchmarks/fleet.py prepare --dir {args.dir}`")
+    doc = read_doc(args.dir / "today.json", "stream", f"run `benchmarks/fleet.py prepare --dir {args.dir}`")
     stream = doc["stream"][:args.limit]
     if not stream or "output_ids" not in stream[0]:
         raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `benchmarks/fleet.py prepare` first")
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.step == "run":
         run(args)
     else:
-        out = _read(args.out, "rows", "run `benchmarks/fleet.py run` (or name --out)")
+        out = read_doc(args.out, "rows", "run `benchmarks/fleet.py run` (or name --out)")
         if args.step == "plot":
             plot(out, args.png, args.window)
         else:

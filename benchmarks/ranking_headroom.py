@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _lookup import stored_suffixes  # noqa: E402
 from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES, MAX_BUDGET, SOURCES  # noqa: E402
+from fleet import read_doc  # noqa: E402
 from toolkit.options import float_in, int_in  # noqa: E402
 
 BLOCK = len(FEATURES) // len(SOURCES)  # the columns of one source's block (csrc/features.hpp)
@@ -263,13 +264,10 @@ def _sets(args) -> list[tuple[str, str, list[Request]]]:
 
 
 def _fleet(args) -> tuple[str, str, list[Request]]:
-    path = args.fleet / "today.json"
-    if not path.exists():
-        raise SystemExit(f"error: {path} is missing: run `benchmarks/fleet.py prepare --dir {args.fleet}` first")
-    stream = json.loads(path.read_text())["stream"]
+    remedy = f"run `benchmarks/fleet.py prepare --dir {args.fleet}`"
+    stream = read_doc(args.fleet / "today.json", "stream", remedy)["stream"]
     if not stream or "output_ids" not in stream[0]:
-        raise SystemExit(f"error: {path} holds no answers: run `benchmarks/fleet.py prepare --dir {args.fleet}`")
-    stream = stream[:args.limit]
+        raise SystemExit(f"error: {args.fleet / 'today.json'} holds no answers: {remedy}")
     return "fleet", args.fleet_datastore, [Request(f"fleet-{i}", list(r["prompt_ids"]), list(r["output_ids"]),
                                                    r["kind"], i % 2 == 0) for i, r in enumerate(stream)]
 
@@ -285,10 +283,12 @@ def run(args) -> dict:
         streams.append(_fleet(args))
     report: dict = {"budget": args.budget, "decay": args.decay, "streams": {}}
     for name, store, requests in streams:
-        if args.limit and name != "fleet":
-            requests = requests[:args.limit]
+        requests = requests[:args.limit]
         t0 = time.perf_counter()
         source = DatastoreSource(partial(SharedDatastore.open, store, tokenizer=tok), retry_s=0.5)
+        if source.client is None:  # the first open failed (DatastoreSource logged why)
+            raise SystemExit(f"error: datastore {store!r} did not open ({dict(source.faults)}): build it, or name a "
+                             "built one (`python -m datastore list`)")
         positions = collect(requests, source, budget=args.budget, decay=args.decay, vocab_size=len(tok), desc=name)
         faults = dict(source.faults)
         source.close()
