@@ -21,6 +21,11 @@ both (a layer that is empty, not yet compacted or holds nothing for a prompt, an
 with the layer alone, the other sources' weights lean on it, and on HumanEval's held-out half a replay without it
 accepted 6% less at chain 8 (2.34 against 2.48 for the joint fit; docs/drafter-quality.md section 1).
 
+The fit adds a bias per drafted token for the ``--token-terms`` tokens most frequent among the fitted nodes
+(:class:`drafting.calibration.TokenBias`, named by the tokenizer's fingerprint): the token says how predictable
+that kind of continuation is for the target, which no count does (docs/drafter-quality.md section 8 measured what the
+token adds to a ranker). ``--token-terms 0`` fits none.
+
 With ``--heads`` the S4C heads (:mod:`s4c`) are a fifth source: at every position their candidate tree (from the
 target's hidden states over the reference, one forward pass per reference, cached) joins each union, and the fit
 weighs their features too; the result is the merged+S4C calibration (``drafting/data/calibration-heads.json``).
@@ -34,6 +39,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -90,8 +96,8 @@ class HeadTrees:
 
 def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
             live=None, heads: HeadTrees | None = None, desc: str = "replay", candidates: str = "longest"):
-    """Replay logs: ``(features, accepted, conditional score)`` of nodes whose parent was accepted (for fitting; the
-    conditional is the node's score over its parent's), and per node of the longest candidate's union
+    """Replay logs: ``(features, accepted, conditional score, token)`` of nodes whose parent was accepted (for
+    fitting; the conditional is the node's score over its parent's), and per node of the longest candidate's union
     ``(calibrated score, count-ratio score, accepted)``, from the native core's node tables under ``calibration``
     (its prior sets the features; its weights the scores).
     ``live``: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
@@ -102,7 +108,7 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
     budget reads: chains, and trees under ``back_off_min_budget`` nodes), ``all`` every stored suffix's."""
     from tqdm import tqdm
 
-    xs, ys, conds, scored = [], [], [], []
+    xs, ys, conds, toks, scored = [], [], [], [], []
     method = MergedMethod(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
                           sources=calibration.sources)
     core = DraftingService(method, vocab_size=vocab_size)
@@ -127,6 +133,7 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
                     parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)
                     xs.append(table.features[parent_ok].astype(np.float32))
                     ys.append(ok[parent_ok])
+                    toks.append(table.tokens[parent_ok])
                     up = np.where(table.parents >= 0, table.scores[np.maximum(table.parents, 0)], 1.0)
                     conds.append((table.scores / up)[parent_ok])
                     if j == 0:
@@ -138,7 +145,8 @@ def collect(refs, source, *, calibration: Calibration, outputs_bytes: int, vocab
         core.stop_request(r.id)
         if heads is not None:
             heads.stop(r)
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(conds), np.concatenate(scored)
+    return (np.concatenate(xs), np.concatenate(ys), np.concatenate(conds), np.concatenate(toks),
+            np.concatenate(scored))
 
 
 def _count_ratio(table) -> np.ndarray:
@@ -229,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the datastore candidates whose unions are fitted and reported: the longest stored suffix's "
                          "(default; what chains and trees under the back-off budget draft from) or every stored "
                          "suffix's (what the back-off lookup of large trees chooses among).")
+    ap.add_argument("--token-terms", type=int_in(0), default=256,
+                    help="fit a logit bias for this many of the fitted nodes' most frequent tokens (default: 256; "
+                         "0: no token term).")
     ap.add_argument("--live-top-t", type=int_in(1), default=LIVE_TOP_T, help="top-t of the cross-fitted live layers.")
     references_option(ap)
     return ap
@@ -239,6 +250,7 @@ def main() -> None:
     from datastore.shared import SharedDatastore
     from drafting import DatastoreSource
     from toolkit import load_tokenizer
+    from toolkit.tokenizer import tokenizer_fingerprint
 
     tok = load_tokenizer()
     heads = HeadTrees(args.heads or None) if args.heads is not None else None
@@ -262,12 +274,14 @@ def main() -> None:
                      desc=f"fit {name}{label}", **settings)
              for name in SETS for layer, label in ((lambda r: live[r.id], ""), (None, ", no live layer"))]
     x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    cal = Calibration.fit(x, y, prior=args.prior, sources=weighed, meta={
+    tokens = np.concatenate([p[3] for p in parts])
+    cal = Calibration.fit(x, y, prior=args.prior, sources=weighed, tokens=tokens, token_terms=args.token_terms,
+                          tokenizer=tokenizer_fingerprint(tok), meta={
         "datastores": stores, "builds": {n: s.identity() for n, s in sources.items()}, "fit_prompts": len(fit),
         "fit_rows": int(len(y)),
         "sets": list(SETS), "half": "fit (even positions within each category)",
         "fit_live": "each fit prompt replayed twice: with its cross-fitted live layer and with none",
-        "candidates": args.candidates,
+        "candidates": args.candidates, "token_terms": args.token_terms,
         "local": local, "outputs": {"max_bytes": settings["outputs_bytes"], "max_depth": 16},
         **({"heads": heads.source.config()} if heads is not None else {})})
     print(f"fitted on {len(fit)} prompts, {len(y):,} nodes in {time.perf_counter() - t0:.0f} s")
@@ -275,7 +289,7 @@ def main() -> None:
     fig_rows = []
     for name in SETS:
         held = half(refs[name], "report")
-        _, yr, q, scored = collect(held, sources[name], calibration=cal, desc=f"report {name}", **settings)
+        _, yr, q, _, scored = collect(held, sources[name], calibration=cal, desc=f"report {name}", **settings)
         brier = float(((q - yr) ** 2).mean())
         cal_curve = reliability(scored[:, 0], scored[:, 2])
         old_curve = reliability(scored[:, 1], scored[:, 2])
@@ -290,7 +304,7 @@ def main() -> None:
         for lo, mp, ob, n, omp, oob, on in zip(np.linspace(0, 0.9, 10), *cal_curve[:3], *old_curve[:3]):
             print(f"  [{lo:.1f},{lo + 0.1:.1f})  calibrated: predicted {mp:.3f} observed {ob:.3f} ({int(n):>7})"
                   f"   count ratio: predicted {omp:.3f} observed {oob:.3f} ({int(on):>7})")
-    cal = Calibration(cal.coef, cal.intercept, cal.prior, {**cal.meta, "report": report}, cal.sources)
+    cal = replace(cal, meta={**cal.meta, "report": report})
     cal.save(out)
     print(f"wrote {out}")
     _plot(fig_rows, plot)

@@ -3,7 +3,8 @@ lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas)
 
 - :class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
   (suffix automaton, output index, merge, features, scores, chain cut, tree cut), its datastore trees read from
-  host-local replicas (:class:`Replica`) or given by a round trip: ``Core(coef, intercept, prior, options)``, where
+  host-local replicas (:class:`Replica`) or given by a round trip: ``Core(coef, intercept, prior, options,
+  token_ids=None, token_bias=None)`` (the last two: a calibration's term per drafted token, together or neither), where
   ``options`` maps a setting's keyword to its value (any left out: its default in :data:`DEFAULTS`, whose keys are every
   setting; an unknown keyword is a ``ValueError``, a value of the wrong type a ``TypeError``, each naming it);
   :data:`MAX_BUDGET` is the one limit on a budget;

@@ -1,6 +1,7 @@
 #include "core.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -53,6 +54,14 @@ Core::Core(Calibration calibration, Options options)
     throw std::invalid_argument(
         "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget and max_tokens "
         ">= 0 and the calibration's prior >= 0");
+  const auto& ids = calibration_.bias_tokens;
+  if (ids.size() != calibration_.token_bias.size())
+    throw std::invalid_argument("the calibration's token bias has " + std::to_string(ids.size()) + " tokens and " +
+                                std::to_string(calibration_.token_bias.size()) + " biases");
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || (i && ids[i] <= ids[i - 1]) || !std::isfinite(calibration_.token_bias[i]))
+      throw std::invalid_argument("the calibration's token bias needs ascending, unique, non-negative token ids and "
+                                  "finite biases");
   z_.sources.assign(kNumSources, nullptr);
 }
 

@@ -473,8 +473,17 @@ void bind_replica_writer(nb::module_& m) {
       .def_prop_ro("records_bytes", [](const Writer& self) { return self.w.records_bytes(); });
 }
 
-void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const nb::dict& options) {
-  crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior};
+void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const nb::dict& options,
+               nb::handle token_ids, nb::handle token_bias) {
+  crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior, {}, {}};
+  if (token_ids.is_none() != token_bias.is_none())
+    throw nb::value_error("pass token_ids and token_bias together (a calibration's token term), or neither");
+  if (!token_ids.is_none()) {
+    auto ids = nb::cast<In1D<int64_t>>(token_ids);
+    auto bias = nb::cast<In1D<double>>(token_bias);
+    cal.bias_tokens.assign(ids.data(), ids.data() + ids.shape(0));
+    cal.token_bias.assign(bias.data(), bias.data() + bias.shape(0));
+  }
   new (self) crest::Core(std::move(cal), options_of(options));
 }
 
@@ -652,7 +661,8 @@ void bind_core_steps(nb::class_<crest::Core>& core) {
 void bind_core(nb::module_& m) {
   m.attr("DEFAULTS") = options_dict(crest::Options());
   nb::class_<crest::Core> core(m, "Core");
-  core.def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a = nb::dict());
+  core.def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a = nb::dict(),
+           "token_ids"_a.none() = nb::none(), "token_bias"_a.none() = nb::none());
   bind_core_requests(core);
   bind_core_steps(core);
 }

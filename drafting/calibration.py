@@ -17,13 +17,19 @@ node's verification cost is weighed against.
 :class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``benchmarks/calibrate.py``,
 reading the core's node tables: :meth:`drafting.MergedMethod.node_tables`) on one half of the public prompts,
 reported on the other half, and ships with the package (``drafting/data/calibration.json``).
+
+A calibration may add a term per drafted token (:class:`TokenBias`): a bias on the logit of the nodes whose token is
+one of the fit's most frequent. Count ratios say how often a source's continuation followed its context; the token
+says how predictable that kind of continuation is for the target (punctuation, a keyword, a common word piece). The
+ids belong to one tokenizer, so the term names it (:func:`toolkit.tokenizer.tokenizer_fingerprint`), and a drafter
+for another tokenizer drops it (:meth:`Calibration.for_tokenizer`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +37,7 @@ import numpy as np
 from crest_native import FEATURES, SOURCES
 from toolkit.extras import require
 
-__all__ = ["Calibration", "DEFAULT_PATH", "HEADS_PATH", "NodeTable", "RETRIEVAL_SOURCES"]
+__all__ = ["Calibration", "DEFAULT_PATH", "HEADS_PATH", "NodeTable", "RETRIEVAL_SOURCES", "TokenBias"]
 
 DEFAULT_PATH = Path(__file__).with_name("data") / "calibration.json"
 """The merged drafter's calibration (the retrieval sources)."""
@@ -92,6 +98,47 @@ def _by_name(names: list, weights: list, source: str) -> tuple[np.ndarray, tuple
 
 
 @dataclass(frozen=True)
+class TokenBias:
+    """The calibration's term per drafted token: ``bias[i]`` is added to the logit of every node whose token is
+    ``tokens[i]`` (any other token: 0), after the features' terms.
+
+    Attributes:
+        tokens: ``[T]`` int64 token ids, ascending, unique, in ``[0, 2**31)``.
+        bias: ``[T]`` float64, finite, in logit units.
+        tokenizer: the fingerprint of the tokenizer the ids belong to
+            (:func:`toolkit.tokenizer.tokenizer_fingerprint`).
+
+    Raises:
+        ValueError: when the arrays do not pair up, the ids are not ascending, unique and in range, a bias is not
+            finite, or ``tokenizer`` is empty.
+    """
+
+    tokens: np.ndarray
+    bias: np.ndarray
+    tokenizer: str
+
+    def __post_init__(self) -> None:
+        tokens = np.array(self.tokens, dtype=np.int64).reshape(-1)
+        bias = np.array(self.bias, dtype=np.float64).reshape(-1)
+        if len(tokens) != len(bias):
+            raise ValueError(f"token bias: {len(tokens)} tokens and {len(bias)} biases do not pair up")
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= 2**31 or (np.diff(tokens) <= 0).any()):
+            raise ValueError("token bias: the token ids must be ascending, unique and in [0, 2**31)")
+        if not np.isfinite(bias).all():
+            raise ValueError("token bias: every bias must be finite")
+        if not self.tokenizer:
+            raise ValueError("token bias: name the tokenizer its ids belong to (tokenizer_fingerprint)")
+        tokens.setflags(write=False)
+        bias.setflags(write=False)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "bias", bias)
+
+    def to_json(self) -> dict:
+        """The term as a JSON-ready dict (what :meth:`Calibration.load` reads)."""
+        return {"tokenizer": self.tokenizer, "tokens": self.tokens.tolist(), "bias": self.bias.tolist()}
+
+
+@dataclass(frozen=True)
 class Calibration:
     """A fitted logistic model of a node's conditional acceptance, and how it was fitted: the merged drafter's scorer.
 
@@ -102,6 +149,7 @@ class Calibration:
             ``max_depth`` it was fitted with ...).
         sources: the sources it weighs (:data:`RETRIEVAL_SOURCES`, plus ``heads`` when fitted with the S4C heads);
             the features of the others have weight 0 and a drafter that uses one is refused.
+        token_bias: the term per drafted token (``None``: none).
 
     Raises:
         ValueError: when ``coef`` does not have one weight per feature, ``prior < 0``, a source is unknown, or a
@@ -113,6 +161,7 @@ class Calibration:
     prior: float = 1.0
     meta: dict = field(default_factory=dict)
     sources: tuple[str, ...] = RETRIEVAL_SOURCES
+    token_bias: TokenBias | None = None
 
     def __post_init__(self) -> None:
         coef = np.array(self.coef, dtype=np.float64)
@@ -135,6 +184,13 @@ class Calibration:
         """The requests' automata's deepest continuation node this calibration was fitted with (default 16)."""
         return int(self.meta.get("local", {}).get("max_depth", 16))
 
+    def for_tokenizer(self, fingerprint: str) -> Calibration:
+        """This calibration for token ids of the tokenizer with ``fingerprint``: itself, or, when its token term
+        belongs to another tokenizer, a copy without the term (its ids would name other tokens)."""
+        if self.token_bias is None or self.token_bias.tokenizer == fingerprint:
+            return self
+        return replace(self, token_bias=None)
+
     def digest(self) -> str:
         """A short hash of the parameters (caches of anything the scores decide key on it)."""
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
@@ -143,8 +199,11 @@ class Calibration:
         """The parameters as a JSON-ready dict (the format :meth:`load` reads)."""
         names = features_of(self.sources)
         column = {name: j for j, name in enumerate(FEATURES)}
-        return {"version": 1, "features": names, "coef": [float(self.coef[column[n]]) for n in names],
-                "intercept": self.intercept, "prior": self.prior, "meta": self.meta}
+        out = {"version": 1, "features": names, "coef": [float(self.coef[column[n]]) for n in names],
+               "intercept": self.intercept, "prior": self.prior, "meta": self.meta}
+        if self.token_bias is not None:
+            out["token_bias"] = self.token_bias.to_json()
+        return out
 
     def save(self, path: str | Path) -> None:
         """Write the parameters as JSON."""
@@ -159,32 +218,45 @@ class Calibration:
         Raises:
             FileNotFoundError: when the file is missing (fit one: ``benchmarks/calibrate.py``).
             ValueError: naming the feature, when the file weighs a feature the core does not compute or lacks one
-                it does.
+                it does; when its token term is malformed.
         """
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no calibration at {path}: fit one with benchmarks/calibrate.py")
         raw = json.loads(path.read_text())
         coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), str(path))
-        return cls(coef, float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}), sources)
+        term = raw.get("token_bias")
+        try:
+            bias = None if term is None else TokenBias(term["tokens"], term["bias"], term["tokenizer"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: its token_bias is malformed ({e}); refit it with benchmarks/calibrate.py") from e
+        return cls(coef, float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}), sources, bias)
 
     @classmethod
     def fit(cls, features: np.ndarray, accepted: np.ndarray, *, prior: float = 1.0, meta: dict | None = None,
-            regularization: float = 1.0, sources: tuple[str, ...] = RETRIEVAL_SOURCES) -> Calibration:
+            regularization: float = 1.0, sources: tuple[str, ...] = RETRIEVAL_SOURCES,
+            tokens: np.ndarray | None = None, token_terms: int = 0, tokenizer: str | None = None) -> Calibration:
         """Fit the conditional model on nodes whose parent was accepted (needs the ``fit`` extra: scikit-learn).
 
         Args:
             features: ``[rows, len(FEATURES)]`` float64, from the core's node tables (:class:`NodeTable`).
             accepted: ``[rows]`` bool, the node's token was the target's choice.
             prior: the smoothing the features were computed with.
-            regularization: scikit-learn's ``C`` (inverse L2 strength) on standardized features.
+            regularization: scikit-learn's ``C`` (inverse L2 strength) on standardized features and on the token
+                indicators.
             sources: the sources weighed; the other sources' features are left out of the fit (weight 0).
+            tokens: ``[rows]`` int64, each node's token (needed with ``token_terms``).
+            token_terms: fit a bias for the ``token_terms`` most frequent tokens of ``tokens`` (ties: the smaller
+                id), fitted jointly with the weights (0: no token term).
+            tokenizer: the fingerprint of the tokenizer of ``tokens`` (needed with ``token_terms``).
 
         Raises:
-            ValueError: when the shapes differ or only one class is present.
+            ValueError: when the shapes differ, only one class is present, or ``token_terms`` is negative or lacks
+                ``tokens`` or ``tokenizer``.
             ModuleNotFoundError: when scikit-learn is missing (the message names the extra).
         """
         require("sklearn", "fit", "fitting the calibration")
+        from scipy import sparse
         from sklearn.linear_model import LogisticRegression
         from sklearn.preprocessing import StandardScaler
 
@@ -195,12 +267,32 @@ class Calibration:
                              f"[rows, {len(FEATURES)}] and [rows]")
         if accepted.all() or not accepted.any():
             raise ValueError("accepted holds one class only: replay more prompts")
+        if token_terms < 0:
+            raise ValueError(f"token_terms={token_terms}: must be >= 0")
+        if token_terms and (tokens is None or not tokenizer):
+            raise ValueError("token_terms needs each row's token (tokens) and the tokenizer's fingerprint (tokenizer)")
         used = np.array([name in set(features_of(tuple(sources))) for name in FEATURES])
         x = features[:, used]
         scaler = StandardScaler().fit(x)
         scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
-        model = LogisticRegression(C=regularization, max_iter=2000).fit((x - scaler.mean_) / scale, accepted)
+        design = (x - scaler.mean_) / scale
+        kept = np.zeros(0, dtype=np.int64)
+        if token_terms:
+            row_tokens = np.asarray(tokens, dtype=np.int64)
+            if row_tokens.shape != accepted.shape:
+                raise ValueError(f"tokens {row_tokens.shape} does not match accepted {accepted.shape}")
+            ids, counts = np.unique(row_tokens, return_counts=True)
+            kept = np.sort(ids[np.lexsort((ids, -counts))[:token_terms]])
+            at = np.searchsorted(kept, row_tokens)
+            hit = (at < len(kept)) & (kept[np.minimum(at, len(kept) - 1)] == row_tokens)
+            onehot = sparse.csr_matrix((np.ones(int(hit.sum())), (np.flatnonzero(hit), at[hit])),
+                                       shape=(len(row_tokens), len(kept)))
+            design = sparse.hstack([sparse.csr_matrix(design), onehot], format="csr")
+        model = LogisticRegression(C=regularization, max_iter=4000).fit(design, accepted)
         coef = np.zeros(len(FEATURES))
-        coef[used] = model.coef_[0] / scale  # back to raw features
+        coef[used] = model.coef_[0][: int(used.sum())] / scale  # back to raw features
         intercept = float(model.intercept_[0] - (coef[used] * scaler.mean_).sum())
-        return cls(coef, intercept, prior, dict(meta or {}), tuple(sources))
+        bias = None
+        if token_terms:
+            bias = TokenBias(kept, model.coef_[0][int(used.sum()):], str(tokenizer))
+        return cls(coef, intercept, prior, dict(meta or {}), tuple(sources), bias)

@@ -24,6 +24,7 @@ Every datastore fault drafts from the other sources (:class:`drafting.source.Dat
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ from .draft import ChainDrafts, Drafts, ScoreKind
 from .heads import HeadSource, HeadTree
 from .method import CoreSettings, Follow, FollowedStep, Step
 from .source import DatastoreSource
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .door import RequestId
@@ -165,8 +168,7 @@ class MergedMethod:
             options["back_off_min_budget"] = back_off_min_budget
         if max_tokens:
             options["max_tokens"] = max_tokens
-        self._settings = CoreSettings(self.calibration.coef, self.calibration.intercept, self.calibration.prior,
-                                      options)
+        self._settings = CoreSettings.of(self.calibration, options)
         self._settings.core()  # refuses bad settings now, naming them
         self.lookups, self.live_writer, self.compactor = lookups, live_writer, compactor
         self.key_vocab = vocab_size or (lookups.vocab_size if lookups is not None else None) or 1 << 32
@@ -188,7 +190,8 @@ class MergedMethod:
         uses; ``DraftingService(method, vocab_size=len(tokenizer))`` drafts with it).
 
         Args:
-            datastore: the datastore name. tokenizer: the target's tokenizer (checked against the build's).
+            datastore: the datastore name. tokenizer: the target's tokenizer (checked against the build's, and
+                against the calibration's token term: a term fitted for another tokenizer is dropped, with a warning).
             database_url: libpq URL (default ``DATABASE_URL`` or the embedded server).
             live: also draft from the live layer ``<datastore>.live`` (once ``python -m ingest compact-live`` has
                 built it), read with the datastore.
@@ -206,12 +209,18 @@ class MergedMethod:
         """
         from datastore.live import live_name
         from datastore.shared import SharedDatastore
+        from toolkit.tokenizer import tokenizer_fingerprint
 
         layer = live_name(datastore) if live else None
+        calibration = calibration or Calibration.load()
+        mine = calibration.for_tokenizer(tokenizer_fingerprint(tokenizer))
+        if mine is not calibration:
+            log.warning("the calibration's token term was fitted for another tokenizer: drafting without it (fit one "
+                        "for yours with benchmarks/calibrate.py)")
         lookups = DatastoreSource(lambda: SharedDatastore.open(
             datastore, tokenizer=tokenizer, database_url=database_url, cache_bytes=cache_bytes, live=layer,
             replicas=replicas), reopen_in_background=reopen_in_background)
-        return cls(lookups, vocab_size=len(tokenizer), calibration=calibration, min_score=min_score,
+        return cls(lookups, vocab_size=len(tokenizer), calibration=mine, min_score=min_score,
                    outputs_bytes=outputs_bytes, max_tokens=max_tokens, live_writer=live_writer, compactor=compactor)
 
     def core_settings(self) -> CoreSettings:

@@ -19,6 +19,7 @@ import numpy as np
 
 from crest_native import FEATURES, Core
 
+from .calibration import Calibration
 from .draft import ChainDrafts, CostCurve, Draft, ScoreKind
 
 __all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TABLE_ONLY"]
@@ -26,16 +27,31 @@ __all__ = ["CoreSettings", "DraftMethod", "Follow", "FollowedStep", "Step", "TAB
 
 class CoreSettings(NamedTuple):
     """What the service builds its native core with: the calibration's weights (``[len(FEATURES)]`` float64), intercept
-    and count-ratio prior, and the core's settings by keyword (:data:`crest_native.DEFAULTS` for any left out)."""
+    and count-ratio prior, the core's settings by keyword (:data:`crest_native.DEFAULTS` for any left out), and the
+    calibration's token term (:class:`drafting.calibration.TokenBias`: ``[T]`` int64 ascending ids and ``[T]`` float64
+    biases; ``None``: none)."""
 
     coef: np.ndarray
     intercept: float
     prior: float
     options: dict
+    token_ids: np.ndarray | None = None
+    token_bias: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, calibration: Calibration, options: dict) -> CoreSettings:
+        """The settings of a core that scores with ``calibration``, its token term included."""
+        term = calibration.token_bias
+        return cls(calibration.coef, calibration.intercept, calibration.prior, options,
+                   None if term is None else term.tokens, None if term is None else term.bias)
 
     def core(self) -> Core:
-        """The native core these settings describe."""
-        return Core(self.coef, self.intercept, self.prior, self.options)
+        """The native core these settings describe.
+
+        Raises:
+            ValueError: naming the setting, when one is out of range (``crest_native.Core``).
+        """
+        return Core(self.coef, self.intercept, self.prior, self.options, self.token_ids, self.token_bias)
 
 
 TABLE_ONLY = CoreSettings(np.zeros(len(FEATURES)), 0.0, 1.0, {"outputs_bytes": 0, "sources": []})

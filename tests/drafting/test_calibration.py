@@ -72,6 +72,66 @@ def test_fit_recovers_a_known_model():
         Calibration.fit(x[:10, :3], y[:10])
 
 
+def test_fit_recovers_known_token_biases():
+    """Nodes whose token shifts their logit by a known bias: the fit finds each frequent token's bias (the others
+    share the intercept), and scores them through the oracle and the native core alike."""
+    rng = np.random.default_rng(5)
+    n = 60_000
+    x = np.zeros((n, len(FEATURES)))
+    x[:, F["ds_on"]] = 1.0
+    x[:, F["ds_ratio"]] = rng.random(n)
+    tokens = rng.choice([7, 11, 13, 40, 41], size=n, p=[0.3, 0.3, 0.3, 0.05, 0.05])
+    shift = np.select([tokens == 7, tokens == 11], [1.5, -1.0], 0.0)
+    y = rng.random(n) < 1 / (1 + np.exp(-(3.0 * x[:, F["ds_ratio"]] - 2.0 + shift)))
+    cal = Calibration.fit(x, y, tokens=tokens, token_terms=3, tokenizer="t")
+    assert cal.token_bias is not None and cal.token_bias.tokens.tolist() == [7, 11, 13]  # the 3 most frequent
+    assert cal.token_bias.bias.tolist() == pytest.approx([1.5, -1.0, 0.0], abs=0.15)
+    assert cal.coef[F["ds_ratio"]] == pytest.approx(3.0, abs=0.2)
+    probe = np.repeat(x[:1], 3, axis=0)
+    p = conditional(cal, probe, np.array([7, 13, 41]))
+    assert p[0] > p[1] and p[1] == pytest.approx(p[2], abs=0.05)
+    with pytest.raises(ValueError, match="tokenizer"):
+        Calibration.fit(x, y, tokens=tokens, token_terms=3)
+    with pytest.raises(ValueError, match="pass tokens"):
+        conditional(cal, probe)
+
+
+def test_a_token_term_saves_loads_and_belongs_to_its_tokenizer(tmp_path):
+    """The token term round-trips through the file; a malformed one is refused naming the fix; a drafter for
+    another tokenizer gets the calibration without it; bad terms are refused by the class and by the native core."""
+    from drafting.calibration import TokenBias
+    from drafting.method import CoreSettings
+
+    term = TokenBias(np.array([3, 9]), np.array([0.5, -0.25]), "abc")
+    cal = Calibration(np.zeros(len(FEATURES)), 0.1, token_bias=term)
+    cal.save(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json")
+    assert back.token_bias is not None and back.token_bias.tokenizer == "abc"
+    assert back.token_bias.tokens.tolist() == [3, 9] and back.token_bias.bias.tolist() == [0.5, -0.25]
+    assert back.digest() == cal.digest() and back.digest() != Calibration(cal.coef, 0.1).digest()
+    assert cal.for_tokenizer("abc") is cal
+    other = cal.for_tokenizer("xyz")
+    assert other.token_bias is None and np.array_equal(other.coef, cal.coef) and other.intercept == 0.1
+    raw = json.loads((tmp_path / "c.json").read_text())
+    raw["token_bias"]["tokens"] = [9, 3]
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="token_bias is malformed.*ascending.*refit"):
+        Calibration.load(tmp_path / "bad.json")
+    del raw["token_bias"]["tokenizer"]
+    (tmp_path / "anonymous.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="token_bias is malformed"):
+        Calibration.load(tmp_path / "anonymous.json")
+    for tokens, bias, match in (([1, 2], [0.0], "pair up"), ([-1], [0.0], "ascending"), ([1], [np.inf], "finite")):
+        with pytest.raises(ValueError, match=match):
+            TokenBias(np.array(tokens), np.array(bias), "t")
+    settings = CoreSettings.of(cal, {})
+    for ids, bias in (([3, 9], [0.5]), ([9, 3], [0.5, 0.5]), ([3, -2], [0.0, 0.0])):
+        with pytest.raises(ValueError, match="token bias"):
+            settings._replace(token_ids=np.array(ids, np.int64), token_bias=np.array(bias)).core()
+    with pytest.raises(ValueError, match="together"):
+        settings._replace(token_bias=None).core()
+
+
 def test_save_load_round_trip_and_refusals(tmp_path):
     cal = Calibration(np.arange(len(FEATURES), dtype=float), 0.25, 1.0, {"fit_prompts": 3}, SOURCES)
     cal.save(tmp_path / "c.json")
@@ -123,9 +183,13 @@ def test_a_calibration_weighs_the_heads_only_when_fitted_with_them(tmp_path):
     assert conditional(heads, likely[None])[0] > conditional(heads, unlikely[None])[0]
 
 
-def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other():
+def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other(tokenizer):
+    from toolkit.tokenizer import tokenizer_fingerprint
+
     cal = Calibration.load()
     meta = cal.meta
+    assert cal.token_bias is not None and len(cal.token_bias.tokens) == meta["token_terms"] > 0
+    assert cal.token_bias.tokenizer == tokenizer_fingerprint(tokenizer)  # the target's, whose ids it weighs
     assert meta["half"].startswith("fit") and meta["fit_prompts"] > 100 and meta["fit_rows"] > 10_000
     for name in ("spec_bench", "humaneval"):
         rep = meta["report"][name]
@@ -140,7 +204,8 @@ def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other():
     both[F["agree"]] = 1
     alone = both.copy()
     alone[[F["local_on"], F["local_ratio"], F["agree"]]] = 0
-    assert conditional(cal, both[None])[0] > conditional(cal, alone[None])[0]
+    none = np.array([-1])  # a token without a bias of its own
+    assert conditional(cal, both[None], none)[0] > conditional(cal, alone[None], none)[0]
 
 
 @pytest.mark.parametrize("chain", [False, True])
@@ -199,3 +264,35 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
     finally:
         source.close()
     assert differs > 0  # the back-off chose a shorter n-gram somewhere
+
+
+def test_a_drafter_for_another_tokenizer_drops_the_token_term(chat_datastore, database_url, tokenizer, caplog):
+    """The token term weighs token ids of the tokenizer it names: a drafter opened with that tokenizer keeps it, one
+    opened with another (here the target's with one token added) drafts without it and says so once (the datastore
+    refuses that tokenizer too, on its own)."""
+    import copy
+    import logging
+
+    from drafting.calibration import TokenBias
+    from toolkit.tokenizer import tokenizer_fingerprint
+
+    cal = Calibration(np.zeros(len(FEATURES)), 0.0,
+                      token_bias=TokenBias(np.array([5]), np.array([1.0]), tokenizer_fingerprint(tokenizer)))
+    other = copy.deepcopy(tokenizer)
+    other.add_tokens(["<crest-test-token>"])
+    with caplog.at_level(logging.WARNING, logger="drafting.merged"):
+        mine = MergedMethod.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, live=False,
+                                 calibration=cal, replicas=False)
+        assert mine.calibration is cal and not [r for r in caplog.records if r.name == "drafting.merged"]
+        theirs = MergedMethod.open(chat_datastore, tokenizer=other, database_url=database_url, live=False,
+                                   calibration=cal, replicas=False)
+    try:
+        assert theirs.calibration.token_bias is None and np.array_equal(theirs.calibration.coef, cal.coef)
+        kept = mine.core_settings().token_ids
+        assert theirs.core_settings().token_ids is None and kept is not None and kept.tolist() == [5]
+        assert [r.getMessage() for r in caplog.records if r.name == "drafting.merged"] == [
+            "the calibration's token term was fitted for another tokenizer: drafting without it (fit one for yours "
+            "with benchmarks/calibrate.py)"]
+    finally:
+        mine.close()
+        theirs.close()

@@ -10,6 +10,7 @@ import pytest
 import crest_native
 from drafting.calibration import Calibration
 from drafting.draft import CostCurve
+from drafting.method import CoreSettings
 
 CHAIN = np.arange(10, 18, dtype=np.uint32)
 """The datastore's one continuation: eight tokens, each seen nearly every time after the last."""
@@ -20,8 +21,7 @@ CURVE = CostCurve(np.array([1.0, 4.0, 9.0]), np.array([0.020, 0.022, 0.045]), 0.
 
 @pytest.fixture()
 def core() -> crest_native.Core:
-    cal = Calibration.load()
-    return crest_native.Core(cal.coef, cal.intercept, cal.prior, {"sources": ["ds"], "outputs_bytes": 0})
+    return CoreSettings.of(Calibration.load(), {"sources": ["ds"], "outputs_bytes": 0}).core()
 
 
 def _draft(core, handle: int, curve: CostCurve | None) -> np.ndarray:

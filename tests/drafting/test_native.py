@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import crest_native
 from datastore.tree import Match
-from drafting.calibration import FEATURES, Calibration
+from drafting.calibration import FEATURES, Calibration, TokenBias
 from drafting.draft import CostCurve
+from drafting.method import CoreSettings
 from oracle.core import CONTEXT_TOKENS, MATCH_NODES, PythonCore
 from support import random_head_tree, random_tree
 
@@ -20,8 +21,7 @@ DEFAULTS = crest_native.DEFAULTS
 
 
 def native_core(cal: Calibration, outputs_bytes: int, sources=crest_native.SOURCES) -> crest_native.Core:
-    return crest_native.Core(cal.coef, cal.intercept, cal.prior,
-                             {"local_depth": 16, "outputs_bytes": outputs_bytes, "sources": list(sources)})
+    return CoreSettings.of(cal, {"local_depth": 16, "outputs_bytes": outputs_bytes, "sources": list(sources)}).core()
 
 
 def test_the_oracle_uses_the_native_defaults():
@@ -54,8 +54,10 @@ def heads_tree(t):
 def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outputs_bytes, sources):
     rng = np.random.default_rng(seed)
     vocab = 2 + vocab_bits * 3
+    biased = np.flatnonzero(rng.random(vocab) < 0.5)  # a token term on about half the vocabulary, or none
+    term = TokenBias(biased, rng.normal(scale=1.5, size=len(biased)), "random") if rng.random() < 0.7 else None
     cal = Calibration(rng.normal(scale=0.7, size=len(FEATURES)), float(rng.normal()), float(rng.choice([0.0, 1.0])),
-                      sources=crest_native.SOURCES)
+                      sources=crest_native.SOURCES, token_bias=term)
     oracle, native = PythonCore(cal, outputs_bytes, sources=sources), native_core(cal, outputs_bytes, sources)
     active: list[int] = []
     handles: dict[int, int] = {}
@@ -168,8 +170,8 @@ def test_a_context_length_cuts_each_draft_to_what_fits(chain):
     cycle = [17, 4, 99, 23, 8, 61, 5]  # a request repeating itself: its own automaton drafts `budget` nodes
     counts = [max_tokens - 3, max_tokens - 1, max_tokens + 5, 20]  # 2 fit, none, none (past the end), all
     options = {"local_depth": 16, "outputs_bytes": 0}
-    bounded = crest_native.Core(cal.coef, cal.intercept, cal.prior, options | {"max_tokens": max_tokens})
-    free = crest_native.Core(cal.coef, cal.intercept, cal.prior, options)
+    bounded = CoreSettings.of(cal, options | {"max_tokens": max_tokens}).core()
+    free = CoreSettings.of(cal, options).core()
 
     def drafts(core, budgets):
         handles = np.array([core.start(np.array((cycle * 20)[:n], np.uint32)) for n in counts], np.int64)

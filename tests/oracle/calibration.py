@@ -132,17 +132,25 @@ def node_table(matches: Mapping[str, Match | HeadTree | None], prior: float = 1.
     return NodeTable(u.tokens, u.parents, u.depths, x)
 
 
-def conditional(cal: Calibration, features: np.ndarray) -> np.ndarray:
-    """``[N]`` P(node accepted | parent accepted): the logit summed in feature order, the C library's ``exp``."""
+def conditional(cal: Calibration, features: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+    """``[N]`` P(node accepted | parent accepted): the logit summed in feature order, then the node's token's bias
+    (``tokens``: ``[N]``, needed when the calibration has a token term), the C library's ``exp``."""
     z = np.full(len(features), cal.intercept, dtype=np.float64)
     for j, w in enumerate(cal.coef.tolist()):
         z += w * features[:, j]
+    if cal.token_bias is not None:
+        if tokens is None:
+            raise ValueError("a calibration with a token term scores nodes by their tokens: pass tokens")
+        ids = cal.token_bias.tokens
+        at = np.minimum(np.searchsorted(ids, tokens), max(len(ids) - 1, 0))
+        hit = ids[at] == tokens if len(ids) else np.zeros(len(tokens), dtype=bool)
+        z[hit] += cal.token_bias.bias[at[hit]]
     return 1.0 / (1.0 + _elementwise(math.exp, -z))
 
 
 def scores(cal: Calibration, table: NodeTable) -> np.ndarray:
     """``[N]`` P(node accepted): the product of the conditionals along each path."""
-    p = conditional(cal, table.features)
+    p = conditional(cal, table.features, table.tokens)
     for depth in range(2, int(table.depths.max(initial=1)) + 1):
         level = table.depths == depth
         p[level] *= p[table.parents[level]]

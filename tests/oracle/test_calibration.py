@@ -11,7 +11,7 @@ import pytest
 from crest_native import SOURCES
 from datastore.tree import Match, TokenTree
 from drafting.accept import accepted_mask, reference_predictions
-from drafting.calibration import FEATURES, Calibration
+from drafting.calibration import FEATURES, Calibration, TokenBias
 from oracle.calibration import COLUMN, conditional, draft_from_candidates, node_table, scores
 from support import tree_from_paths
 
@@ -84,14 +84,15 @@ def _randomtree_from_paths(rng, vocab=6, nodes=12) -> TokenTree:
 
 def test_scores_and_acceptance_against_oracles():
     rng = np.random.default_rng(0)
-    cal = Calibration(rng.normal(size=len(FEATURES)), -0.5, sources=SOURCES)
+    cal = Calibration(rng.normal(size=len(FEATURES)), -0.5, sources=SOURCES,
+                      token_bias=TokenBias(np.array([1, 3]), np.array([0.8, -1.2]), "t"))
     for _ in range(50):
         a, b = _randomtree_from_paths(rng), _randomtree_from_paths(rng)
         t = node_table({"ds": Match((1, 2), a), "local": Match((2,), b)})
         assert t is not None
         paths = _paths(t)
         assert len(set(paths)) == len(paths) == len(set(a.paths()) | set(b.paths()))  # the exact union
-        q, p = conditional(cal, t.features), scores(cal, t)
+        q, p = conditional(cal, t.features, t.tokens), scores(cal, t)
         for i, path in enumerate(paths):  # P(node) = product of conditionals along its path
             expect = np.prod([q[paths.index(path[:k])] for k in range(1, len(path) + 1)])
             assert p[i] == pytest.approx(expect)
