@@ -218,12 +218,15 @@ class Calibration:
         Raises:
             FileNotFoundError: when the file is missing (fit one: ``benchmarks/calibrate.py``).
             ValueError: naming the feature, when the file weighs a feature the core does not compute or lacks one
-                it does; when its token term is malformed.
+                it does; when the file is not JSON or its token term is malformed.
         """
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no calibration at {path}: fit one with benchmarks/calibrate.py")
-        raw = json.loads(path.read_text())
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a calibration file ({e}); refit it with benchmarks/calibrate.py") from e
         coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), str(path))
         term = raw.get("token_bias")
         try:

@@ -212,13 +212,14 @@ class MergedMethod:
         from toolkit.tokenizer import tokenizer_fingerprint
 
         layer = live_name(datastore) if live else None
+        fingerprint = tokenizer_fingerprint(tokenizer)  # once: it serializes the whole tokenizer (0.5 s here)
         calibration = calibration or Calibration.load()
-        mine = calibration.for_tokenizer(tokenizer_fingerprint(tokenizer))
+        mine = calibration.for_tokenizer(fingerprint)
         if mine is not calibration:
             log.warning("the calibration's token term was fitted for another tokenizer: drafting without it (fit one "
                         "for yours with benchmarks/calibrate.py)")
         lookups = DatastoreSource(lambda: SharedDatastore.open(
-            datastore, tokenizer=tokenizer, database_url=database_url, cache_bytes=cache_bytes, live=layer,
+            datastore, fingerprint=fingerprint, database_url=database_url, cache_bytes=cache_bytes, live=layer,
             replicas=replicas), reopen_in_background=reopen_in_background)
         return cls(lookups, vocab_size=len(tokenizer), calibration=mine, min_score=min_score,
                    outputs_bytes=outputs_bytes, max_tokens=max_tokens, live_writer=live_writer, compactor=compactor)

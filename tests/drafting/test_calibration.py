@@ -121,6 +121,9 @@ def test_a_token_term_saves_loads_and_belongs_to_its_tokenizer(tmp_path):
     (tmp_path / "anonymous.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="token_bias is malformed"):
         Calibration.load(tmp_path / "anonymous.json")
+    (tmp_path / "truncated.json").write_text((tmp_path / "c.json").read_text()[:40])
+    with pytest.raises(ValueError, match="truncated.json is not a calibration file.*refit"):
+        Calibration.load(tmp_path / "truncated.json")
     for tokens, bias, match in (([1, 2], [0.0], "pair up"), ([-1], [0.0], "ascending"), ([1], [np.inf], "finite")):
         with pytest.raises(ValueError, match=match):
             TokenBias(np.array(tokens), np.array(bias), "t")
