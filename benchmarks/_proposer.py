@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -28,8 +29,8 @@ class InstrumentedProposer(CrestProposer):
 
     _last: ClassVar[weakref.ref | None] = None
 
-    def __init__(self, vllm_config, config=None) -> None:
-        super().__init__(vllm_config, config)
+    def __init__(self, vllm_config, config=None, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(vllm_config, config, clock)
         self.steps = 0
         self.step_s = 0.0
         self.tokens_proposed = 0
@@ -121,3 +122,72 @@ def _cost(curve) -> dict | None:
         return None
     return {"tokens": curve.tokens.tolist(), "ms": (1e3 * curve.seconds).tolist(), "tail_ms": 1e3 * curve.tail,
             "draft_ms": 1e3 * curve.draft_s}
+
+
+def agreed(chain: list[int], continuation: list[int]) -> list[int]:
+    """The longest prefix of ``chain`` that ``continuation`` (the target's next tokens) starts with: the draft tokens
+    a greedy verifier accepts."""
+    n = 0
+    for drafted, target in zip(chain, continuation):
+        if drafted != target:
+            break
+        n += 1
+    return chain[:n]
+
+
+class OracleCutProposer(InstrumentedProposer):
+    """A bound, not a method: ours with each chain cut exactly where the target's greedy output leaves it. The chains
+    are the defaults' before the step-cost cut (``CREST_ADAPTIVE=0``; the floor ``CREST_MIN_SCORE`` kept), each trimmed
+    to its prefix that the saved greedy reference continues with (``benchmarks/references.py``: vLLM fp32's own greedy
+    outputs, checked output by output by the benchmark). Every token the engine verifies is accepted and none that
+    would be is left out, so no cut of the same chains (no calibration, no step-cost curve) accepts more in fewer
+    verified tokens: its tok/s is what a perfect cut of ours reaches. Greedy only. A row whose prompt has no reference
+    (the benchmark's warm-up) drafts nothing.
+
+    Args:
+        vllm_config: as :class:`serving.vllm_proposer.CrestProposer`.
+        config: the settings (default: the environment's, with ``adaptive`` off).
+        references: ``(prompt, output)`` token lists (default: Spec-Bench's and HumanEval's saved references,
+            ``_refs.REFERENCES``, 128 new tokens each: past them a row drafts nothing).
+        clock: as :class:`serving.vllm_proposer.CrestProposer`.
+    """
+
+    def __init__(self, vllm_config, config=None, references: list[tuple[list[int], list[int]]] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        from dataclasses import replace
+
+        from serving.vllm_proposer import ProposerConfig
+
+        super().__init__(vllm_config, config or replace(ProposerConfig.from_env(), adaptive=False), clock)
+        if references is None:
+            from _refs import load_references
+
+            references = [(r.prompt, r.output) for name in ("spec_bench", "humaneval") for r in load_references(name)]
+        self._outputs = {tuple(prompt): output for prompt, output in references}
+        self._prompt_lengths = sorted({len(prompt) for prompt, _ in references})
+        self._of_request: dict[int, tuple[int, list[int]] | None] = {}  # request id -> (prompt length, output)
+        self.trimmed = 0  # draft tokens cut off by the reference
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
+        held = self.rows._by_row
+        for i, chain in enumerate(out):
+            if not chain:
+                continue
+            row = token_ids_cpu[i, :int(num_tokens_no_spec[i])]
+            ref = self._reference(held[i], row)
+            kept = [] if ref is None else agreed(chain, ref[1][len(row) - ref[0]:])
+            self.trimmed += len(chain) - len(kept)
+            out[i] = kept
+        return out
+
+    def _reference(self, request: int, row: np.ndarray) -> tuple[int, list[int]] | None:
+        """The (prompt length, greedy output) of the request on a row holding ``row`` (its tokens so far)."""
+        if request not in self._of_request:
+            found = None
+            for n in self._prompt_lengths:
+                if n < len(row) and (output := self._outputs.get(tuple(row[:n].tolist()))) is not None:
+                    found = (n, output)
+                    break
+            self._of_request[request] = found
+        return self._of_request[request]

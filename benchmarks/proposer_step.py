@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,9 +38,13 @@ def _config(k: int, tokenizer_dir: str, vocab: int):
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model)
 
 
-def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flush: np.ndarray | None = None) -> dict:
+def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flush: np.ndarray | None = None,
+        step: Callable[[int, int], None] | None = None) -> dict:
     """Serve ``refs`` ``concurrency`` at a time through ``proposer.propose``; returns the call times (s), the accept
-    length and the steps. ``flush``: an array read through between two calls (``None``: none)."""
+    length, the steps (calls), the rows' steps, the tokens the rows took (accepted draft tokens and bonus tokens), and
+    the draft tokens proposed and accepted. ``flush``: an array read through between two calls (``None``: none).
+    ``step``: called after each step with the rows it verified and their tokens (sampled and draft), as an engine's
+    forward pass would take them (``None``: nothing)."""
     tokens = np.zeros((concurrency, MAX_MODEL_LEN), np.int32)
     lengths = np.zeros(concurrency, np.int32)
     queue = list(refs)
@@ -55,21 +60,24 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
 
     for i in range(min(concurrency, len(queue))):
         fill(i)
-    times, steps, accepted = [], 0, 0
+    times, steps, accepted, drafted, agreed = [], 0, 0, 0, 0
     while any(r is not None for r in rows):
         if flush is not None:
             flush.sum()
         t = time.perf_counter()
         drafts = proposer.propose(sampled, lengths, tokens)
         times.append(time.perf_counter() - t)
+        verified = [(i, len(drafts[i])) for i, row in enumerate(rows) if row is not None]
         for i, row in enumerate(rows):
             sampled[i] = []
             if row is None:
                 continue
             out, pos = row
+            drafted += len(drafts[i])
             n = 0
             while n < len(drafts[i]) and pos + n < len(out) and drafts[i][n] == out[pos + n]:
                 n += 1
+            agreed += n
             new = out[pos:pos + n + 1]
             tokens[i, lengths[i]:lengths[i] + len(new)] = new
             lengths[i] += len(new)
@@ -79,9 +87,13 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
             accepted += len(new)
             if row[1] >= len(out):
                 rows[i] = None
+                sampled[i] = []  # the row is gone (vLLM drops it) ...
                 if queue:
-                    fill(i)
-    return {"times": times, "accept": accepted / max(steps, 1), "steps": len(times)}
+                    fill(i)  # ... or holds the next request
+        if step is not None:
+            step(len(verified), sum(1 + n for _, n in verified))
+    return {"times": times, "accept": accepted / max(steps, 1), "steps": len(times), "row_steps": steps,
+            "tokens": accepted, "drafted": drafted, "drafts_accepted": agreed}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,11 @@ too (the headline figures stay the measured ones). ``--temperature T`` samples i
 position; outputs are then not compared). Ours waits for its replica before the timed run (the first engine on a host
 writes it).
 
+``--methods oracle-cut`` adds a bound, not a method (:class:`_proposer.OracleCutProposer`, greedy only): ours' chains
+before the step-cost cut, each trimmed to the tokens the target's saved greedy output accepts, so it verifies every
+accepted token of ours and no rejected one, which no cut or calibration of ours can beat; its ratio to the best
+built-in is the most a better cut could reach with the same chains.
+
 Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
 run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose
 layer held, beforehand, outputs sharing 16 tokens in a row with a scored output is refused
@@ -89,7 +94,9 @@ def _spec(method: str, k: int) -> dict | None:
             "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
             "suffix": {"method": "suffix", "num_speculative_tokens": k},
             "crest": {"method": "custom_class", "model": "_proposer.InstrumentedProposer",
-                      "num_speculative_tokens": k}}[method]
+                      "num_speculative_tokens": k},
+            "oracle-cut": {"method": "custom_class", "model": "_proposer.OracleCutProposer",
+                           "num_speculative_tokens": k}}[method]
 
 
 def _counters(llm) -> dict:
@@ -282,7 +289,7 @@ def child(args) -> None:
     warm_up: list[TokensPrompt] = [{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}]
     llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
-    if args.method == "crest":
+    if args.method in OURS:
         from _proposer import InstrumentedProposer
 
         proposer = InstrumentedProposer.last()
@@ -427,6 +434,10 @@ def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[di
 BUILT_IN = ("ngram", "suffix")
 """The engine's own speculative methods: ours is compared with the best of them."""
 
+OURS = ("crest", "oracle-cut")
+"""Runs of our proposer: ours, and ``oracle-cut`` (a bound, not a method: ours' chains cut exactly where the target's
+greedy output leaves them, :class:`_proposer.OracleCutProposer`; greedy only)."""
+
 AGAINST_BEST = {"x_best_built_in": "tokens_per_s", "x_best_built_in_common_forward": "tokens_per_s_common_forward"}
 """Each ratio to the best built-in method (:func:`over_rounds`), and the tok/s figure of a row it divides."""
 
@@ -470,7 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"],
-                    help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four).")
+                    help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four); "
+                         "also oracle-cut: ours' chains cut where the greedy reference leaves them (a bound on any "
+                         "cut of ours, not a method; --temperature 0 only).")
     ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="requests running at once, one engine per value (default: 1 8 32).")
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
@@ -519,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8}
+DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8, "oracle-cut": 8}
 """Each method at its best k on the fit half: ngram 2/3/5/8 and suffix 4/8/16/24 in vLLM (results/sweep), ours (with
 CREST_MIN_SCORE) by replay and the engine's step cost (``benchmarks/choose_k.py``)."""
 
@@ -547,8 +560,12 @@ def runs_of(args) -> list[tuple[str, dict[str, str]]]:
     """The runs per concurrency: ``(method, its own environment)``; ours with the defaults, then each ``--variant``.
 
     Raises:
-        SystemExit: for an ``--env`` that sets one of ours' settings (it belongs in ``--variant``).
+        SystemExit: for an ``--env`` that sets one of ours' settings (it belongs in ``--variant``), and for
+            ``oracle-cut`` at a ``--temperature`` above 0 (it cuts by the greedy references).
     """
+    if args.temperature > 0 and "oracle-cut" in args.methods:
+        raise SystemExit("error: --methods oracle-cut cuts ours' chains where the greedy references leave them: run "
+                         f"it at --temperature 0 (not {args.temperature})")
     env = _assignments(args.env, "--env")
     hidden = sorted(k for k in env if k.startswith("CREST_") and k not in OURS_SETTINGS)
     if hidden:
@@ -625,7 +642,7 @@ def main() -> None:
     runs = runs_of(args)
     shared = _assignments(args.env, "--env")
     name = ProposerConfig.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
-    if "crest" in args.methods:  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
+    if set(OURS) & set(args.methods):  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
         from _refs import require_clean_datastore
 
         for eval_set in args.sets:
@@ -641,7 +658,7 @@ def main() -> None:
             results.append(json.loads(out.read_text()))
             continue
         env = cpu_env(in_process=True) | shared | variant
-        mark = _fresh_live(name, keep=args.keep_live) if m == "crest" else None
+        mark = _fresh_live(name, keep=args.keep_live) if m in OURS else None
         t = time.perf_counter()
         proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
         if proc.returncode != 0:

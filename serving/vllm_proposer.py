@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,12 +171,15 @@ class CrestProposer:
         vllm_config: vLLM's ``VllmConfig`` (``speculative_config.num_speculative_tokens``,
             ``model_config.max_model_len`` and ``model_config.tokenizer`` are read).
         config: the settings; default :meth:`ProposerConfig.from_env`.
+        clock: the seconds counter the engine's steps are timed by, for the step-cost model (default
+            :func:`time.perf_counter`; a simulated engine passes its own: ``benchmarks/cut_simulation.py``).
 
     Raises:
         ValueError: for a malformed setting.
     """
 
-    def __init__(self, vllm_config, config: ProposerConfig | None = None) -> None:
+    def __init__(self, vllm_config, config: ProposerConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         from transformers import AutoTokenizer
 
         from .vllm_fixes import fix_cpu_sampling
@@ -212,6 +215,7 @@ class CrestProposer:
                                    skip_origin=lambda: own.origin)
         self.rows = RowTracker(self.service)
         self.cost = StepCostModel()
+        self._clock = clock
         # a step's allowances: [rows] int64 of k, one per batch size, read only. A row near max_model_len drafts
         # fewer: the core cuts each draft to what fits (max_tokens), so nothing here reads the rows' counts (the hook
         # runs on caches a forward pass has just flushed, where each numpy operation costs ~10 us)
@@ -238,7 +242,7 @@ class CrestProposer:
         Returns:
             ``[num_rows]`` lists of at most ``num_speculative_tokens`` token ids.
         """
-        start = time.perf_counter()
+        start = self._clock()
         self.gate.step()
         rows = len(sampled_token_ids)
         index: list[int] | None = None  # every row decodes (the steady case)
@@ -266,7 +270,7 @@ class CrestProposer:
             # a decode-only step (no prefill in it)
             self.cost.observe(self._last_tokens, start - self._last_end, drafted=self._last_tokens > self._last_rows)
         self._last_tokens, self._last_rows = verified, rows
-        self._last_end = time.perf_counter()
+        self._last_end = self._clock()
         return out
 
     def _budgets(self, rows: int) -> np.ndarray:

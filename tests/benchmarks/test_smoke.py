@@ -305,6 +305,16 @@ def test_proposer_step(database_url, chat_datastore, references):
     assert all(int(m[3]) > 0 and float(m[4]) > 0 and float(m[5]) >= 1 for m in rows)
 
 
+def test_cut_simulation(database_url, chat_datastore, references):
+    cuts = ("goodput", "oracle", "0.3")
+    out = _run("cut_simulation", "--concurrency", "2", "--k", "4", "--datastore", chat_datastore, "--references",
+               references, "--cuts", *cuts, url=database_url)
+    rows = _lines(out, r"(spec_bench|humaneval) +(\S+) +([\d.]+) +(\S+) +([\d.]+) +([\d.]+) +([\d.]+)%$")
+    assert [(m[1], m[2]) for m in rows] == [(s, c) for s in ("spec_bench", "humaneval") for c in cuts]
+    assert all(float(m[3]) > 0 and float(m[5]) >= 1 for m in rows)
+    assert all(float(m[7]) == 100.0 for m in rows if m[2] == "oracle" and float(m[6]) > 0)  # only accepted tokens
+
+
 @pytest.mark.slow
 def test_replica_memory(database_url, chat_datastore, references):
     out = _run("replica_memory", "--processes", "2", "--datastores", "sharegpt", "--datastore", chat_datastore,

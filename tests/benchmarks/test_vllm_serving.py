@@ -15,6 +15,7 @@ from vllm_serving import (
     build_parser,
     common_forward_curve,
     over_rounds,
+    runs_of,
     schedule,
 )
 
@@ -40,6 +41,13 @@ def _run(method: str, rnd: int, tok_s: float, outputs: list[list[int]]) -> dict:
     return {"method": method, "k": 8, "concurrency": 8, "round": rnd,
             "sets": {"spec_bench": {"prompts": ["a", "b"], "outputs": outputs, "tokens": tokens,
                                     "wall_s": tokens / tok_s, "tpot_s": 0.03, "counters": {}}}}
+
+
+def test_the_oracle_cut_runs_beside_ours_greedy_only():
+    args = build_parser().parse_args(["--methods", "suffix", "crest", "oracle-cut", "--variant", "CREST_LIVE=0"])
+    assert runs_of(args) == [("suffix", {}), ("crest", {}), ("crest", {"CREST_LIVE": "0"}), ("oracle-cut", {})]
+    with pytest.raises(SystemExit, match="at --temperature 0"):
+        runs_of(build_parser().parse_args(["--methods", "oracle-cut", "--temperature", "0.7"]))
 
 
 def test_every_ratio_is_taken_within_its_round():
