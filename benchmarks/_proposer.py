@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
+from proposer_step import agreed
 
 from datastore.lookup import LookupClient
 from drafting.draft import ChainDrafts
@@ -124,17 +125,6 @@ def _cost(curve) -> dict | None:
             "draft_ms": 1e3 * curve.draft_s}
 
 
-def agreed(chain: list[int], continuation: list[int]) -> list[int]:
-    """The longest prefix of ``chain`` that ``continuation`` (the target's next tokens) starts with: the draft tokens
-    a greedy verifier accepts."""
-    n = 0
-    for drafted, target in zip(chain, continuation):
-        if drafted != target:
-            break
-        n += 1
-    return chain[:n]
-
-
 class OracleCutProposer(InstrumentedProposer):
     """A bound, not a method: ours with each chain cut exactly where the target's greedy output leaves it. The chains
     are the defaults' before the step-cost cut (``CREST_ADAPTIVE=0``; the floor ``CREST_MIN_SCORE`` kept), each trimmed
@@ -146,7 +136,7 @@ class OracleCutProposer(InstrumentedProposer):
 
     Args:
         vllm_config: as :class:`serving.vllm_proposer.CrestProposer`.
-        config: the settings (default: the environment's, with ``adaptive`` off).
+        config: the settings (default: the environment's), ``adaptive`` always off.
         references: ``(prompt, output)`` token lists (default: Spec-Bench's and HumanEval's saved references,
             ``_refs.REFERENCES``, 128 new tokens each: past them a row drafts nothing).
         clock: as :class:`serving.vllm_proposer.CrestProposer`.
@@ -158,7 +148,8 @@ class OracleCutProposer(InstrumentedProposer):
 
         from serving.vllm_proposer import ProposerConfig
 
-        super().__init__(vllm_config, config or replace(ProposerConfig.from_env(), adaptive=False), clock)
+        # before any step-cost cut, whatever the settings say: a cut chain trimmed is no bound
+        super().__init__(vllm_config, replace(config or ProposerConfig.from_env(), adaptive=False), clock)
         if references is None:
             from _refs import load_references
 
@@ -170,7 +161,7 @@ class OracleCutProposer(InstrumentedProposer):
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
-        held = self.rows._by_row
+        held = self.rows.held
         for i, chain in enumerate(out):
             if not chain:
                 continue

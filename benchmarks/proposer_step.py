@@ -38,6 +38,17 @@ def _config(k: int, tokenizer_dir: str, vocab: int):
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model)
 
 
+def agreed(chain: list[int], continuation: list[int]) -> list[int]:
+    """The longest prefix of ``chain`` that ``continuation`` (the target's next tokens) starts with: the draft tokens
+    a greedy verifier accepts."""
+    n = 0
+    for drafted, target in zip(chain, continuation):
+        if drafted != target:
+            break
+        n += 1
+    return chain[:n]
+
+
 def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flush: np.ndarray | None = None,
         step: Callable[[int, int], None] | None = None) -> dict:
     """Serve ``refs`` ``concurrency`` at a time through ``proposer.propose``; returns the call times (s), the accept
@@ -60,7 +71,7 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
 
     for i in range(min(concurrency, len(queue))):
         fill(i)
-    times, steps, accepted, drafted, agreed = [], 0, 0, 0, 0
+    times, steps, accepted, drafted, drafts_accepted = [], 0, 0, 0, 0
     while any(r is not None for r in rows):
         if flush is not None:
             flush.sum()
@@ -74,10 +85,8 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
                 continue
             out, pos = row
             drafted += len(drafts[i])
-            n = 0
-            while n < len(drafts[i]) and pos + n < len(out) and drafts[i][n] == out[pos + n]:
-                n += 1
-            agreed += n
+            n = len(agreed(drafts[i], out[pos:]))
+            drafts_accepted += n
             new = out[pos:pos + n + 1]
             tokens[i, lengths[i]:lengths[i] + len(new)] = new
             lengths[i] += len(new)
@@ -93,7 +102,7 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
         if step is not None:
             step(len(verified), sum(1 + n for _, n in verified))
     return {"times": times, "accept": accepted / max(steps, 1), "steps": len(times), "row_steps": steps,
-            "tokens": accepted, "drafted": drafted, "drafts_accepted": agreed}
+            "tokens": accepted, "drafted": drafted, "drafts_accepted": drafts_accepted}
 
 
 def build_parser() -> argparse.ArgumentParser:

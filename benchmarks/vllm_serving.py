@@ -579,6 +579,32 @@ def runs_of(args) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
+ORACLE_SETS = ("spec_bench", "humaneval")
+"""The sets whose saved greedy references (128 new tokens) ``oracle-cut`` cuts by."""
+
+
+def require_oracle_references(args) -> None:
+    """Before any engine starts: with ``--methods oracle-cut``, every scored set has saved references
+    (``benchmarks/references.py``) as long as its outputs.
+
+    Raises:
+        SystemExit: naming the set or the length, and the fix; or the references' own error (missing, or made from
+            other prompts: :func:`_refs.load_references` names the command that makes them).
+    """
+    if "oracle-cut" not in args.methods:
+        return
+    other = [name for name in args.sets if name not in ORACLE_SETS]
+    fixes = ([f"--sets among those (not {' '.join(other)})"] if other else []) + \
+        ([f"--max-new-tokens 128 or fewer (not {args.max_new_tokens})"] if args.max_new_tokens > 128 else [])
+    if fixes:
+        raise SystemExit(f"error: --methods oracle-cut cuts by the saved references of {' and '.join(ORACLE_SETS)}, "
+                         f"128 new tokens each: pass {' and '.join(fixes)}")
+    from _refs import load_references
+
+    for name in args.sets:
+        load_references(name)
+
+
 def variant_label(variant: dict[str, str]) -> str:
     """How a run's settings are printed: ``""`` for the defaults, else ``[NAME=VALUE,...]``."""
     return "[" + ",".join(f"{k}={v}" for k, v in variant.items()) + "]" if variant else ""
@@ -640,6 +666,7 @@ def main() -> None:
         child(args)
         return
     runs = runs_of(args)
+    require_oracle_references(args)
     shared = _assignments(args.env, "--env")
     name = ProposerConfig.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
     if set(OURS) & set(args.methods):  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts

@@ -9,8 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
-from _proposer import agreed
+from proposer_step import agreed
 
 NO_VLLM = "vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)"
 

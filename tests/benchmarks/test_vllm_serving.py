@@ -3,6 +3,7 @@ is taken within its round, so a host that slows down between rounds moves no rat
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,7 @@ from vllm_serving import (
     build_parser,
     common_forward_curve,
     over_rounds,
+    require_oracle_references,
     runs_of,
     schedule,
 )
@@ -48,6 +50,10 @@ def test_the_oracle_cut_runs_beside_ours_greedy_only():
     assert runs_of(args) == [("suffix", {}), ("crest", {}), ("crest", {"CREST_LIVE": "0"}), ("oracle-cut", {})]
     with pytest.raises(SystemExit, match="at --temperature 0"):
         runs_of(build_parser().parse_args(["--methods", "oracle-cut", "--temperature", "0.7"]))
+    for refused, fix in ((["--sets", "spec_bench_turn2"], "pass --sets among those (not spec_bench_turn2)"),
+                         (["--max-new-tokens", "256"], "pass --max-new-tokens 128 or fewer (not 256)")):
+        with pytest.raises(SystemExit, match=re.escape(fix)):
+            require_oracle_references(build_parser().parse_args(["--methods", "oracle-cut", *refused]))
 
 
 def test_every_ratio_is_taken_within_its_round():
