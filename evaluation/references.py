@@ -110,13 +110,23 @@ def read_references(path: str | os.PathLike, want: Provenance) -> list[Reference
     Raises:
         FileNotFoundError: when the file is missing (the message gives the command that makes it).
         ReferenceMismatch: when the file records no provenance, or another set, prompts, model, dtype or
-            ``max_new_tokens`` than ``want`` (the message names the field and the command that regenerates it).
+            ``max_new_tokens`` than ``want`` (the message names the field and the command that regenerates it); when
+            a line is not a reference (a write cut short: the message names the file and the command).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: generate the references first ({REGENERATE} --out-dir "
                                 f"{path.parent})")
     lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return _parsed(path, lines, want)
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ReferenceMismatch(f"{path} holds a line that is not a reference ({type(e).__name__}: {e}; cut short?); "
+                                f"{_regenerate(path, want)}") from e
+
+
+def _parsed(path: Path, lines: list[str], want: Provenance) -> list[Reference]:
+    """:func:`read_references` of the file's non-blank ``lines``."""
     head = json.loads(lines[0]) if lines else {}
     if "provenance" not in head:
         raise ReferenceMismatch(f"{path} records no provenance (written by an older version); "

@@ -55,3 +55,7 @@ def test_references_of_other_prompts_are_refused(tmp_path, tokenizer):
         read_references(tmp_path / "old.jsonl", expected("humaneval", tokenizer))
     with pytest.raises(FileNotFoundError, match="benchmarks/references.py"):
         read_references(tmp_path / "missing.jsonl", expected("humaneval", tokenizer))
+    saved = (tmp_path / "humaneval.jsonl").read_text()
+    (tmp_path / "cut.jsonl").write_text(saved[:len(saved) // 2])  # a write cut short mid-line
+    with pytest.raises(ReferenceMismatch, match=r"cut.jsonl holds a line that is not a reference.*references.py"):
+        read_references(tmp_path / "cut.jsonl", expected("humaneval", tokenizer))
