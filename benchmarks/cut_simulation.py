@@ -64,10 +64,15 @@ class EngineClock:
     def __call__(self) -> float:
         return self.seconds
 
-    def step(self, rows: int, tokens: int) -> None:
-        """A step of ``rows`` rows verifying ``tokens`` tokens (each row's sampled token and its draft tokens)."""
+    def cost(self, tokens: float, drafts: float) -> float:
+        """Seconds of a step verifying ``tokens`` tokens (each row's sampled token and its draft tokens), ``drafts``
+        the chance that any of them is a draft token (0 or 1 for one step; a share for a mean step)."""
         forward = float(np.interp(tokens, self.tokens, self.ms)) + self.tail * max(tokens - self.tokens[-1], 0)
-        self.seconds += 1e-3 * (forward + self.step_ms + (self.draft_ms if tokens > rows else 0.0))
+        return 1e-3 * (forward + self.step_ms + drafts * self.draft_ms)
+
+    def step(self, rows: int, tokens: int) -> None:
+        """A step of ``rows`` rows verifying ``tokens`` tokens: the clock advances by :meth:`cost`."""
+        self.seconds += self.cost(tokens, float(tokens > rows))
 
 
 def parse_curve(points: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cuts", nargs="+", default=["goodput", "oracle", "0.2", "0.3", "0.4", "0.5"],
                     help="goodput (the defaults), oracle (the bound), or a fixed cut's probability (default: goodput "
                          "oracle 0.2 0.3 0.4 0.5).")
+    engine_options(ap)
+    references_option(ap)
+    return ap
+
+
+def engine_options(ap: argparse.ArgumentParser) -> None:
+    """The simulated engine's options (``--curve``, ``--step-ms``, ``--draft-ms``); :func:`engine_clock` reads them."""
     ap.add_argument("--curve", nargs="+", default=list(CURVE), metavar="TOKENS:MS",
                     help="the engine's forward pass, median ms by verified tokens (default: vLLM-CPU at eight streams, "
                          "AMD EPYC Zen 5).")
@@ -112,8 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-ms", type=float_in(0), default=4.0,
                     help="ms a step with draft tokens pays once (default 4.0: what ours' step-cost model measured "
                          "in those runs, 3.3-4.5).")
-    references_option(ap)
-    return ap
+
+
+def engine_clock(args: argparse.Namespace) -> EngineClock:
+    """A fresh :class:`EngineClock` from :func:`engine_options`' options.
+
+    Raises:
+        SystemExit: a malformed ``--curve`` (:func:`parse_curve`).
+    """
+    tokens, ms = parse_curve(args.curve)
+    return EngineClock(tokens, ms, args.step_ms, args.draft_ms)
 
 
 def _cut(text: str) -> str | float:
@@ -136,7 +156,7 @@ def _cut(text: str) -> str | float:
 def main() -> None:
     args = build_parser().parse_args()
     cuts = [_cut(c) for c in args.cuts]
-    tokens, ms = parse_curve(args.curve)
+    engine_clock(args)  # a malformed --curve is refused before the model loads
     from _proposer import OracleCutProposer
     from decoder.model import export_checkpoint
     from serving.vllm_proposer import CrestProposer, ProposerConfig
@@ -152,7 +172,7 @@ def main() -> None:
         refs = [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
         rates: dict[str | float, float] = {}
         for cut in cuts:
-            clock = EngineClock(tokens, ms, args.step_ms, args.draft_ms)
+            clock = engine_clock(args)
             proposer: CrestProposer
             if cut == "oracle":
                 proposer = OracleCutProposer(vllm_config, replace(base, adaptive=False), references=refs, clock=clock)

@@ -17,12 +17,21 @@ chooses, and the accept length of a lossless greedy run that steps through the p
 - ``boosted + tokens``: the same with the node's token and its parent's as categories (the fit half's 254 most
   drafted first tokens, the rest one category): what the drafted token itself says of its chance.
 
+Then the same rankers under a cut, as an engine that verifies chains at a batch size would draft them: each
+position's chain is cut to its nodes whose path score clears a fixed probability (the one of :data:`CUTS` that runs
+fastest on the fit half), and the report half is stepped through with the cut chains, each step priced on
+``cut_simulation.py``'s simulated engine (``--rows`` rows a step, its ``--curve``, ``--step-ms`` and ``--draft-ms``):
+simulated tok/s, accept length and draft tokens per row-step. ``perfect cut`` is the shipped chain trimmed to its
+accepted tokens: what no cut or calibration of that chain can beat (as ``vllm_serving.py --methods oracle-cut``).
+It says how much of the distance between the shipped cut and a perfect one a sharper ranker closes.
+
 The models are fitted on one half and reported on the other: for the evaluation sets, their fit and report halves
 (Spec-Bench with ``--datastore``, HumanEval with ``--code-datastore``, :mod:`benchmarks._refs`); for ``--fleet DIR``,
 the fleet stream's even and odd requests (``benchmarks/fleet.py prepare``, datastore ``--fleet-datastore``, by kind of
 request). Each stream is replayed in its order, every request's output into the output index after it; no live layer.
 
     .venv/bin/python benchmarks/ranking_headroom.py [--sets spec_bench humaneval] [--fleet results/fleet] [--budget 8]
+        [--rows 8]
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cut_simulation import EngineClock, engine_clock, engine_options  # noqa: E402
+
 from _lookup import stored_suffixes  # noqa: E402
 from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
 from crest_native import FEATURES, MAX_BUDGET, SOURCES  # noqa: E402
@@ -50,6 +61,8 @@ BLOCK = len(FEATURES) // len(SOURCES)  # the columns of one source's block (csrc
 COUNTED = ("ds", "live", "local", "outputs")  # the sources whose blocks hold counts (column 1: the count ratio)
 RANKERS = ("union's best", "shipped", "refit", "refit + history", "boosted", "boosted + tokens")
 TOKEN_CATEGORIES = 254  # scikit-learn's boosted trees take at most 255 categories: these tokens and "any other"
+CUTS = tuple(round(0.05 * i, 2) for i in range(1, 17))  # the fixed cuts tried on a chain's path scores, 0.05-0.80
+PERFECT = "perfect cut"  # the shipped chain trimmed to its accepted tokens: what no cut of it can beat
 
 
 @dataclass(frozen=True)
@@ -180,19 +193,24 @@ def fit(positions: list[Position], design: Design, boosted: bool) -> Callable[[P
     return lambda p: linear.predict_proba((design.rows(p) - scaler.mean_) / scale)[:, 1]
 
 
-def chain_accepted(p: Position, scores: np.ndarray) -> int:
-    """Accepted length (bonus included) of the chain of largest expected accepted length under ``scores`` (path
-    scores, ``[N]``): the path whose node scores sum the highest."""
+def best_chain(p: Position, scores: np.ndarray) -> np.ndarray:
+    """The chain of largest expected accepted length under ``scores`` (path scores, ``[N]``), the path whose node
+    scores sum the highest: ``[depth]`` int64 node indices, root's child first (empty for an empty union)."""
     if not len(scores):
-        return 1
+        return np.zeros(0, dtype=np.int64)
     total = np.empty(len(scores))
     for i, parent in enumerate(p.parents):
         total[i] = scores[i] + (total[parent] if parent >= 0 else 0.0)
-    node, accepted = int(np.argmax(total)), 0
+    node, path = int(np.argmax(total)), []
     while node >= 0:
-        accepted += bool(p.ok[node])
+        path.append(node)
         node = int(p.parents[node])
-    return 1 + accepted
+    return np.array(path[::-1], dtype=np.int64)
+
+
+def chain_accepted(p: Position, scores: np.ndarray) -> int:
+    """Accepted length (bonus included) of :func:`best_chain` under ``scores``."""
+    return 1 + int(p.ok[best_chain(p, scores)].sum())
 
 
 def path_scores(p: Position, conditional: np.ndarray) -> np.ndarray:
@@ -212,6 +230,87 @@ def accepted_by(positions: list[Position], ranker: str, model) -> np.ndarray:
             out[j] = chain_accepted(p, p.shipped)
         else:
             out[j] = chain_accepted(p, path_scores(p, model(p)) if len(p.parents) else p.shipped)
+    return out
+
+
+def chain_table(positions: list[Position], ranker: str, model, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's chain under ``ranker``: ``([positions, budget] float64 path scores along it, 0 past its end;
+    [positions, budget] bool: the target accepts the node)``. ``union's best`` scores its path 1 and :data:`PERFECT`
+    scores the shipped chain's accepted nodes 1 and the rest 0, so any cut in (0, 1] keeps exactly their accepted
+    tokens."""
+    scores = np.zeros((len(positions), budget))
+    ok = np.zeros((len(positions), budget), dtype=bool)
+    for j, p in enumerate(positions):
+        if ranker == "union's best":
+            deepest = np.flatnonzero(p.ok)
+            chain = best_chain(p, np.where(p.ok, p.depths, 0).astype(np.float64)) if len(deepest) else deepest
+            path = np.ones(len(chain))
+        else:
+            shipped = ranker in ("shipped", PERFECT) or not len(p.parents)
+            path_all = p.shipped if shipped else path_scores(p, model(p))
+            chain = best_chain(p, path_all)
+            path = p.ok[chain].astype(np.float64) if ranker == PERFECT else path_all[chain]
+        scores[j, :len(chain)] = path
+        ok[j, :len(chain)] = p.ok[chain]
+    return scores, ok
+
+
+@dataclass(frozen=True)
+class CutRun:
+    """A stepped replay of chains cut at one probability: ``tokens`` committed, row-``steps``, draft tokens
+    ``drafted`` and the row-steps that drafted any (``drafting``)."""
+    tokens: int
+    steps: int
+    drafted: int
+    drafting: int
+
+    def rate(self, clock: EngineClock, rows: int) -> float:
+        """Simulated tokens per second with ``rows`` rows a step, each step the mean one: ``rows`` times one plus the
+        mean draft tokens verified, priced by ``clock``, a draft step's surcharge paid by the chance that any row
+        drafts."""
+        per_row = self.drafted / max(self.steps, 1)
+        any_draft = 1.0 - (1.0 - self.drafting / max(self.steps, 1)) ** rows
+        seconds = self.steps / rows * clock.cost(rows * (1.0 + per_row), any_draft)
+        return self.tokens / max(seconds, 1e-12)
+
+
+def cut_run(positions: list[Position], table: tuple[np.ndarray, np.ndarray], cut: float,
+            requests: list[Request], fit: bool) -> CutRun:
+    """The stepped replay (as :func:`stepped`) of the ``fit`` or report half's requests, every chain in ``table``
+    cut to its nodes whose path score is at least ``cut``."""
+    scores, ok = table
+    kept = scores >= cut  # path scores fall along a chain: a prefix
+    accepted = 1 + (kept & ok).sum(axis=1)
+    drafted = kept.sum(axis=1)
+    at: dict[int, dict[int, tuple[int, int]]] = {}
+    for p, a, d in zip(positions, accepted, drafted):
+        at.setdefault(p.request, {})[p.pos] = (int(a), int(d))
+    tokens = steps = total = drafting = 0
+    for n, r in enumerate(requests):
+        if r.fit != fit:
+            continue
+        row, pos = at.get(n, {}), 1
+        while pos < len(r.output):
+            a, d = row.get(pos, (1, 0))
+            pos, steps, total, drafting = pos + a, steps + 1, total + d, drafting + (d > 0)
+        tokens += len(r.output) - 1
+    return CutRun(tokens, steps, total, drafting)
+
+
+def cut_rows(fitted: list[Position], held: list[Position], models: dict, requests: list[Request], args) -> dict:
+    """Per ranker, the fixed cut (of :data:`CUTS`) of largest simulated tok/s on the fit half, and on the report half
+    at that cut: tok/s, accept length, draft tokens per row-step and row-steps. :data:`PERFECT` and ``union's best``
+    need no cut."""
+    clock = engine_clock(args)
+    out = {}
+    for ranker in (*RANKERS, PERFECT):
+        model = models.get(ranker)
+        cuts = CUTS if ranker not in (PERFECT, "union's best") else (1.0,)
+        fit_table = chain_table(fitted, ranker, model, args.budget)
+        best = max(cuts, key=lambda c: cut_run(fitted, fit_table, c, requests, True).rate(clock, args.rows))
+        got = cut_run(held, chain_table(held, ranker, model, args.budget), best, requests, False)
+        out[ranker] = {"cut": best, "tok_s": got.rate(clock, args.rows), "accept_length": got.tokens / got.steps,
+                       "drafted_per_step": got.drafted / got.steps, "steps": got.steps}
     return out
 
 
@@ -305,8 +404,10 @@ def run(args) -> dict:
         report["streams"][name] = {"datastore": store, "fit_requests": sum(r.fit for r in requests),
                                    "report_requests": sum(not r.fit for r in requests),
                                    "report_positions": len(held), "first_token": first_tokens(held),
-                                   "lookups_retried": faults, "seconds": time.perf_counter() - t0, "rows": rows}
+                                   "lookups_retried": faults, "seconds": time.perf_counter() - t0, "rows": rows,
+                                   "cut": cut_rows(fitted, held, models, requests, args)}
         print_table(name, report["streams"][name])
+        print_cuts(report["streams"][name]["cut"], args)
     return report
 
 
@@ -326,6 +427,16 @@ def print_table(name: str, got: dict) -> None:
               + " ".join(f"{al.get(g, float('nan')):12.3f}" for g in groups))
 
 
+def print_cuts(rows: dict, args) -> None:
+    print(f"cut: {args.rows} rows a step on the simulated engine (cut_simulation.py's curve + {args.step_ms} ms, "
+          f"+ {args.draft_ms} ms with drafts); each ranker's fixed cut chosen on the fit half")
+    print(f"{'ranker':18s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
+    base = rows["shipped"]["tok_s"]
+    for ranker, row in rows.items():
+        print(f"{ranker:18s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / base:8.3f}x "
+              f"{row['accept_length']:7.3f} {row['drafted_per_step']:8.2f}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -342,6 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decay", type=float_in(0, 1), default=0.8,
                     help="the history features' decay per position (default: 0.8).")
     ap.add_argument("--limit", type=int_in(1), default=None, help="replay only the first N requests of each stream.")
+    ap.add_argument("--rows", type=int_in(1), default=8,
+                    help="rows a step in the cut's simulated engine (default: 8; cut_simulation.py's engine options "
+                         "price a step).")
+    engine_options(ap)
     ap.add_argument("--out", type=Path, default=REPO / "results" / "ranking_headroom.json",
                     help="the report, JSON (default: results/ranking_headroom.json).")
     return ap

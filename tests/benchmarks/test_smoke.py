@@ -342,6 +342,14 @@ def test_ranking_headroom(database_url, chat_datastore, references, tmp_path):
         assert list(rows) == ["union's best", "shipped", "refit", "refit + history", "boosted", "boosted + tokens"]
         assert all(a >= 1 for a in rows.values()) and rows["union's best"] == max(rows.values()), name
         assert len(_lines(out, rf"{name} \(datastore {re.escape(chat_datastore)}; fitted on \d+ requests")) == 1
+        cut = got["cut"]
+        assert list(cut) == [*rows, "perfect cut"], name
+        # the shipped chain trimmed to what is accepted: every draft token is accepted, so a step commits its draft
+        # tokens and the bonus, except a request's last, whose bonus would fall past the output's end
+        perfect = cut["perfect cut"]
+        past_end = perfect["steps"] * (perfect["drafted_per_step"] - perfect["accept_length"] + 1)
+        assert -1e-9 < past_end < got["report_requests"] + 1e-9, name
+        assert all(row["tok_s"] > 0 and 0 < row["cut"] <= 1 for row in cut.values()), name
     first = _lines(out, r"first token: the union offers ([\d.]+); the shipped chain's is the target's at ([\d.]+)% of "
                         r"positions, one of them at ([\d.]+)%")
     assert len(first) == 3 and all(float(m[1]) >= 1 and float(m[2]) <= float(m[3]) for m in first)
