@@ -41,7 +41,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -208,11 +208,6 @@ def best_chain(p: Position, scores: np.ndarray) -> np.ndarray:
     return np.array(path[::-1], dtype=np.int64)
 
 
-def chain_accepted(p: Position, scores: np.ndarray) -> int:
-    """Accepted length (bonus included) of :func:`best_chain` under ``scores``."""
-    return 1 + int(p.ok[best_chain(p, scores)].sum())
-
-
 def path_scores(p: Position, conditional: np.ndarray) -> np.ndarray:
     out = np.empty(len(conditional))
     for i, parent in enumerate(p.parents):
@@ -220,30 +215,16 @@ def path_scores(p: Position, conditional: np.ndarray) -> np.ndarray:
     return out
 
 
-def accepted_by(positions: list[Position], ranker: str, model) -> np.ndarray:
-    """Each position's accepted length under ``ranker``."""
-    out = np.empty(len(positions), dtype=np.int64)
-    for j, p in enumerate(positions):
-        if ranker == "union's best":
-            out[j] = 1 + (int(p.depths[p.ok].max()) if p.ok.any() else 0)
-        elif ranker == "shipped":
-            out[j] = chain_accepted(p, p.shipped)
-        else:
-            out[j] = chain_accepted(p, path_scores(p, model(p)) if len(p.parents) else p.shipped)
-    return out
-
-
 def chain_table(positions: list[Position], ranker: str, model, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """Each position's chain under ``ranker``: ``([positions, budget] float64 path scores along it, 0 past its end;
-    [positions, budget] bool: the target accepts the node)``. ``union's best`` scores its path 1 and :data:`PERFECT`
-    scores the shipped chain's accepted nodes 1 and the rest 0, so any cut in (0, 1] keeps exactly their accepted
-    tokens."""
+    [positions, budget] bool: the target accepts the node)``; uncut, a position's accepted length is one plus its
+    row's accepted nodes. ``union's best`` scores its path 1 and :data:`PERFECT` scores the shipped chain's accepted
+    nodes 1 and the rest 0, so any cut in (0, 1] keeps exactly their accepted tokens."""
     scores = np.zeros((len(positions), budget))
     ok = np.zeros((len(positions), budget), dtype=bool)
     for j, p in enumerate(positions):
-        if ranker == "union's best":
-            deepest = np.flatnonzero(p.ok)
-            chain = best_chain(p, np.where(p.ok, p.depths, 0).astype(np.float64)) if len(deepest) else deepest
+        if ranker == "union's best":  # the path to the deepest accepted node
+            chain = best_chain(p, np.where(p.ok, p.depths, 0).astype(np.float64)) if p.ok.any() else p.ok.nonzero()[0]
             path = np.ones(len(chain))
         else:
             shipped = ranker in ("shipped", PERFECT) or not len(p.parents)
@@ -274,41 +255,47 @@ class CutRun:
         return self.tokens / max(seconds, 1e-12)
 
 
-def cut_run(positions: list[Position], table: tuple[np.ndarray, np.ndarray], cut: float,
-            requests: list[Request], fit: bool) -> CutRun:
-    """The stepped replay (as :func:`stepped`) of the ``fit`` or report half's requests, every chain in ``table``
-    cut to its nodes whose path score is at least ``cut``."""
-    scores, ok = table
-    kept = scores >= cut  # path scores fall along a chain: a prefix
-    accepted = 1 + (kept & ok).sum(axis=1)
-    drafted = kept.sum(axis=1)
+def walk(positions: list[Position], accepted: np.ndarray, drafted: np.ndarray, requests: list[Request],
+         fit: bool) -> Iterator[tuple[Request, CutRun]]:
+    """A lossless greedy run through each of the ``fit`` or report half's requests that drafts at the positions it
+    reaches: each step commits ``accepted`` tokens (``[positions]``, bonus included) and verifies ``drafted`` draft
+    tokens at its position; a position with no union commits the bonus only. Yields each request and its run."""
     at: dict[int, dict[int, tuple[int, int]]] = {}
     for p, a, d in zip(positions, accepted, drafted):
         at.setdefault(p.request, {})[p.pos] = (int(a), int(d))
-    tokens = steps = total = drafting = 0
     for n, r in enumerate(requests):
         if r.fit != fit:
             continue
-        row, pos = at.get(n, {}), 1
+        row, pos, steps, total, drafting = at.get(n, {}), 1, 0, 0, 0
         while pos < len(r.output):
             a, d = row.get(pos, (1, 0))
             pos, steps, total, drafting = pos + a, steps + 1, total + d, drafting + (d > 0)
-        tokens += len(r.output) - 1
-    return CutRun(tokens, steps, total, drafting)
+        yield r, CutRun(len(r.output) - 1, steps, total, drafting)
 
 
-def cut_rows(fitted: list[Position], held: list[Position], models: dict, requests: list[Request], args) -> dict:
+def cut_run(positions: list[Position], table: tuple[np.ndarray, np.ndarray], cut: float,
+            requests: list[Request], fit: bool) -> CutRun:
+    """The :func:`walk` of the ``fit`` or report half's requests, pooled, every chain in ``table`` cut to its nodes
+    whose path score is at least ``cut``."""
+    scores, ok = table
+    kept = scores >= cut  # path scores fall along a chain: a prefix
+    runs = [run for _, run in walk(positions, 1 + (kept & ok).sum(axis=1), kept.sum(axis=1), requests, fit)]
+    return CutRun(*(sum(getattr(run, f) for run in runs) for f in ("tokens", "steps", "drafted", "drafting")))
+
+
+def cut_rows(fitted: list[Position], held: list[Position], tables: dict, models: dict, requests: list[Request],
+             args) -> dict:
     """Per ranker, the fixed cut (of :data:`CUTS`) of largest simulated tok/s on the fit half, and on the report half
-    at that cut: tok/s, accept length, draft tokens per row-step and row-steps. :data:`PERFECT` and ``union's best``
-    need no cut."""
+    (its chains: ``tables``, by ranker, from :func:`chain_table`) at that cut: tok/s, accept length, draft tokens per
+    row-step and row-steps. :data:`PERFECT` and ``union's best`` need no cut."""
     clock = engine_clock(args)
     out = {}
-    for ranker in (*RANKERS, PERFECT):
-        model = models.get(ranker)
-        cuts = CUTS if ranker not in (PERFECT, "union's best") else (1.0,)
-        fit_table = chain_table(fitted, ranker, model, args.budget)
-        best = max(cuts, key=lambda c: cut_run(fitted, fit_table, c, requests, True).rate(clock, args.rows))
-        got = cut_run(held, chain_table(held, ranker, model, args.budget), best, requests, False)
+    for ranker, table in tables.items():
+        best = 1.0
+        if ranker not in (PERFECT, "union's best"):
+            fit_table = chain_table(fitted, ranker, models.get(ranker), args.budget)
+            best = max(CUTS, key=lambda c: cut_run(fitted, fit_table, c, requests, True).rate(clock, args.rows))
+        got = cut_run(held, table, best, requests, False)
         out[ranker] = {"cut": best, "tok_s": got.rate(clock, args.rows), "accept_length": got.tokens / got.steps,
                        "drafted_per_step": got.drafted / got.steps, "steps": got.steps}
     return out
@@ -329,24 +316,14 @@ def first_tokens(positions: list[Position]) -> dict[str, float]:
 
 
 def stepped(positions: list[Position], accepted: np.ndarray, requests: list[Request]) -> dict[str, float]:
-    """Accept length (tokens per step) of a lossless greedy run that drafts at the positions it reaches, over the
-    report half's requests, pooled and per group: each step commits ``accepted`` tokens at its position (a position
-    with no union commits the bonus only)."""
-    at: dict[int, dict[int, int]] = {}
-    for p, a in zip(positions, accepted):
-        at.setdefault(p.request, {})[p.pos] = int(a)
+    """Accept length (tokens per step) of the report half's :func:`walk` with ``accepted`` tokens a step, pooled and
+    per group."""
     tokens: dict[str, int] = {}
     steps: dict[str, int] = {}
-    for n, r in enumerate(requests):
-        if r.fit:
-            continue
-        row, pos, count = at.get(n, {}), 1, 0
-        while pos < len(r.output):
-            pos += row.get(pos, 1)
-            count += 1
+    for r, run in walk(positions, accepted, np.zeros_like(accepted), requests, fit=False):
         for g in ("all", r.group):
-            tokens[g] = tokens.get(g, 0) + len(r.output) - 1
-            steps[g] = steps.get(g, 0) + count
+            tokens[g] = tokens.get(g, 0) + run.tokens
+            steps[g] = steps.get(g, 0) + run.steps
     return {g: tokens[g] / steps[g] for g in tokens if steps[g]}
 
 
@@ -396,16 +373,17 @@ def run(args) -> dict:
         models = {"refit": fit(fitted, Design(), False), "refit + history": fit(fitted, Design(history=True), False),
                   "boosted": fit(fitted, Design(), True),
                   "boosted + tokens": fit(fitted, Design(categories=token_categories(fitted)), True)}
+        tables = {ranker: chain_table(held, ranker, models.get(ranker), args.budget) for ranker in (*RANKERS, PERFECT)}
         rows = {}
         for ranker in RANKERS:
-            accepted = accepted_by(held, ranker, models.get(ranker))
+            accepted = 1 + tables[ranker][1].sum(axis=1)
             rows[ranker] = {"per_position": float(accepted.mean()),
                             "accept_length": stepped(held, accepted, requests)}
         report["streams"][name] = {"datastore": store, "fit_requests": sum(r.fit for r in requests),
                                    "report_requests": sum(not r.fit for r in requests),
                                    "report_positions": len(held), "first_token": first_tokens(held),
                                    "lookups_retried": faults, "seconds": time.perf_counter() - t0, "rows": rows,
-                                   "cut": cut_rows(fitted, held, models, requests, args)}
+                                   "cut": cut_rows(fitted, held, tables, models, requests, args)}
         print_table(name, report["streams"][name])
         print_cuts(report["streams"][name]["cut"], args)
     return report
@@ -466,6 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if not args.sets and args.fleet is None:
         raise SystemExit("error: nothing to replay: name --sets, or --fleet DIR")
+    engine_clock(args)  # a malformed --curve is refused before minutes of replay
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
