@@ -5,7 +5,7 @@ prints what it measured: seconds per stage, tokens/s, and peak RSS both of the l
 and summed over the build's process tree (sampled every 0.2 s). Postgres's own memory is not
 included.
 
-    python benchmarks/build.py [--name sharegpt] [extra ingest flags...]
+    python -m benchmarks.build [--name sharegpt] [extra ingest flags...]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import resource
 import sys
 from pathlib import Path
 
-from _child import run_sampled
+from ._child import run_sampled
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ greedy run), so accept length is free of engine noise.
 
 **The fleet.** K worker processes (``--k``), each request sent to one drawn at random (``--seed``; the same draw for
 every method), requests arriving every ``--interval`` seconds of wall time, so that the live layer's compaction runs
-beside them as in serving (every process has its :class:`drafting.LiveCompactor` at its default policy; one
+beside them as in serving (every process has its :class:`live.LiveCompactor` at its default policy; one
 compacts at a time). At the stream's midpoint every process restarts: what it held in memory is gone.
 
 Methods (``--methods``):
@@ -28,7 +28,7 @@ Methods (``--methods``):
   compaction; at the start it holds yesterday's distilled answers, as a fleet's layer keeps them overnight:
   ``--live-start``), the process's output index;
 - ``ours-unshared``: the same, its output index fed only by its own process's outputs (``CREST_OUTPUTS_SHARED=0``;
-  ``ours``' is fed every process's, read back from the live layer by a :class:`drafting.OutputFeed`);
+  ``ours``' is fed every process's, read back from the live layer by a :class:`live.OutputFeed`);
 - ``ours-nolive``: the same without the live layer;
 - ``ours-human``: ``ours`` on the human-corpus datastore alone.
 
@@ -38,10 +38,10 @@ yesterday's or today's), ``template`` (its first 40 characters do), ``new``, ``f
 trees held the accepted draft tokens (:attr:`drafting.Draft.sources`: the datastore, the live layer, the request's own
 tokens, the process's output index).
 
-    .venv/bin/python benchmarks/fleet.py prepare     # split, distill, today's answers, both builds (cached)
-    .venv/bin/python benchmarks/fleet.py run [--k 1 2 4 8] [--budget 8] [--form chain]
-    .venv/bin/python benchmarks/fleet.py table       # the last run's tables again
-    .venv/bin/python benchmarks/fleet.py plot        # accept length over the stream (docs/img/fleet.png)
+    python -m benchmarks.fleet prepare     # split, distill, today's answers, both builds (cached)
+    python -m benchmarks.fleet run [--k 1 2 4 8] [--budget 8] [--form chain]
+    python -m benchmarks.fleet table       # the last run's tables again
+    python -m benchmarks.fleet plot        # accept length over the stream (docs/img/fleet.png)
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO  # noqa: E402
-from crest_native import MAX_BUDGET  # noqa: E402
-from toolkit.options import float_in, int_in  # noqa: E402
+from crest_native import MAX_BUDGET
+from toolkit.options import float_in, int_in
 
-DIR = REPO / "results" / "fleet"
+from ._harness import RESULTS, saved
+
+DIR = RESULTS / "fleet"
 METHODS = ("suffix", "suffix-warm", "ngram", "ours", "ours-unshared", "ours-nolive", "ours-human")
 LIVE = ("ours", "ours-unshared", "ours-human")
 """The methods whose processes share a live layer: paced in wall time; the others replay as fast as they can."""
@@ -161,7 +161,7 @@ def _split(args) -> dict:
 
 def _answers_vllm(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy answers by vLLM's offline engine (fp32, no speculation; ``prepare`` runs with vLLM's CPU settings)."""
-    from references import _generate, greedy_engine
+    from evaluation.greedy import _generate, greedy_engine
 
     llm = greedy_engine()
     try:
@@ -286,24 +286,24 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
     from drafting import DraftingService
     from toolkit import load_tokenizer
 
+    from .peer_drafters import PromptLookup, SuffixDrafter
+
     tok = load_tokenizer()
     if method.startswith("suffix"):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-        from peers import SuffixMethod, warm_suffix
+        from .peers import warm_suffix
 
         cache = SuffixDecodingCache(max_tree_depth=24)
         if method == "suffix-warm" and warm:
             warm_suffix(cache, np.concatenate([np.append(w, -1) for w in warm]), -1)
-        return DraftingService(SuffixMethod(cache), vocab_size=len(tok))
+        return SuffixDrafter(cache, vocab_size=len(tok))
     if method == "ngram":
-        from drafting.drafters import PromptLookup
-
-        return DraftingService(PromptLookup(max_ngram=4, max_tokens=10_000), vocab_size=len(tok))
-    from datastore.admin.live_writer import LiveWriter
-    from datastore.live import live_name
+        return PromptLookup(max_ngram=4, max_tokens=10_000, vocab_size=len(tok))
+    from datastore.layers import live_name
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, LiveCompactor, MergedMethod
+    from drafting import DatastoreSource
+    from live import LiveCompactor, LiveWriter
 
     name = f"{args.name}-human" if method == "ours-human" else f"{args.name}-both"
     live = method in LIVE
@@ -311,11 +311,9 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
                                                           replicas=False))
     writer = LiveWriter(name, origin=f"fleet-{os.getpid()}") if live else None
     compactor = LiveCompactor(name) if live else None
-    made = MergedMethod(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
-    service = DraftingService(made, vocab_size=len(tok))
+    service = DraftingService(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
     if writer is not None and method != "ours-unshared":
-        from datastore.live_outputs import LiveOutputs
-        from drafting import OutputFeed
+        from live import LiveOutputs, OutputFeed
 
         origin = writer.origin
         OutputFeed(service, LiveOutputs(name), skip_origin=lambda: origin)  # stops when the service closes
@@ -334,22 +332,21 @@ class Attributed:
     def __getattr__(self, name: str):
         return getattr(self.drafter, name)
 
-    def propose(self, batch, **kw):
-        drafts = self.drafter.propose(batch, **kw)
-        for (req, _), d in zip(batch, drafts):
-            self.last[req] = d
-        return drafts
-
-    def add_tokens(self, req, tokens) -> None:
-        """``tokens``: the step's accepted draft tokens and the bonus token; the accepted nodes are the draft's path
-        they spell (the accept rule, :func:`drafting.accept.accept_greedy`)."""
+    def step(self, requests, budgets, *, tokens=None, **kw):
+        """``tokens``: each request's accepted draft tokens and bonus token since its last step; the accepted nodes of
+        its last draft are the path they spell (the accept rule, :func:`drafting.accept.accept_greedy`)."""
         from drafting.accept import accept_greedy, reference_predictions
 
-        d = self.last.pop(req, None)
-        if d is not None and len(d) and d.sources is not None:
-            path, _ = accept_greedy(d, reference_predictions(d.depths, np.asarray(tokens, np.int64), 0))
-            self.held.update(d.sources[path].tolist())
-        self.drafter.add_tokens(req, tokens)
+        for req, new in zip(requests, tokens or [[]] * len(requests)):
+            d = self.last.pop(req, None)
+            if d is not None and len(d) and d.sources is not None and len(new):
+                path, _ = accept_greedy(d, reference_predictions(d.depths, np.asarray(new, np.int64), 0))
+                self.held.update(d.sources[path].tolist())
+        made = self.drafter.step(requests, budgets, tokens=tokens, **kw)
+        if any(budgets):
+            for req, d in zip(requests, made.drafts):
+                self.last[req] = d
+        return made
 
 
 def _worker(method: str, args, warm, inbox, results) -> None:
@@ -380,9 +377,9 @@ def _start_live(name: str, yesterday: list[np.ndarray]) -> None:
     compaction the earlier run's processes left is waited for), then holding ``yesterday``'s outputs, compacted once
     (a fleet's layer keeps yesterday's outputs across the night's restarts; none: it starts empty)."""
     from datastore.admin.catalog import empty_live_layer
-    from datastore.admin.live_writer import LiveWriter
     from datastore.connection import resolve_database_url
-    from ingest.live import compact_live
+    from live.compaction import compact_live
+    from live.writer import LiveWriter
 
     url = resolve_database_url(None)
     empty_live_layer(url, name, wait_s=120)
@@ -467,26 +464,14 @@ def summary(got: list[tuple[int, int, dict]], kinds: list[str]) -> dict:
             "per_request": [list(g[:2]) for g in got]}
 
 
-def read_doc(path: Path, key: str, remedy: str) -> dict:
-    """The JSON object at ``path`` that holds ``key``; else exit with one line naming the file and ``remedy``."""
-    if not path.exists():
-        raise SystemExit(f"error: {path} does not exist: {remedy} first")
-    try:
-        doc = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SystemExit(f"error: {path} is not JSON ({e}): {remedy} again") from None
-    if not isinstance(doc, dict) or key not in doc:
-        raise SystemExit(f"error: {path} holds no {key!r}: {remedy} again")
-    return doc
-
-
 def run(args) -> None:
     from tqdm import tqdm
 
-    doc = read_doc(args.dir / "today.json", "stream", f"run `benchmarks/fleet.py prepare --dir {args.dir}`")
+    doc = saved(args.dir / "today.json", "stream", fix=f"run `python -m benchmarks.fleet prepare --dir {args.dir}`")
     stream = doc["stream"][:args.limit]
     if not stream or "output_ids" not in stream[0]:
-        raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `benchmarks/fleet.py prepare` first")
+        raise SystemExit(f"error: {args.dir / 'today.json'} holds no answers: run `python -m benchmarks.fleet prepare` "
+                         "first")
     kinds = [r["kind"] for r in stream]
     warm = _distilled_tokens(args.dir) if {"suffix-warm", *LIVE} & set(args.methods) else []
     rows = []
@@ -609,8 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N of today's openings.")
     g.add_argument("--out", type=Path, default=None, help="the results (default: DIR/fleet.json).")
     g = ap.add_argument_group("plot")
-    g.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "fleet.png",
-                   help="the figure (default: docs/img/fleet.png).")
+    g.add_argument("--png", type=Path, default=Path("docs") / "img" / "fleet.png",
+                   help="the figure (default: %(default)s).")
     g.add_argument("--window", type=int_in(1), default=50, help="requests per point (default: 50).")
     return ap
 
@@ -623,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.step == "run":
         run(args)
     else:
-        out = read_doc(args.out, "rows", "run `benchmarks/fleet.py run` (or name --out)")
+        out = saved(args.out, "rows", fix="run `python -m benchmarks.fleet run` (or name --out)")
         if args.step == "plot":
             plot(out, args.png, args.window)
         else:

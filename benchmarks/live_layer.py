@@ -1,20 +1,21 @@
-"""The live layer's automatic compaction (:class:`drafting.LiveCompactor`), measured on this machine.
+"""The live layer's automatic compaction (:class:`live.LiveCompactor`), measured on this machine.
 
 1. Freshness: the time from a request's end in one decoding process to the first draft that uses its output in
-   another. Process A hands an output to its :class:`datastore.admin.live_writer.LiveWriter` (what the merged drafter
+   another. Process A hands an output to its :class:`live.LiveWriter` (what the merged drafter
    does when a request stops) every ``--every`` seconds on average (uniform in 0.5x..1.5x); process B drafts, through
    the real step (a :class:`drafting.DraftingService` reading the host replicas, live layer only, so every drafted
    token is the layer's), for each output's probe: a 5-token context of that output found in no earlier output, whose
    next token B's draft must start with. Both processes run a compactor with the default :class:`CompactionPolicy`
    (one compacts at a time, under the advisory lock), as two vLLM proposers would. Printed: p50, p90, p99, max.
    With ``--main-tokens``, the layer's main build first holds that many tokens of other outputs (ShareGPT
-   conversations standing in, folded by ``compact-live``; their 5-grams are kept out of the probes), so each run
-   measures the delta (``compact-live --delta``: the policy's default) beside a main build of that size; with
+   conversations standing in, folded by ``python -m live compact``; their 5-grams are kept out of the probes), so each
+   run
+   measures the delta (``python -m live compact --delta``: the policy's default) beside a main build of that size; with
    ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta; ``--delta-tokens``
    starts each run with a delta of that size (one near the fold: the largest a delta compaction gets). With
    ``--through feed``, B drafts from its output index instead, fed every process's outputs from the live layer's
-   table (:class:`drafting.OutputFeed`): no compaction between A's output and B's draft.
-2. Compaction cost against the layer's size: ``python -m ingest compact-live`` (what the compactor runs) on outputs of
+   table (:class:`live.OutputFeed`): no compaction between A's output and B's draft.
+2. Compaction cost against the layer's size: ``python -m live compact`` (what the compactor runs) on outputs of
    ``--sizes`` tokens (ShareGPT conversations standing in for outputs), twice (the layer's first fold, and the next
    one, which starts from the top-t that fitted): wall time, builds, peak RSS (the largest sum of the
    resident sets of the command's process tree, sampled every 20 ms; and its main process's ``VmHWM``), n-grams, bytes
@@ -22,8 +23,8 @@
 
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
-    .venv/bin/python benchmarks/live_layer.py [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
-        [--delta-tokens 0] [--fold-tokens 262144] [--through layer] [--sizes 100K 1M 4M] [--json out.json]
+    python -m benchmarks.live_layer [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
+        [--delta-tokens 0] [--fold-tokens N] [--through layer] [--sizes 100K 1M 4M] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ingest.cli import parse_count  # noqa: E402
-from toolkit.options import int_in, positive_float  # noqa: E402
+from toolkit.options import int_in, parse_count, positive_float
+from toolkit.settings import DEFAULTS
 
 PROBE = 5  # context tokens of a probe (the datastore's largest n)
 
@@ -100,17 +100,16 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, t
              outbox) -> None:
     """Process B: drafts each announced probe every 20 ms until its draft starts with the probe's next token, from
     the live layer's trees (``through="layer"``) or from its output index fed the fleet's outputs (``"feed"``)."""
-    from datastore.live import live_name
-    from datastore.live_outputs import LiveOutputs
+    from datastore.layers import live_name
     from datastore.shared import SharedDatastore
-    from drafting import CompactionPolicy, DatastoreSource, DraftingService, LiveCompactor, MergedMethod, OutputFeed
+    from drafting import DatastoreSource, DraftingService
+    from live import CompactionPolicy, LiveCompactor, LiveOutputs, OutputFeed
     from toolkit import load_tokenizer
 
     tok = load_tokenizer()
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name)))
-    method = MergedMethod(source, vocab_size=len(tok), sources=("live",) if through == "layer" else ("outputs",),
-                          compactor=LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens)))
-    service = DraftingService(method, vocab_size=len(tok))
+    service = DraftingService(source, vocab_size=len(tok), sources=("live",) if through == "layer" else ("outputs",),
+                              compactor=LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens)))
     feed = OutputFeed(service, LiveOutputs(name)) if through == "feed" else None
     lookups = source.client
     replicas = getattr(lookups, "replicas", None)
@@ -126,14 +125,14 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, t
         for i in list(pending):
             context, want = probes[i]
             service.start_request(i, context)
-            got = service.propose([(i, 1)], chain=True).token_lists()[0]
+            got = service.step([i], [1], chain=True).chains().token_ids[0]
             service.stop_request(i)
             if got[:1] == [want]:
                 outbox.put((i, time.time()))
                 del pending[i]
                 done += 1
         time.sleep(0.02)
-    st = method.stats
+    st = service.retrieval.stats
     outbox.put({"replica_steps": st.replica_steps, "round_trip_steps": st.round_trip_steps})
     if feed is not None:
         feed.close()
@@ -143,8 +142,7 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, t
 def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: int, elsewhere: np.ndarray | None,
               seed: int = 0, through: str = "layer") -> dict:
     """Process A (this one) appends ``outputs`` one by one; returns the latencies to process B's drafts, seconds."""
-    from datastore.admin.live_writer import LiveWriter
-    from drafting import CompactionPolicy, LiveCompactor
+    from live import CompactionPolicy, LiveCompactor, LiveWriter
 
     outputs, probes = _probes(outputs, elsewhere)
     ctx = mp.get_context("spawn")
@@ -190,8 +188,8 @@ def fill_main(name: str, docs: list[np.ndarray], tokens: int, delta_tokens: int)
     (``None`` for none: an empty layer)."""
     from datastore.admin.catalog import empty_live_layer
     from datastore.connection import connect, resolve_database_url
-    from datastore.live import encode_output
-    from ingest.live import compact_delta, compact_live
+    from live.compaction import compact_delta, compact_live
+    from live.store import encode_output
 
     url = resolve_database_url(None)
     empty_live_layer(url, name, wait_s=120)
@@ -257,7 +255,8 @@ def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
     """Compact outputs of ``tokens`` tokens (the first of ``docs``) into ``name``'s live layer in a child process."""
     from datastore.admin.catalog import empty_live_layer
     from datastore.connection import connect, resolve_database_url
-    from datastore.live import encode_output, live_name
+    from datastore.layers import live_name
+    from live.store import encode_output
 
     url = resolve_database_url(None)
     empty_live_layer(url, name, wait_s=120)  # its builds counted from none
@@ -276,7 +275,7 @@ def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
     runs = []
     for _ in range(2):  # the first fold of the layer, then the next (under the same bound: from the top-t that fitted)
         t0 = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "ingest", "compact-live", "--name", name, "--max-bytes",
+        child = subprocess.Popen([sys.executable, "-m", "live", "compact", "--name", name, "--max-bytes",
                                   str(max_bytes), "--json", "--quiet"], stdout=subprocess.PIPE,
                                  env=dict(os.environ, DATABASE_URL=url))
         assert child.stdout is not None
@@ -284,7 +283,7 @@ def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
         out = child.stdout.read()
         sampler.stop()
         if child.wait() != 0:
-            raise RuntimeError(f"compact-live failed with exit code {child.returncode}")
+            raise RuntimeError(f"python -m live compact failed with exit code {child.returncode}")
         runs.append((time.perf_counter() - t0, sampler.peak, json.loads(out)))
     (wall, peak, result), (again, _, _) = runs
     with connect(url) as conn:
@@ -308,12 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--delta-tokens", type=parse_count, default=0,
                     help="tokens of other outputs compacted into the delta before each freshness run, e.g. 240K (a "
                          "delta near the fold: its compactions' cost bounds freshness) (default: 0).")
-    ap.add_argument("--fold-tokens", type=int_in(0), default=262_144,
-                    help="the compactors' CREST_COMPACT_FOLD_TOKENS (default: 262144; 0: no delta, every compaction "
-                         "rebuilds the whole layer).")
+    ap.add_argument("--fold-tokens", type=int_in(0), default=DEFAULTS.compact_fold_tokens,
+                    help="the compactors' CREST_COMPACT_FOLD_TOKENS (default: %(default)s; 0: no delta, every "
+                         "compaction rebuilds the whole layer).")
     ap.add_argument("--through", choices=("layer", "feed"), default="layer",
                     help="what B drafts from: the live layer's trees (layer), or its output index, fed every "
-                         "process's outputs by a drafting.OutputFeed (feed) (default: layer).")
+                         "process's outputs by a live.OutputFeed (feed) (default: layer).")
     ap.add_argument("--sizes", type=parse_count, nargs="*", default=[100_000, 1_000_000, 4_000_000],
                     help="live-layer sizes in tokens for the compaction cost (default: 100K 1M 4M; none: skip).")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here.")
@@ -325,7 +324,7 @@ def main() -> None:
     from datastore.admin.catalog import drop_datastore
     from datastore.connection import connect, resolve_database_url
     from datastore.errors import DatastoreNotFound
-    from datastore.live import delta_name, live_name
+    from datastore.layers import delta_name, live_name
     from ingest import BuildConfig, build_datastore
     from toolkit import load_tokenizer
 
@@ -356,7 +355,7 @@ def main() -> None:
             row = compaction_cost(args.name, docs[args.outputs:], size)
             figures["compaction"].append(row)
             print(f"compaction of {row['outputs']:,} outputs, {row['tokens']:,} tokens: {row['wall_s']:.1f} s wall "
-                  f"(compact-live {row['compact_s']:.1f} s; the next fold {row['again_wall_s']:.1f} s; "
+                  f"(python -m live compact {row['compact_s']:.1f} s; the next fold {row['again_wall_s']:.1f} s; "
                   f"{row['builds']} builds in all, top-t {row['top_t']:,}), peak RSS {row['peak_rss_mib']:.0f} MiB "
                   f"(its main process "
                   f"{row['process_peak_rss_mib']:.0f}), "

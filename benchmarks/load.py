@@ -19,9 +19,9 @@ Phase ``restart`` (``--restart``): the clients draft through :class:`drafting.so
 ``pg_ctlcluster 15 main restart``; the embedded server is restarted with its own ``pg_ctl``). Printed: steps
 that fell back, seconds from the server being back until each process drafts from the datastore again, errors.
 
-    python benchmarks/load.py --database-url postgresql://postgres@127.0.0.1:5432/test --clients 16 64
-    python benchmarks/load.py --embedded --clients 16 64
-    python benchmarks/load.py --database-url ... --clients 16 --restart
+    python -m benchmarks.load --database-url postgresql://postgres@127.0.0.1:5432/test --clients 16 64
+    python -m benchmarks.load --embedded --clients 16 64
+    python -m benchmarks.load --database-url ... --clients 16 --restart
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import numpy as np
 from toolkit.options import float_in, int_in, positive_float
 
 NAME = "crest-load"
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _build(url: str, name: str, limit: int) -> int:
@@ -64,12 +63,9 @@ def _build_in_child(url: str, name: str, limit: int) -> int:
 
 
 def _contexts(n: int) -> list[list[int]]:
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from lookup import _contexts as spec_bench_contexts
-
     from toolkit import load_tokenizer
+
+    from .lookup import _contexts as spec_bench_contexts
 
     return spec_bench_contexts(load_tokenizer(), n)
 

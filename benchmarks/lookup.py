@@ -11,7 +11,7 @@ the Postgres table's), opened, and the same longest-match lookups through it (:m
 one native call each, in microseconds) with a cold page cache (its pages evicted first, ``posix_fadvise(DONTNEED)``) and
 a warm one.
 
-    python benchmarks/lookup.py --name sharegpt [--database-url URL] [--lookups 5000]
+    python -m benchmarks.lookup --name sharegpt [--database-url URL] [--lookups 5000]
 
 Use a unix-socket URL (e.g. ``postgresql:///test?host=/var/run/postgresql&user=postgres``) to
 measure over a socket; the embedded server is socket-only.

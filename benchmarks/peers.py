@@ -2,7 +2,9 @@
 category of Spec-Bench and on HumanEval, and ours / the best peer.
 
 Replay (:func:`evaluation.simulate.replay`) against the target's saved greedy outputs
-(``benchmarks/references.py``) gives exactly the steps of a lossless greedy run, free of engine noise.
+(``python -m evaluation references``) gives exactly the steps of a lossless greedy run, free of engine noise; each row
+also carries a digest of every draft it replayed (SHA-256 of each draft's token ids, parents and scores), so two runs
+that print the same digests drafted the same, bit for bit.
 Reported on the held-out half of each set (odd positions within each category; the calibration was fitted
 on the even half), prompts one after another in file order, every drafter on the same prompts. Accept
 length: output tokens per verification step, bonus included (the prefill token excluded).
@@ -16,9 +18,6 @@ Drafters (``--methods``):
   lookup: the datastore merged with the request's own suffix automaton and the index of the run's finished
   outputs (as in vLLM); ``merged-no-index``: the same without the index of earlier outputs; ``local``: ours
   without the datastore; ``datastore``: the datastore alone (calibrated, backing off at every tree budget);
-- ``s4c``: the S4C heads alone (:mod:`s4c`, the shipped heads), their continuous verification tree cut by its path
-  probabilities; ``merged+s4c``: ours with the heads' tree as a fifth source under the calibration fitted with them
-  (both read the target's hidden states over each reference: one forward pass per reference, cached);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
   the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
@@ -28,7 +27,7 @@ Drafters (``--methods``):
 - ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index [--source code --path
   <stdlib>]``; contexts 16..2,
   <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path;
-- ``sglang-bfs`` / ``sglang-prob``: SGLang 0.5.23's NGRAM drafter, its own C++ (``benchmarks/sglang_ngram.py``),
+- ``sglang-bfs`` / ``sglang-prob``: SGLang 0.5.23's NGRAM drafter, its own C++ (:mod:`benchmarks.sglang_ngram`),
   BFS (recency) or PROB (frequency) mode, server defaults, its trie shared by the run's requests; a tree peer only
   (SGLang verifies trees); ``sglang-bfs-corpus`` / ``sglang-prob-corpus``: the same with the corpus as its
   external suffix automaton (its first 10M tokens, SGLang's default cap: the whole standard library, a third of
@@ -38,17 +37,16 @@ Drafters (``--methods``):
 A tree's best peer is the best peer draft of either form (a chain is a tree). arctic-inference and SGLang are
 optional (``bash scripts/setup-vllm.sh --arctic --sglang``): without them their rows are left out.
 
-    bash scripts/peers.sh                                  # one command: installs and builds what is missing, then runs
-    .venv/bin/python benchmarks/peers.py                   # every drafter, budgets 1 2 3 4 8 16 32 64
-    .venv/bin/python benchmarks/peers.py --table           # reprint the last run's tables
+    bash scripts/peers.sh                         # one command: installs and builds what is missing, then runs
+    python -m benchmarks.peers                    # every drafter, budgets 1 2 3 4 8 16 32 64
+    python -m benchmarks.peers --table            # reprint the last run's tables
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import hashlib
 import multiprocessing as mp
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,61 +54,19 @@ from typing import Any
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import REPO, half, load_references, references_option, require_clean_datastore  # noqa: E402
-from crest_native import MAX_BUDGET  # noqa: E402
-from drafting.draft import Draft, ScoreKind  # noqa: E402
-from drafting.method import Stateless, Step  # noqa: E402
-from evaluation.simulate import replay  # noqa: E402
-from toolkit.options import float_in, int_in  # noqa: E402
+from crest_native import MAX_BUDGET
+from evaluation.simulate import replay
+from toolkit.options import float_in, int_in
+
+from ._harness import finish, parser, references, require_clean
+from .peer_drafters import PromptLookup, RetrievalDrafter, SuffixDrafter
 
 CODE_PATH_HINT = " --path <the standard library>"
 SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
 PEERS = ("suffix", "suffix-warm", "ngram", "rest", *SGLANG)
-HEADS = ("s4c", "merged+s4c")
-OURS = ("merged", "merged-no-index", "local", "datastore", *HEADS)
+OURS = ("merged", "merged-no-index", "local", "datastore")
 CHAIN_ONLY = ("ngram",)
 TREE_ONLY = SGLANG
-
-
-class SuffixMethod(Stateless):
-    """SuffixDecoding through arctic-inference's ``SuffixDecodingCache`` (one cache for the whole run) as a drafting
-    method: a request's state is its key in the cache (a number of its own); its tokens are the service's."""
-
-    name = "suffix"
-    score_kind = ScoreKind.PROBABILITY
-
-    def __init__(self, cache) -> None:
-        self.cache, self.n = cache, 0
-
-    def start(self, prompt: np.ndarray) -> tuple:  # type: ignore[override]
-        self.n += 1
-        key = ("bench", self.n)
-        self.cache.start_request(key, prompt[:-1].astype(np.int32))
-        self.cache.add_active_response(key, prompt[-1:].astype(np.int32))
-        return key
-
-    def extend(self, state: tuple, tokens: np.ndarray) -> None:  # type: ignore[override]
-        self.cache.add_active_response(state, tokens.astype(np.int32))
-
-    def stopped(self, state: tuple, output: np.ndarray) -> None:  # type: ignore[override]
-        self.cache.stop_request(state)
-
-    def draft(self, step: Step) -> list[Draft]:
-        out = []
-        for i, (key, budget) in enumerate(zip(step.states, step.budgets.tolist())):
-            d = None
-            if budget > 0:
-                ctx = step.tail(i, self.cache.max_tree_depth).astype(np.int32)
-                d = self.cache.speculate(key, ctx, max_spec_tokens=budget, max_spec_factor=1.0, min_token_prob=0.1,
-                                         use_tree_spec=not step.chain)
-            out.append(Draft.empty() if d is None or not d.token_ids else
-                       Draft(np.asarray(d.token_ids, np.int64), np.asarray(d.parents, np.int32),
-                             np.asarray(d.probs, np.float64), ScoreKind.PROBABILITY))
-        return out
-
-    def config(self) -> dict:
-        return {"name": self.name}
 
 
 def _documents(tokens: np.ndarray, separator: int) -> list[np.ndarray]:
@@ -140,118 +96,119 @@ def corpus_of(name: str, args) -> tuple[str, str]:
 
 
 def _make(method: str, name: str):
-    args = _STATE["args"]
-    datastore, corpus = corpus_of(name, args)
-    if method in HEADS:
-        return _make_heads(method, datastore)
-    if method in OURS:
-        from datastore.shared import SharedDatastore
-        from drafting import Calibration, DatastoreSource, DraftingService, MergedMethod
-        from toolkit import load_tokenizer
-
-        tok = load_tokenizer()
-        source = None if method == "local" else DatastoreSource(  # replay: the replica would give the same drafts
-            lambda: SharedDatastore.open(datastore, tokenizer=tok, replicas=False))
-        calibration = Calibration.load(args.calibration)
-        if method == "datastore":  # the datastore's share of ours: its calibrated tree, backing off at every budget
-            made = MergedMethod(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
-                                sources=("ds",), back_off_min_budget=0, outputs_bytes=0)
-        else:
-            made = MergedMethod(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
-                                outputs_bytes=0 if method == "merged-no-index" else None)
-        return DraftingService(made, vocab_size=len(tok))
-    from drafting import DraftingService
+    """A fresh drafter of ``method`` for set ``name``."""
     from toolkit import load_tokenizer
 
+    args = _STATE["args"]
+    datastore, corpus = corpus_of(name, args)
     vocab = len(load_tokenizer())
+    if method in OURS:
+        return _ours(method, datastore)
     if method == "ngram":
-        from drafting.drafters import PromptLookup
-
-        return DraftingService(PromptLookup(max_ngram=4, max_tokens=10_000), vocab_size=vocab)
+        return PromptLookup(max_ngram=4, max_tokens=10_000, vocab_size=vocab)
     if method == "rest":
         from drafting import DatastoreSource
-        from drafting.drafters import Retrieval
 
         index = _STATE["rest"][corpus]
-        return DraftingService(Retrieval(DatastoreSource(lambda: index), name="rest"), vocab_size=vocab)
+        return RetrievalDrafter(DatastoreSource(lambda: index), vocab_size=vocab)
     if method in SGLANG:
-        from sglang_ngram import SGLangCorpus, SGLangMethod
-
-        mode = method.split("-")[1].upper()
-
-        def make(nodes: int) -> SGLangCorpus:
-            if not method.endswith("-corpus"):
-                return SGLangCorpus(nodes, mode)
-            share = max(1, min(nodes, round(args.sglang_corpus_share * nodes)))
-            made = SGLangCorpus(nodes, mode, external_sam_budget=share)  # SGLang's default corpus cap: 10M tokens
-            index = _STATE["rest"][corpus]
-            made.load_corpus(corpus, _documents(np.asarray(index.tokens), index.separator),
-                             max_tokens=made.max_corpus_tokens)
-            return made
-
-        return DraftingService(SGLangMethod(make, method), vocab_size=vocab)
+        return _sglang(method, corpus, vocab)
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     cache = _STATE["warm"][corpus] if method == "suffix-warm" else SuffixDecodingCache(max_tree_depth=24)
-    return DraftingService(SuffixMethod(cache), vocab_size=vocab)
+    return SuffixDrafter(cache, vocab_size=vocab)
 
 
-def _make_heads(method: str, datastore: str):
-    """``s4c`` or ``merged+s4c`` over the heads loaded before the workers forked."""
-    import torch
-
+def _ours(method: str, datastore: str):
+    """Ours, or one of its parts: without the output index, without the datastore, the datastore alone."""
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
-    from s4c import HeadsSource, s4c_drafter
+    from drafting import Calibration, DatastoreSource, DraftingService
     from toolkit import load_tokenizer
 
-    torch.set_num_threads(1)  # the workers share the cores
+    args = _STATE["args"]
     tok = load_tokenizer()
-    if method == "s4c":
-        return s4c_drafter(_STATE["heads"], vocab_size=len(tok))
-    source = DatastoreSource(lambda: SharedDatastore.open(datastore, tokenizer=tok, replicas=False))
-    merged = MergedMethod(source, vocab_size=len(tok), min_score=_STATE["args"].node_cost,
-                          heads=HeadsSource(_STATE["heads"]))
-    return DraftingService(merged, vocab_size=len(tok))
+    source = None if method == "local" else DatastoreSource(  # replay: the replica would give the same drafts
+        lambda: SharedDatastore.open(datastore, tokenizer=tok, replicas=False))
+    calibration = Calibration.load(args.calibration)
+    if method == "datastore":  # the datastore's share of ours: its calibrated tree, backing off at every budget
+        return DraftingService(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
+                               sources=("ds",), back_off_min_budget=0, outputs_bytes=0)
+    return DraftingService(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
+                           outputs_bytes=0 if method == "merged-no-index" else None)
 
 
-def _load_heads(refs: dict) -> None:
-    """The shipped heads and the target's hidden states over every reference (one forward pass each, cached on
-    disk), before the workers fork."""
-    from decoder.model import load_target
-    from s4c import load_heads
-    from s4c.features import reference_states, target_fingerprint
+def _sglang(method: str, corpus: str, vocab: int):
+    """SGLang's NGRAM drafter in ``method``'s mode, with the corpus as its external automaton for ``-corpus``."""
+    from .sglang_ngram import SGLangCorpus, SGLangDrafter
 
-    target = load_target(device="cpu")
-    _STATE["heads"] = load_heads(target)
-    fingerprint = target_fingerprint(target)
-    _STATE["states"] = {(name, r.id): reference_states(target, list(r.prompt) + list(r.output),
-                                                       fingerprint=fingerprint)
-                        for name, rs in refs.items() for r in rs}
+    args = _STATE["args"]
+    mode = method.split("-")[1].upper()
+
+    def make(nodes: int) -> SGLangCorpus:
+        if not method.endswith("-corpus"):
+            return SGLangCorpus(nodes, mode)
+        share = max(1, min(nodes, round(args.sglang_corpus_share * nodes)))
+        made = SGLangCorpus(nodes, mode, external_sam_budget=share)  # SGLang's default corpus cap: 10M tokens
+        index = _STATE["rest"][corpus]
+        made.load_corpus(corpus, _documents(np.asarray(index.tokens), index.separator),
+                         max_tokens=made.max_corpus_tokens)
+        return made
+
+    return SGLangDrafter(make, method, vocab_size=vocab)
+
+
+class Digest:
+    """A drafter whose every step's drafts are hashed (their token ids, parents and scores): two replays with the same
+    digest drafted the same, bit for bit."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.name, self.sha = drafter, drafter.name, hashlib.sha256()
+
+    def start_request(self, req_id, prompt_ids) -> None:
+        self.drafter.start_request(req_id, prompt_ids)
+
+    def stop_request(self, req_id) -> None:
+        self.drafter.stop_request(req_id)
+
+    def step(self, requests, budgets, **kw):
+        made = self.drafter.step(requests, budgets, **kw)
+        if any(budgets):
+            for d in made.drafts:
+                self.sha.update(len(d).to_bytes(4, "little"))
+                self.sha.update(d.token_ids.astype(np.int64).tobytes())
+                self.sha.update(d.parents.astype(np.int32).tobytes())
+                self.sha.update(d.scores.astype(np.float64).tobytes())
+        return made
+
+    def config(self) -> dict:
+        return self.drafter.config()
+
+    def close(self) -> None:
+        self.drafter.close()
 
 
 def run_task(task: tuple[str, str, str, int]) -> list[dict]:
     """One (set, method, form, budget): a fresh drafter (in a forked child: a warmed tree's additions stay
     there) replayed over the set's held-out half; accept length per category."""
     name, method, form, budget = task
-    drafter = _make(method, name)
+    made = _make(method, name)
+    drafter = Digest(made)
     per: dict[str, list[int]] = {}
     t0 = time.perf_counter()
     for r in _STATE["refs"][name]:
-        res = replay(drafter, r.prompt, r.output, budget=budget, chain=form == "chain",
-                     hidden=_STATE["states"][name, r.id] if method in HEADS else None)
+        res = replay(drafter, r.prompt, r.output, budget=budget, chain=form == "chain")
         c = per.setdefault(r.category, [0, 0, 0, 0])
         c[0] += len(res.output_ids) - 1  # the prefill token is not a verification step's
         c[1] += len(res.steps)
         c[2] += sum(s.drafted for s in res.steps)
         c[3] += 1
     wall = time.perf_counter() - t0
-    drafter.close()  # its connection pool
+    made.close()  # its connection pool
     tokens, steps = sum(c[0] for c in per.values()), sum(c[1] for c in per.values())
     rows = [{"set": name, "category": "all", "method": method, "form": form, "budget": budget,
              "prompts": sum(c[3] for c in per.values()), "accept_length": tokens / max(steps, 1),
              "nodes_per_step": sum(c[2] for c in per.values()) / max(steps, 1),
-             "ms_per_step": 1e3 * wall / max(steps, 1)}]
+             "ms_per_step": 1e3 * wall / max(steps, 1), "digest": drafter.sha.hexdigest()[:16]}]
     rows += [{"set": name, "category": cat, "method": method, "form": form, "budget": budget, "prompts": c[3],
               "accept_length": c[0] / max(c[1], 1)} for cat, c in per.items()]
     return rows
@@ -269,10 +226,8 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
     peers = [m for m in methods if m in PEERS]
     ratios = "merged" in methods and bool(peers)  # the ratio columns of the methods that ran, no column of dashes
     vs_corpus = "merged" in methods and any(m in SGLANG and m.endswith("-corpus") for m in methods)
-    vs_merged = "merged" in methods and "merged+s4c" in methods
     print(f"{'set':<11} {'budget':>6}  {'form':<5}  " + "  ".join(f"{m[:15]:>15}" for m in methods)
-          + ("  merged/best peer" if ratios else "") + ("  merged/sglang+corpus" if vs_corpus else "")
-          + ("  merged+s4c/merged" if vs_merged else ""))
+          + ("  merged/best peer" if ratios else "") + ("  merged/sglang+corpus" if vs_corpus else ""))
     for name in dict.fromkeys(r["set"] for r in top):
         for budget in sorted({r["budget"] for r in top if r["set"] == name}):
             for form in ("tree", "chain"):
@@ -288,24 +243,15 @@ def print_tables(rows: list[dict], methods: list[str]) -> None:
                 if vs_corpus:
                     line += f"  {got['merged'] / sgl:>20.2f}" if sgl and form == "tree" and "merged" in got \
                         else f"  {'-':>20}"
-                if vs_merged:
-                    line += f"  {got['merged+s4c'] / got['merged']:>17.2f}" if {"merged", "merged+s4c"} <= set(got) \
-                        else f"  {'-':>17}"
                 print(line)
     cats = [r for r in rows if r["category"] != "all"]
     trees = any(r["form"] == "tree" for r in cats)
-    if trees and "merged" in methods and set(HEADS) <= set(methods):
-        _by_category(cats, "merged / s4c / merged+s4c", 14, _merged_and_heads)
     if trees and ratios:
         _by_category(cats, "merged / best peer", 11, lambda at: _merged_and_best_peer(at, peers))
 
 
 def _tree(at: list[dict], method: str) -> float | None:
     return next((r["accept_length"] for r in at if r["method"] == method and r["form"] == "tree"), None)
-
-
-def _merged_and_heads(at: list[dict]) -> str:
-    return "/".join("-" if (al := _tree(at, m)) is None else f"{al:.2f}" for m in ("merged", *HEADS))
 
 
 def _merged_and_best_peer(at: list[dict], peers: list[str]) -> str:
@@ -327,8 +273,8 @@ def _by_category(cats: list[dict], what: str, width: int, cell) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """This script's command line."""
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    """This benchmark's command line."""
+    ap = parser(__doc__, out="peers.json")
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
                     help="evaluation sets replayed (default: spec_bench humaneval).")
     ap.add_argument("--half", choices=("report", "fit", "all"), default="report",
@@ -350,68 +296,72 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sglang-*-corpus: the share of the budget SGLang gives its external corpus "
                          "(external_sam_budget; at least 1 node).")
     ap.add_argument("--workers", type=int_in(1), default=2, help="replays run at once (forked processes).")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "peers.json",
-                    help="the rows' JSON file (default: results/peers.json).")
-    ap.add_argument("--table", action="store_true", help="only print the tables of an earlier run's --out.")
-    references_option(ap)
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
-    if args.table:
-        saved = json.loads(args.out.read_text())
-        return print_tables(saved["rows"], saved["methods"])
-    if args.calibration is None:
-        from drafting.calibration import DEFAULT_PATH
-
-        args.calibration = DEFAULT_PATH
-    methods = list(args.methods)
+def _installed(methods: list[str]) -> list[str]:
+    """``methods`` but the peers whose package is not installed (each named once)."""
     try:
         import arctic_inference.suffix_decoding  # noqa: F401
     except ImportError:
         methods = [m for m in methods if not m.startswith("suffix")]
         print("arctic-inference is not installed (bash scripts/setup-vllm.sh --arctic): no `suffix` rows")
-    from sglang_ngram import available
+    from .sglang_ngram import available
 
     missing = available()
     if missing and any(m in SGLANG for m in methods):
         methods = [m for m in methods if m not in SGLANG]
         print(f"{missing}: no `sglang` rows")
+    return methods
+
+
+def _corpora(args, methods: list[str], info: dict) -> None:
+    """REST's indexes of the corpora (rest, suffix-warm, the sglang corpora) and the warmed suffix trees, loaded before
+    the workers fork."""
+    if not {"rest", "suffix-warm", "sglang-bfs-corpus", "sglang-prob-corpus"} & set(methods):
+        return
+    from ingest.suffix_index import SuffixIndex, default_index_dir
+    from toolkit import load_tokenizer
+
+    _STATE["rest"] = {}
+    for name in args.sets:
+        corpus = corpus_of(name, args)[1]
+        index_dir = default_index_dir(load_tokenizer(), corpus)
+        if not index_dir.exists():
+            raise SystemExit(
+                f"{index_dir} not found: build REST's index first "
+                f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
+        _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
+    if "suffix-warm" not in methods:
+        return
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    _STATE["warm"], info["suffix_warm"] = {}, {}
+    for corpus, index in _STATE["rest"].items():
+        rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
+        cache = _STATE["warm"][corpus] = SuffixDecodingCache(max_tree_depth=24)
+        docs = warm_suffix(cache, np.asarray(index.tokens), index.separator)
+        info["suffix_warm"][corpus] = w = {"documents": docs, "tokens": int(index.num_tokens),
+                                           "seconds": time.perf_counter() - t0,
+                                           "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30}
+        print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
+              f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
+
+
+def measure(args) -> dict:
+    """Every (set, method, form, budget) replayed, two at a time in forked workers."""
+    if args.calibration is None:
+        from drafting.calibration import DEFAULT_PATH
+
+        args.calibration = DEFAULT_PATH
+    methods = _installed(list(args.methods))
     _STATE["args"] = args
-    _STATE["refs"] = {name: half(load_references(name, args.references), args.half) for name in args.sets}
-    if (set(OURS) | set(HEADS)) & set(methods):
+    _STATE["refs"] = {name: references(name, args.references, args.half) for name in args.sets}
+    if set(OURS) & set(methods):
         for name, refs in _STATE["refs"].items():  # its corpus must not hold what is scored
-            require_clean_datastore(corpus_of(name, args)[0], name, [r.id for r in refs])
+            require_clean(corpus_of(name, args)[0], name, [r.id for r in refs])
     info: dict[str, Any] = {"prompts": {n: len(v) for n, v in _STATE["refs"].items()}}
-    if set(HEADS) & set(methods):
-        _load_heads(_STATE["refs"])
-    if {"rest", "suffix-warm", "sglang-bfs-corpus", "sglang-prob-corpus"} & set(methods):
-        from ingest.suffix_index import SuffixIndex, default_index_dir
-        from toolkit import load_tokenizer
-
-        _STATE["rest"] = {}
-        for name in args.sets:
-            corpus = corpus_of(name, args)[1]
-            index_dir = default_index_dir(load_tokenizer(), corpus)
-            if not index_dir.exists():
-                raise SystemExit(
-                    f"{index_dir} not found: build REST's index first "
-                    f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
-            _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
-    if "suffix-warm" in methods:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        _STATE["warm"], info["suffix_warm"] = {}, {}
-        for corpus, index in _STATE["rest"].items():
-            rss0, t0 = psutil.Process().memory_info().rss, time.perf_counter()
-            cache = _STATE["warm"][corpus] = SuffixDecodingCache(max_tree_depth=24)
-            docs = warm_suffix(cache, np.asarray(index.tokens), index.separator)
-            info["suffix_warm"][corpus] = w = {"documents": docs, "tokens": int(index.num_tokens),
-                                               "seconds": time.perf_counter() - t0,
-                                               "rss_gib": (psutil.Process().memory_info().rss - rss0) / 2**30}
-            print(f"suffix-warm ({corpus}): global tree fed {docs:,} corpus documents ({w['tokens']:,} tokens) in "
-                  f"{w['seconds']:.0f} s, +{w['rss_gib']:.2f} GiB RAM", flush=True)
+    _corpora(args, methods, info)
     tasks = [(name, m, form, b) for name in args.sets for b in args.budgets for m in methods
              for form in (("chain",) if m in CHAIN_ONLY else ("tree",) if m in TREE_ONLY else ("tree", "chain"))]
     rows: list[dict] = []
@@ -422,14 +372,16 @@ def main() -> None:
             r = got[0]
             spent = time.perf_counter() - t0
             print(f"[{i}/{len(tasks)} {spent:.0f}s, ~{spent / i * (len(tasks) - i):.0f}s left] {r['set']} "
-                  f"{r['method']} {r['form']} "
-                  f"budget {r['budget']}: {r['accept_length']:.3f} ({r['ms_per_step']:.2f} ms/step)", flush=True)
+                  f"{r['method']} {r['form']} budget {r['budget']}: {r['accept_length']:.3f} "
+                  f"({r['ms_per_step']:.2f} ms/step, digest {r['digest']})", flush=True)
     order = {m: i for i, m in enumerate(methods)}
     rows.sort(key=lambda r: (args.sets.index(r["set"]), r["budget"], order[r["method"]], r["form"], r["category"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"methods": methods, "info": info, "rows": rows}, indent=1))
-    print_tables(rows, methods)
-    print(f"wrote {args.out}")
+    return {"methods": methods, "info": info, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    finish(args, lambda: measure(args), lambda doc: print_tables(doc["rows"], doc["methods"]), "rows", "methods")
 
 
 if __name__ == "__main__":

@@ -1,33 +1,33 @@
 """The vLLM hook's own ``propose`` outside vLLM: :class:`serving.vllm_proposer.CrestProposer` called as vLLM's model
 runner calls it, with vLLM-shaped arrays (``token_ids_cpu``: ``[rows, max_model_len]`` int32, rewritten in place;
 ``num_tokens_no_spec``: int32; ``sampled_token_ids``), ``--concurrency`` requests at a time replaying the report half's
-greedy references (``benchmarks/references.py``): each step every row accepts the longest prefix of its chain that
+greedy references (``python -m evaluation references``): each step every row accepts the longest prefix of its chain
+that
 matches its reference, plus the bonus token, as vLLM's rejection sampler would; a finished request's row is refilled
 from the queue (the batch stays full). Timed: each ``propose`` call (wall, ms), its p50 and p99, with the replica mapped
 (the default) or with every step a round trip (``--no-replica``); the cut is fixed at ``CREST_MIN_SCORE``'s default
 (there is no engine to fit a step cost to; ``--adaptive`` fits one to the calls' spacing, to time its refits). No
-vLLM is imported: this isolates the hook from the engine, whose own figures ``benchmarks/vllm_serving.py
+vLLM is imported: this isolates the hook from the engine, whose own figures ``python -m benchmarks.vllm_serving
 --accounting`` gives. ``--flush-mb`` reads that many MiB between two calls, as an engine's forward pass streams the
 model's weights through the caches (SmolLM2-135M fp32: 540 MB), so the hook runs on cold caches as it does inside the
 engine.
 
-    .venv/bin/python benchmarks/proposer_step.py [--concurrency 1 8 32] [--sets spec_bench humaneval] [--flush-mb 540]
+    python -m benchmarks.proposer_step [--concurrency 1 8 32] [--sets spec_bench humaneval] [--flush-mb 540]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import half, load_references, references_option  # noqa: E402
-from toolkit.options import int_in  # noqa: E402
+from toolkit.options import int_in
+
+from ._harness import parser, references
 
 MAX_MODEL_LEN = 4096
 
@@ -107,7 +107,7 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap = parser(__doc__)
     ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="requests at once (default: 1 8 32).")
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
@@ -122,16 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--flush-mb", type=int_in(0), default=0, metavar="MIB",
                     help="MiB read between two calls, as a forward pass streams the weights (default: 0; SmolLM2-135M "
                          "fp32 in vLLM: 540).")
-    references_option(ap)
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     from datastore.shared import SharedDatastore
     from decoder.model import export_checkpoint
-    from serving.vllm_proposer import CrestProposer, ProposerConfig
+    from serving.vllm_proposer import CrestProposer
     from toolkit import load_tokenizer
+    from toolkit.settings import Settings
 
     tok = load_tokenizer()
     checkpoint = str(export_checkpoint())
@@ -141,14 +141,15 @@ def main() -> None:
           f"{args.flush_mb} MiB read between calls; ms per call")
     print(f"{'set':<11} {'conc':>4} {'steps':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7} {'accept':>6}")
     for name in args.sets:
-        refs = [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
+        refs = [(r.prompt, r.output) for r in references(name, args.references)]
         for c in args.concurrency:
             # no engine here to fit a step cost to: the fixed cut (CREST_MIN_SCORE's default, as vLLM's first steps
             # use), unless --adaptive
-            config = ProposerConfig(datastore=args.datastore, live=False, replicas=not args.no_replica,
-                                    adaptive=args.adaptive)
-            proposer = CrestProposer(_config(args.k, checkpoint, len(tok)), config)
-            lookups = proposer.method.lookups
+            env = Settings.from_env()
+            settings = replace(env, datastore=args.datastore, live=False, adaptive=args.adaptive,
+                               replicas="off" if args.no_replica else env.replicas)
+            proposer = CrestProposer(_config(args.k, checkpoint, len(tok)), settings)
+            lookups = proposer.service.retrieval.lookups
             client = lookups.client if lookups is not None else None
             if isinstance(client, SharedDatastore) and client.replicas is not None:
                 client.replicas.wait_ready(600)

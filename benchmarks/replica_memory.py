@@ -3,25 +3,25 @@ the processes that map them), USS (private pages) and RSS, of one process alone 
 at once, per datastore.
 
 Each process is a merged drafter over the datastore's replica (:mod:`datastore.replica`; written once on this host,
-untimed, before the runs), replaying the report half of a set's greedy references (``benchmarks/references.py``) as
-``benchmarks/service_step.py`` does, ``--batch`` requests at a time; when every process is done (a barrier), each reads
+untimed, before the runs), replaying the report half of a set's greedy references (``python -m evaluation references``)
+as
+:mod:`benchmarks.service_step` does, ``--batch`` requests at a time; when every process is done (a barrier), each reads
 its own ``/proc/self/smaps`` (the whole process and the replica's mapping). A replica's pages are in the page cache once
 and mapped by every process, so each of N processes' PSS holds a 1/N share of them; what one process adds is its
 private memory, which must not grow with the datastore's size.
 
-    .venv/bin/python benchmarks/replica_memory.py [--processes 4] [--datastores sharegpt code] [--datastore sharegpt]
+    python -m benchmarks.replica_memory [--processes 4] [--datastores sharegpt code] [--datastore sharegpt]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refs import half, load_references, references_option  # noqa: E402
-from toolkit.options import int_in  # noqa: E402
+from toolkit.options import int_in
+
+from ._harness import parser, references
 
 SETS = {"sharegpt": "spec_bench", "code": "humaneval"}
 """Each corpus and the set replayed on it."""
@@ -53,27 +53,27 @@ def memory(path: str) -> dict:
     return {**{k: v / 1024 for k, v in total.items()}, **{f"replica_{k}": v / 1024 for k, v in mapped.items()}}
 
 
-def worker(datastore: str, set_name: str, batch: int, references: Path, barrier, results) -> None:
+def worker(datastore: str, set_name: str, batch: int, folder: Path, barrier, results) -> None:
     """One drafting process: the merged drafter over the replica, replaying the set's report half."""
-    from service_step import run_set
-
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting import DatastoreSource, DraftingService
     from toolkit import load_tokenizer
+
+    from .service_step import run_set
 
     tok = load_tokenizer()
     client = SharedDatastore.open(datastore, tokenizer=tok)
     if client.replicas is None or not client.replicas.wait_ready(600):
         raise SystemExit(f"no replica of {datastore!r} (CREST_REPLICAS=off?)")
-    method = MergedMethod(DatastoreSource(lambda: client), vocab_size=len(tok))
-    service = DraftingService(method, vocab_size=len(tok))
-    refs = [(r.prompt, r.output) for r in half(load_references(set_name, references), "report")]
+    service = DraftingService(DatastoreSource(lambda: client), vocab_size=len(tok))
+    refs = [(r.prompt, r.output) for r in references(set_name, folder)]
     for start in range(0, len(refs), batch):
         run_set(service, refs[start:start + batch], batch, 8, True, 0.1)
     stores = client.stores()
-    assert stores is not None and method.stats.round_trip_steps == 0
+    if stores is None or service.retrieval.stats.round_trip_steps:
+        raise SystemExit(f"the replica of {datastore!r} went away mid-run: steps drafted by the round trip")
     barrier.wait()  # every process has drafted: the replica's pages are shared by all of them now
-    results.put(memory(stores.datastore.path) | {"steps": method.stats.replica_steps})
+    results.put(memory(stores.datastore.path) | {"steps": service.retrieval.stats.replica_steps})
     barrier.wait()  # no process leaves (unmapping its pages) before every one has measured
     client.close()
 
@@ -97,7 +97,7 @@ def run(datastore: str, set_name: str, processes: int, batch: int, references: P
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap = parser(__doc__)
     ap.add_argument("--processes", type=int_in(2), default=4, help="processes drafting at once (default: 4).")
     ap.add_argument("--datastores", nargs="+", choices=list(SETS), default=list(SETS),
                     help="corpora drafted from, each with its set: sharegpt (Spec-Bench), code (HumanEval) "
@@ -106,12 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the sharegpt corpus's datastore (default: sharegpt).")
     ap.add_argument("--code-datastore", default="code", help="the code corpus's datastore (default: code).")
     ap.add_argument("--batch", type=int_in(1), default=8, help="requests in flight per process (default: 8).")
-    references_option(ap)
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     from datastore.shared import SharedDatastore
     from toolkit import load_tokenizer
 

@@ -1,9 +1,10 @@
 """One drafting step for a whole batch, outside any engine: :class:`drafting.DraftingService` (the merged drafter) with
 ``--batch`` requests in flight (default 32), datastore included, read from the host-local replica or by the round trip.
 
-The requests replay the greedy references (``benchmarks/references.py``; the report half of each set): every step
-drafts for every unfinished request of the batch in one ``propose``, each request accepts the longest prefix of its
-draft that matches its reference plus the bonus token, as a verifier would, and moves on. Timed: each ``propose``
+The requests replay the greedy references (``python -m evaluation references``; the report half of each set): every
+step follows every unfinished request of the batch and drafts for it in one ``step``, each request accepts the longest
+prefix of its
+draft that matches its reference plus the bonus token, as a verifier would, and moves on. Timed: each ``step``
 (wall, ms). Printed per set, form (``chain``, as vLLM verifies; ``tree``) and lookup path (``replica``: the mapped
 replica, one native call a step; ``trip``: the round trip, with a tree cache of ``--cache-mb``): step p50/p99, the
 round trip's share, the tree cache's hit rate, the accept length and a digest of every draft (with ``--text repeat``
@@ -16,25 +17,23 @@ between them, no warm pass), so no run looks up text any run looked up before, a
 few. Spec-Bench draws on ShareGPT, HumanEval on the code datastore. Time it alone: the two cores are shared with the
 server.
 
-    .venv/bin/python benchmarks/service_step.py [--batch 32] [--budget 8] [--min-score 0.1] [--text novel]
+    python -m benchmarks.service_step [--batch 32] [--budget 8] [--min-score 0.1] [--text novel]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _refs import half, load_references, references_option  # noqa: E402
-from crest_native import MAX_BUDGET  # noqa: E402
-from toolkit.options import float_in, int_in  # noqa: E402
+from crest_native import MAX_BUDGET
+from toolkit.options import float_in, int_in
+
+from ._harness import parser, references
 
 
 def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget: int, chain: bool,
@@ -44,25 +43,24 @@ def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget
     parents and scores, bit for bit: two lookup paths over the same references draft alike exactly when they match)."""
     from drafting.accept import accept_greedy, reference_predictions
 
-    live: dict[int, list] = {}  # request id -> [reference, position]
+    live: dict[int, list] = {}  # request id -> [reference, position, tokens committed since its last step]
     for rid, (prompt, out) in enumerate(refs[:batch]):
         service.start_request(rid, prompt + out[:1])  # the prefill committed out[0]
-        live[rid] = [np.asarray(out, dtype=np.int64), 1]
+        live[rid] = [np.asarray(out, dtype=np.int64), 1, []]
     times, steps, tokens = [], 0, 0
     digest = hashlib.sha256()
     while live:
         t = time.perf_counter()
-        drafts = service.propose([(rid, min(budget, len(ref) - pos - 1)) for rid, (ref, pos) in live.items()],
-                                 chain=chain, min_score=min_score)
+        drafts = service.step(list(live), [min(budget, len(ref) - pos - 1) for ref, pos, _ in live.values()],
+                              tokens=[new for _, _, new in live.values()], chain=chain, min_score=min_score).drafts
         times.append(time.perf_counter() - t)
         for (rid, state), draft in zip(list(live.items()), drafts):
             for part in (draft.token_ids, draft.parents, draft.scores):
                 digest.update(np.ascontiguousarray(part).tobytes())
-            ref, pos = state
+            ref, pos, _ = state
             path, _ = accept_greedy(draft, reference_predictions(draft.depths, ref, pos))
             n = min(len(path) + 1, len(ref) - pos)
-            service.add_tokens(rid, ref[pos:pos + n].tolist())
-            state[1] = pos + n
+            state[1:] = [pos + n, ref[pos:pos + n].tolist()]
             steps, tokens = steps + 1, tokens + n
             if state[1] >= len(ref):
                 service.stop_request(rid)
@@ -72,7 +70,7 @@ def run_set(service, refs: list[tuple[list[int], list[int]]], batch: int, budget
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap = parser(__doc__)
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
                     help="evaluation sets replayed, report half (default: spec_bench humaneval).")
     ap.add_argument("--batch", type=int_in(1), default=32, help="requests in flight.")
@@ -87,14 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="repeat: every run replays the same references (warmed); novel: each run its own.")
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore.")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore.")
-    references_option(ap)
     return ap
 
 
 def _service(name: str, tok, path: str, cache_mb: float, replicas: Path):
     """A fresh merged drafter over datastore ``name``, reading it as ``path`` says (its replica ready first)."""
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting import DatastoreSource, DraftingService
 
     client = SharedDatastore.open(name, tokenizer=tok, cache_bytes=int(cache_mb * 2**20),
                                   replicas=replicas if path == "replica" else False)
@@ -105,20 +102,18 @@ def _service(name: str, tok, path: str, cache_mb: float, replicas: Path):
     def connect(c: SharedDatastore = client) -> SharedDatastore:
         return c
 
-    method = MergedMethod(DatastoreSource(connect), vocab_size=len(tok))
-    return DraftingService(method, vocab_size=len(tok)), method, client
+    return DraftingService(DatastoreSource(connect), vocab_size=len(tok)), client
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     from toolkit import load_tokenizer
     from toolkit.settings import Settings
 
-    refs = {name: [(r.prompt, r.output) for r in half(load_references(name, args.references), "report")]
-            for name in args.sets}
+    refs = {name: [(r.prompt, r.output) for r in references(name, args.references)] for name in args.sets}
     tok = load_tokenizer()
     datastores = {"spec_bench": args.datastore, "humaneval": args.code_datastore}
-    replicas = Settings.from_env().replicas or Path(tempfile.mkdtemp(prefix="crest-replicas-"))
+    replicas = Settings.from_env().replicas_dir or Path(tempfile.mkdtemp(prefix="crest-replicas-"))
     runs = [(chain, path, mb) for chain in (True, False) for path in args.paths
             for mb in (args.cache_mb if path == "trip" else [0.0])]
     print(f"batch {args.batch}, budget {args.budget}, min score {args.min_score}, text {args.text}")
@@ -127,13 +122,13 @@ def main() -> None:
     for name, rs in refs.items():
         parts = [rs[k::len(runs)] for k in range(len(runs))] if args.text == "novel" else [rs] * len(runs)
         if args.text == "repeat":  # warm the server's buffers with the same lookups, untimed (a fresh client)
-            warm, _, client = _service(datastores[name], tok, "trip", 0.0, replicas)
+            warm, client = _service(datastores[name], tok, "trip", 0.0, replicas)
             run_set(warm, rs, args.batch, args.budget, True, args.min_score)
             client.close()
         for (chain, path, mb), part in zip(runs, parts):
-            service, method, client = _service(datastores[name], tok, path, mb, replicas)
+            service, client = _service(datastores[name], tok, path, mb, replicas)
             res = run_set(service, part, args.batch, args.budget, chain, args.min_score)
-            st, ms = method.stats, np.asarray(res["times"]) * 1e3
+            st, ms = service.retrieval.stats, np.asarray(res["times"]) * 1e3
             hits = client.stats().get("cache_hit_rate", 0.0) if path == "trip" else 0.0
             share = st.lookup_s / max(service.stats.step_s, 1e-12)
             print(f"{name:<11} {'chain' if chain else 'tree':<6} {path:<8} {mb:>9.0f} {len(ms):>6} "

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drafting.draft import Draft, ScoreKind
-from drafting.method import Stateless, Step
+from drafting import Draft, ScoreKind, TokenDrafter
 from toolkit.settings import Settings
 
 SGLANG_VERSION = "0.5.23"
@@ -179,46 +178,35 @@ def to_draft(tokens: np.ndarray, mask: np.ndarray) -> Draft:
     return Draft(tokens[1:n].astype(np.int64), (parents[1:n] - 1).astype(np.int32), np.ones(n - 1), ScoreKind.NONE)
 
 
-class SGLangMethod(Stateless):
-    """SGLang's NGRAM drafter as a drafting method: each draft matches the request's last ``max_trie_depth`` tokens,
-    then inserts them (its worker's order); the trie is shared by every request.
+class SGLangDrafter(TokenDrafter):
+    """SGLang's NGRAM drafter: each draft matches the request's last ``max_trie_depth`` tokens, then inserts them (its
+    worker's order); the trie is shared by every request.
 
     Args:
         make: ``draft_nodes -> SGLangCorpus`` (one corpus per budget, built on first use; a replay uses one).
-        name: the benchmark's label.
+        name: the benchmark's label. vocab_size: as :class:`drafting.TokenDrafter`.
     """
 
-    score_kind = ScoreKind.NONE
-
-    def __init__(self, make, name: str) -> None:
+    def __init__(self, make, name: str, *, vocab_size: int) -> None:
+        super().__init__(vocab_size=vocab_size)
         self.make, self.name = make, name
         self.corpora: dict[int, SGLangCorpus] = {}
         self._ids = 0
 
-    def start(self, prompt: np.ndarray) -> int:  # type: ignore[override]
+    def started(self, prompt: np.ndarray) -> int:
         self._ids += 1
         return self._ids
 
-    def stopped(self, state: int, output: np.ndarray) -> None:  # type: ignore[override]
+    def stopped(self, state, tokens: list[int]) -> None:
         for corpus in self.corpora.values():
             corpus.obj.erase_match_state(np.array([state], np.int64))
 
-    def draft(self, step: Step) -> list[Draft]:
-        out = []
-        for i, (sid, budget) in enumerate(zip(step.states, step.budgets.tolist())):
-            if budget < 1:
-                out.append(Draft.empty())
-                continue
-            corpus = self.corpora.get(budget)
-            if corpus is None:
-                corpus = self.corpora[budget] = self.make(budget)
-            count, seq = step.tokens(i)
-            window = seq[-corpus.max_trie_depth:].tolist()
-            tokens, mask = corpus.match(sid, window, count)
-            corpus.insert(window)
-            draft = to_draft(tokens, mask)
-            out.append(draft.best_path(budget) if step.chain else draft)
-        return out
-
-    def config(self) -> dict:
-        return {"name": self.name}
+    def draft(self, state, tokens: list[int], budget: int, chain: bool) -> Draft:
+        corpus = self.corpora.get(budget)
+        if corpus is None:
+            corpus = self.corpora[budget] = self.make(budget)
+        window = tokens[-corpus.max_trie_depth:]
+        matched, mask = corpus.match(state, window, len(tokens))
+        corpus.insert(window)
+        draft = to_draft(matched, mask)
+        return draft.best_path(budget) if chain else draft

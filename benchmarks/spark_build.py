@@ -5,7 +5,7 @@ Each build runs alone, one after the other, as ``python -m ingest build --json -
 (so each Spark build starts its own JVM, as a user's would). Builds go to datastores named
 ``<name>-<engine>`` (``--name``, default ``bench``; dropped at the end unless ``--keep``).
 
-    python benchmarks/spark_build.py [--masters local[2] local[1]] [--path FILE] [--limit N] [--top-t 2M] [--keep]
+    python -m benchmarks.spark_build [--masters local[2] local[1]] [--path FILE] [--limit N] [--top-t 2M] [--keep]
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import cast
 
 import psycopg
 
-from _child import run_sampled
 from datastore.admin.catalog import drop_datastore
 from datastore.connection import resolve_database_url
+
+from ._child import run_sampled
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_ONLY = ("digest", "packages", "contamination")

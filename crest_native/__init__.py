@@ -1,23 +1,21 @@
 """The native core (C++, nanobind), built by the package's own build (scikit-build-core, ``CMakeLists.txt``): the
 lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas) and :mod:`drafting` (the step).
 
-- :class:`Core` holds the merged drafter's request table and drafts a batch in one call, in the stages of ``csrc/``
-  (suffix automaton, output index, merge, features, scores, chain cut, tree cut), its datastore trees read from
-  host-local replicas (:class:`Replica`) or given by a round trip: ``Core(coef, intercept, prior, options,
-  token_ids=None, token_bias=None)`` (the last two: a calibration's term per drafted token, together or neither), where
-  ``options`` maps a setting's keyword to its value (any left out: its default in :data:`DEFAULTS`, whose keys are every
-  setting; an unknown keyword is a ``ValueError``, a value of the wrong type a ``TypeError``, each naming it);
-  :data:`MAX_BUDGET` is the one limit on a budget;
+- :class:`Core` holds the merged drafter's request table; :meth:`Core.step` follows a :class:`Batch` of requests and
+  drafts it in one call (``csrc/``: suffix automaton, output index, merge, features, scores, chain and tree cuts), its
+  datastore trees read from host-local replicas (:class:`Replica`) or given by a round trip (:class:`Trees`), and
+  answers a typed :class:`Step`; :class:`Options` are its settings (:data:`DEFAULTS`), :class:`EngineRows` an
+  engine's rows to follow, :class:`Curve` an engine's step-cost curve; :data:`MAX_BUDGET` is the one limit on a
+  budget;
 - :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
-- :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs (codec v1,
-  ``docs/tree-format.md``); :func:`chain_cut` and :func:`tree_cut` cut any scored tree; :func:`goodput_keep` keeps a
-  batch's draft nodes that maximise its expected tokens per second on an engine's step-cost curve;
+- :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs
+(``docs/tree-format.md``);
+  :func:`chain_cut`, :func:`tree_cut` and :func:`goodput_keep` cut scored trees and a batch's chains;
 - :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order.
 
 The Python oracle of every stage is in ``tests/oracle/``. Importing this package fails with :class:`ImportError`
-naming the fix when the extension is not built, or when it was built from other sources than the ``csrc/`` beside it
-(a checkout changed since its last build).
+naming the fix when the extension is not built, or when it was built from other sources than the ``csrc/`` beside it.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["COMPRESSION_IDS", "Core", "DEFAULTS", "FEATURES", "MAX_BUDGET", "Replica", "ReplicaError", "ReplicaWriter",
-           "SOURCES",
+__all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "MAX_BUDGET", "NodeTable",
+           "Options", "OutputsInfo", "Replica", "ReplicaError", "ReplicaWriter", "SOURCES", "Step", "Trees",
            "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
@@ -34,15 +32,22 @@ _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the c
 try:
     from ._core import (
         COMPRESSION_IDS,
-        DEFAULTS,
         FEATURES,
         MAX_BUDGET,
         SOURCE_DIGEST,
         SOURCES,
+        Batch,
         Core,
+        Curve,
+        EngineRows,
+        NodeTable,
+        Options,
+        OutputsInfo,
         Replica,
         ReplicaError,
         ReplicaWriter,
+        Step,
+        Trees,
         blob_header,
         chain_cut,
         goodput_keep,
@@ -67,3 +72,6 @@ _IN_CHECKOUT = (_CHECKOUT / "CMakeLists.txt").is_file() and (_CHECKOUT / "csrc")
 if _IN_CHECKOUT and source_digest(_CHECKOUT / "csrc") != SOURCE_DIGEST:
     raise ImportError(f"the native drafting core was built from other sources than {_CHECKOUT / 'csrc'} "
                       f"(a stale build); {_FIX}")
+
+DEFAULTS: dict = {name: getattr(Options(), name) for name in Options.names}
+"""Every core setting's default, by name (``csrc/core.hpp``'s ``crest::Options``, where each is written once)."""

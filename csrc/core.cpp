@@ -74,10 +74,10 @@ Core::Request* Core::find(Handle h) {
 
 const Core::Request* Core::find(Handle h) const { return const_cast<Core*>(this)->find(h); }
 
-int Core::fitting(const Request& r, int budget) const {
-  if (options_.max_tokens <= 0) return budget;
+int Core::fitting(const Request& r, int64_t budget) const {
+  if (options_.max_tokens <= 0) return static_cast<int>(budget);
   const int64_t room = int64_t{options_.max_tokens} - 1 - static_cast<int64_t>(r.tokens.size());
-  return static_cast<int>(std::clamp<int64_t>(room, 0, std::max(budget, 0)));
+  return static_cast<int>(std::clamp<int64_t>(room, 0, std::max<int64_t>(budget, 0)));
 }
 
 Handle Core::start(const uint32_t* prompt, std::size_t n) {
@@ -100,12 +100,6 @@ Handle Core::start(const uint32_t* prompt, std::size_t n) {
   r.last.clear();
   r.verdicts = Verdicts{};
   return static_cast<Handle>(static_cast<uint64_t>(r.generation) << 32 | slot);
-}
-
-void Core::extend(Handle h, const uint32_t* tokens, std::size_t n) {
-  Request* r = find(h);
-  if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
-  append(*r, tokens, n);
 }
 
 void Core::append(Request& r, const uint32_t* tokens, std::size_t n) {
@@ -221,13 +215,98 @@ void Core::tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const 
 
 // -- the step --------------------------------------------------------------------------------------------------------
 
-void Core::gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes) {
+namespace {
+
+std::string outside(const char* what, std::size_t i, int64_t value, const std::string& range, const char* fix) {
+  return std::string(what) + "[" + std::to_string(i) + "] = " + std::to_string(value) + " is outside " + range + "; " +
+         fix;
+}
+
+}  // namespace
+
+void Core::check(const StepInput& in) const {
+  const std::size_t pairs = in.handles.size();
+  if (in.budgets.size() != pairs)
+    throw std::invalid_argument(std::to_string(in.budgets.size()) + " budgets for " + std::to_string(pairs) +
+                                " requests; pass one budget per request");
+  for (std::size_t i = 0; i < pairs; ++i)
+    if (in.budgets[i] < 0 || in.budgets[i] > kMaxBudget)
+      throw std::invalid_argument(outside("budgets", i, in.budgets[i], "0.." + std::to_string(kMaxBudget),
+                                          "pass the draft nodes to verify (0: none)"));
+  if (in.curve && !in.chain) throw std::invalid_argument("a step-cost curve cuts chains only: pass chain=True");
+  const EngineRows* e = in.rows;
+  if (!e) return;
+  const std::size_t rows = e->num_rows;
+  if (!e->index && pairs > rows)
+    throw std::invalid_argument("the engine's rows hold " + std::to_string(rows) + " rows for " +
+                                std::to_string(pairs) + " requests; pass one request per row, or the rows' index");
+  for (std::size_t i = 0; i < pairs; ++i) {
+    const int64_t at = e->index ? e->index[i] : static_cast<int64_t>(i);
+    if (at < 0 || static_cast<std::size_t>(at) >= rows)
+      throw std::invalid_argument(outside("index", i, at, "the " + std::to_string(rows) + " rows given",
+                                          "pass row numbers of the engine's batch"));
+    const int64_t n = e->wide ? static_cast<const int64_t*>(e->lengths)[at] : static_cast<const int32_t*>(e->lengths)[at];
+    if (n < 0 || static_cast<std::size_t>(n) > e->width)
+      throw std::invalid_argument(outside("lengths", static_cast<std::size_t>(at), n,
+                                          "0.." + std::to_string(e->width) + " (the rows' columns)",
+                                          "pass each row's count of tokens"));
+  }
+}
+
+bool Core::follow(const StepInput& in, StepOutput& out) {
+  const std::size_t pairs = in.handles.size();
+  out.followed.assign(pairs, 1);
+  if (const EngineRows* e = in.rows) {
+    std::vector<int64_t>& at = z_.index;
+    if (e->index) {
+      at.assign(e->index, e->index + pairs);
+    } else {
+      at.resize(pairs);
+      for (std::size_t i = 0; i < pairs; ++i) at[i] = static_cast<int64_t>(i);
+    }
+    out.bad = e->wide ? follow_rows<int64_t>(in.handles.data(), static_cast<const int64_t*>(e->rows), e->num_rows,
+                                             e->width, at.data(), static_cast<const int64_t*>(e->lengths), pairs,
+                                             e->limit, out.followed.data(), &out.bad_id)
+                      : follow_rows<int32_t>(in.handles.data(), static_cast<const int32_t*>(e->rows), e->num_rows,
+                                             e->width, at.data(), static_cast<const int32_t*>(e->lengths), pairs,
+                                             e->limit, out.followed.data(), &out.bad_id);
+  } else if (in.counts) {
+    const uint32_t* at = in.appended;
+    for (std::size_t i = 0; i < pairs; ++i) {
+      Request* r = find(in.handles[i]);
+      if (r) append(*r, at, static_cast<std::size_t>(in.counts[i]));
+      out.followed[i] = r != nullptr;
+      at += in.counts[i];
+    }
+  }
+  return out.bad < 0 && std::all_of(out.followed.begin(), out.followed.end(), [](uint8_t f) { return f != 0; });
+}
+
+void Core::step(const StepInput& in, Retrieval* retrieval, StepOutput& out) {
+  check(in);
+  out = StepOutput{};
+  if (!follow(in, out)) return;
+  if (!retrieval) {
+    plan(in.handles, in.budgets, in.chain, kTailTokens, in.key_limit, out.back_off, out.tails);
+    out.planned = true;
+    return;
+  }
+  for (Handle h : in.handles) out.inactive += !active(h);
+  out.drafted = draft(in.handles, in.budgets, *retrieval, in.chain, in.min_score, out.drafts);
+  if (!out.drafted) {
+    out.drafts.clear();
+    out.damaged = retrieval->damaged;
+    return;
+  }
+  if (in.curve) cut_to_curve(in.handles, *in.curve, out.drafts);
+}
+
+void Core::gather(Request& r, const Retrieved& in, int nodes) {
   const bool* on = options_.sources;
   auto& src = z_.sources;
   std::fill(src.begin(), src.end(), nullptr);
   z_.live_view = on[kLive] ? live_layer(in.live, in.delta, z_.children, z_.live_sum, z_.live_where) : SourceTree{};
   if (z_.live_view.size) src[kLive] = &z_.live_view;
-  if (on[kHeads] && heads.size) src[kHeads] = &heads;
   auto [state, len] = r.automaton.repeated_suffix();
   z_.local.clear();
   if (on[kLocal] && len > 0) r.automaton.continuations(state, nodes, options_.local_depth, 1, z_.local);
@@ -265,9 +344,8 @@ void Core::cut(bool chain, int budget, double min_score, Drafted& out) {
   }
 }
 
-void Core::draft_one(Request& r, const Retrieved& in, const SourceTree& heads, int budget, bool chain,
-                     double min_score, Drafted& out) {
-  gather(r, in, heads, std::max(budget, options_.match_nodes));
+void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, Drafted& out) {
+  gather(r, in, std::max(budget, options_.match_nodes));
   out.clear();
   double best_gain = -1.0;
   const std::size_t given = options_.sources[kDatastore] ? in.candidates.size() : 0;
@@ -285,9 +363,8 @@ void Core::draft_one(Request& r, const Retrieved& in, const SourceTree& heads, i
   }
 }
 
-bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& budgets,
-                 const std::vector<SourceTree>& heads, Retrieval& retrieval, bool chain, double min_score,
-                 std::vector<Drafted>& out) {
+bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, Retrieval& retrieval,
+                 bool chain, double min_score, std::vector<Drafted>& out) {
   out.resize(handles.size());
   for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
     const Request* r = find(handles[i]);
@@ -300,7 +377,7 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int>& bud
     if (const int budget = fitting(*r, budgets[i]); budget > 0) {
       if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
         return false;
-      draft_one(*r, z_.retrieved, heads.empty() ? SourceTree{} : heads[i], budget, chain, min_score, out[i]);
+      draft_one(*r, z_.retrieved, budget, chain, min_score, out[i]);
     }
     r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
   }
@@ -336,7 +413,7 @@ double Core::acceptance(Handle h) const {
   return r ? acceptance_ratio(r->verdicts, verdicts_) : -1.0;
 }
 
-void Core::plan(const std::vector<Handle>& handles, const std::vector<int>& budgets, bool chain, std::size_t tail,
+void Core::plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
                 uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const {
   back_off.assign(handles.size(), 0);
   tails.assign(handles.size(), {});
@@ -353,10 +430,10 @@ void Core::plan(const std::vector<Handle>& handles, const std::vector<int>& budg
   }
 }
 
-void Core::tables(Handle h, const Retrieved& given, const SourceTree& heads, std::vector<NodeTable>& out) {
+void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out) {
   Request* r = find(h);
   if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
-  gather(*r, given, heads, options_.match_nodes);
+  gather(*r, given, options_.match_nodes);
   out.clear();
   const std::size_t count = options_.sources[kDatastore] ? given.candidates.size() : 0;
   for (std::size_t c = 0; c < std::max<std::size_t>(count, 1); ++c) {

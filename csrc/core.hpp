@@ -2,15 +2,15 @@
 // generation) holds its tokens and their suffix automaton (stage 1); the core also holds this process's output index
 // (stage 2). A step drafts each request of a batch from its sources: the datastore's candidate trees and the live
 // layer's tree, which a Retrieval strategy supplies (a host-local replica probed here with the request's last tokens,
-// or the trees a round trip fetched), the draft heads' tree (S4C), the request's own match and the output index's,
-// merged (stage 3), featured (stage 4), scored (stage 5) and cut to a chain (stage 6) or a tree (stage 7); among the
+// or the trees a round trip fetched), the request's own match and the output index's, merged (stage 3), featured (stage 4), scored (stage 5) and cut to a chain (stage 6) or a tree (stage 7); among the
 // datastore's candidate n-grams (its stored suffixes of the context, longest first) the one whose draft has the
 // largest expected accepted length wins (the back-off lookup, for trees of at least `back_off_min_budget` nodes).
 // Each request keeps its last draft until its next tokens come, which judge it (csrc/feedback.hpp): an engine's chains
 // can then be cut to its step-cost curve with each request's scores discounted by what the engine accepted.
 //
-// Input is trusted: drafting.door checks it at the public API. Not thread-safe: drafting.DraftingService holds one
-// lock around every call (a step runs with the GIL released).
+// A step's arguments are checked once: what Python types (request ids, token lists) by drafting.door, the arrays an
+// engine hands over (rows, counts, budgets) here, by Core::step, before anything changes. Not thread-safe:
+// drafting.DraftingService holds one lock around every call (a step runs with the GIL released).
 #pragma once
 
 #include <cstddef>
@@ -30,6 +30,7 @@
 namespace crest {
 
 constexpr int kMaxBudget = 1024;  // the largest budget (draft nodes of one request in one step): the one limit
+constexpr std::size_t kTailTokens = 32;  // trailing tokens of each row a round trip looks up (keys: at most 31)
 
 // The core's settings; the defaults are written here once (crest_native.Core's keyword arguments).
 struct Options {
@@ -41,7 +42,7 @@ struct Options {
   int back_off_min_budget = 32;                     // trees of at least this budget choose among every stored suffix
   int max_tokens = 0;  // an engine's context length: a request's draft is cut to what fits beside its tokens and the
                        // bonus token (tokens + draft + 1 <= max_tokens; 0: no bound)
-  bool sources[kNumSources] = {true, true, true, true, false};  // the sources drafted from (not the heads)
+  bool sources[kNumSources] = {true, true, true, true};  // the sources drafted from
 };
 
 using Handle = int64_t;  // a request: (generation << 32) | slot
@@ -63,6 +64,7 @@ class Retrieval {
   // A hint that row `row` (tokens[0..n)) will be retrieved this step: a strategy that reads memory may start fetching
   // it, so that the rows' misses overlap. Nothing is read or checked.
   virtual void prefetch(std::size_t /*row*/, const uint32_t* /*tokens*/, std::size_t /*n*/) {}
+  int damaged = -1;  // the store found damaged (a read failed its check or the file was cut short), by its index
 };
 
 // The trees the caller fetched, per row (a round trip's answer; its arrays borrowed).
@@ -89,8 +91,7 @@ class StoredTrees final : public Retrieval {
   StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch);
   bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
   void prefetch(std::size_t row, const uint32_t* tokens, std::size_t n) override;
-  int damaged = -1;  // the damaged store (a read failed its check or the file was cut short): 0 the datastore's, 1 the
-                    // live layer's, 2 its delta's
+  // its stores by index (damaged): 0 the datastore's, 1 the live layer's, 2 its delta's
 
  private:
   const Replica* stores_[3];
@@ -120,12 +121,55 @@ struct NodeTable {
   std::vector<double> scores;
 };
 
+// An engine's rows as a step follows them (borrowed): row r holds rows[r * width ...], lengths[r] of its ids (T: int32
+// or int64). Pair i of the step is on row index[i] (index empty: row i).
+struct EngineRows {
+  const void* rows = nullptr;
+  const void* lengths = nullptr;
+  bool wide = false;  // int64 ids (else int32)
+  std::size_t num_rows = 0, width = 0;
+  const int64_t* index = nullptr;  // [pairs], or nullptr
+  int64_t limit = 0;               // new ids must be below it
+};
+
+// One step: each pair's request (handles[i]) follows its new tokens (an engine's rows, or `appended`: counts[i] tokens
+// for pair i, end to end), then, when every pair followed, is drafted for (budgets[i] nodes, a chain or a tree, nodes
+// scoring below min_score left out), the chains cut to the batch's goodput on `curve` when one is given.
+struct StepInput {
+  std::vector<Handle> handles;
+  std::vector<int64_t> budgets;
+  bool chain = false;
+  double min_score = 0.0;
+  const StepCurve* curve = nullptr;
+  const EngineRows* rows = nullptr;
+  const uint32_t* appended = nullptr;  // with counts: [sum(counts)] tokens
+  const int64_t* counts = nullptr;     // [pairs]
+  uint64_t key_limit = uint64_t{1} << 32;  // a plan asks only for tokens after the last id of at least this
+};
+
+// What a step did: which pairs followed (all, or none when pair `bad` holds a new id outside [0, limit), that id in
+// bad_id); whether it drafted (every pair followed and the retrieval's store was intact: else `damaged` names it);
+// the drafts, or, for a step without a retrieval, what a round trip must fetch (back_off, tails: Core::plan).
+struct StepOutput {
+  std::vector<uint8_t> followed;
+  int64_t bad = -1, bad_id = 0;
+  bool drafted = false, planned = false;
+  int damaged = -1;
+  int64_t inactive = 0;  // rows whose request was not active (stopped meanwhile: an empty draft)
+  std::vector<Drafted> drafts;
+  std::vector<uint8_t> back_off;
+  std::vector<std::vector<uint32_t>> tails;
+};
+
 class Core {
  public:
   Core(Calibration calibration, Options options);
 
   Handle start(const uint32_t* prompt, std::size_t n);
-  void extend(Handle h, const uint32_t* tokens, std::size_t n);
+  // A step (StepInput): follow, then draft from `retrieval` (nullptr: only plan what a round trip must fetch). Throws
+  // std::invalid_argument, naming the input and the fix, for budgets, rows, counts or an index an engine cannot mean
+  // (nothing changed), and for a curve given to trees.
+  void step(const StepInput& in, Retrieval* retrieval, StepOutput& out);
   // Pairs i < pairs: where request handles[i]'s tokens are the first of row index[i] of `rows` ([num_rows, width], each
   // row's count in `lengths`), its request takes the rest of the row; a pair whose row or request an earlier pair of
   // the call followed is skipped (each row holds one request, each request one row). Every new id must be in
@@ -152,16 +196,16 @@ class Core {
   std::size_t count(Handle h) const;  // its tokens (0: not active)
   void tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const;  // tokens[from:] of an active request
 
-  // One step: a draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. `heads`:
-  // per row, the draft heads' tree (size 0: none). False when the retrieval found its store damaged (no drafts).
-  bool draft(const std::vector<Handle>& handles, const std::vector<int>& budgets, const std::vector<SourceTree>& heads,
-             Retrieval& retrieval, bool chain, double min_score, std::vector<Drafted>& out);
+  // A draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. False when the
+  // retrieval found its store damaged (no drafts).
+  bool draft(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, Retrieval& retrieval, bool chain,
+             double min_score, std::vector<Drafted>& out);
   // What a round trip must fetch for each row: whether it backs off, and its last `tail` tokens after the last id of
   // at least `limit` (none for a row that drafts nothing).
-  void plan(const std::vector<Handle>& handles, const std::vector<int>& budgets, bool chain, std::size_t tail,
+  void plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
             uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const;
   // The node table of every candidate (or of none) of one active request, as a step would merge it.
-  void tables(Handle h, const Retrieved& given, const SourceTree& heads, std::vector<NodeTable>& out);
+  void tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out);
 
   const OutputIndex& outputs() const { return outputs_; }
   StoredScratch* retrieval_scratch() { return &z_.stored; }
@@ -183,14 +227,16 @@ class Core {
   void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft
   bool backs_off(int budget, bool chain) const { return !chain && budget >= options_.back_off_min_budget; }
   // `budget` cut to what fits in the context beside request r's tokens and the bonus token (Options::max_tokens).
-  int fitting(const Request& r, int budget) const;
-  // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match,
-  // the output index's and the heads' tree.
-  void gather(Request& r, const Retrieved& in, const SourceTree& heads, int nodes);
+  int fitting(const Request& r, int64_t budget) const;
+  // The sources of one step but the datastore's: the live layer's tree (crest::live_layer), the request's own match
+  // and the output index's.
+  void gather(Request& r, const Retrieved& in, int nodes);
+  // The step's checks and its follow (Core::step): false when a pair did not follow or held a bad id.
+  void check(const StepInput& in) const;
+  bool follow(const StepInput& in, StepOutput& out);
   bool score_candidate(const SourceTree* candidate, int max_depth);
   void cut(bool chain, int budget, double min_score, Drafted& out);
-  void draft_one(Request& r, const Retrieved& in, const SourceTree& heads, int budget, bool chain, double min_score,
-                 Drafted& out);
+  void draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, Drafted& out);
 
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
     Tree local, earlier, live_sum;
@@ -208,6 +254,7 @@ class Core {
     StoredScratch stored;
     std::vector<uint8_t> row_taken, request_taken;  // follow_rows: rows and requests (by slot) followed in the call
     std::vector<uint32_t> next;                     // follow_rows: a row's new int64 ids as tokens
+    std::vector<int64_t> index;                     // step: each pair's row
     std::vector<double> discounted;                 // cut_to_curve: the batch's discounted scores
     std::vector<uint8_t> keep;
     std::vector<int32_t> order;

@@ -8,7 +8,7 @@ namespace crest {
 std::vector<std::string> feature_names() {
   std::vector<std::string> names;
   for (int k = 0; k < kNumSources; ++k)
-    for (const char* column : k == kHeads ? kProbBlockNames : kBlockNames)
+    for (const char* column : kBlockNames)
       names.push_back(std::string(kSourceNames[k]) + "_" + column);
   names.push_back("agree");
   names.push_back("log_depth");
@@ -22,28 +22,6 @@ void miss_column(int k, const Union& u, std::vector<double>& x, const std::vecto
   for (std::size_t m = 0; m < u.size(); ++m) {
     double* row = &x[m * kNumFeatures + k * kBlock];
     row[5] = (row[0] == 0.0 && has_kids[u.parents[m] + 1]) ? 1.0 : 0.0;
-  }
-}
-
-// A probability source's block (the draft heads'): columns 0-4 of its nodes.
-void prob_block(int k, const SourceTree& s, const std::vector<int32_t>& where, const Union& u, std::vector<double>& x,
-                std::vector<uint8_t>& has_kids) {
-  has_kids.assign(u.size() + 1, 0);
-  std::vector<double> path(s.size);
-  std::vector<double> best(s.size + 1, -1.0);  // per parent (+1), its most likely child's probability
-  for (std::size_t i = 0; i < s.size; ++i) best[s.parents[i] + 1] = std::max(best[s.parents[i] + 1], s.probs[i]);
-  for (std::size_t i = 0; i < s.size; ++i) {
-    int32_t p = s.parents[i];
-    double prob = s.probs[i];
-    path[i] = (p < 0 ? 1.0 : path[p]) * prob;
-    if (where[i] < 0) continue;  // left out of the union (deeper than the draft can reach)
-    double* row = &x[static_cast<std::size_t>(where[i]) * kNumFeatures + k * kBlock];
-    row[0] = 1.0;
-    row[1] = prob;
-    row[2] = std::log(std::max(prob, 1e-6));
-    row[3] = path[i];
-    row[4] = prob >= best[p + 1] ? 1.0 : 0.0;
-    has_kids[u.parents[where[i]] + 1] = 1;
   }
 }
 
@@ -86,10 +64,7 @@ void features(const std::vector<const SourceTree*>& sources, const Union& u, dou
     if (!s || !s->size) continue;
     present[count++] = k;
     for (std::size_t m = 0; m < u.size(); ++m) std::fill_n(&x[m * kNumFeatures + k * kBlock], kBlock, 0.0);
-    if (s->probs)
-      prob_block(k, *s, u.where[k], u, x, has_kids);
-    else
-      source_block(k, *s, u.where[k], u, prior, x, has_kids, log_count);
+    source_block(k, *s, u.where[k], u, prior, x, has_kids, log_count);
     miss_column(k, u, x, has_kids);
   }
   for (std::size_t m = 0; m < u.size(); ++m) {

@@ -5,10 +5,7 @@
 // Per source, a block of six columns. A counted source's (the datastore's, the live layer's, the request's own, the
 // outputs'): whether the node is in it, its count ratio to its parent (smoothed by the prior), the parent's count
 // (log1p), their product, the matched context's length (log1p) and whether the source predicted other continuations
-// of the node's parent and not this one. The draft heads' (S4C, whose tree carries probabilities, not counts): whether
-// the node is in it, the heads' probability of the node given its parent, its log, the product of those along the
-// node's path, whether it is its parent's most likely child there, and the same miss column. Then how many other
-// sources agree and the node's depth (log). Its Python oracle is tests/oracle/calibration.py `node_table`.
+// of the node's parent and not this one. Then how many other sources agree and the node's depth (log). Its Python oracle is tests/oracle/calibration.py `node_table`.
 #pragma once
 
 #include <cstddef>
@@ -27,14 +24,12 @@ enum Source : int {
   kLive = 1,       // the shared live layer's: every process's earlier outputs, compacted
   kLocal = 2,      // the request's own tokens (stage 1)
   kOutputs = 3,    // this process's finished outputs (stage 2)
-  kHeads = 4,      // the draft heads' tree (S4C), with probabilities
-  kNumSources = 5,
+  kNumSources = 4,
 };
 static_assert(kNumSources <= 8, "a node's sources are one byte's bits (holders)");
-constexpr const char* kSourceNames[kNumSources] = {"ds", "live", "local", "outputs", "heads"};
+constexpr const char* kSourceNames[kNumSources] = {"ds", "live", "local", "outputs"};
 constexpr int kBlock = 6;
 constexpr const char* kBlockNames[kBlock] = {"on", "ratio", "log_parent", "ratio_x_log_parent", "log_n", "miss"};
-constexpr const char* kProbBlockNames[kBlock] = {"on", "prob", "log_prob", "path_prob", "top", "miss"};
 constexpr int kNumFeatures = kNumSources * kBlock + 2;
 constexpr int kAgree = kNumSources * kBlock;
 constexpr int kLogDepth = kAgree + 1;

@@ -1,14 +1,13 @@
-// Python bindings of the native drafting core (nanobind): the module crest_native._core. The callers (drafting.door,
-// datastore.replica, datastore.codec) check every argument first; these bindings convert and trust them.
-#include <algorithm>
+// Python bindings of the native drafting core (nanobind): the module crest_native._core. Each class converts its
+// arguments and calls csrc/; the values a step is handed (budgets, an engine's rows and counts) are checked by
+// crest::Core::step itself, and what only Python can see (request ids, token lists) by drafting.door.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <limits>
-#include <memory>
-#include <stdexcept>
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,81 +31,168 @@ namespace {
 template <typename T>
 using In1D = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 template <typename T>
-using In2D = nb::ndarray<const T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-template <typename T>
 using Out1D = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
-using Out2D = nb::ndarray<nb::numpy, double, nb::ndim<2>>;
 
-// An array owning `v`; with a const T, read-only (numpy's writeable flag off: what the caller must not change).
+// A read-only array owning `v` (numpy's writeable flag off).
 template <typename T>
-Out1D<T> owned_array(std::vector<std::remove_const_t<T>>&& v) {
-  using V = std::vector<std::remove_const_t<T>>;
-  auto* heap = new V(std::move(v));
+Out1D<const T> owned(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
   heap->reserve(1);  // never a null pointer: an empty array with none would be exported as a new, writeable one
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<V*>(p); });
-  return Out1D<T>(heap->data(), {heap->size()}, owner);
-}
-
-template <typename T>
-Out1D<T> to_numpy(std::vector<T>&& v) {
-  return owned_array<T>(std::move(v));
-}
-
-Out2D to_numpy_2d(std::vector<double>&& v, std::size_t rows, std::size_t cols) {
-  auto* heap = new std::vector<double>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-  return Out2D(heap->data(), {rows, cols}, owner);
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Out1D<const T>(heap->data(), {heap->size()}, owner);
 }
 
 nb::tuple tree_tuple(crest::Tree&& t) {
   uint64_t root = t.root_count;
-  return nb::make_tuple(to_numpy(std::move(t.tokens)), to_numpy(std::move(t.parents)), to_numpy(std::move(t.counts)),
-                        root);
+  return nb::make_tuple(owned(std::move(t.tokens)), owned(std::move(t.parents)), owned(std::move(t.counts)), root);
 }
 
-// A source tree passed as (ngram_len, token_ids uint32, parents int32, counts uint32, root_count), or a heads tree as
-// (token_ids uint32, parents int32, probs float64); its arrays are held in `keep` while the step reads them.
-struct Held {
-  In1D<uint32_t> tokens;
-  In1D<int32_t> parents;
-  In1D<uint32_t> counts;
-  In1D<double> probs;
+// -- the core's settings: crest::Options, each field by its own name ------------------------------------------------
+
+#define CREST_OPTIONS(X) \
+  X(local_depth) X(match_nodes) X(outputs_bytes) X(outputs_depth) X(context_tokens) X(back_off_min_budget) X(max_tokens)
+
+void bind_options(nb::module_& m) {
+  nb::class_<crest::Options> c(m, "Options");
+  c.def(nb::init<>());
+  nb::list names;
+#define CREST_BIND(name) c.def_rw(#name, &crest::Options::name), names.append(#name);
+  CREST_OPTIONS(CREST_BIND)
+#undef CREST_BIND
+  names.append("sources");
+  c.def_prop_rw(
+      "sources",
+      [](const crest::Options& o) {
+        nb::list out;
+        for (int k = 0; k < crest::kNumSources; ++k)
+          if (o.sources[k]) out.append(crest::kSourceNames[k]);
+        return nb::tuple(out);
+      },
+      [](crest::Options& o, const std::vector<std::string>& given) {
+        bool on[crest::kNumSources] = {};
+        for (const std::string& name : given) {
+          int k = 0;
+          while (k < crest::kNumSources && name != crest::kSourceNames[k]) ++k;
+          if (k == crest::kNumSources) throw nb::value_error(("unknown source '" + name + "'; see SOURCES").c_str());
+          on[k] = true;
+        }
+        std::copy(on, on + crest::kNumSources, o.sources);
+      });
+  c.attr("names") = nb::tuple(names);
+}
+
+// -- a step's inputs -----------------------------------------------------------------------------------------------
+
+// An engine's step-cost curve (drafting.CostCurve), checked when it is made.
+struct Curve {
+  In1D<double> tokens, seconds;
+  double tail, draft_s;
+  crest::StepCurve view() const { return {tokens.data(), seconds.data(), tokens.shape(0), tail, draft_s}; }
 };
 
-crest::SourceTree source(nb::handle h, std::vector<Held>& keep) {
-  nb::tuple t = nb::cast<nb::tuple>(h);
-  keep.push_back({nb::cast<In1D<uint32_t>>(t[1]), nb::cast<In1D<int32_t>>(t[2]), nb::cast<In1D<uint32_t>>(t[3])});
-  const Held& held = keep.back();
-  return {nb::cast<int>(t[0]), held.tokens.data(), held.parents.data(), held.counts.data(), held.tokens.shape(0),
-          nb::cast<uint64_t>(t[4])};
+void curve_init(Curve* self, In1D<double> tokens, In1D<double> seconds, double tail, double draft_s) {
+  const std::size_t m = tokens.shape(0);
+  if (m < 1 || m > 1024 || seconds.shape(0) != m)
+    throw nb::value_error("a step-cost curve has 1..1024 points, as many seconds as tokens");
+  for (std::size_t i = 0; i < m; ++i)
+    if (!(seconds.data()[i] >= 0) || (i && !(tokens.data()[i] > tokens.data()[i - 1])))
+      throw nb::value_error("a step-cost curve's tokens must increase and its seconds be >= 0");
+  if (!(tail >= 0 && std::isfinite(tail)) || !(draft_s >= 0 && std::isfinite(draft_s)))
+    throw nb::value_error("a step-cost curve's tail and draft_s must be finite and >= 0");
+  new (self) Curve{tokens, seconds, tail, draft_s};
 }
 
-crest::SourceTree heads_tree(nb::handle h, std::vector<Held>& keep) {
-  if (h.is_none()) return {};
-  nb::tuple t = nb::cast<nb::tuple>(h);
-  keep.push_back({nb::cast<In1D<uint32_t>>(t[0]), nb::cast<In1D<int32_t>>(t[1]), {}, nb::cast<In1D<double>>(t[2])});
-  const Held& held = keep.back();
-  crest::SourceTree out{0, held.tokens.data(), held.parents.data(), nullptr, held.tokens.shape(0), 0};
-  out.probs = held.probs.data();
-  return out;
+// An engine's rows (drafting.EngineRows): their ids and counts as the engine holds them, not copied.
+struct Rows {
+  nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu> ids;
+  nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu> lengths;
+  nb::object index;  // In1D<int64_t> or None
+  int64_t limit;
+};
+
+using AnyRows = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using AnyCounts = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+void rows_init(Rows* self, nb::handle ids, nb::handle lengths, nb::handle index, int64_t limit) {
+  AnyRows r;
+  AnyCounts n;
+  if (!nb::try_cast(ids, r, false) || (r.dtype() != nb::dtype<int32_t>() && r.dtype() != nb::dtype<int64_t>()))
+    throw nb::type_error("rows must be the engine's [rows, max_len] int32 or int64 token array (C order, not copied)");
+  if (!nb::try_cast(lengths, n, false) || n.dtype() != r.dtype())
+    throw nb::type_error("lengths must be a 1-D array of the rows' dtype: each row's count of tokens");
+  In1D<int64_t> at;
+  if (!index.is_none() && !nb::try_cast(index, at, false))
+    throw nb::type_error("index must be a 1-D int64 array (each pair's row) or None (pair i on row i)");
+  if (limit < 1 || limit > (int64_t{1} << 32)) throw nb::value_error("vocab_size must be in 1..2**32");
+  new (self) Rows{r, n, nb::borrow(index), limit};
 }
 
-std::vector<crest::SourceTree> heads_of(nb::handle heads, std::size_t rows, std::vector<Held>& keep) {
-  std::vector<crest::SourceTree> out;
-  if (heads.is_none()) return out;
-  for (nb::handle h : nb::cast<nb::list>(heads)) out.push_back(heads_tree(h, keep));
-  if (out.size() != rows) throw nb::value_error("heads must have one entry per row");
-  return out;
+// The trees a round trip looked up, per row: its datastore candidates (a list) and its live layer's main and delta
+// trees (each a tree or None), each tree (ngram_len, token_ids uint32, parents int32, counts uint32, root_count).
+struct Trees {
+  std::vector<In1D<uint32_t>> tokens, counts;  // held while a step reads them
+  std::vector<In1D<int32_t>> parents;
+  crest::GivenTrees given;
+
+  crest::SourceTree tree(nb::handle h) {
+    nb::tuple t = nb::cast<nb::tuple>(h);
+    tokens.push_back(nb::cast<In1D<uint32_t>>(t[1]));
+    parents.push_back(nb::cast<In1D<int32_t>>(t[2]));
+    counts.push_back(nb::cast<In1D<uint32_t>>(t[3]));
+    return {nb::cast<int>(t[0]), tokens.back().data(), parents.back().data(), counts.back().data(),
+            tokens.back().shape(0), nb::cast<uint64_t>(t[4])};
+  }
+};
+
+void trees_init(Trees* self, nb::list stored, nb::list live, nb::list delta) {
+  new (self) Trees();
+  const std::size_t rows = stored.size();
+  if (live.size() != rows || delta.size() != rows) throw nb::value_error("pass one entry per row in each list");
+  self->given.rows.resize(rows);
+  for (std::size_t i = 0; i < rows; ++i) {
+    crest::Retrieved& row = self->given.rows[i];
+    for (nb::handle t : nb::cast<nb::list>(stored[i])) row.candidates.push_back(self->tree(t));
+    if (!live[i].is_none()) row.live = self->tree(live[i]);
+    if (!delta[i].is_none()) row.delta = self->tree(delta[i]);
+  }
 }
 
-std::vector<crest::Handle> handles_of(const In1D<int64_t>& a) { return {a.data(), a.data() + a.shape(0)}; }
+// One step's arguments (Core.step): the requests and their budgets, the form and the cut, and what each follows.
+struct Batch {
+  In1D<int64_t> handles, budgets;
+  bool chain = false;
+  double min_score = 0.0;
+  // a Curve, Rows, [N] uint32 with [pairs] int64 counts, or None
+  nb::object curve = nb::none(), rows = nb::none(), appended = nb::none(), counts = nb::none();
+  uint64_t key_limit = uint64_t{1} << 32;
+};
 
-std::vector<int> budgets_of(const In1D<int64_t>& a) { return {a.data(), a.data() + a.shape(0)}; }
+// -- the step's result ---------------------------------------------------------------------------------------------
 
-// A step's drafts, flat: (tokens [nodes] int64, parents [nodes] int32, scores [nodes] float64, offsets [rows + 1]
-// int64, chosen [rows] int64: the datastore candidate each row drafted from, sources [nodes] uint8: the sources whose
-// trees hold each node, bit k for crest_native.SOURCES[k]).
-nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
+struct Step {
+  nb::object followed = nb::none();  // list[bool], or None: pair `bad` held new id `bad_id` (nothing followed)
+  int64_t bad = -1, bad_id = 0, inactive = 0, backed_off = 0;
+  bool drafted = false;
+  int damaged = -1;
+  // the drafts' arrays (drafted), or the plan (back_off, tails); else None
+  nb::object tokens = nb::none(), parents = nb::none(), scores = nb::none(), offsets = nb::none(),
+             chosen = nb::none(), sources = nb::none(), back_off = nb::none(), tails = nb::none();
+
+  nb::list token_lists() const {  // each row's draft tokens as a list of ints (what an engine takes)
+    nb::list out;
+    if (offsets.is_none()) return out;
+    auto t = nb::cast<In1D<int64_t>>(tokens);
+    auto o = nb::cast<In1D<int64_t>>(offsets);
+    for (std::size_t i = 0; i + 1 < o.shape(0); ++i) {
+      nb::list row;
+      for (int64_t j = o.data()[i]; j < o.data()[i + 1]; ++j) row.append(t.data()[j]);
+      out.append(row);
+    }
+    return out;
+  }
+};
+
+void fill_drafts(Step& s, std::vector<crest::Drafted>& out) {
   std::vector<int64_t> tokens, offsets{0}, chosen;
   std::vector<int32_t> parents;
   std::vector<double> scores;
@@ -118,244 +204,177 @@ nb::tuple drafts_tuple(std::vector<crest::Drafted>& out) {
     sources.insert(sources.end(), d.sources.begin(), d.sources.end());
     offsets.push_back(static_cast<int64_t>(tokens.size()));
     chosen.push_back(d.chosen);
+    s.backed_off += d.chosen > 0;
   }
-  return nb::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)), to_numpy(std::move(scores)),
-                        to_numpy(std::move(offsets)), to_numpy(std::move(chosen)), to_numpy(std::move(sources)));
+  s.tokens = nb::cast(owned(std::move(tokens)));
+  s.parents = nb::cast(owned(std::move(parents)));
+  s.scores = nb::cast(owned(std::move(scores)));
+  s.offsets = nb::cast(owned(std::move(offsets)));
+  s.chosen = nb::cast(owned(std::move(chosen)));
+  s.sources = nb::cast(owned(std::move(sources)));
 }
 
-// Core's options, each named once, here: its keyword (crest_native.DEFAULTS, Core's `options`) and its field of
-// crest::Options, whose initializers are the defaults. Each is a whole number; `sources` (names of
-// crest_native.SOURCES) is apart.
-struct OptionField {
-  const char* name;
-  int crest::Options::*whole;          // an int field, or
-  std::size_t crest::Options::*bytes;  // a byte count (>= 0)
-};
-constexpr OptionField kOptionFields[] = {
-    {"local_depth", &crest::Options::local_depth, nullptr},
-    {"match_nodes", &crest::Options::match_nodes, nullptr},
-    {"outputs_bytes", nullptr, &crest::Options::outputs_bytes},
-    {"outputs_depth", &crest::Options::outputs_depth, nullptr},
-    {"context_tokens", &crest::Options::context_tokens, nullptr},
-    {"back_off_min_budget", &crest::Options::back_off_min_budget, nullptr},
-    {"max_tokens", &crest::Options::max_tokens, nullptr},
-};
-
-// Every option of `o` by its keyword (crest_native.DEFAULTS is this of the defaults).
-nb::dict options_dict(const crest::Options& o) {
-  nb::dict d;
-  for (const OptionField& f : kOptionFields) d[f.name] = f.whole ? nb::cast(o.*(f.whole)) : nb::cast(o.*(f.bytes));
-  nb::list sources;
-  for (int k = 0; k < crest::kNumSources; ++k)
-    if (o.sources[k]) sources.append(nb::str(crest::kSourceNames[k]));
-  d["sources"] = nb::tuple(sources);
-  return d;
-}
-
-void set_sources(crest::Options& o, nb::handle names) {
-  for (bool& on : o.sources) on = false;
-  for (nb::handle item : names) {
-    std::string name = nb::cast<std::string>(item);
-    int k = 0;
-    while (k < crest::kNumSources && name != crest::kSourceNames[k]) ++k;
-    if (k == crest::kNumSources) throw nb::value_error(("unknown source '" + name + "'; see crest_native.SOURCES").c_str());
-    o.sources[k] = true;
-  }
-}
-
-void set_option(crest::Options& o, const OptionField& f, nb::handle value) {
-  std::string name = f.name;
-  if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
-    throw nb::type_error((name + " must be an int").c_str());
-  int64_t v = nb::cast<int64_t>(value);
-  if (f.bytes) {
-    if (v < 0) throw nb::value_error((name + " must be >= 0 (0: off)").c_str());
-    o.*(f.bytes) = static_cast<std::size_t>(v);
-  } else {
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-      throw nb::value_error((name + " is out of an int's range").c_str());
-    o.*(f.whole) = static_cast<int>(v);
-  }
-}
-
-// crest::Options from `given` (keyword -> value); an option left out keeps its default. The core checks the values
-// it cannot draft with (crest::Core's constructor).
-crest::Options options_of(const nb::dict& given) {
-  crest::Options o;
-  for (auto [key, value] : given) {
-    std::string name = nb::cast<std::string>(key);
-    if (name == "sources") {
-      set_sources(o, value);
-      continue;
+// Core.step: the one step entry. `source`: a (datastore, live, delta) tuple of replicas (each a Replica or None), the
+// Trees a round trip looked up, or None (follow, then plan what a round trip must fetch).
+Step core_step(crest::Core& core, const Batch& b, nb::handle source) {
+  crest::StepInput in;
+  in.handles.assign(b.handles.data(), b.handles.data() + b.handles.shape(0));
+  in.budgets.assign(b.budgets.data(), b.budgets.data() + b.budgets.shape(0));
+  in.chain = b.chain;
+  in.min_score = b.min_score;
+  in.key_limit = b.key_limit;
+  crest::StepCurve curve{};
+  if (!b.curve.is_none()) curve = nb::cast<const Curve&>(b.curve).view(), in.curve = &curve;
+  crest::EngineRows rows;
+  if (!b.rows.is_none()) {
+    const Rows& r = nb::cast<const Rows&>(b.rows);
+    rows = {r.ids.data(), r.lengths.data(), r.ids.dtype() == nb::dtype<int64_t>(), std::min(r.ids.shape(0), r.lengths.shape(0)),
+            r.ids.shape(1), nullptr, r.limit};
+    if (!r.index.is_none()) {
+      auto index = nb::cast<In1D<int64_t>>(r.index);
+      if (index.shape(0) != in.handles.size()) throw nb::value_error("pass one row of index per request");
+      rows.index = index.data();
     }
-    const OptionField* f = std::find_if(std::begin(kOptionFields), std::end(kOptionFields),
-                                        [&](const OptionField& x) { return name == x.name; });
-    if (f == std::end(kOptionFields))
-      throw nb::value_error(("unknown Core option '" + name + "'; the options are crest_native.DEFAULTS' keys").c_str());
-    set_option(o, *f, value);
+    in.rows = &rows;
+  } else if (!b.counts.is_none()) {
+    auto counts = nb::cast<In1D<int64_t>>(b.counts);
+    if (counts.shape(0) != in.handles.size()) throw nb::value_error("pass one count of new tokens per request");
+    in.appended = nb::cast<In1D<uint32_t>>(b.appended).data(), in.counts = counts.data();
   }
-  return o;
-}
-
-// (followed per pair, -1) or (None, the first pair holding a new id outside [0, limit), that id): nothing followed.
-template <typename T>
-nb::tuple follow_rows(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows, const In1D<int64_t>& index,
-                      const In1D<T>& lengths, int64_t limit) {
-  std::vector<uint8_t> followed(handles.shape(0));
-  int64_t bad = -1, bad_id = 0;
+  crest::StoredScratch* scratch = core.retrieval_scratch();
+  crest::StoredTrees stored(nullptr, nullptr, nullptr, scratch);
+  crest::Retrieval* retrieval = nullptr;
+  if (nb::isinstance<Trees>(source)) {
+    retrieval = &nb::cast<Trees&>(source).given;
+  } else if (!source.is_none()) {
+    auto replica = [&](int k) { return source[k].is_none() ? nullptr : nb::cast<const crest::Replica*>(source[k]); };
+    stored = crest::StoredTrees(replica(0), replica(1), replica(2), scratch);
+    retrieval = &stored;
+  }
+  crest::StepOutput out;
   {
     nb::gil_scoped_release quiet;
-    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), index.data(), lengths.data(),
-                           followed.size(), limit, followed.data(), &bad_id);
+    core.step(in, retrieval, out);
   }
-  if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id);
-  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0);
+  Step s;
+  s.bad = out.bad, s.bad_id = out.bad_id, s.drafted = out.drafted, s.damaged = out.damaged, s.inactive = out.inactive;
+  s.followed = out.bad >= 0 ? nb::none() : nb::cast(std::vector<bool>(out.followed.begin(), out.followed.end()));
+  if (out.drafted) fill_drafts(s, out.drafts);
+  if (out.planned) {
+    nb::list tails;
+    for (auto& t : out.tails) tails.append(nb::cast(t));
+    s.tails = tails, s.back_off = nb::cast(owned(std::move(out.back_off)));
+  }
+  return s;
 }
 
-// A step-cost curve given as (tokens, seconds, tail, draft_s) (drafting.CostCurve), its arrays held while it is used.
-struct HeldCurve {
-  In1D<double> tokens, seconds;
-  crest::StepCurve curve;
+// -- the core ------------------------------------------------------------------------------------------------------
+
+struct NodeTable {  // one candidate's merged node table (what fitting the calibration reads)
+  nb::object tokens, parents, depths, features, scores;
 };
 
-// `given` checked: 1..1024 points, tokens increasing, seconds >= 0, tail and draft_s finite and >= 0.
-HeldCurve curve_of(nb::handle given) {
-  if (!nb::isinstance<nb::tuple>(given) || nb::len(given) != 4)
-    throw nb::type_error("curve must be (tokens, seconds, tail, draft_s): a drafting.CostCurve");
-  In1D<double> tokens = nb::cast<In1D<double>>(given[0]), seconds = nb::cast<In1D<double>>(given[1]);
-  double tail = nb::cast<double>(given[2]), jump = nb::cast<double>(given[3]);
-  std::size_t m = tokens.shape(0);
-  if (m < 1 || m > 1024 || seconds.shape(0) != m)
-    throw nb::value_error("a step-cost curve has 1..1024 points, as many seconds as tokens");
-  for (std::size_t i = 0; i < m; ++i) {
-    if (!(seconds.data()[i] >= 0) || (i && !(tokens.data()[i] > tokens.data()[i - 1])))
-      throw nb::value_error("a step-cost curve's tokens must increase and its seconds be >= 0");
+struct OutputsInfo {  // the output index: outputs held, its size model, what it holds allocated, its bound, evictions
+  std::size_t outputs, bytes, allocated, max_bytes;
+  int64_t evictions;
+};
+
+void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const crest::Options& options,
+               nb::object token_ids, nb::object token_bias) {
+  crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior, {}, {}};
+  if (token_ids.is_none() != token_bias.is_none())
+    throw nb::value_error("pass token_ids and token_bias together (a calibration's token term), or neither");
+  if (!token_ids.is_none()) {
+    auto ids = nb::cast<In1D<int64_t>>(token_ids);
+    auto bias = nb::cast<In1D<double>>(token_bias);
+    cal.bias_tokens.assign(ids.data(), ids.data() + ids.shape(0));
+    cal.token_bias.assign(bias.data(), bias.data() + bias.shape(0));
   }
-  if (!(tail >= 0) || tail == std::numeric_limits<double>::infinity())
-    throw nb::value_error("a step-cost curve's tail must be finite and >= 0");
-  if (!(jump >= 0) || jump == std::numeric_limits<double>::infinity())
-    throw nb::value_error("a step-cost curve's draft_s must be finite and >= 0");
-  const double* t = tokens.data();
-  const double* s = seconds.data();
-  return {std::move(tokens), std::move(seconds), {t, s, m, tail, jump}};
+  new (self) crest::Core(std::move(cal), options);
 }
 
-// A step's curve (None: not cut, an empty curve) for drafts that are chains (`chain`, else ValueError).
-HeldCurve cost_of(nb::handle curve, bool chain) {
-  if (curve.is_none()) return {};
-  if (!chain) throw nb::value_error("a step-cost curve cuts chains only (chain=True)");
-  return curve_of(curve);
+std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees) {
+  if (trees.given.rows.size() != 1) throw nb::value_error("tables reads the trees of one request: one row");
+  std::vector<crest::NodeTable> tables;
+  c.tables(handle, trees.given.rows[0], tables);
+  std::vector<NodeTable> out;
+  for (auto& t : tables) {
+    const std::size_t n = t.shape.size();
+    auto* heap = new std::vector<double>(std::move(t.features));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+    nb::ndarray<nb::numpy, double, nb::ndim<2>> features(heap->data(), {n, std::size_t{crest::kNumFeatures}}, owner);
+    out.push_back({nb::cast(owned(std::move(t.shape.tokens))), nb::cast(owned(std::move(t.shape.parents))),
+                   nb::cast(owned(std::move(t.shape.depths))), nb::cast(features), nb::cast(owned(std::move(t.scores)))});
+  }
+  return out;
 }
 
-// An engine's rows as a steady step reads them, checked before anything changes (the door of the one call): pair i's
-// row (index[i], or i when index is None) inside the rows given, its count within the row's columns, its budget in
-// 0..kMaxBudget. Throws ValueError naming the input and the fix.
-template <typename T>
-std::vector<int64_t> engine_index(nb::handle index, const In2D<T>& rows, const In1D<T>& lengths,
-                                  const In1D<int64_t>& budgets, std::size_t pairs) {
-  const std::size_t num_rows = std::min(rows.shape(0), lengths.shape(0)), width = rows.shape(1);
-  std::vector<int64_t> at(pairs);
-  if (index.is_none()) {
-    if (pairs > num_rows)
-      throw nb::value_error(("index is None (every row) but " + std::to_string(pairs) + " requests were given for " +
-                             std::to_string(num_rows) + " rows; pass one request per row, or the rows' index")
-                                .c_str());
-    for (std::size_t i = 0; i < pairs; ++i) at[i] = static_cast<int64_t>(i);
-  } else {
-    auto given = nb::cast<In1D<int64_t>>(index, false);
-    if (given.shape(0) != pairs) throw nb::value_error("index and handles must have one entry per pair");
-    for (std::size_t i = 0; i < pairs; ++i) {
-      at[i] = given.data()[i];
-      if (at[i] < 0 || static_cast<std::size_t>(at[i]) >= num_rows)
-        throw nb::value_error(("index[" + std::to_string(i) + "] = " + std::to_string(at[i]) + " names a row outside the " +
-                               std::to_string(num_rows) + " given; pass row numbers of the engine's batch")
-                                  .c_str());
-    }
-  }
-  for (std::size_t i = 0; i < pairs; ++i) {
-    const auto n = static_cast<int64_t>(lengths.data()[at[i]]);
-    if (n < 0 || static_cast<std::size_t>(n) > width)
-      throw nb::value_error(("lengths[" + std::to_string(at[i]) + "] = " + std::to_string(n) + " is outside 0.." +
-                             std::to_string(width) + " (the rows' columns); pass each row's count of tokens")
-                                .c_str());
-    const int64_t b = budgets.data()[i];
-    if (b < 0 || b > crest::kMaxBudget)
-      throw nb::value_error(("budgets[" + std::to_string(i) + "] = " + std::to_string(b) + " is outside 0.." +
-                             std::to_string(crest::kMaxBudget) + "; pass the draft tokens to verify (0: none)")
-                                .c_str());
-  }
-  return at;
+void bind_core(nb::module_& m) {
+  nb::class_<Curve>(m, "Curve")
+      .def("__init__", &curve_init, "tokens"_a, "seconds"_a, "tail"_a, "draft_s"_a = 0.0)
+      .def_ro("tokens", &Curve::tokens).def_ro("seconds", &Curve::seconds)
+      .def_ro("tail", &Curve::tail).def_ro("draft_s", &Curve::draft_s);
+  nb::class_<Rows>(m, "EngineRows")
+      .def("__init__", &rows_init, "rows"_a, "lengths"_a, "index"_a.none() = nb::none(), "limit"_a = int64_t{1} << 31)
+      .def_ro("rows", &Rows::ids).def_ro("lengths", &Rows::lengths).def_ro("index", &Rows::index)
+      .def_ro("limit", &Rows::limit);
+  nb::class_<Trees>(m, "Trees").def("__init__", &trees_init, "stored"_a, "live"_a, "delta"_a);
+  nb::class_<Batch>(m, "Batch")
+      .def(nb::init<>())
+      .def_rw("handles", &Batch::handles).def_rw("budgets", &Batch::budgets).def_rw("chain", &Batch::chain)
+      .def_rw("min_score", &Batch::min_score).def_rw("key_limit", &Batch::key_limit)
+      .def_rw("curve", &Batch::curve, nb::for_setter(nb::arg("value").none()))
+      .def_rw("rows", &Batch::rows, nb::for_setter(nb::arg("value").none()))
+      .def_rw("appended", &Batch::appended, nb::for_setter(nb::arg("value").none()))
+      .def_rw("counts", &Batch::counts, nb::for_setter(nb::arg("value").none()));
+  nb::class_<Step>(m, "Step")
+      .def_ro("followed", &Step::followed).def_ro("bad", &Step::bad).def_ro("bad_id", &Step::bad_id)
+      .def_ro("drafted", &Step::drafted).def_ro("damaged", &Step::damaged).def_ro("inactive", &Step::inactive)
+      .def_ro("backed_off", &Step::backed_off).def_ro("tokens", &Step::tokens).def_ro("parents", &Step::parents)
+      .def_ro("scores", &Step::scores).def_ro("offsets", &Step::offsets).def_ro("chosen", &Step::chosen)
+      .def_ro("sources", &Step::sources).def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails)
+      .def("token_lists", &Step::token_lists);
+  nb::class_<NodeTable>(m, "NodeTable")
+      .def_ro("tokens", &NodeTable::tokens).def_ro("parents", &NodeTable::parents)
+      .def_ro("depths", &NodeTable::depths).def_ro("features", &NodeTable::features)
+      .def_ro("scores", &NodeTable::scores);
+  nb::class_<OutputsInfo>(m, "OutputsInfo")
+      .def_ro("outputs", &OutputsInfo::outputs).def_ro("bytes", &OutputsInfo::bytes)
+      .def_ro("allocated", &OutputsInfo::allocated).def_ro("max_bytes", &OutputsInfo::max_bytes)
+      .def_ro("evictions", &OutputsInfo::evictions);
+  nb::class_<crest::Core>(m, "Core")
+      .def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a, "token_ids"_a.none() = nb::none(),
+           "token_bias"_a.none() = nb::none())
+      .def("start", [](crest::Core& c, In1D<uint32_t> p) { return c.start(p.data(), p.shape(0)); }, "prompt"_a)
+      .def("stop",
+           [](crest::Core& c, int64_t h) -> nb::object {
+             std::vector<uint32_t> output;
+             return c.stop(h, output) ? nb::cast(owned(std::move(output))) : nb::none();
+           }, "handle"_a)
+      .def("add_outputs",
+           [](crest::Core& c, In1D<uint32_t> tokens, In1D<int64_t> lengths) {
+             c.add_outputs(tokens.data(), tokens.shape(0), lengths.data(), lengths.shape(0));
+           }, "tokens"_a, "lengths"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("step", &core_step, "batch"_a, "source"_a.none())
+      .def("tables", &core_tables, "handle"_a, "trees"_a)
+      .def("active", &crest::Core::active, "handle"_a)
+      .def("acceptance", &crest::Core::acceptance, "handle"_a)
+      .def("count", &crest::Core::count, "handle"_a)
+      .def("tokens",
+           [](const crest::Core& c, int64_t h, std::size_t from) {
+             std::vector<uint32_t> out;
+             c.tokens(h, from, out);
+             return owned(std::move(out));
+           }, "handle"_a, "start"_a = 0)
+      .def("outputs_info",
+           [](const crest::Core& c) {
+             const auto& o = c.outputs();
+             return OutputsInfo{o.num_outputs(), o.nbytes(), o.allocated(), o.max_bytes(), o.evictions};
+           })
+      .def("__len__", &crest::Core::size);
 }
 
-// A step's chains as an engine takes them: (token ids, one list of ints per row; scores [nodes] float64, read-only,
-// row after row; backed off: the rows that drafted from a shorter datastore n-gram than their longest, chosen > 0).
-nb::tuple chain_lists(const std::vector<crest::Drafted>& out) {
-  nb::list lists;
-  std::vector<double> scores;
-  int64_t backed_off = 0;
-  for (const auto& d : out) {
-    nb::list row;
-    for (int64_t t : d.tokens) row.append(nb::int_(t));
-    lists.append(row);
-    scores.insert(scores.end(), d.scores.begin(), d.scores.end());
-    backed_off += d.chosen > 0;
-  }
-  return nb::make_tuple(lists, owned_array<const double>(std::move(scores)), backed_off);
-}
-
-// A steady engine step in one call: check the rows (engine_index), follow each row's new tokens (as follow_rows), then,
-// when every pair followed, draft each row's chain from the replicas (as draft_stored with chain=True), cut to the
-// batch's goodput-best tokens on the step-cost curve when one is given (Core::cut_to_curve). Returns (followed, bad,
-// bad_id, chains, damaged): followed and bad/bad_id as follow_rows; chains None when a pair did not follow or an id was
-// refused (nothing drafted), else chain_lists' tuple (every row empty when a replica was found damaged: its index in
-// damaged, else -1).
-template <typename T>
-nb::tuple follow_draft_stored(crest::Core& c, const In1D<int64_t>& handles, const In2D<T>& rows, nb::handle index,
-                              const In1D<T>& lengths, int64_t limit, const In1D<int64_t>& budgets,
-                              const crest::Replica* datastore, const crest::Replica* live, double min_score,
-                              nb::handle curve, const crest::Replica* delta) {
-  std::size_t pairs = handles.shape(0);
-  if (budgets.shape(0) != pairs) throw nb::value_error("handles and budgets must have one entry per row");
-  std::vector<int64_t> at = engine_index(index, rows, lengths, budgets, pairs);
-  std::vector<uint8_t> followed(pairs);
-  HeldCurve cost = cost_of(curve, true);
-  auto h = handles_of(handles);
-  auto b = budgets_of(budgets);
-  crest::StoredTrees stored(datastore, live, delta, c.retrieval_scratch());
-  std::vector<crest::Drafted> out;
-  int64_t bad = -1, bad_id = 0;
-  bool all = false, ok = false;
-  {
-    nb::gil_scoped_release quiet;
-    bad = c.follow_rows<T>(handles.data(), rows.data(), rows.shape(0), rows.shape(1), at.data(), lengths.data(),
-                           pairs, limit, followed.data(), &bad_id);
-    all = bad < 0 && std::all_of(followed.begin(), followed.end(), [](uint8_t f) { return f != 0; });
-    if (all) ok = c.draft(h, b, {}, stored, true, min_score, out);
-    if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
-  }
-  if (bad >= 0) return nb::make_tuple(nb::none(), bad, bad_id, nb::none(), -1);
-  nb::object chains = nb::none();
-  if (all) {
-    if (!ok) {
-      out.clear();
-      out.resize(pairs);
-    }
-    chains = chain_lists(out);
-  }
-  return nb::make_tuple(std::vector<bool>(followed.begin(), followed.end()), -1, 0, chains, stored.damaged);
-}
-
-// Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: chain_cut and tree_cut take any tree).
-std::vector<int32_t> depths_of(const In1D<int32_t>& parents, const In1D<double>& scores) {
-  if (scores.shape(0) != parents.shape(0)) throw nb::value_error("parents and scores differ in length");
-  std::vector<int32_t> d(parents.shape(0));
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    int32_t p = parents.data()[i];
-    if (p < -1 || p >= static_cast<int32_t>(i)) throw nb::value_error("parents are not a tree: parents[i] in -1..i-1");
-    d[i] = p < 0 ? 1 : d[p] + 1;
-  }
-  return d;
-}
+// -- replicas: the reader and the writer ---------------------------------------------------------------------------
 
 // Replica.find: the tree, None (absent), or "unreadable" / "damaged".
 nb::object replica_find(const crest::Replica& r, In1D<uint32_t> tokens) {
@@ -388,24 +407,6 @@ nb::object replica_longest(const crest::Replica& r, In1D<uint32_t> context) {
   if (!intact) return nb::str("damaged");
   if (!found) return nb::none();
   return nb::make_tuple(lengths[0], tree_tuple(std::move(trees[0])));
-}
-
-void bind_replica_reader(nb::module_& m) {
-  nb::exception<crest::ReplicaError>(m, "ReplicaError", PyExc_OSError);
-  nb::class_<crest::Replica>(m, "Replica")
-      .def(nb::init<const std::string&>(), "path"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("find", &replica_find, "tokens"_a)
-      .def("longest", &replica_longest, "context"_a)
-      .def("unchanged", &crest::Replica::unchanged)
-      .def_prop_ro("identity", [](const crest::Replica& r) { return nb::bytes(r.identity().data(), r.identity().size()); })
-      .def_prop_ro("lengths", [](const crest::Replica& r) { return r.lengths(); })
-      .def_prop_ro("key_width", &crest::Replica::key_width)
-      .def_prop_ro("entries", &crest::Replica::entries)
-      .def_prop_ro("unreadable", &crest::Replica::unreadable)
-      .def_prop_ro("slots", &crest::Replica::slots)
-      .def_prop_ro("file_size", &crest::Replica::file_size)
-      .def_prop_ro("path", &crest::Replica::path)
-      .def_prop_ro("inode", &crest::Replica::inode);
 }
 
 // A replica writer and the COPY bytes its pending (compressed) rows point into, until `complete` stores them.
@@ -462,7 +463,22 @@ void writer_complete(Writer& self, nb::handle zstd, nb::handle others) {
   self.data = nb::bytes();
 }
 
-void bind_replica_writer(nb::module_& m) {
+void bind_replicas(nb::module_& m) {
+  nb::exception<crest::ReplicaError>(m, "ReplicaError", PyExc_OSError);
+  nb::class_<crest::Replica>(m, "Replica")
+      .def(nb::init<const std::string&>(), "path"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("find", &replica_find, "tokens"_a)
+      .def("longest", &replica_longest, "context"_a)
+      .def("unchanged", &crest::Replica::unchanged)
+      .def_prop_ro("identity", [](const crest::Replica& r) { return nb::bytes(r.identity().data(), r.identity().size()); })
+      .def_prop_ro("lengths", [](const crest::Replica& r) { return r.lengths(); })
+      .def_prop_ro("key_width", &crest::Replica::key_width)
+      .def_prop_ro("entries", &crest::Replica::entries)
+      .def_prop_ro("unreadable", &crest::Replica::unreadable)
+      .def_prop_ro("slots", &crest::Replica::slots)
+      .def_prop_ro("file_size", &crest::Replica::file_size)
+      .def_prop_ro("path", &crest::Replica::path)
+      .def_prop_ro("inode", &crest::Replica::inode);
   nb::class_<Writer>(m, "ReplicaWriter")
       .def(nb::init<const std::string&, int, const std::string&>(), "path"_a, "key_width"_a, "identity"_a)
       .def("add_copy", &writer_add_copy, "data"_a)
@@ -473,198 +489,61 @@ void bind_replica_writer(nb::module_& m) {
       .def_prop_ro("records_bytes", [](const Writer& self) { return self.w.records_bytes(); });
 }
 
-void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const nb::dict& options,
-               nb::handle token_ids, nb::handle token_bias) {
-  crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior, {}, {}};
-  if (token_ids.is_none() != token_bias.is_none())
-    throw nb::value_error("pass token_ids and token_bias together (a calibration's token term), or neither");
-  if (!token_ids.is_none()) {
-    auto ids = nb::cast<In1D<int64_t>>(token_ids);
-    auto bias = nb::cast<In1D<double>>(token_bias);
-    cal.bias_tokens.assign(ids.data(), ids.data() + ids.shape(0));
-    cal.token_bias.assign(bias.data(), bias.data() + bias.shape(0));
+// -- the codec of a stored tree, and the cuts a caller checks drafts with (the oracle tests) -------------------------
+
+// Depths of a scored tree given by its parents (parents[i] in -1..i-1, checked: the cuts take any tree).
+crest::Scored scored(const In1D<int32_t>& parents, const In1D<double>& scores, std::vector<int32_t>& depths) {
+  if (scores.shape(0) != parents.shape(0)) throw nb::value_error("parents and scores differ in length");
+  depths.resize(parents.shape(0));
+  for (std::size_t i = 0; i < depths.size(); ++i) {
+    const int32_t p = parents.data()[i];
+    if (p < -1 || p >= static_cast<int32_t>(i)) throw nb::value_error("parents are not a tree: parents[i] in -1..i-1");
+    depths[i] = p < 0 ? 1 : depths[p] + 1;
   }
-  new (self) crest::Core(std::move(cal), options_of(options));
+  return {parents.data(), depths.data(), scores.data(), parents.shape(0)};
 }
 
-// Core.stop: the request's output (None: it was not active).
-nb::object core_stop(crest::Core& c, int64_t h) {
-  std::vector<uint32_t> output;
-  if (!c.stop(h, output)) return nb::none();
-  return nb::cast(to_numpy(std::move(output)));
-}
-
-int64_t core_inactive(const crest::Core& c, const In1D<int64_t>& handles) {
-  int64_t n = 0;
-  for (std::size_t i = 0; i < handles.shape(0); ++i) n += !c.active(handles.data()[i]);
-  return n;
-}
-
-Out1D<uint32_t> core_tokens(const crest::Core& c, int64_t h, std::size_t from) {
-  std::vector<uint32_t> out;
-  c.tokens(h, from, out);
-  return to_numpy(std::move(out));
-}
-
-// The request table: start, extend, stop and read requests.
-void bind_core_requests(nb::class_<crest::Core>& core) {
-  core.def("start", [](crest::Core& c, In1D<uint32_t> p) { return c.start(p.data(), p.shape(0)); }, "prompt"_a)
-      .def(
-          "extend", [](crest::Core& c, int64_t h, In1D<uint32_t> t) { c.extend(h, t.data(), t.shape(0)); },
-          "handle"_a, "tokens"_a)
-      .def("inactive", &core_inactive, "handles"_a)
-      .def("stop", &core_stop, "handle"_a)
-      .def(
-          "add_outputs",
-          [](crest::Core& c, In1D<uint32_t> tokens, In1D<int64_t> lengths) {
-            c.add_outputs(tokens.data(), tokens.shape(0), lengths.data(), lengths.shape(0));
-          },
-          "tokens"_a, "lengths"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("active", &crest::Core::active, "handle"_a)
-      .def("acceptance", &crest::Core::acceptance, "handle"_a)
-      .def("count", &crest::Core::count, "handle"_a)
-      .def("tokens", &core_tokens, "handle"_a, "start"_a = 0)
-      .def("__len__", &crest::Core::size);
-}
-
-// Core.draft_stored: (drafts, damaged) of a step drafted from the replicas (empty drafts when one was found damaged,
-// its index in damaged, else -1); with a step-cost curve (chains only), each chain cut to the batch's goodput.
-nb::tuple core_draft_stored(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets,
-                            const crest::Replica* datastore, const crest::Replica* live, nb::handle heads, bool chain,
-                            double min_score, nb::handle curve, const crest::Replica* delta) {
-  std::vector<Held> keep;
-  keep.reserve(handles.shape(0));
-  auto h = handles_of(handles);
-  auto b = budgets_of(budgets);
-  auto heads_trees = heads_of(heads, h.size(), keep);
-  HeldCurve cost = cost_of(curve, chain);
-  crest::StoredTrees stored(datastore, live, delta, c.retrieval_scratch());
-  std::vector<crest::Drafted> out;
-  bool ok;
-  {
-    nb::gil_scoped_release quiet;
-    ok = c.draft(h, b, heads_trees, stored, chain, min_score, out);
-    if (ok && !curve.is_none()) c.cut_to_curve(h, cost.curve, out);
-  }
-  if (!ok) out.clear();
-  nb::tuple drafts = drafts_tuple(out);
-  return nb::make_tuple(drafts, stored.damaged);
-}
-
-// The trees a caller looked up, per row: its datastore candidates (a list) and its live layer's trees, the main build's
-// and the delta's (each a tree or None; `delta` None: no delta for any row).
-crest::GivenTrees given_trees(nb::list stored, nb::list live, nb::handle delta, std::vector<Held>& keep) {
-  std::size_t rows = stored.size(), trees = 3 * rows;
-  for (nb::handle s : stored) trees += nb::len(s);
-  keep.reserve(trees);  // the borrowed arrays stay put
-  crest::GivenTrees given;
-  given.rows.resize(rows);
-  for (std::size_t i = 0; i < rows; ++i) {
-    for (nb::handle t : nb::cast<nb::list>(stored[i])) given.rows[i].candidates.push_back(source(t, keep));
-    if (!live[i].is_none()) given.rows[i].live = source(live[i], keep);
-    if (!delta.is_none() && !delta[i].is_none()) given.rows[i].delta = source(delta[i], keep);
-  }
-  return given;
-}
-
-// Core.draft_given: the drafts of a step from the trees the caller looked up (the round trip).
-nb::tuple core_draft_given(crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, nb::list stored,
-                           nb::list live, nb::handle heads, bool chain, double min_score, nb::handle curve,
-                           nb::handle delta) {
-  std::size_t rows = handles.shape(0);
-  if (budgets.shape(0) != rows || stored.size() != rows || live.size() != rows ||
-      (!delta.is_none() && nb::len(delta) != rows))
-    throw nb::value_error("handles, budgets, stored, live and delta must have one entry per row");
-  std::vector<Held> keep;
-  crest::GivenTrees given = given_trees(stored, live, delta, keep);
-  auto h = handles_of(handles);
-  auto b = budgets_of(budgets);
-  auto heads_trees = heads_of(heads, rows, keep);
-  HeldCurve cost = cost_of(curve, chain);
-  std::vector<crest::Drafted> out;
-  {
-    nb::gil_scoped_release quiet;
-    c.draft(h, b, heads_trees, given, chain, min_score, out);
-    if (!curve.is_none()) c.cut_to_curve(h, cost.curve, out);
-  }
-  return drafts_tuple(out);
-}
-
-// Core.plan: (back_off per row, each row's context tail to look up) of a round-trip step.
-nb::tuple core_plan(const crest::Core& c, In1D<int64_t> handles, In1D<int64_t> budgets, bool chain, std::size_t tail,
-                    uint64_t limit) {
-  std::vector<uint8_t> back_off;
-  std::vector<std::vector<uint32_t>> tails;
-  c.plan(handles_of(handles), budgets_of(budgets), chain, tail, limit, back_off, tails);
-  nb::list out;
-  for (auto& t : tails) {
-    nb::list ids;
-    for (uint32_t v : t) ids.append(v);
-    out.append(ids);
-  }
-  return nb::make_tuple(to_numpy(std::move(back_off)), out);
-}
-
-// Core.tables: the merged node table of each candidate, (tokens, parents, depths, features [N, F], scores).
-nb::list core_tables(crest::Core& c, int64_t h, nb::list stored, nb::handle live, nb::handle heads, nb::handle delta) {
-  std::vector<Held> keep;
-  keep.reserve(nb::len(stored) + 3);
-  crest::Retrieved given;
-  for (nb::handle t : stored) given.candidates.push_back(source(t, keep));
-  if (!live.is_none()) given.live = source(live, keep);
-  if (!delta.is_none()) given.delta = source(delta, keep);
-  crest::SourceTree heads_view = heads_tree(heads, keep);
-  std::vector<crest::NodeTable> tables;
-  c.tables(h, given, heads_view, tables);
-  nb::list out;
-  for (auto& t : tables) {
-    std::size_t n = t.shape.size();
-    out.append(nb::make_tuple(to_numpy(std::move(t.shape.tokens)), to_numpy(std::move(t.shape.parents)),
-                              to_numpy(std::move(t.shape.depths)),
-                              to_numpy_2d(std::move(t.features), n, crest::kNumFeatures), to_numpy(std::move(t.scores))));
-  }
-  return out;
-}
-
-nb::dict core_outputs_info(const crest::Core& c) {
-  const auto& o = c.outputs();
-  nb::dict d;
-  d["outputs"] = o.num_outputs();
-  d["bytes"] = o.nbytes();
-  d["allocated"] = o.allocated();
-  d["max_bytes"] = o.max_bytes();
-  d["evictions"] = o.evictions;
-  return d;
-}
-
-// The step: follow an engine's rows, draft (from the replicas, or from trees the caller looked up), plan, score.
-void bind_core_steps(nb::class_<crest::Core>& core) {
-  core.def("follow_rows", &follow_rows<int32_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
-      .def("follow_rows", &follow_rows<int64_t>, "handles"_a, "rows"_a, "index"_a, "lengths"_a, "limit"_a)
-      .def("follow_draft_stored", &follow_draft_stored<int32_t>, "handles"_a.noconvert(), "rows"_a.noconvert(),
-           "index"_a.none(), "lengths"_a.noconvert(), "limit"_a, "budgets"_a.noconvert(), "datastore"_a.none(), "live"_a.none(), "min_score"_a, "curve"_a.none() = nb::none(),
-           "delta"_a.none() = nb::none())
-      .def("follow_draft_stored", &follow_draft_stored<int64_t>, "handles"_a.noconvert(), "rows"_a.noconvert(),
-           "index"_a.none(), "lengths"_a.noconvert(), "limit"_a, "budgets"_a.noconvert(), "datastore"_a.none(), "live"_a.none(), "min_score"_a, "curve"_a.none() = nb::none(),
-           "delta"_a.none() = nb::none())
-      .def("draft_stored", &core_draft_stored, "handles"_a, "budgets"_a, "datastore"_a.none(), "live"_a.none(),
-           "heads"_a.none(), "chain"_a, "min_score"_a, "curve"_a.none() = nb::none(),
-           "delta"_a.none() = nb::none())
-      .def("draft_given", &core_draft_given, "handles"_a, "budgets"_a, "stored"_a, "live"_a, "heads"_a.none(),
-           "chain"_a, "min_score"_a, "curve"_a.none() = nb::none(), "delta"_a.none() = nb::none())
-      .def("plan", &core_plan, "handles"_a, "budgets"_a, "chain"_a, "tail"_a, "limit"_a)
-      .def("tables", &core_tables, "handle"_a, "stored"_a, "live"_a.none(), "heads"_a.none(),
-           "delta"_a.none() = nb::none())
-      .def("outputs_info", &core_outputs_info);
-}
-
-void bind_core(nb::module_& m) {
-  m.attr("DEFAULTS") = options_dict(crest::Options());
-  nb::class_<crest::Core> core(m, "Core");
-  core.def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a = nb::dict(),
-           "token_ids"_a.none() = nb::none(), "token_bias"_a.none() = nb::none());
-  bind_core_requests(core);
-  bind_core_steps(core);
+void bind_functions(nb::module_& m) {
+  m.def("blob_header", [](nb::bytes blob) {
+    crest::BlobHeader h = crest::parse_blob_header(reinterpret_cast<const uint8_t*>(blob.c_str()), blob.size());
+    return nb::make_tuple(h.compression, h.raw_len, h.body);
+  }, "blob"_a);
+  m.def("parse_blob", [](nb::bytes blob, nb::bytes payload) {
+    const auto* b = reinterpret_cast<const uint8_t*>(blob.c_str());
+    crest::BlobHeader h = crest::parse_blob_header(b, blob.size());
+    crest::Tree t;
+    crest::parse_checked(b, h, reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), t);
+    return tree_tuple(std::move(t));
+  }, "blob"_a, "payload"_a);
+  m.def("parse_tree_payload", [](nb::bytes payload, int width) {
+    crest::Tree t;
+    crest::parse_payload(reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), width, t);
+    return tree_tuple(std::move(t));
+  }, "payload"_a, "width"_a);
+  m.def("key_hash", [](nb::bytes key) {
+    return crest::key_hash(reinterpret_cast<const uint8_t*>(key.c_str()), key.size());
+  }, "key"_a);
+  m.def("goodput_keep", [](In1D<double> scores, int64_t rows, const Curve& curve) {
+    if (rows < 1) throw nb::value_error("rows must be >= 1");
+    std::vector<uint8_t> keep;
+    std::vector<int32_t> order;
+    crest::goodput_keep(scores.data(), scores.shape(0), rows, curve.view(), keep, order);
+    return owned(std::move(keep));
+  }, "scores"_a, "rows"_a, "curve"_a);
+  m.def("chain_cut", [](In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {
+    if (max_len < 0) throw nb::value_error("max_len must be >= 0");
+    std::vector<int32_t> depths, path;
+    crest::CutScratch z;
+    crest::chain_cut(scored(parents, scores, depths), max_len, min_score, z, path);
+    return owned(std::vector<int64_t>(path.begin(), path.end()));
+  }, "parents"_a, "scores"_a, "max_len"_a, "min_score"_a);
+  m.def("tree_cut", [](In1D<int32_t> parents, In1D<double> scores, int budget, double min_score) {
+    if (budget < 0) throw nb::value_error("budget must be >= 0");
+    std::vector<int32_t> depths, order, renumbered;
+    crest::CutScratch z;
+    crest::tree_cut(scored(parents, scores, depths), budget, min_score, z, order, renumbered);
+    return nb::make_tuple(owned(std::vector<int64_t>(order.begin(), order.end())), owned(std::move(renumbered)));
+  }, "parents"_a, "scores"_a, "budget"_a, "min_score"_a);
 }
 
 void bind_constants(nb::module_& m) {
@@ -683,71 +562,6 @@ void bind_constants(nb::module_& m) {
   m.attr("COMPRESSION_IDS") = compression;
 }
 
-nb::tuple parse_blob(nb::bytes blob, nb::bytes payload) {
-  const auto* b = reinterpret_cast<const uint8_t*>(blob.c_str());
-  crest::BlobHeader h = crest::parse_blob_header(b, blob.size());
-  crest::Tree t;
-  crest::parse_checked(b, h, reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), t);
-  return tree_tuple(std::move(t));
-}
-
-nb::tuple parse_tree_payload(nb::bytes payload, int width) {
-  crest::Tree t;
-  crest::parse_payload(reinterpret_cast<const uint8_t*>(payload.c_str()), payload.size(), width, t);
-  return tree_tuple(std::move(t));
-}
-
-// The codec of a stored tree (datastore.codec): blob header, checked parse, payload parse, key hash.
-void bind_codec(nb::module_& m) {
-  m.def(
-      "blob_header",
-      [](nb::bytes blob) {
-        crest::BlobHeader h = crest::parse_blob_header(reinterpret_cast<const uint8_t*>(blob.c_str()), blob.size());
-        return nb::make_tuple(h.compression, h.raw_len, h.body);
-      },
-      "blob"_a);
-  m.def("parse_blob", &parse_blob, "blob"_a, "payload"_a);
-  m.def("parse_tree_payload", &parse_tree_payload, "payload"_a, "width"_a);
-  m.def(
-      "key_hash", [](nb::bytes key) { return crest::key_hash(reinterpret_cast<const uint8_t*>(key.c_str()), key.size()); },
-      "key"_a);
-}
-
-Out1D<uint8_t> goodput_keep(In1D<double> scores, int64_t rows, nb::handle curve) {
-  if (rows < 1) throw nb::value_error("rows must be >= 1");
-  HeldCurve cost = curve_of(curve);
-  std::vector<uint8_t> keep;
-  std::vector<int32_t> order;
-  crest::goodput_keep(scores.data(), scores.shape(0), rows, cost.curve, keep, order);
-  return to_numpy(std::move(keep));
-}
-
-Out1D<int64_t> chain_cut(In1D<int32_t> parents, In1D<double> scores, int max_len, double min_score) {
-  std::vector<int32_t> depths = depths_of(parents, scores);
-  if (max_len < 0) throw nb::value_error("max_len must be >= 0");
-  crest::CutScratch z;
-  std::vector<int32_t> path;
-  crest::chain_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, max_len, min_score, z, path);
-  return to_numpy(std::vector<int64_t>(path.begin(), path.end()));
-}
-
-nb::tuple tree_cut(In1D<int32_t> parents, In1D<double> scores, int budget, double min_score) {
-  std::vector<int32_t> depths = depths_of(parents, scores);
-  if (budget < 0) throw nb::value_error("budget must be >= 0");
-  crest::CutScratch z;
-  std::vector<int32_t> order, renumbered;
-  crest::tree_cut({parents.data(), depths.data(), scores.data(), parents.shape(0)}, budget, min_score, z, order,
-                  renumbered);
-  return nb::make_tuple(to_numpy(std::vector<int64_t>(order.begin(), order.end())), to_numpy(std::move(renumbered)));
-}
-
-// The cuts a caller checks drafts with (the oracle tests): goodput, chain and tree cuts.
-void bind_cuts(nb::module_& m) {
-  m.def("goodput_keep", &goodput_keep, "scores"_a, "rows"_a, "curve"_a);
-  m.def("chain_cut", &chain_cut, "parents"_a, "scores"_a, "max_len"_a, "min_score"_a);
-  m.def("tree_cut", &tree_cut, "parents"_a, "scores"_a, "budget"_a, "min_score"_a);
-}
-
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -756,9 +570,8 @@ NB_MODULE(_core, m) {
   // a clean shutdown, which is not a fault (a clean run prints no warnings).
   nb::set_leak_warnings(false);
   bind_constants(m);
-  bind_codec(m);
-  bind_cuts(m);
-  bind_replica_reader(m);
-  bind_replica_writer(m);
+  bind_functions(m);
+  bind_options(m);
   bind_core(m);
+  bind_replicas(m);
 }

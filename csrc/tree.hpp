@@ -22,8 +22,7 @@ struct Tree {
   }
 };
 
-// One source's tree as a step reads it (borrowed arrays) and the length of the context it matched. A counted source
-// has `counts`; a draft model's tree (the S4C heads') has `probs` instead: each node's probability given its parent.
+// One source's tree as a step reads it (borrowed arrays) and the length of the context it matched.
 struct SourceTree {
   int ngram_len = 0;
   const uint32_t* tokens = nullptr;
@@ -31,7 +30,6 @@ struct SourceTree {
   const uint32_t* counts = nullptr;
   std::size_t size = 0;
   uint64_t root_count = 0;
-  const double* probs = nullptr;
 
   static SourceTree of(const Tree& t, int ngram_len) {
     return {ngram_len, t.tokens.data(), t.parents.data(), t.counts.data(), t.tokens.size(), t.root_count};

@@ -14,12 +14,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from toolkit.settings import DEFAULTS
+
 from .tree import TokenTree
 
 __all__ = ["CACHE_BYTES", "TreeCache"]
 
-CACHE_BYTES = 64 << 20
-"""The tree cache's default bound, bytes (``CREST_CACHE_MB``)."""
+CACHE_BYTES = int(DEFAULTS.cache_mb * 2**20)
+"""The tree cache's default bound, bytes (``CREST_CACHE_MB``'s default)."""
 
 _ENTRY_OVERHEAD = 200  # dict slot, key tuple and bytes object, TokenTree and three ndarray headers (measured ~190 B)
 

@@ -45,7 +45,7 @@ class Datastore(LookupClient):
             tokenizer: the caller's tokenizer; its fingerprint must match the build's.
             fingerprint: the caller's tokenizer fingerprint, instead of ``tokenizer``.
             database_url: libpq URL; default ``DATABASE_URL`` or the embedded server.
-            live: the live layer's datastore (:func:`datastore.live.live_name`), answered with ``name`` by
+            live: the live layer's datastore (:func:`datastore.layers.live_name`), answered with ``name`` by
                 :meth:`retrieve_batch`; ``None``: none. This client reads it at open and at every rebuild it
                 follows (:class:`datastore.shared.SharedDatastore` follows it at once).
 

@@ -69,7 +69,7 @@ os.register_at_fork(after_in_child=_disown_inherited)
 def embedded_data_dir() -> Path:
     """The embedded server's data directory: ``CREST_PGDATA``, else :func:`toolkit.settings.default_pgdata`
     (``/var/lib/crest-spec/postgres`` as root, ``~/.local/share/crest-spec/postgres`` otherwise)."""
-    return Settings.from_env().pgdata
+    return Settings.from_env().pgdata_dir
 
 
 def _import_embedded():

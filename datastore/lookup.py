@@ -13,7 +13,7 @@ parameters of prepared statements:
   that tree), which is faster than a ``DISTINCT ON`` query that would return only the longest keys (the
   server's join and sort cost more than the extra rows, when this was measured);
 - a drafting step (:meth:`LookupClient.retrieve_batch`): the datastore's keys and its live layer's (the model's own
-  earlier outputs, :mod:`datastore.live`) in one query, a ``UNION ALL`` of the two ``key = ANY(...)`` probes.
+  earlier outputs, :mod:`live`) in one query, a ``UNION ALL`` of the two ``key = ANY(...)`` probes.
 
 A :class:`~datastore.cache.TreeCache` answers what it can first (decoded trees and absent keys, keyed by
 build), so a lookup it answers costs no round trip. A corrupt tree is served as absent (counted, one
@@ -45,7 +45,7 @@ from .connection import track
 from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatastoreNotFound, LookupFailed, TokenizerMismatch
 from .keys import decode_key, encode_key
-from .live import delta_of, delta_serves
+from .layers import delta_of, delta_serves
 from .registry import DatastoreInfo, check_tokenizer, server_error
 from .tree import Match, TokenTree
 
@@ -126,7 +126,7 @@ class Retrieval(NamedTuple):
     """What one drafting step retrieves for one context: ``candidates``, the datastore's trees of the context's
     stored suffixes, longest first (only the longest unless backing off; ``[]``: none), ``live``, the live
     layer's longest match (``None``: none, or no live layer), and ``delta``, its delta's (the outputs appended since
-    the layer's main build, :func:`datastore.live.delta_serves`; ``None``: none)."""
+    the layer's main build, :func:`datastore.layers.delta_serves`; ``None``: none)."""
 
     candidates: list[Match]
     live: Match | None
@@ -218,14 +218,14 @@ class LookupClient(ABC):
     Args:
         info: the ready build. fingerprint: the caller's tokenizer fingerprint (checked on every refresh).
         cache_bytes: the tree cache's bound, bytes (0: no cache).
-        live_name: the live layer's datastore (:func:`datastore.live.live_name`), answered with the datastore in
-            :meth:`retrieve_batch`, with its delta (:func:`datastore.live.delta_of`); ``None``: no
+        live_name: the live layer's datastore (:func:`datastore.layers.live_name`), answered with the datastore in
+            :meth:`retrieve_batch`, with its delta (:func:`datastore.layers.delta_of`); ``None``: no
             live layer. A layer not built yet is no fault: it is read from the registry at every :meth:`refresh`.
 
     Attributes:
         info: the build being served (replaced when another is swapped in). live: the live layer's build, or
         ``None`` while there is none. delta: its delta's build, while one built on ``live`` serves
-        (:func:`datastore.live.delta_serves`), else ``None``. cache: the tree cache.
+        (:func:`datastore.layers.delta_serves`), else ``None``. cache: the tree cache.
         lookups: contexts looked up. answered_from_cache: those answered without a round trip.
         round_trips: queries sent. query_s: seconds spent in them (sending, the server, receiving).
         swaps: builds followed. corrupt: stored trees that failed to decode.
@@ -289,7 +289,7 @@ class LookupClient(ABC):
 
     def _read_live(self) -> tuple[DatastoreInfo | None, DatastoreInfo | None]:
         """The live layer's builds to serve: ``(main, delta)``, the delta only while it was built on that main build
-        (:func:`datastore.live.delta_serves`)."""
+        (:func:`datastore.layers.delta_serves`)."""
         live = self._read_layer(self.live_name)
         delta = self._read_layer(self.delta_name)
         return live, delta if delta_serves(live, delta) else None

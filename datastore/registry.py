@@ -41,7 +41,7 @@ def name_lock_key(name: str) -> int:
 
 def compactor_lock_key(name: str) -> int:
     """The signed 64-bit advisory lock key the compactor of datastore ``name``'s live layer holds while it runs
-    (another key than the build's own name lock; :mod:`ingest.live`)."""
+    (another key than the build's own name lock; :mod:`live.compaction`)."""
     return name_lock_key(f"compact-live {name}")
 
 
@@ -55,7 +55,7 @@ class DatastoreInfo:
         ns: the n-gram lengths it holds, ascending (``params.ns``).
         tokenizer / tokenizer_fingerprint: what it was built with.
         params: the build parameters as recorded.
-        last_output_id / base_output_id: a live layer's build (:mod:`datastore.live`): the newest output folded in,
+        last_output_id / base_output_id: a live layer's build (:mod:`live`): the newest output folded in,
             and for a delta build the newest output of the main build it was built on (``None``: not recorded, as
             for a corpus build).
     """

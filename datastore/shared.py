@@ -41,7 +41,7 @@ from toolkit.tokenizer import tokenizer_fingerprint
 from .cache import CACHE_BYTES
 from .connection import connect, resolve_database_url
 from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
-from .live import delta_of
+from .layers import delta_of
 from .lookup import READER_APPLICATION, LookupClient, configure_reader
 from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
 from .replica import HostReplicas, Stores, database_key
@@ -93,7 +93,7 @@ class SharedDatastore(LookupClient):
             listen: follow build swaps as they are notified (a thread and one more connection).
             connect_timeout_s: seconds a lookup waits for a pooled connection before the server
                 counts as unreachable.
-            live: the live layer's datastore (:func:`datastore.live.live_name`), answered with ``name`` in one
+            live: the live layer's datastore (:func:`datastore.layers.live_name`), answered with ``name`` in one
                 round trip by :meth:`retrieve_batch`; ``None``: none. It may be built later: the listener picks it up.
             replicas: keep host-local replicas of the builds served (:mod:`datastore.replica`), in the folder of
                 ``CREST_REPLICAS`` (``True``; none when it is ``off``) or in the folder given; ``False``: none, every
@@ -115,7 +115,7 @@ class SharedDatastore(LookupClient):
             info = resolve_build(conn, name)
             database = database_key(conn)
         check_tokenizer(info, fingerprint)
-        root = (Settings.from_env().replicas if replicas is True else replicas) if replicas is not False else None
+        root = (Settings.from_env().replicas_dir if replicas is True else replicas) if replicas is not False else None
         layers = [name] + ([live, delta_of(live)] if live else [])
         host = HostReplicas(url, Path(root), database, layers) if root else None
         return cls(url, info, fingerprint, pool_size=pool_size, cache_bytes=cache_bytes, listen=listen,

@@ -33,17 +33,14 @@ def _next_token(logits: torch.Tensor, temperature: float, generator: torch.Gener
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _prefill(target: TargetModel, prompt_ids: Sequence[int],
-             hidden: bool = False) -> tuple[DynamicCache, torch.Tensor, torch.Tensor | None]:
-    """The prompt's KV cache, the logits after it (``[vocab_size]``) and, when ``hidden``, the last hidden state of
-    every prompt position (``[prompt_len, hidden_size]``)."""
+def _prefill(target: TargetModel, prompt_ids: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """The prompt's KV cache and the logits after it (``[vocab_size]``)."""
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty; generation needs at least one prompt token (e.g. BOS)")
     cache = DynamicCache(config=target.model.config)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.device)  # [1, prompt_len]
-    out = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                       output_hidden_states=hidden)
-    return cache, out.logits[0, -1], out.hidden_states[-1][0] if hidden else None
+    out = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache, out.logits[0, -1]
 
 
 def _commit(out: list[int], new: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
@@ -85,11 +82,7 @@ def speculative_generate(
         target: the loaded model.
         prompt_ids: ``[prompt_len]`` token ids (chat template already applied).
         drafter: any :class:`drafting.Drafter` (the merged one is :class:`drafting.DraftingService`); this call is
-            one request of it
-            (``start_request`` / ``propose`` / ``add_tokens`` / ``stop_request``). A drafter that reads hidden states
-            (``hidden_states``, S4C's) is also handed the target's last hidden state of
-            every committed position verification computed: the prompt's after the prefill, the accepted path's after
-            each step.
+            one request of it (``start_request``, a ``step`` per verification step, ``stop_request``).
         max_new_tokens: most tokens generated, >= 1.
         budget: most draft nodes verified per step, >= 0 (0: plain decoding through this loop).
         chain: verify the drafter's best path only (as chain verifiers such as vLLM do).
@@ -111,30 +104,26 @@ def speculative_generate(
         if seed is not None:
             gen.manual_seed(seed)
     eos = target.eos_token_ids
-    reads = drafter if drafter.hidden_states else None
     start = time.perf_counter()
-    cache, logits, hidden = _prefill(target, prompt_ids, reads is not None)
+    cache, logits = _prefill(target, prompt_ids)
     out: list[int] = []
     _commit(out, [_next_token(logits, temperature, gen)], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)
     req = f"generate-{uuid.uuid4().hex}"  # this request's key in the drafter
     drafter.start_request(req, list(prompt_ids) + out)  # the drafter holds the request's tokens from here on
     past_len = len(prompt_ids)  # cached tokens: all committed but the last
+    kept: list[int] = []
     try:
-        if reads is not None:
-            reads.add_hidden_states(req, hidden)
         while not _done(out, eos, max_new_tokens):
             t0 = time.perf_counter()
-            draft = drafter.propose([(req, budget)], chain=chain)[0]
+            draft = drafter.step([req], [budget], tokens=[kept], chain=chain).drafts[0]
             t1 = time.perf_counter()
-            path, bonus, states = _verify(target, cache, past_len, out[-1], draft, temperature, gen, reads is not None)
+            path, bonus = _verify(target, cache, past_len, out[-1], draft, temperature, gen)
             new = [int(draft.token_ids[i]) for i in path] + [bonus]
             kept = _commit(out, new, eos, max_new_tokens)
             past_len += len(path) + 1
             result.steps.append(StepRecord(len(draft), len(kept), t1 - t0, time.perf_counter() - t1))
-            drafter.add_tokens(req, kept)
-            if reads is not None and states is not None:  # the last committed token's and the accepted nodes' states
-                reads.add_hidden_states(req, states[[0] + [1 + i for i in path]])
+        drafter.step([req], [0], tokens=[kept])  # the last tokens committed: the output is whole when it stops
     finally:
         drafter.stop_request(req)
     result.wall_s = time.perf_counter() - start
@@ -142,16 +131,15 @@ def speculative_generate(
 
 
 def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, draft: Draft, temperature: float,
-            gen: torch.Generator | None, hidden: bool = False) -> tuple[list[int], int, torch.Tensor | None]:
-    """One tree-attention forward pass over ``[last] + draft``; returns the accepted path, the bonus token and, when
-    ``hidden``, the last hidden state of every query (``[1 + N, hidden_size]``)."""
+            gen: torch.Generator | None) -> tuple[list[int], int]:
+    """One tree-attention forward pass over ``[last] + draft``; returns the accepted path and the bonus token."""
     ids = torch.tensor([[last] + draft.token_ids.tolist()], device=target.device)  # [1, 1 + N]
     if len(draft):
         mask, positions = tree_attention_inputs(draft, past_len, dtype=target.dtype, device=target.device)
         out = target.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                           use_cache=True, output_hidden_states=hidden)
+                           use_cache=True)
     else:
-        out = target.model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden)
+        out = target.model(input_ids=ids, past_key_values=cache, use_cache=True)
     logits = out.logits[0]  # [1 + N, vocab_size]
     if temperature <= 0.0:
         path, bonus = accept_greedy(draft, logits.argmax(-1).cpu().numpy())
@@ -159,7 +147,7 @@ def _verify(target: TargetModel, cache: DynamicCache, past_len: int, last: int, 
         probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1)  # [1 + N, vocab_size]
         path, bonus = accept_sampled(draft, probs, gen)
     keep_accepted_kv(cache, past_len, path)
-    return path, bonus, out.hidden_states[-1][0] if hidden else None
+    return path, bonus
 
 
 @torch.inference_mode()
@@ -173,7 +161,7 @@ def greedy_generate(target: TargetModel, prompt_ids: Sequence[int], *, max_new_t
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     eos = target.eos_token_ids
     start = time.perf_counter()
-    cache, logits, _ = _prefill(target, prompt_ids)
+    cache, logits = _prefill(target, prompt_ids)
     out: list[int] = []
     _commit(out, [int(logits.argmax())], eos, max_new_tokens)
     result = GenerationResult(out, prefill_s=time.perf_counter() - start)

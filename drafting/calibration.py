@@ -14,7 +14,8 @@ Because at most one node per depth is accepted, a draft's expected accepted leng
 adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over the candidate n-grams and what a
 node's verification cost is weighed against.
 
-:class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``benchmarks/calibrate.py``,
+:class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``python -m evaluation
+calibrate``,
 reading the core's node tables: :meth:`drafting.MergedMethod.node_tables`) on one half of the public prompts,
 reported on the other half, and ships with the package (``drafting/data/calibration.json``).
 
@@ -37,14 +38,12 @@ import numpy as np
 from crest_native import FEATURES, SOURCES
 from toolkit.extras import require
 
-__all__ = ["Calibration", "DEFAULT_PATH", "HEADS_PATH", "NodeTable", "RETRIEVAL_SOURCES", "TokenBias"]
+__all__ = ["Calibration", "DEFAULT_PATH", "NodeTable", "RETRIEVAL_SOURCES", "TokenBias"]
 
 DEFAULT_PATH = Path(__file__).with_name("data") / "calibration.json"
 """The merged drafter's calibration (the retrieval sources)."""
-HEADS_PATH = Path(__file__).with_name("data") / "calibration-heads.json"
-"""The merged drafter's calibration with the S4C heads as a fifth source (:mod:`s4c`), fitted with them."""
 RETRIEVAL_SOURCES = ("ds", "live", "local", "outputs")
-"""The sources every calibration weighs; the ``heads`` source is weighed only by one fitted with it."""
+"""The sources every calibration weighs."""
 _SHARED = ("agree", "log_depth")
 
 
@@ -83,17 +82,17 @@ def _by_name(names: list, weights: list, source: str) -> tuple[np.ndarray, tuple
     """
     if len(names) != len(weights) or len(set(names)) != len(names):
         raise ValueError(f"{source}: its features and weights do not pair up ({len(names)} names, {len(weights)} "
-                         "weights); refit it with benchmarks/calibrate.py")
+                         "weights); refit it with python -m evaluation calibrate")
     given = dict(zip(names, weights))
     weighed = tuple(s for s in SOURCES if s in RETRIEVAL_SOURCES or any(n in given for n in source_features(s)))
     for name in features_of(weighed):
         if name not in given:
             raise ValueError(f"{source} has no weight for feature {name!r}, which the native core computes; "
-                             "refit it with benchmarks/calibrate.py")
+                             "refit it with python -m evaluation calibrate")
     for name in names:
         if name not in FEATURES:
             raise ValueError(f"{source} weighs feature {name!r}, which the native core does not compute "
-                             f"(it computes {', '.join(FEATURES)}); refit it with benchmarks/calibrate.py")
+                             f"(it computes {', '.join(FEATURES)}); refit it with python -m evaluation calibrate")
     return np.array([float(given.get(name, 0.0)) for name in FEATURES], dtype=np.float64), weighed
 
 
@@ -147,8 +146,8 @@ class Calibration:
         intercept: the bias. prior: the count-ratio smoothing the features are computed with (>= 0).
         meta: provenance and held-out figures (prompts, rows, datastores, ``local``: the requests' automata's
             ``max_depth`` it was fitted with ...).
-        sources: the sources it weighs (:data:`RETRIEVAL_SOURCES`, plus ``heads`` when fitted with the S4C heads);
-            the features of the others have weight 0 and a drafter that uses one is refused.
+        sources: the sources it weighs (:data:`RETRIEVAL_SOURCES`); the features of any other have weight 0 and a
+            drafter that uses one is refused.
         token_bias: the term per drafted token (``None``: none).
 
     Raises:
@@ -216,23 +215,25 @@ class Calibration:
         the native core's features by name.
 
         Raises:
-            FileNotFoundError: when the file is missing (fit one: ``benchmarks/calibrate.py``).
+            FileNotFoundError: when the file is missing (fit one: ``python -m evaluation calibrate``).
             ValueError: naming the feature, when the file weighs a feature the core does not compute or lacks one
                 it does; when the file is not JSON or its token term is malformed.
         """
         path = Path(path)
         if not path.exists():
-            raise FileNotFoundError(f"no calibration at {path}: fit one with benchmarks/calibrate.py")
+            raise FileNotFoundError(f"no calibration at {path}: fit one with python -m evaluation calibrate")
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not a calibration file ({e}); refit it with benchmarks/calibrate.py") from e
+            raise ValueError(f"{path} is not a calibration file ({e}); refit it with python -m evaluation "
+                             "calibrate") from e
         coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), str(path))
         term = raw.get("token_bias")
         try:
             bias = None if term is None else TokenBias(term["tokens"], term["bias"], term["tokenizer"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: its token_bias is malformed ({e}); refit it with benchmarks/calibrate.py") from e
+            raise ValueError(f"{path}: its token_bias is malformed ({e}); refit it with python -m evaluation "
+                             "calibrate") from e
         return cls(coef, float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}), sources, bias)
 
     @classmethod

@@ -7,8 +7,8 @@ for a child of the root, ``parents[i] < i``) and a score. What the scores mean i
 - ``probability``: the node's estimated probability of being accepted (the merged drafter's calibrated
   scores, :mod:`drafting.calibration`), so the sum over a draft is its expected accepted length and a
   ``min_score`` cut weighs a node's expected gain against its verification cost;
-- ``model``: a draft model's own probability of the node's path (the product of its heads' softmax probabilities
-  along it, S4C §3.2), a ranking that is no calibrated acceptance probability;
+- ``model``: a draft model's own probability of the node's path, a ranking that is no calibrated acceptance
+  probability;
 - ``count_ratio``: a source's own ranking, the product of child/parent count ratios along the path
   (CREST §3, https://arxiv.org/abs/2408.04678; REST §3.2, https://arxiv.org/abs/2311.08252; the N-gram
   trie's frequencies), which orders nodes but is no probability;
@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import NamedTuple, overload
+from typing import NamedTuple, TypeAlias, overload
 
 import numpy as np
 
-from crest_native import chain_cut, goodput_keep, tree_cut
+from crest_native import Curve, chain_cut, goodput_keep, tree_cut
 from datastore.tree import TokenTree
 
 __all__ = ["ChainDrafts", "CostCurve", "Draft", "Drafts", "ScoreKind"]
@@ -62,7 +62,7 @@ class Draft:
         scores: ``[num_nodes]`` float64, non-increasing along every path; their meaning is ``score_kind``.
         score_kind: what the scores are (:class:`ScoreKind`).
         sources: ``[num_nodes]`` uint8, or ``None``: which sources' trees hold each node, bit ``k`` for
-            ``crest_native.SOURCES[k]`` (``ds``, ``live``, ``local``, ``outputs``, ``heads``): the merged drafter's
+            ``crest_native.SOURCES[k]`` (``ds``, ``live``, ``local``, ``outputs``): the merged drafter's
             provenance of its nodes; ``None`` for a drafter that records none.
 
     Raises:
@@ -185,29 +185,28 @@ class Draft:
         return cls(tree.token_ids.astype(np.int64), tree.parents.astype(np.int32), scores, ScoreKind.COUNT_RATIO)
 
 
-class CostCurve(NamedTuple):
-    """``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`serving.cost.StepCostModel`):
-    interpolated between points, flat below the first, ``tail`` seconds per token past the last; plus ``draft_s`` once
-    for a step that verifies any draft token (an engine's fixed work for speculation, such as vLLM's rejection sampler,
-    which runs only in a step with drafts). What a step's chains are cut to (:func:`crest_native.goodput_keep`: the
-    batch's draft tokens that maximise its expected tokens per second, SmartSpec's goodput,
-    https://arxiv.org/abs/2406.14066 §4).
+CostCurve: TypeAlias = Curve
+"""``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`serving.cost.StepCostModel`),
+``CostCurve(tokens, seconds, tail, draft_s=0.0)``: interpolated between points, flat below the first, ``tail`` seconds
+per token past the last; plus ``draft_s`` once for a step that verifies any draft token (an engine's fixed work for
+speculation, such as vLLM's rejection sampler, which runs only in a step with drafts). What a step's chains are cut to
+(:func:`crest_native.goodput_keep`: the batch's draft tokens that maximise its expected tokens per second, SmartSpec's
+goodput, https://arxiv.org/abs/2406.14066 §4). The native type (``crest_native.Curve``), checked when it is made.
 
-    Attributes:
-        tokens: ``[points]`` float64, increasing (1..1024 points). seconds: ``[points]`` float64, >= 0 (non-decreasing
-            as fitted), a step without drafts. tail: seconds per token past the last point, >= 0. draft_s: seconds a
-            step pays once when it verifies any draft token, >= 0 (default 0).
-    """
+Attributes:
+    tokens: ``[points]`` float64, increasing (1..1024 points). seconds: ``[points]`` float64, >= 0, a step without
+        drafts. tail: seconds per token past the last point, >= 0. draft_s: seconds a step pays once when it verifies
+        any draft token, >= 0.
 
-    tokens: np.ndarray
-    seconds: np.ndarray
-    tail: float
-    draft_s: float = 0.0
+Raises:
+    ValueError: for fewer than 1 or more than 1024 points, tokens that do not increase, a negative second, or a tail
+        or draft_s that is negative or not finite.
+"""
 
 
 class ChainDrafts(NamedTuple):
     """A step's chains as an engine takes them (vLLM's ``draft_token_ids``), from one native call
-    (:meth:`drafting.DraftingService.follow_and_propose`).
+    (:meth:`drafting.DraftingService.step`).
 
     Attributes:
         token_ids: ``[rows]`` lists of ints, each row's chain (``[]``: no draft).

@@ -1,15 +1,17 @@
 """Evaluation: the packaged prompt sets (Spec-Bench, HumanEval, MT-Bench; each split into a fit half and a report
-half), exact replay of any drafter over saved greedy references, and the HF-loop benchmark
-(``python -m evaluation bench|replay``).
+half), the target's saved greedy references with their provenance, exact replay of any drafter over them, the gate
+that refuses to score a set on a datastore whose corpus holds it, and what tunes a drafter on the fit half
+(``python -m evaluation references|calibrate|choose-k``).
 
-Public API: :func:`load_prompts` and the :class:`Prompt` it returns, :func:`replay` (a drafter's steps and accept
-length over one greedy reference, without running the model) and :func:`require_clean` (the gate that refuses to
-score a set on a datastore whose corpus holds it). Importing the package loads no torch; the benchmark
-and the CLI (:mod:`evaluation.cli`) need the ``hf`` extra.
+Public API: :func:`load_prompts` and the :class:`Prompt` it returns, :func:`load_references` and :func:`half` (a set's
+references, one half of them), :func:`replay` (a drafter's steps and accept length over one greedy reference, without
+running the model) and :func:`require_clean`. Importing the package loads no torch.
 """
 
 from .contamination import Contaminated, NotScreened, require_clean
 from .prompts import Prompt, load_prompts
+from .references import half, load_references
 from .simulate import replay
 
-__all__ = ["Contaminated", "NotScreened", "Prompt", "load_prompts", "replay", "require_clean"]
+__all__ = ["Contaminated", "NotScreened", "Prompt", "half", "load_prompts", "load_references", "replay",
+           "require_clean"]

@@ -2,10 +2,6 @@
 
 import sys
 
-from toolkit.extras import require
-
-require("torch", "hf", "python -m evaluation (the HF decoding loop)")
-
-from .cli import main  # noqa: E402
+from .cli import main
 
 sys.exit(main())

@@ -171,7 +171,7 @@ def require_fresh_live(url: str, name: str, mark: int, outputs: Sequence[Sequenc
     """
     import numpy as np
 
-    from datastore.live import decode_output
+    from live.store import decode_output
 
     w = LIVE_WINDOW
     scored: dict[tuple[int, ...], int] = {}

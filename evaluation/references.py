@@ -5,7 +5,8 @@ replayed. A references file (JSON Lines) therefore starts with its provenance: t
 prompts (ids and token ids), the model, its dtype and ``max_new_tokens`` (and the engine that generated it); then one
 row per prompt, ``{"id", "prompt_ids", "output_ids"}``. Every reader states what it replays (:func:`expected`), and
 :func:`read_references` refuses a file made from anything else, naming the field and the command that regenerates it.
-``benchmarks/references.py`` writes them (vLLM fp32, whose greedy output equals ours).
+``python -m evaluation references`` writes them (vLLM fp32, whose greedy output equals ours: :mod:`evaluation.greedy`);
+:func:`load_references` reads a set's for replay, and :func:`half` keeps one half of it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from pathlib import Path
 from toolkit.settings import Settings
 from toolkit.tokenizer import DEFAULT_MODEL
 
-from .prompts import Prompt, load_prompts
+from .prompts import Prompt, in_half, load_prompts
 
-__all__ = ["Provenance", "Reference", "ReferenceMismatch", "expected", "prompts_digest", "read_references",
-           "write_references"]
+__all__ = ["REFERENCES", "Provenance", "Reference", "ReferenceMismatch", "expected", "half", "load_references",
+           "prompts_digest", "read_references", "write_references"]
 
-REGENERATE = ".venv/bin/python benchmarks/references.py"
+REGENERATE = "python -m evaluation references"
 """The command that (re)generates the references of every set."""
+REFERENCES = Path("results") / "references"
+"""Where the references are saved by default (relative to the working directory)."""
 DERIVED = {"spec_bench_turn2": "spec_bench"}
 """Sets whose prompts are derived from another set's (the second turns follow the model's own first answers): their
 provenance hashes the source set's prompts."""
@@ -143,4 +146,36 @@ def _parsed(path: Path, lines: list[str], want: Provenance) -> list[Reference]:
         r = json.loads(line)
         category = "humaneval" if want.set == "humaneval" else r["id"].split("/")[0].rsplit("-", 1)[0]
         out.append(Reference(r["id"], category, r["prompt_ids"], r["output_ids"]))
+    return out
+
+
+def load_references(name: str, folder: str | os.PathLike = REFERENCES, max_new_tokens: int = 128,
+                    tokenizer=None) -> list[Reference]:
+    """A set's references in file order, checked against the set's prompts as this install reads them
+    (``CREST_EVAL_DATA`` or the packaged sets), the default model in fp32 and ``max_new_tokens``.
+
+    Args:
+        name: ``spec_bench``, ``spec_bench_turn2`` or ``humaneval``. folder: where they were saved.
+        tokenizer: the default target's (default: :func:`toolkit.load_tokenizer`).
+
+    Raises:
+        FileNotFoundError / ReferenceMismatch: as :func:`read_references` (each message gives the command that makes
+            the file).
+    """
+    if tokenizer is None:
+        from toolkit import load_tokenizer
+
+        tokenizer = load_tokenizer()
+    return read_references(Path(folder) / f"{name}.jsonl", expected(name, tokenizer, max_new_tokens=max_new_tokens))
+
+
+def half(refs: Sequence[Reference], which: str) -> list[Reference]:
+    """The references of one half (:func:`evaluation.prompts.in_half`: ``fit``, ``report`` or ``all``), file order
+    kept."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in refs:
+        position = seen[r.category] = seen.get(r.category, -1) + 1
+        if in_half(position, which):
+            out.append(r)
     return out

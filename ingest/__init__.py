@@ -4,7 +4,7 @@ and the REST suffix-array index over the same token stream.
 Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`BuildResult`), and
 :func:`build_rest_index`. The stages live in their modules: reading a corpus (``ingest.sources``, its files
 ``ingest.files``, chat files ``ingest.chat_files``, one chat record ``ingest.chats``), ``ingest.counting``,
-``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``; the live layer's compaction, ``ingest.live``.
+``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``; the live layer's compaction, ``live.compaction``.
 """
 
 from toolkit.extras import require_all

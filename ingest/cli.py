@@ -6,33 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 from pathlib import Path
 
-from datastore.live import LIVE_MAX_BYTES, LIVE_TOP_T
-from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec
+from toolkit.options import database_options, datastore_name, existing_dir, int_in, model_spec, parse_count
 
 from .build import BuildConfig, config_dict, summary_rows
 from .files import glob_matches, is_glob_pattern
 from .sources import SOURCES
 
-__all__ = ["parse_count"]
-
-
-def parse_count(text: str) -> int:
-    """Parse ``2M``, ``500K``, ``1.5m``, ``2000000`` or ``2_000_000`` into an int.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, or a value below 1.
-    """
-    m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count; write e.g. 2M, 500K or 2000000")
-    value = float(m.group(1).replace("_", "")) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
-    if value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
-    return int(value)
+__all__ = ["main", "peak_rss"]
 
 
 def memory_limit(text: str) -> str:
@@ -40,13 +23,6 @@ def memory_limit(text: str) -> str:
     if not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|%)\s*", text, flags=re.IGNORECASE):
         raise argparse.ArgumentTypeError(f"{text!r} is not a memory limit; write e.g. 4GB, 512MiB or 75%")
     return text.strip()
-
-
-def _layer_bytes(text: str) -> int:
-    value = parse_count(text)
-    if value < 1024:
-        raise argparse.ArgumentTypeError(f"{text!r}: the live layer's bound must be >= 1024 bytes (e.g. 256M)")
-    return value
 
 
 def _spark_setting(text: str) -> tuple[str, str]:
@@ -170,38 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=None,
                    help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
                         "fingerprint>, where the decoder looks).")
-    lv = sub.add_parser("compact-live", parents=[database_options()],
-                        help="fold decoders' finished outputs into the live layer NAME.live (top-t rule).",
-                        description="Keep the newest outputs appended for NAME within half of --max-bytes (evict "
-                                    "older ones), count their n-grams, keep the top-t per n and build their trees "
-                                    "into the datastore NAME.live (swapped in atomically), whose trees fit in the "
-                                    "other half. Drafting services run it on their own (CREST_COMPACT); this runs "
-                                    "it once, e.g. from cron. Does nothing while another compaction of NAME runs "
-                                    "(one per datastore, across hosts); decoders never wait for it.")
-    lv.add_argument("--name", type=datastore_name, default=d.name,
-                    help="the datastore whose outputs to compact (default: %(default)s).")
-    lv.add_argument("--top-t", type=parse_count, default=LIVE_TOP_T,
-                    help="n-grams kept per n, e.g. 200K (default: 200K).")
-    lv.add_argument("--max-bytes", type=_layer_bytes, default=LIVE_MAX_BYTES,
-                    help="the layer's size bound in bytes, e.g. 256M: half for the outputs kept, half for the "
-                         "trees (default: 256M).")
-    lv.add_argument("--delta", action="store_true",
-                    help="compact only the outputs appended after the newest one the layer's main build holds, into "
-                         "its delta NAME.live.delta, which readers take with NAME.live: a compaction that costs what "
-                         "the new outputs cost, whatever the layer's size (drafting services alternate the two on "
-                         "their own: CREST_COMPACT_FOLD_TOKENS). Deletes nothing; one delta compaction of NAME at "
-                         "a time, beside at most one of the whole layer.")
-    lv.add_argument("--json", action="store_true", help="print the result as JSON.")
-    lv.add_argument("--quiet", action="store_true", help="no progress bars.")
-    lv.add_argument("--exit-with-parent", action="store_true",
-                    help="stop (leaving the previous live build serving) once the process that started this one is "
-                         "gone (what a drafting service's compactor passes).")
     return p
 
 
 def _config(args) -> BuildConfig:
-    if args.command == "compact-live":
-        return BuildConfig(name=args.name, database_url=args.database_url)
     corpus = dict(source=args.source, path=None if args.path is None else tuple(args.path), limit=args.limit,
                   glob=args.glob, text_field=args.text_field, chat_field=args.chat_field, tokenizer=args.tokenizer)
     if args.command == "rest-index":
@@ -263,33 +211,6 @@ def peak_rss() -> dict[str, int]:
     return {"peak_rss_bytes": own + children, "process_peak_rss_bytes": own, "workers_peak_rss_bytes": children}
 
 
-def _compact_live(config: BuildConfig, args) -> None:
-    from toolkit.children import exit_with_parent
-
-    from .live import compact_delta, compact_live
-
-    if args.exit_with_parent:
-        exit_with_parent(os.getppid())
-    compact = compact_delta if args.delta else compact_live
-    result = compact(config.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=config.database_url,
-                     progress=not args.quiet)
-    if args.json:
-        print(json.dumps(result.as_dict() | peak_rss(), indent=2))
-        return
-    d = result.as_dict()
-    if result.busy:
-        print(f"another compaction of {d['layer']!r} is running (it holds its compactor lock): nothing done")
-        return
-    if result.build is None:
-        print(f"no outputs appended for {config.name!r} (evicted {d['evicted']}): {d['layer']} unchanged")
-        return
-    print(f"{d['layer']}: {d['outputs']:,} outputs, {d['tokens']:,} tokens -> {d['ngrams']:,} n-grams, "
-          f"{d['bytes_on_disk']:,} bytes (top-t {d['top_t']:,}); evicted {d['evicted']:,} older outputs; "
-          f"{d['seconds']:.1f} s")
-    for pending in result.build.pending_drops:
-        print(f"not dropped yet: {pending}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (0 ok, 2 bad input, 1 failure, 130 interrupted)."""
     from datastore.errors import BadDatabaseUrl, BuildConflict, DatastoreError
@@ -307,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         try:
             config = _config(args)
-            {"build": _build, "rest-index": _rest_index, "compact-live": _compact_live}[args.command](config, args)
+            {"build": _build, "rest-index": _rest_index}[args.command](config, args)
         except KeyboardInterrupt:
             error("interrupted: nothing half-built is visible; a previous build of this name still serves")
             return 130

@@ -30,13 +30,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from toolkit.settings import env_whole
+from toolkit.settings import DEFAULTS, Settings
 
 __all__ = ["ChatLog", "ChatLogMiddleware"]
 
 log = logging.getLogger(__name__)
 
-PATH_ENV, MAX_BYTES_ENV, BACKUPS_ENV = "CREST_LOG_REQUESTS", "CREST_LOG_MAX_BYTES", "CREST_LOG_BACKUPS"
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -67,13 +66,14 @@ class ChatLog:
         FileNotFoundError: when the folder of ``path`` does not exist.
     """
 
-    def __init__(self, path: str | os.PathLike, *, max_bytes: int = 100_000_000, backups: int = 10) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_bytes: int = DEFAULTS.log_max_bytes,
+                 backups: int = DEFAULTS.log_backups) -> None:
         if max_bytes < 1024 or backups < 1:
-            raise ValueError(f"--log-max-bytes {max_bytes} must be >= 1024 and --log-backups {backups} >= 1")
+            raise ValueError(f"max_bytes={max_bytes} must be >= 1024 and backups={backups} >= 1")
         self.path = Path(path).expanduser().resolve()
         if not self.path.parent.is_dir():
-            raise FileNotFoundError(f"--log-requests {path}: the folder {self.path.parent} does not exist; create it "
-                                    "or log elsewhere")
+            raise FileNotFoundError(f"{path}: the folder {self.path.parent} does not exist; create it or log "
+                                    "elsewhere")
         self._file = _Lines(self.path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
         self._file.setFormatter(logging.Formatter("%(message)s"))
         self.written = 0
@@ -85,12 +85,10 @@ class ChatLog:
         Raises:
             ValueError: naming the variable, when one is malformed.
         """
-        env = os.environ if env is None else env
-        path = env.get(PATH_ENV)
-        if not path:
+        s = Settings.from_env(env)
+        if s.log_requests is None:
             return None
-
-        return cls(path, max_bytes=env_whole(env, MAX_BYTES_ENV, 100_000_000), backups=env_whole(env, BACKUPS_ENV, 10))
+        return cls(s.log_requests, max_bytes=s.log_max_bytes, backups=s.log_backups)
 
     def write(self, messages: list, answer: str) -> None:
         """Append one chat: the request's ``messages`` (as the client sent them) and the assistant's ``answer``."""

@@ -42,13 +42,15 @@ one in ``probe_every // 16``; then one in ``probe_every``), so the jump stays me
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
 from drafting.draft import CostCurve
 
-__all__ = ["StepCostModel", "convex_fit", "fit_curve", "with_draft_cost"]
+__all__ = ["EngineTimer", "StepCostModel", "convex_fit", "fit_curve", "with_draft_cost"]
 
 BINS = 64
 """Most points of a fitted curve: steps are pooled into this many groups of nearby token counts."""
@@ -223,3 +225,34 @@ class StepCostModel:
                 curve = with_draft_cost(curve, pn, pt)
             self._curve, self._jumped = curve, jump
         return self._curve
+
+
+class EngineTimer:
+    """Times an engine's steps for a :class:`StepCostModel`: a step is the time between the end of one proposer call
+    and the start of the next (the engine's forward pass, sampler and scheduler), and it verified what the earlier call
+    drafted plus one token a row.
+
+    Args:
+        cost: the model the steps are recorded in.
+        clock: the seconds the steps are timed by (default ``time.perf_counter``; a simulated engine's clock).
+    """
+
+    def __init__(self, cost: StepCostModel, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.cost, self.now = cost, clock
+        self._last_end: float | None = None  # when the previous call returned ...
+        self._tokens = 0                     # ... how many tokens the engine then verified ...
+        self._rows = 0                       # ... in how many rows
+
+    def observe(self, start: float, timed: bool) -> tuple[int, float, bool] | None:
+        """A call began at ``start``: record the engine step before it when ``timed`` (a decode-only step); returns
+        what was recorded, ``(tokens, seconds, drafted)``, or ``None``."""
+        if not timed or self._last_end is None:
+            return None
+        seen = (self._tokens, start - self._last_end, self._tokens > self._rows)
+        self.cost.observe(seen[0], seen[1], drafted=seen[2])
+        return seen
+
+    def end(self, tokens: int, rows: int) -> None:
+        """A call returns: the engine's next step verifies ``tokens`` tokens in ``rows`` rows."""
+        self._tokens, self._rows = tokens, rows
+        self._last_end = self.now()

@@ -1,48 +1,47 @@
-"""Keying an engine's batch rows to drafting requests when the engine does not pass request ids.
+"""Keying an engine's batch rows to drafting requests when the engine does not pass request ids, and stepping its
+persistent batch.
 
 vLLM's ``custom_class`` proposer hook hands over, each step, a row per running request (``token_ids_cpu[row,
 :num_tokens]``: prompt and output so far) but no request id, and rows are reassigned as requests finish, are
 preempted, or the batch is condensed. A request's drafting state depends only on its token sequence, so
-:class:`RowTracker` keys a request by the tokens themselves, which the drafting service holds
-(:meth:`drafting.DraftingService.follow_rows`: one native call for the batch, views of the engine's arrays, no copy):
+:class:`RowTracker` keys a request by the tokens themselves, which the drafter holds
+(:meth:`drafting.DraftingService.step`
+with :class:`drafting.EngineRows`: views of the engine's arrays, no copy):
 
 - a row whose tokens extend exactly what its request has seen is the same request: only the new tokens are appended
   (each row's known prefix is confirmed by one ``memcmp`` in the core, the only exact test without request ids);
-- otherwise the row holds another request: if some other request's tokens are a prefix of the row's (a request
-  moved to another row; tried on mismatches only, every such pair in one more native call), that request follows it;
-  else a new request starts from the row's tokens;
-- requests not seen in a step are stopped (they finished or were preempted; a preempted request that resumes is
-  rebuilt from its tokens).
+- otherwise the row holds another request: if some other request's tokens are a prefix of the row's (a request moved
+  to another row; tried on mismatches only, every such pair in one more call), that request follows it; else a new
+  request starts from the row's tokens;
+- requests not seen in a step are stopped (they finished or were preempted; one that resumes is rebuilt from its
+  tokens).
 
-:meth:`RowTracker.propose` does a whole step: in a steady step (every row still holds its request) following the rows
-and drafting them is one native call (:meth:`drafting.DraftingService.follow_and_propose`); a step that starts, moves
-or stops requests takes a few more calls (never one per row). A whole batch (vLLM's steps) is then prepared once
-(:class:`drafting.service.SteadyBatch`), and its steady steps go straight to that call, nothing re-checked that held
-since the last: on caches a forward pass has just flushed, each Python layer a step passes costs microseconds (the
-hook outside the native call took 0.090 ms a step through the checked path, 0.055 ms through the prepared batch;
-``docs/serving.md``).
-
-The tracker keeps only which request each row held: the service holds the one request table.
+vLLM's persistent batch is the model of the fast path: while every row holds its request, the whole batch is one
+prepared :class:`drafting.Batch` stepped in one native call (following the rows and drafting them), with the same
+budgets array and the same view of the engine's arrays from step to step, so nothing is checked again that held since.
+A step that starts, moves or stops requests takes a few more calls (never one per row). The tracker keeps only which
+request each row held: the drafter holds the one request table.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from drafting import DraftingService, SteadyBatch
+from drafting import Batch, DraftingService, EngineRows
 from drafting.draft import ChainDrafts, CostCurve
 
 __all__ = ["RowTracker"]
 
 
 class RowTracker:
-    """Follows an engine's rows across steps and keeps a :class:`drafting.DraftingService` in step.
+    """Follows an engine's rows across steps and keeps a :class:`drafting.DraftingService` in step with them.
 
     Args:
-        service: the drafting service whose requests mirror the rows.
+        service: the drafter whose requests mirror the rows.
 
     Attributes:
         started / moved / stopped: requests started, followed to another row, and stopped so far.
@@ -52,82 +51,81 @@ class RowTracker:
         self.service = service
         self._vocab = service.vocab_size  # new ids are checked against it, as a prompt's are
         self._by_row: dict[int, int] = {}
-        # the batch as the last whole-batch step left it, prepared for the next (None: none yet, or rows changed since),
-        # and the min_score it was prepared with
-        self._batch: SteadyBatch | None = None
-        self._batch_score: float | None = None
+        self._batch: Batch | None = None  # every row's request, while the rows hold them (None: rows changed since)
+        self._view: EngineRows | None = None  # the engine's arrays, as the last whole-batch step saw them
         self._ids = itertools.count()
         self.started = self.moved = self.stopped = 0
 
-    def step(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray) -> list[int]:
-        """Bring the service up to date with this step's rows; returns each row's request id.
-
-        Args:
-            index: the rows to draft for this step (each once).
-            tokens: the engine's ``[rows, max_len]`` int32 (or int64) token array; row ``i`` holds its request's
-                sequence so far in its first ``lengths[i]`` columns.
-            lengths: ``[>= rows]`` of the same dtype.
-
-        Returns:
-            The service request id of each row of ``index``, in order.
-
-        Raises:
-            datastore.errors.InvalidContext: for arrays of another shape or dtype.
-        """
-        guess: list[int | None] = [self._by_row.get(i) for i in index]
-        followed = self.service.follow_rows(guess, tokens, lengths, index, vocab_size=self._vocab)
-        return self._settle(index, tokens, lengths, guess, followed)
-
     def propose(self, index: Sequence[int] | None, tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
                 min_score: float | None = None, curve: CostCurve | None = None) -> tuple[list[int], ChainDrafts]:
-        """:meth:`step`, then each row's chain (:meth:`drafting.DraftingService.propose`, ``chain=True``): one native
-        call when every row holds the request it held at the last step.
+        """Bring the drafter up to date with this step's rows, then draft each row's chain.
 
         Args:
-            index: as :meth:`step`, or ``None``: every row of the batch (``len(budgets)`` rows from row 0).
-            tokens / lengths: as :meth:`step`. budgets: ``[rows]`` integers (int64 is passed as it is), each row's
-                most draft tokens.
-            min_score: as :meth:`drafting.DraftingService.propose`.
-            curve: the engine's step-cost curve the chains are cut to (``None``: not cut; see
-                :meth:`drafting.DraftingService.follow_and_propose`).
+            index: the rows to draft for this step (each once), or ``None``: every row of the batch (``len(budgets)``
+                rows from row 0).
+            tokens: the engine's ``[rows, max_len]`` int32 (or int64) token array; row ``i`` holds its request's
+                sequence so far in its first ``lengths[i]`` columns (read in place, not copied).
+            lengths: ``[>= rows]`` of the same dtype.
+            budgets: ``[len(index)]`` integers (int64 is passed as it is), each row's most draft tokens.
+            min_score / curve: as :meth:`drafting.DraftingService.step`.
 
         Returns:
             ``(request ids, chains)``, in the order of the rows.
 
         Raises:
-            As :meth:`step` and :meth:`drafting.DraftingService.propose`.
+            As :meth:`drafting.DraftingService.step` (rows, lengths or budgets an engine cannot mean).
         """
-        rows = range(len(budgets)) if index is None else index
-        batch = self._batch
-        if index is None and batch is not None and len(batch.ids) == len(rows) and min_score == self._batch_score:
-            made = batch.draft(tokens, lengths, budgets, curve)  # the batch as it was: nothing re-checked
-            if made is not None:
-                ids = self._settle(rows, tokens, lengths, list(batch.ids), made[0])  # type: ignore[arg-type]
-                if made[1] is not None:
-                    return ids, made[1]
-                return ids, self._chains(ids, budgets, min_score, curve)
-        by_row = self._by_row
-        guess: list[int | None] = [by_row.get(i) for i in rows]
-        if rows and None not in guess:  # perhaps a steady step: follow and draft in one call
-            followed, chains = self.service.follow_and_propose(guess, tokens, lengths, index, budgets,
-                                                               min_score=min_score, vocab_size=self._vocab,
-                                                               curve=curve)
-            ids = self._settle(rows, tokens, lengths, guess, followed)
-            if chains is not None:
-                if index is None:  # prepare the batch for the next steps
-                    self._batch = self.service.steady_batch(ids, min_score=min_score, vocab_size=self._vocab)
-                    self._batch_score = min_score
-                return ids, chains
+        rows = list(range(len(budgets))) if index is None else list(index)
+        whole = index is None
+        batch = self._batch if whole and self._batch is not None and len(self._batch) == len(rows) else None
+        made = None
+        if batch is not None:  # the steady step: every row held its request at the last step
+            made = self.service.step(batch, budgets, tokens=self._rows(tokens, lengths), chain=True,
+                                     min_score=min_score, curve=curve)
+            guess: list[int | None] = list(batch.ids)  # type: ignore[arg-type]
+            followed = made.followed
         else:
-            ids = self.step(rows, tokens, lengths)
-        return ids, self._chains(ids, budgets, min_score, curve)
+            guess = [self._by_row.get(i) for i in rows]
+            if rows and None not in guess:  # perhaps steady: follow and draft in one step
+                made = self.service.step(cast("list[int]", guess), budgets,
+                                         tokens=self._engine(tokens, lengths, None if whole else rows),
+                                         chain=True, min_score=min_score, curve=curve)
+                followed = made.followed
+            else:
+                followed = self._follow_known(rows, guess, tokens, lengths)
+        ids = self._settle(rows, tokens, lengths, guess, followed)
+        if made is not None and made.drafted:
+            if whole and self._batch is None:  # prepare the batch for the next steps
+                self._batch = self.service.batch(ids)
+            return ids, made.chains()
+        # the rows changed: follow (nothing new: each request holds its row now) and draft
+        again = self.service.step(ids, budgets, tokens=self._engine(tokens, lengths, None if whole else rows),
+                                  chain=True, min_score=min_score, curve=curve)
+        return ids, again.chains()
 
-    def _chains(self, ids: list[int], budgets: np.ndarray, min_score: float | None,
-                curve: CostCurve | None) -> ChainDrafts:
-        """Each request's chain, by :meth:`drafting.DraftingService.propose` (after a step that moved, started or
-        stopped requests)."""
-        return self.service.propose(list(zip(ids, np.asarray(budgets).tolist())), chain=True, min_score=min_score,
-                                    curve=curve).chains()
+    def _engine(self, tokens: np.ndarray, lengths: np.ndarray, rows: Sequence[int] | None) -> EngineRows:
+        """The engine's arrays, pair ``i`` on row ``rows[i]`` (``None``: on row ``i``)."""
+        return EngineRows(tokens, lengths, None if rows is None else np.array(rows, np.int64), self._vocab)
+
+    def _follow_known(self, rows: list[int], guess: list[int | None], tokens: np.ndarray,
+                      lengths: np.ndarray) -> list[bool]:
+        """Each row with a last request: whether that request followed it (one step that drafts nothing)."""
+        followed = [False] * len(rows)
+        known = [k for k, rid in enumerate(guess) if rid is not None]
+        if known:
+            got = self.service.step([cast(int, guess[k]) for k in known], np.zeros(len(known), np.int64),
+                                    tokens=self._engine(tokens, lengths, [rows[k] for k in known]), chain=True).followed
+            for k, ok in zip(known, got):
+                followed[k] = ok
+        return followed
+
+    def _rows(self, tokens: np.ndarray, lengths: np.ndarray) -> EngineRows:
+        """The engine's arrays as the steady step follows them: the same view while the engine passes the same
+        arrays (vLLM rewrites them in place)."""
+        view = self._view
+        if view is None or view.rows is not tokens or view.lengths is not lengths:
+            view = self._view = EngineRows(tokens, lengths, None, self._vocab)
+        return view
 
     def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
                 followed: list[bool]) -> list[int]:
@@ -140,10 +138,11 @@ class RowTracker:
         claimed = {rid for rid, ok in zip(guess, followed) if ok}
         free = [rid for rid in previous.values() if rid not in claimed]
         open_at = [k for k, ok in enumerate(followed) if not ok]
-        if free and open_at:  # requests that moved: every (free request, open row) pair in one call, rows in order
+        if free and open_at:  # requests that moved: every (free request, open row) pair in one step, rows in order
             pairs = [(k, rid) for k in open_at for rid in free]
-            moved = self.service.follow_rows([rid for _, rid in pairs], tokens, lengths, [index[k] for k, _ in pairs],
-                                             vocab_size=self._vocab)
+            moved = self.service.step([rid for _, rid in pairs], np.zeros(len(pairs), np.int64),
+                                      tokens=self._engine(tokens, lengths, [index[k] for k, _ in pairs]),
+                                      chain=True).followed
             for (k, rid), ok in zip(pairs, moved):
                 if ok:
                     guess[k] = rid
@@ -165,6 +164,17 @@ class RowTracker:
                 self.stopped += 1
         self._by_row = dict(zip(index, out))
         return out
+
+    def step(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray) -> list[int]:
+        """Bring the drafter up to date with this step's rows without drafting (a step where no row decodes); returns
+        each row's request id.
+
+        Raises:
+            As :meth:`propose`.
+        """
+        rows = list(index)
+        guess = [self._by_row.get(i) for i in rows]
+        return self._settle(rows, tokens, lengths, guess, self._follow_known(rows, guess, tokens, lengths))
 
     @property
     def active(self) -> int:

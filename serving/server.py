@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 
 from toolkit.options import int_in
+from toolkit.settings import DEFAULTS
 from toolkit.tokenizer import DEFAULT_MODEL
 
-from .chat_log import BACKUPS_ENV, MAX_BYTES_ENV, PATH_ENV, ChatLog
+from .chat_log import ChatLog
 
 __all__ = ["cpu_env", "main"]
 
@@ -68,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-requests", default=None, metavar="PATH",
                    help="append each finished chat (the request's messages and the response) to PATH as one OpenAI-"
                         "format JSON line, for `python -m ingest build --source chat` (default: off).")
-    p.add_argument("--log-max-bytes", type=int_in(1024), default=100_000_000, metavar="BYTES",
+    p.add_argument("--log-max-bytes", type=int_in(1024), default=DEFAULTS.log_max_bytes, metavar="BYTES",
                    help="rotate the request log when it would grow past this many bytes (default: %(default)s).")
-    p.add_argument("--log-backups", type=int_in(1), default=10, metavar="N",
+    p.add_argument("--log-backups", type=int_in(1), default=DEFAULTS.log_backups, metavar="N",
                    help="rotated request logs kept, PATH.1 the newest (default: %(default)s).")
     return p
 
@@ -108,9 +109,13 @@ def log_env(args: argparse.Namespace) -> dict[str, str]:
     """
     if args.log_requests is None:
         return {}
-    chat_log = ChatLog(args.log_requests, max_bytes=args.log_max_bytes, backups=args.log_backups)
+    try:
+        chat_log = ChatLog(args.log_requests, max_bytes=args.log_max_bytes, backups=args.log_backups)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"--log-requests {exc}") from None
     chat_log.close()
-    return {PATH_ENV: str(chat_log.path), MAX_BYTES_ENV: str(args.log_max_bytes), BACKUPS_ENV: str(args.log_backups)}
+    return {"CREST_LOG_REQUESTS": str(chat_log.path), "CREST_LOG_MAX_BYTES": str(args.log_max_bytes),
+            "CREST_LOG_BACKUPS": str(args.log_backups)}
 
 
 def _serve(argv: list[str]) -> None:

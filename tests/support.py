@@ -57,7 +57,7 @@ def build_small(url: str, name: str, sample: Path) -> int:
 def append_outputs(url: str, name: str, outputs: list[list[int]], origin: str) -> None:
     """Append ``outputs`` to datastore ``name``'s live layer under ``origin``, as a decoder's writer does, and wait
     until they are written."""
-    from datastore.admin.live_writer import LiveWriter
+    from live.writer import LiveWriter
 
     writer = LiveWriter(name, url, origin=origin)
     for o in outputs:
@@ -113,16 +113,6 @@ def random_tree(rng: np.random.Generator, vocab: int, size: int) -> TokenTree:
     top = sum(c for c, p in zip(counts, parents) if p < 0)
     return TokenTree(np.array(toks, np.uint32), np.array(parents, np.int32), np.array(counts, np.uint32),
                      int(rng.integers(top, top + 20)) if rng.random() < 0.8 else 0)
-
-
-def random_head_tree(rng: np.random.Generator, vocab: int, size: int):
-    """A valid heads tree (:class:`drafting.heads.HeadTree`): siblings differ, probabilities in [0, 1] (ties
-    among siblings included)."""
-    from drafting.heads import HeadTree
-
-    tree = random_tree(rng, vocab, size)
-    probs = rng.choice([0.0, 0.25, 0.5, 1.0, rng.random()], size=len(tree.token_ids))
-    return HeadTree(tree.token_ids.astype(np.int64), tree.parents, probs)
 
 
 def drawn_tree(draw, vocab: int, max_nodes: int) -> TokenTree:
@@ -182,10 +172,60 @@ def tiny_heads(target, seed: int = 0, num_heads: int = 2):
 
     import torch
 
-    from s4c.features import target_weights
-    from s4c.heads import HeadsConfig, S4CHeads
+    from research.s4c.features import target_weights
+    from research.s4c.heads import HeadsConfig, S4CHeads
 
     config = dataclasses.replace(HeadsConfig.of_target(target.model.config), num_attention_heads=1,
                                  num_key_value_heads=1, intermediate_size=64, num_heads=num_heads)
     torch.manual_seed(seed)
     return S4CHeads(config, *target_weights(target))
+
+
+def native_core(*, sources=("ds", "live", "local", "outputs"), calibration=None, **options):
+    """A native core (``crest_native.Core``) scoring with ``calibration`` (default: the shipped one), its settings by
+    keyword (:func:`drafting.service.core_options`)."""
+    from drafting import Calibration
+    from drafting.service import core_options
+
+    cal = calibration or Calibration.load()
+    made = core_options(cal, sources, **{k: v for k, v in options.items()
+                                         if k in ("outputs_bytes", "back_off_min_budget", "max_tokens")})
+    for name, value in options.items():
+        if name not in ("outputs_bytes", "back_off_min_budget", "max_tokens"):
+            setattr(made, name, value)
+    from drafting.service import native_core as make
+
+    return make(cal, made)
+
+
+def native_step(core, handles, budgets, source=None, *, chain=False, min_score=0.0, curve=None, appended=None):
+    """One ``Core.step`` of ``handles`` (``[rows]``) with ``budgets``, from ``source`` (replicas as a ``(datastore,
+    live, delta)`` tuple, given ``crest_native.Trees``, or ``None``: plan); ``appended``: each row's new tokens."""
+    import crest_native
+
+    b = crest_native.Batch()
+    b.handles, b.budgets = np.asarray(handles, np.int64), np.asarray(budgets, np.int64)
+    b.chain, b.min_score, b.curve = chain, min_score, curve
+    if appended is not None:
+        b.appended = np.asarray([t for row in appended for t in row], np.uint32)
+        b.counts = np.asarray([len(row) for row in appended], np.int64)
+    return core.step(b, source)
+
+
+def given_trees(stored, live=None, delta=None):
+    """``crest_native.Trees`` of per-row candidates (lists of native trees) and live/delta trees (``None``: none)."""
+    import crest_native
+
+    rows = len(stored)
+    return crest_native.Trees([list(s) for s in stored], list(live or [None] * rows), list(delta or [None] * rows))
+
+
+def native_extend(core, handle: int, tokens) -> None:
+    """Append ``tokens`` to a request of ``core`` (a step that follows them and drafts nothing)."""
+    native_step(core, [handle], [0], given_trees([[]]), appended=[[int(t) for t in tokens]])
+
+
+def step_drafts(made) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A native step's drafts, per row: ``(tokens, parents, scores)``."""
+    o = made.offsets.tolist()
+    return [(made.tokens[a:b], made.parents[a:b], made.scores[a:b]) for a, b in zip(o, o[1:])]

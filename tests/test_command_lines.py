@@ -51,11 +51,12 @@ def test_every_help_text_is_a_whole_sentence():
 
 
 def _parsers():
+    from research.s4c.cli import build_parser as s4c_parser
+    from research.study.cli import build_parser as study_parser
+
     from datastore.admin.cli import build_parser as datastore_parser
-    from evaluation.cli import build_parser as evaluation_parser
+    from research.hf_bench.cli import build_parser as evaluation_parser
     from ingest.cli import build_parser as ingest_parser
-    from s4c.cli import build_parser as s4c_parser
-    from study.cli import build_parser as study_parser
 
     return {"ingest": ingest_parser(), "datastore": datastore_parser(), "evaluation": evaluation_parser(),
             "study": study_parser(), "s4c": s4c_parser()}
@@ -111,7 +112,7 @@ def test_every_default_is_what_help_says():
                 assert _says(stated.strip(), value), (cli, name, action.dest, value, stated)
                 checked += 1
     assert checked > 40
-    from evaluation.cli import build_parser
+    from research.hf_bench.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["bench"]).drafter == ["merged"] == parser.parse_args(["replay"]).drafter

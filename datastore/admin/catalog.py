@@ -9,7 +9,7 @@ from psycopg import sql
 
 from ..connection import APPLICATION_NAME, connect, one_row
 from ..errors import BuildConflict, DatastoreNotFound
-from ..live import delta_name, live_name
+from ..layers import delta_name, live_name
 from ..registry import SWAP_CHANNEL, name_lock_key
 from ..schema import require_schema
 from .ddl import DDL_LOCK_TIMEOUT_S, PendingDrop, vacuum
@@ -118,7 +118,7 @@ def drop_datastore(url: str, name: str, lock_timeout_s: float = DDL_LOCK_TIMEOUT
 
 
 def empty_live_layer(url: str, name: str, wait_s: float = 0.0) -> tuple[int, int]:
-    """Empty the live layer of datastore ``name`` (:mod:`datastore.live`): delete its appended outputs and drop its
+    """Empty the live layer of datastore ``name`` (:mod:`live`): delete its appended outputs and drop its
     builds (``name.live`` and its delta ``name.live.delta``), so drafting starts again from the corpus alone (what a
     benchmark run needs, so it never drafts from outputs an earlier run left of the prompts it scores).
 

@@ -142,7 +142,7 @@ def _replica(url: str, args) -> None:
     from ..registry import resolve_build, server_error
     from ..replica import database_key, host_replica, identity_of, replica_path
 
-    folder = args.folder if args.folder is not None else Settings.from_env().replicas
+    folder = args.folder if args.folder is not None else Settings.from_env().replicas_dir
     if folder is None:
         raise ReplicasOff("replicas are off here (CREST_REPLICAS=off); name a folder with --folder DIR")
     with connect(url) as conn:

@@ -7,9 +7,9 @@ schema where it lacks them), nothing else: it can neither write rows nor create
 tables. Every build makes a new tree table, so the grant is recorded in
 ``reader_grants`` and each later build of the name grants ``SELECT`` on its new
 table in the same transaction that makes it ready (:func:`grant_to_readers`). Whoever may read a live layer
-(``NAME.live``) may read its delta (``NAME.live.delta``, :func:`datastore.live.delta_name`): the two are one
+(``NAME.live``) may read its delta (``NAME.live.delta``, :func:`datastore.layers.delta_name`): the two are one
 source to a reader. It may also read the finished outputs back (``SELECT`` on ``live_outputs``, every layer's rows:
-:class:`datastore.live_outputs.LiveOutputs`, so its output index learns the fleet's).
+:class:`live.LiveOutputs`, so its output index learns the fleet's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from ..connection import connect, one_row
-from ..live import DELTA_SUFFIX, LIVE_SUFFIX, delta_of
+from ..layers import DELTA_SUFFIX, LIVE_SUFFIX, delta_of
 from ..schema import require_schema
 
 
@@ -101,7 +101,7 @@ def _grant_access(conn: psycopg.Connection, role: str) -> None:
 
 
 def _with_delta(name: str | None) -> list[str | None]:
-    """``name``, and its delta's name when ``name`` is a live layer's (:func:`datastore.live.live_name`)."""
+    """``name``, and its delta's name when ``name`` is a live layer's (:func:`datastore.layers.live_name`)."""
     return [name] + ([delta_of(name)] if name is not None and name.endswith(LIVE_SUFFIX) else [])
 
 

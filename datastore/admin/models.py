@@ -121,14 +121,14 @@ class ReaderGrant(Base):
 
 
 class LiveOutput(Base):
-    """One finished request's output, appended by a decoder for the live layer (``datastore.live``).
+    """One finished request's output, appended by a decoder for the live layer (``live``).
 
     Decoders hold only ``INSERT`` here (``python -m datastore grant-appender``); ``python -m ingest
     compact-live`` folds the rows into the trees of the datastore ``<name>.live`` and evicts the oldest.
 
     Attributes:
         name: the datastore whose live layer this output feeds.
-        tokens: the output's token ids, uint32 little-endian (``datastore.live.encode_output``).
+        tokens: the output's token ids, uint32 little-endian (``live.encode_output``).
         num_tokens: ``len(tokens) // 4``.
         origin: who appended it (host:pid, or what the decoder was given), for provenance.
         created_at: when it was appended.

@@ -1,8 +1,8 @@
-"""The peer table (``benchmarks/peers.py``) prints the columns of the methods that ran, and no column of dashes."""
+"""The peer table (:mod:`benchmarks.peers`) prints the columns of the methods that ran, and no column of dashes."""
 
 from __future__ import annotations
 
-from peers import print_tables
+from benchmarks.peers import print_tables
 
 
 def _rows(methods: dict[str, float]) -> list[dict]:

@@ -1,17 +1,9 @@
-"""``benchmarks/_proposer.py``'s oracle cut, the bound ``vllm_serving.py --methods oracle-cut`` runs beside ours: it
-drafts exactly the tokens of ours' uncut chains that a greedy verifier accepts, so it steps as those chains do and
-verifies nothing that is rejected. Driven as vLLM's model runner drives a proposer (``proposer_step.run``: vLLM-shaped
-arrays, each row accepting the longest prefix of its chain that its reference continues with), against the session's
-small ShareGPT datastore; the references are stretches of that corpus, so chains draft and are accepted."""
+"""The vLLM hook driven as vLLM's model runner drives it (:mod:`benchmarks.proposer_step`): the draft tokens a greedy
+verifier accepts."""
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
-from proposer_step import agreed
-
-NO_VLLM = "vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)"
+from benchmarks.proposer_step import agreed
 
 
 def test_agreed_is_the_prefix_the_target_continues_with():
@@ -19,32 +11,3 @@ def test_agreed_is_the_prefix_the_target_continues_with():
     assert agreed([5, 6], [5, 6, 7]) == [5, 6]
     assert agreed([5, 6, 7], [5]) == [5]  # the reference ends
     assert agreed([4], [5]) == [] and agreed([], [5]) == []
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
-def test_the_oracle_cut_keeps_only_what_the_uncut_chains_have_accepted(chat_datastore, database_url, real_stream):
-    from proposer_step import _config, run
-
-    from _proposer import OracleCutProposer
-    from decoder.model import export_checkpoint
-    from serving.vllm_proposer import CrestProposer, ProposerConfig
-
-    stream = real_stream.tolist()
-    refs = [(stream[a:a + 48], stream[a + 48:a + 112]) for a in (0, 3000, 6000, 9000)]
-    vllm_config = _config(4, str(export_checkpoint()), 49152)
-    config = ProposerConfig(datastore=chat_datastore, database_url=database_url, adaptive=False, live=False,
-                            replicas=False, outputs_mb=0)
-    oracle = OracleCutProposer(vllm_config, config, references=refs)
-    stranger = OracleCutProposer(vllm_config, config, references=refs[1:])  # the first prompt has no reference
-    proposers = [CrestProposer(vllm_config, config), oracle, stranger]
-    try:
-        uncut, cut, unknown = (run(p, refs[:n], 2) for p, n in zip(proposers, (4, 4, 1)))
-    finally:
-        for p in proposers:
-            p.service.close()
-    assert uncut["drafted"] > uncut["drafts_accepted"] > 0  # some drafted tokens were rejected, some accepted
-    assert cut["drafted"] == cut["drafts_accepted"] == uncut["drafts_accepted"]  # only, and all, the accepted ones
-    assert (cut["row_steps"], cut["accept"]) == (uncut["row_steps"], uncut["accept"])  # the same steps
-    assert oracle.tokens_proposed - oracle.trimmed == cut["drafted"]  # trimmed, not dropped or added
-    assert unknown["drafted"] == 0 and unknown["row_steps"] > 0  # a prompt without a reference drafts nothing

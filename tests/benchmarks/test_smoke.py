@@ -114,9 +114,9 @@ def references(target, tokenizer, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench_cache(references, tokenizer, tmp_path_factory) -> Path:
     """A ``CREST_CACHE`` of this module's own for the scripts that read references where ``python -m evaluation
-    replay`` saves them (:func:`evaluation.replay.reference_store`): the same references of Spec-Bench and HumanEval."""
+    replay`` saves them (:func:`research.hf_bench.replay.reference_store`): the same references of Spec-Bench and HumanEval."""
     from evaluation.references import expected, read_references
-    from evaluation.replay import reference_store
+    from research.hf_bench.store import reference_store
     from toolkit.tokenizer import DEFAULT_MODEL
 
     cache = tmp_path_factory.mktemp("cache")
@@ -483,7 +483,7 @@ def test_distill_curve(database_url, sharegpt_sample, references, tokenizer, tmp
 def test_peer_memory(database_url, code_sample, tokenizer, bench_cache, tmp_path):
     from ingest.build import BuildConfig, tokenize_corpus
 
-    folder = tmp_path / "sizes" / "code-10pct-s0-test"  # as python -m study corpus-size names a tokenized size
+    folder = tmp_path / "sizes" / "code-10pct-s0-test"  # as python -m research.study corpus-size names a tokenized size
     folder.mkdir(parents=True)
     corpus = tokenize_corpus(BuildConfig(source="code", path=code_sample), tokenizer, folder / "tokens.u32",
                              progress=False)

@@ -38,7 +38,7 @@ from datastore.replica import (
     write_replica,
 )
 from datastore.shared import SharedDatastore
-from drafting import DatastoreSource, DraftingService, MergedMethod
+from drafting import DatastoreSource, DraftingService
 from oracle import codec as codec_oracle
 from oracle import replica as replica_oracle
 from support import build_small
@@ -218,8 +218,8 @@ def _stores(client: SharedDatastore) -> Stores:
 def _service(url: str, name: str, tokenizer, replicas: Path | bool):
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tokenizer, database_url=url,
                                                           replicas=replicas))
-    method = MergedMethod(source, vocab_size=VOCAB)
-    return DraftingService(method, vocab_size=VOCAB), method, source
+    service = DraftingService(source, vocab_size=VOCAB)
+    return service, service.retrieval, source
 
 
 FAULTS = {
@@ -278,15 +278,13 @@ def test_a_fault_mid_run_never_changes_a_draft_and_the_replica_is_written_again(
             if pos == 30:
                 FAULTS[fault](path)
             live = [i for i, seq in enumerate(ids) if pos < len(seq)]
-            for chain in (True, False):
-                got = local.propose([(i, 8) for i in live], chain=chain)
-                want = trip.propose([(i, 8) for i in live], chain=chain)
+            for chain in (True, False):  # the chain's step follows each request's new token: the tree's, none
+                new = [ids[i][pos - 1:pos] if chain and pos > 12 else [] for i in live]
+                got = local.step(live, [8] * len(live), tokens=new, chain=chain).drafts
+                want = trip.step(live, [8] * len(live), tokens=new, chain=chain).drafts
                 assert [d.token_ids.tolist() for d in got] == [d.token_ids.tolist() for d in want], (fault, pos)
                 assert all(a.scores.tobytes() == b.scores.tobytes() for a, b in zip(got, want))
                 compared += len(live)
-            for i in live:
-                for svc in (local, trip):
-                    svc.add_tokens(i, ids[i][pos:pos + 1])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # written again, and mapped: drafting is back on the replica
             stores = client.replicas.stores()
@@ -302,7 +300,7 @@ def test_a_fault_mid_run_never_changes_a_draft_and_the_replica_is_written_again(
     # a damaged file is read by at most one step (the background check may find it first)
     assert method.stats.damaged <= (1 if damaged else 0) and compared > 300
     steps = method.stats.replica_steps
-    local.propose([(0, 8)])
+    local.step([0], [8])
     assert method.stats.replica_steps == steps + 1
     source.close()
     trip_source.close()

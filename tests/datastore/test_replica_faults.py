@@ -25,8 +25,9 @@ from crest_native import Replica, ReplicaError
 from datastore.connection import connect
 from datastore.registry import resolve_build
 from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
-from drafting import DatastoreSource, DraftingService, MergedMethod
+from drafting import DatastoreSource, DraftingService
 from oracle import replica as replica_oracle
+from support import native_core, native_step
 
 VOCAB = 49_152
 CHAIN, TREE = 8, 32  # budgets: a chain; a tree that backs off (every stored suffix is a candidate)
@@ -47,9 +48,15 @@ def _contexts(prompts, rows: int) -> list[np.ndarray]:
 
 
 def _drafts(made) -> list[tuple[bytes, bytes, bytes]]:
-    tokens, parents, scores, offsets, _, _ = made
-    return [(tokens[a:b].tobytes(), parents[a:b].tobytes(), scores[a:b].tobytes())
-            for a, b in zip(offsets[:-1], offsets[1:])]
+    o = made.offsets.tolist()
+    return [(made.tokens[a:b].tobytes(), made.parents[a:b].tobytes(), made.scores[a:b].tobytes())
+            for a, b in zip(o, o[1:])]
+
+
+def _draft_stored(core, handles, budgets, datastore, chain: bool, delta=None):
+    """(the step, the damaged store: -1 none) of a step drafted from the replicas."""
+    made = native_step(core, handles, budgets, (datastore, None, delta), chain=chain)
+    return made, made.damaged
 
 
 def test_random_bytes_anywhere_never_change_a_draft(database_url, chat_datastore, tokenizer, eval_prompts, tmp_path):
@@ -60,25 +67,24 @@ def test_random_bytes_anywhere_never_change_a_draft(database_url, chat_datastore
     where = replica_oracle.layout(pristine)
     replica = open_replica(path, identity)
     contexts = _contexts(eval_prompts, 48)
-    core = MergedMethod(None, vocab_size=VOCAB).core_settings().core()
+    core = native_core()
     handles = np.array([core.start(c) for c in contexts], np.int64)
     read = sorted({rec.at for rec in replica_oracle.read(pristine).values()
                    if any(c[-len(rec.key) // 2:].astype(">u2").tobytes() == rec.key for c in contexts)})
     assert len(read) > 20
-    trip = DraftingService(MergedMethod(DatastoreSource(lambda: _trip_client(database_url, chat_datastore, tokenizer)),
-                                        vocab_size=VOCAB), vocab_size=VOCAB)
+    trip = DraftingService(DatastoreSource(lambda: _trip_client(database_url, chat_datastore, tokenizer)),
+                           vocab_size=VOCAB)
     try:
         for i, c in enumerate(contexts):
             trip.start_request(i, c)
         want = {chain: [(d.token_ids.tobytes(), d.parents.tobytes(), d.scores.tobytes())
-                        for d in trip.propose([(i, CHAIN if chain else TREE) for i in range(len(contexts))],
-                                              chain=chain)]
+                        for d in trip.step(list(range(len(contexts))), [CHAIN if chain else TREE] * len(contexts),
+                                           chain=chain).drafts]
                 for chain in (True, False)}
     finally:
         trip.close()
     for chain in (True, False):  # the intact file drafts what the round trip drafts (token ids as uint32 there)
-        made, damaged = core.draft_stored(handles, np.full(len(handles), CHAIN if chain else TREE, np.int64), replica,
-                                          None, None, chain, 0.0)
+        made, damaged = _draft_stored(core, handles, np.full(len(handles), CHAIN if chain else TREE), replica, chain)
         assert damaged == -1 and [d[1:] for d in _drafts(made)] == [w[1:] for w in want[chain]]
         want[chain] = _drafts(made)
     rng = np.random.default_rng(42)
@@ -100,8 +106,8 @@ def test_random_bytes_anywhere_never_change_a_draft(database_url, chat_datastore
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
             assert replica.unchanged()  # the damage is not seen by the file's size or time
             for chain in (True, False):
-                made, damaged = core.draft_stored(handles, np.full(len(handles), CHAIN if chain else TREE, np.int64),
-                                                  replica, None, None, chain, 0.0)
+                made, damaged = _draft_stored(core, handles, np.full(len(handles), CHAIN if chain else TREE), replica,
+                                              chain)
                 if damaged == -1:
                     assert _drafts(made) == want[chain], (trial, at, size)
                 else:
@@ -146,11 +152,11 @@ def _stress(path: Path, pristine: Path, contexts_file: Path, fault: str, trials:
     """The child of the test above: drafts in a loop while another thread changes the file ``trials`` times."""
     with np.load(contexts_file) as z:
         contexts = [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
-    core = MergedMethod(None, vocab_size=VOCAB).core_settings().core()
+    core = native_core()
     handles = np.array([core.start(c) for c in contexts], np.int64)
     budgets = np.full(len(handles), 64, np.int64)
     replica = Replica(str(path))
-    made, damaged = core.draft_stored(handles, budgets, replica, None, None, False, 0.0)
+    made, damaged = _draft_stored(core, handles, budgets, replica, False)
     assert damaged == -1
     want = _drafts(made)
     rng = np.random.default_rng(7)
@@ -178,7 +184,7 @@ def _stress(path: Path, pristine: Path, contexts_file: Path, fault: str, trials:
     changer.start()
     steps = damaged_steps = differed = 0
     while not done.is_set():
-        made, damaged = core.draft_stored(handles, budgets, replica, None, None, False, 0.0)
+        made, damaged = _draft_stored(core, handles, budgets, replica, False)
         steps += 1
         if damaged != -1:
             damaged_steps += 1
@@ -208,13 +214,13 @@ def test_a_delta_replica_cut_short_is_named_damaged_and_drafts_nothing(database_
     delta_path = tmp_path / "delta.crr"
     delta_path.write_bytes(path.read_bytes())
     replica, delta = open_replica(path, identity), open_replica(delta_path, identity)
-    core = MergedMethod(None, vocab_size=VOCAB).core_settings().core()
+    core = native_core()
     handles = np.array([core.start(c) for c in _contexts(eval_prompts, 16)], np.int64)
     budgets = np.full(len(handles), CHAIN, np.int64)
-    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0, None, delta)
-    assert damaged == -1 and len(made[0]) > 0
+    made, damaged = _draft_stored(core, handles, budgets, replica, True, delta)
+    assert damaged == -1 and len(made.tokens) > 0
     os.truncate(delta_path, delta_path.stat().st_size // 2)
-    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0, None, delta)
-    assert damaged == 2 and len(made[0]) == 0
-    made, damaged = core.draft_stored(handles, budgets, replica, None, None, True, 0.0)  # without it: drafts again
-    assert damaged == -1 and len(made[0]) > 0
+    made, damaged = _draft_stored(core, handles, budgets, replica, True, delta)
+    assert damaged == 2 and not made.drafted
+    made, damaged = _draft_stored(core, handles, budgets, replica, True)  # without it: drafts again
+    assert damaged == -1 and len(made.tokens) > 0

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from benchmarks.peer_drafters import PromptLookup, RetrievalDrafter
 from datastore import Datastore
 from decoder import greedy_generate, speculative_generate
-from drafting import DatastoreSource, Drafter, DraftingService, DraftMethod, MergedMethod
-from drafting.drafters import NoDraft, PromptLookup, Retrieval, Trie
+from drafting import DatastoreSource, Draft, Drafter, DraftingService, TokenDrafter
 from evaluation.simulate import replay
 
 MAX_NEW = 32
@@ -38,13 +38,23 @@ def references(target, eval_prompts):
 VOCAB = 49_152
 
 
-def drafter(method: DraftMethod) -> DraftingService:
-    return DraftingService(method, vocab_size=VOCAB)
+class NoDraft(TokenDrafter):
+    """Drafts nothing: plain decoding through the same loop."""
+
+    name = "none"
+
+    def draft(self, state, tokens, budget, chain) -> Draft:
+        return Draft.empty()
 
 
-def drafters(source):
-    return [drafter(m) for m in (NoDraft(), PromptLookup(), Trie(), Retrieval(source),
-                                 MergedMethod(source, vocab_size=VOCAB))]
+def drafters(source) -> list[Drafter]:
+    """Every kind of drafter: none, the peers' (prompt lookup, the datastore's tree by its counts), and ours, with and
+    without the datastore."""
+    local = DraftingService(None, vocab_size=VOCAB)
+    local.name = "local"
+    return [NoDraft(vocab_size=VOCAB), PromptLookup(3, 10, "pld", vocab_size=VOCAB),
+            RetrievalDrafter(source, name="datastore", vocab_size=VOCAB), local,
+            DraftingService(source, vocab_size=VOCAB)]
 
 
 def test_plain_greedy_loop_equals_generate(target, eval_prompts, references):
@@ -66,11 +76,10 @@ def test_every_drafter_is_lossless(target, eval_prompts, references, source, bud
     assert all(saved[d] > 0 for d in saved if d != "none"), saved  # every drafter's drafts were accepted
 
 
-@pytest.mark.parametrize("name", ["merged", pytest.param("trie", marks=pytest.mark.slow),
-                                  pytest.param("pld", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["merged", pytest.param("pld", marks=pytest.mark.slow)])
 def test_replay_equals_real_runs(target, eval_prompts, references, source, name):
-    makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: drafter(MergedMethod(source, vocab_size=VOCAB)),
-                                                "trie": lambda: drafter(Trie()), "pld": lambda: drafter(PromptLookup())}
+    makers: dict[str, Callable[[], Drafter]] = {"merged": lambda: DraftingService(source, vocab_size=VOCAB),
+                                                "pld": lambda: PromptLookup(3, 10, "pld", vocab_size=VOCAB)}
     real_drafter, sim_drafter = makers[name](), makers[name]()  # each sees the same earlier outputs, in order
     for p in eval_prompts:
         real = speculative_generate(target, p.token_ids, real_drafter, max_new_tokens=MAX_NEW, budget=8)

@@ -13,9 +13,7 @@ from datastore.tree import TokenTree
 from decoder import speculative_generate
 from decoder.model import TargetModel
 from decoder.verify import accept_sampled
-from drafting import DraftingService, ScoreKind
-from drafting.draft import Draft
-from drafting.method import Stateless, Step
+from drafting import Draft, ScoreKind, TokenDrafter
 
 VOCAB = 6
 
@@ -46,20 +44,18 @@ def test_accept_sampled_matches_target_distribution():
     assert pvalue > 1e-3
 
 
-class _FixedTree(Stateless):
-    """A drafting method that always proposes the same small tree (a test input, not a stand-in for a real part)."""
+class _FixedTree(TokenDrafter):
+    """A drafter that always proposes the same small tree (a test input, not a stand-in for a real part)."""
 
     name = "fixed"
     score_kind = ScoreKind.COUNT_RATIO
 
     def __init__(self, tree):
+        super().__init__(vocab_size=VOCAB)
         self.tree = Draft.from_tree(tree).top(16)
 
-    def draft(self, step: Step) -> list[Draft]:
-        return [self.tree for _ in step.budgets]
-
-    def config(self):
-        return {"name": self.name}
+    def draft(self, state, tokens, budget, chain) -> Draft:
+        return self.tree
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -109,7 +105,7 @@ def test_sampled_generation_has_the_target_distribution(tiny_target):
     draws = 6000
     seen: dict[tuple[int, ...], int] = {}
     for i in range(draws):
-        res = speculative_generate(tiny_target, prompt, DraftingService(_FixedTree(tree), vocab_size=VOCAB),
+        res = speculative_generate(tiny_target, prompt, _FixedTree(tree),
                                    max_new_tokens=steps, temperature=0.8,
                                    seed=i, budget=16)
         key = tuple(res.output_ids)

@@ -11,8 +11,8 @@ import pytest
 
 from crest_native import SOURCES
 from datastore.tree import Match
-from drafting import DraftingService, MergedMethod
-from drafting.calibration import DEFAULT_PATH, FEATURES, HEADS_PATH, Calibration
+from drafting import DraftingService
+from drafting.calibration import DEFAULT_PATH, FEATURES, Calibration
 from oracle.calibration import COLUMN, conditional, draft_from_candidates, node_table, scores
 from support import tree_from_paths
 
@@ -23,13 +23,12 @@ def test_the_core_node_table_known_answer():
     """Two datastore candidates and a live tree below a request whose own tokens predict nothing yet: the core's
     tables (one per candidate), the features by name and the scores of the shipped calibration."""
     cal = Calibration.load()
-    method = MergedMethod(None, outputs_bytes=0, calibration=cal)
-    service = DraftingService(method, vocab_size=100)
+    service = DraftingService(None, vocab_size=100, outputs_bytes=0, calibration=cal)
     service.start_request("r", [1, 2, 3])  # no repeated suffix: no local match
     ds = Match((1, 2, 3), tree_from_paths({(5,): 10, (6,): 3, (5, 7): 8}, root=14))
     shorter = Match((3,), tree_from_paths({(8,): 4}, root=9))
     live = Match((3,), tree_from_paths({(5,): 2, (5, 9): 1, (8,): 1}, root=3))
-    tables = method.node_tables(service, "r", [ds, shorter], live)
+    tables = service.node_tables("r", [ds, shorter], live)
     assert len(tables) == 2
     t = tables[0]
     paths = [(5,), (6,), (5, 7), (5, 9), (8,)]  # the first candidate whole, then the live tree's new nodes
@@ -49,10 +48,7 @@ def test_the_core_node_table_known_answer():
     assert t.scores.tobytes() == scores(cal, oracle).tobytes()  # P(node) = product of conditionals, the same bits
     assert tables[1].tokens.tolist() == [8, 5, 9]  # the shorter candidate's union
     with pytest.raises(KeyError, match="'q' is not active"):
-        method.node_tables(service, "q", [ds], None)
-    other = DraftingService(MergedMethod(None, outputs_bytes=0, calibration=cal), vocab_size=100)
-    with pytest.raises(ValueError, match="not this merged method"):
-        method.node_tables(other, "r", [ds], None)
+        service.node_tables("q", [ds], None)
 
 
 def test_fit_recovers_a_known_model():
@@ -99,8 +95,8 @@ def test_fit_recovers_known_token_biases():
 def test_a_token_term_saves_loads_and_belongs_to_its_tokenizer(tmp_path):
     """The token term round-trips through the file; a malformed one is refused naming the fix; a drafter for
     another tokenizer gets the calibration without it; bad terms are refused by the class and by the native core."""
+    import crest_native
     from drafting.calibration import TokenBias
-    from drafting.method import CoreSettings
 
     term = TokenBias(np.array([3, 9]), np.array([0.5, -0.25]), "abc")
     cal = Calibration(np.zeros(len(FEATURES)), 0.1, token_bias=term)
@@ -127,12 +123,12 @@ def test_a_token_term_saves_loads_and_belongs_to_its_tokenizer(tmp_path):
     for tokens, bias, match in (([1, 2], [0.0], "pair up"), ([-1], [0.0], "ascending"), ([1], [np.inf], "finite")):
         with pytest.raises(ValueError, match=match):
             TokenBias(np.array(tokens), np.array(bias), "t")
-    settings = CoreSettings.of(cal, {})
+    options = crest_native.Options()
     for ids, bias in (([3, 9], [0.5]), ([9, 3], [0.5, 0.5]), ([3, -2], [0.0, 0.0])):
         with pytest.raises(ValueError, match="token bias"):
-            settings._replace(token_ids=np.array(ids, np.int64), token_bias=np.array(bias)).core()
+            crest_native.Core(cal.coef, cal.intercept, cal.prior, options, np.array(ids, np.int64), np.array(bias))
     with pytest.raises(ValueError, match="together"):
-        settings._replace(token_bias=None).core()
+        crest_native.Core(cal.coef, cal.intercept, cal.prior, options, np.array([3], np.int64), None)
 
 
 def test_save_load_round_trip_and_refusals(tmp_path):
@@ -140,7 +136,7 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     cal.save(tmp_path / "c.json")
     back = Calibration.load(tmp_path / "c.json")
     assert np.array_equal(back.coef, cal.coef) and back.intercept == 0.25 and back.meta == {"fit_prompts": 3}
-    with pytest.raises(FileNotFoundError, match="calibrate.py"):
+    with pytest.raises(FileNotFoundError, match="python -m evaluation calibrate"):
         Calibration.load(tmp_path / "missing.json")
     raw = json.loads((tmp_path / "c.json").read_text())
     raw["features"], raw["coef"] = raw["features"][::-1], raw["coef"][::-1]  # the same weights, listed otherwise
@@ -156,34 +152,11 @@ def test_save_load_round_trip_and_refusals(tmp_path):
         Calibration.load(tmp_path / "extra.json")
 
 
-def test_a_calibration_weighs_the_heads_only_when_fitted_with_them(tmp_path):
-    """A file without the heads' block (the merged drafter's) loads with their weights 0 and refuses a drafter that
-    uses them; half a block is an error that names the missing feature; weights for a source not weighed are
-    refused at construction."""
-    retrieval = Calibration.load(DEFAULT_PATH)
-    assert retrieval.sources == ("ds", "live", "local", "outputs")
-    assert not any(retrieval.coef[F[n]] for n in FEATURES if n.startswith("heads_"))
-    assert retrieval.to_json()["features"] == json.loads(DEFAULT_PATH.read_text())["features"]  # saved as it was
-    heads = Calibration.load(HEADS_PATH)
-    assert heads.sources == SOURCES and heads.meta["heads"]["name"] == "s4c"
-    raw = heads.to_json()
-    half_block = {**raw, "features": [f for f in raw["features"] if f != "heads_top"],
-                  "coef": [c for f, c in zip(raw["features"], raw["coef"]) if f != "heads_top"]}
-    (tmp_path / "half.json").write_text(json.dumps(half_block))
-    with pytest.raises(ValueError, match="no weight for feature 'heads_top'"):
-        Calibration.load(tmp_path / "half.json")
-    with pytest.raises(ValueError, match="non-zero weights for another source"):
-        Calibration(heads.coef, 0.0)  # the heads' weights under a retrieval-only calibration
-    for name in ("spec_bench", "humaneval"):
-        rep = heads.meta["report"][name]
-        assert rep["ece_calibrated"] < rep["ece_count_ratio"] and rep["prompts"] > 0
-    # a node the heads give probability 0.9 (their top token) beats one they give 0.1
-    likely = np.zeros(len(FEATURES))
-    likely[[F["heads_on"], F["heads_prob"], F["heads_log_prob"], F["heads_path_prob"], F["heads_top"]]] = [
-        1, 0.9, np.log(0.9), 0.9, 1]
-    unlikely = likely.copy()
-    unlikely[[F["heads_prob"], F["heads_log_prob"], F["heads_path_prob"], F["heads_top"]]] = [0.1, np.log(0.1), 0.1, 0]
-    assert conditional(heads, likely[None])[0] > conditional(heads, unlikely[None])[0]
+def test_a_calibration_refuses_a_source_it_does_not_weigh():
+    """A calibration weighs the retrieval sources; one over an unknown source is refused, naming it."""
+    with pytest.raises(ValueError, match="sources="):
+        Calibration(np.zeros(len(FEATURES)), 0.0, sources=("ds", "live", "local", "outputs", "heads"))
+    assert Calibration.load(DEFAULT_PATH).sources == SOURCES
 
 
 def test_shipped_calibration_was_fitted_on_one_half_and_reported_on_the_other(tokenizer):
@@ -219,7 +192,7 @@ def test_calibrated_back_off_drafts_are_lossless(target, eval_prompts, chat_data
 
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url))
-    service = DraftingService(MergedMethod(source, vocab_size=len(tokenizer)), vocab_size=len(tokenizer))
+    service = DraftingService(source, vocab_size=len(tokenizer))
     saved = 0
     try:
         for p in eval_prompts:
@@ -244,8 +217,7 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
     cal = Calibration.load()
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url))
-    service = DraftingService(MergedMethod(source, vocab_size=len(tokenizer), outputs_bytes=0),
-                              vocab_size=len(tokenizer))
+    service = DraftingService(source, vocab_size=len(tokenizer), outputs_bytes=0)
     differs = 0
     try:
         for p in eval_prompts:
@@ -256,13 +228,13 @@ def test_service_backs_off_for_large_trees_only(eval_prompts, chat_datastore, da
                 own.extend(ids[:cut])
                 cands = source.candidates_batch([ids[:cut]])[0]
                 for budget, chain, pool in ((64, False, cands), (8, False, cands[:1]), (64, True, cands[:1])):
-                    got = service.propose([("r", budget)], chain=chain)[0]
+                    got = service.step(["r"], [budget], chain=chain).drafts[0]
                     want, _ = draft_from_candidates(cal, pool, {"local": own.match(max(budget, MATCH_NODES))}, budget,
                                                     chain=chain)
                     assert got.token_ids.tolist() == want.token_ids.tolist()
                     assert got.scores.tobytes() == want.scores.tobytes()
                 longest, _ = draft_from_candidates(cal, cands[:1], {"local": own.match(MATCH_NODES)}, 64)
-                differs += longest.token_ids.tolist() != service.propose([("r", 64)])[0].token_ids.tolist()
+                differs += longest.token_ids.tolist() != service.step(["r"], [64]).drafts[0].token_ids.tolist()
                 service.stop_request("r")
     finally:
         source.close()
@@ -283,19 +255,18 @@ def test_a_drafter_for_another_tokenizer_drops_the_token_term(chat_datastore, da
                       token_bias=TokenBias(np.array([5]), np.array([1.0]), tokenizer_fingerprint(tokenizer)))
     other = copy.deepcopy(tokenizer)
     other.add_tokens(["<crest-test-token>"])
-    with caplog.at_level(logging.WARNING, logger="drafting.merged"):
-        mine = MergedMethod.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, live=False,
-                                 calibration=cal, replicas=False)
-        assert mine.calibration is cal and not [r for r in caplog.records if r.name == "drafting.merged"]
-        theirs = MergedMethod.open(chat_datastore, tokenizer=other, database_url=database_url, live=False,
-                                   calibration=cal, replicas=False)
+    with caplog.at_level(logging.WARNING, logger="drafting.service"):
+        mine = DraftingService.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, live=False,
+                                    calibration=cal, replicas=False)
+        assert mine.calibration is cal and not [r for r in caplog.records if r.name == "drafting.service"]
+        theirs = DraftingService.open(chat_datastore, tokenizer=other, database_url=database_url, live=False,
+                                      calibration=cal, replicas=False)
     try:
         assert theirs.calibration.token_bias is None and np.array_equal(theirs.calibration.coef, cal.coef)
-        kept = mine.core_settings().token_ids
-        assert theirs.core_settings().token_ids is None and kept is not None and kept.tolist() == [5]
-        assert [r.getMessage() for r in caplog.records if r.name == "drafting.merged"] == [
+        assert mine.calibration.token_bias is not None and mine.calibration.token_bias.tokens.tolist() == [5]
+        assert [r.getMessage() for r in caplog.records if r.name == "drafting.service"] == [
             "the calibration's token term was fitted for another tokenizer: drafting without it (fit one for yours "
-            "with benchmarks/calibrate.py)"]
+            "with python -m evaluation calibrate)"]
     finally:
         mine.close()
         theirs.close()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from datastore.shared import SharedDatastore
-from drafting import DatastoreSource, DraftingService, MergedMethod
+from drafting import DatastoreSource, DraftingService
 
 VOCAB = 49_152
 
@@ -25,7 +25,7 @@ def _child(service: DraftingService, batch, want, direct: SharedDatastore) -> in
     direct.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        got = [d.token_ids.tolist() for d in service.propose(batch)]
+        got = [d.token_ids.tolist() for d in service.step(*batch).drafts]
         if got == want:
             return 0
         time.sleep(0.05)
@@ -40,7 +40,7 @@ def test_a_child_forked_while_a_thread_drafts_drafts_and_leaves_the_parent_alone
                                                           database_url=database_url,
                                                           replicas=tmp_path if replicas else False),
                              reopen_in_background=True)
-    service = DraftingService(MergedMethod(source, vocab_size=VOCAB), vocab_size=VOCAB)
+    service = DraftingService(source, vocab_size=VOCAB)
     direct = SharedDatastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url, replicas=False,
                                   listen=False, cache_bytes=0)  # every lookup a query on its pooled connection
     contexts = [list(map(int, p.token_ids[:30])) for p in eval_prompts]
@@ -52,15 +52,15 @@ def test_a_child_forked_while_a_thread_drafts_drafts_and_leaves_the_parent_alone
             assert client.replicas.wait_ready(60)
         for i, p in enumerate(eval_prompts):
             service.start_request(i, np.asarray(p.token_ids[:40]))
-        batch = [(i, 16) for i in range(len(eval_prompts))]
-        want = [d.token_ids.tolist() for d in service.propose(batch)]
+        batch = (list(range(len(eval_prompts))), [16] * len(eval_prompts))
+        want = [d.token_ids.tolist() for d in service.step(*batch).drafts]
         assert any(want)
         stop = threading.Event()
         steps = [0]
 
         def drafting() -> None:
             while not stop.is_set():
-                service.propose(batch)
+                service.step(*batch)
                 steps[0] += 1
 
         thread = threading.Thread(target=drafting)
@@ -90,7 +90,7 @@ def test_a_child_forked_while_a_thread_drafts_drafts_and_leaves_the_parent_alone
             stop.set()
             thread.join()
         assert steps[0] > 0
-        assert [d.token_ids.tolist() for d in service.propose(batch)] == want  # the parent's session is intact
+        assert [d.token_ids.tolist() for d in service.step(*batch).drafts] == want  # the parent's session is intact
         assert not source.faults, source.faults
         again = direct.lookup_batch(contexts)  # the children closed their copies: the parent's session is intact
         assert [m and m.tree.token_ids.tolist() for m in again] == [m and m.tree.token_ids.tolist() for m in found]

@@ -13,15 +13,10 @@ import crest_native
 from datastore.tree import Match
 from drafting.calibration import FEATURES, Calibration, TokenBias
 from drafting.draft import CostCurve
-from drafting.method import CoreSettings
 from oracle.core import CONTEXT_TOKENS, MATCH_NODES, PythonCore
-from support import random_head_tree, random_tree
+from support import given_trees, native_core, native_extend, native_step, random_tree
 
 DEFAULTS = crest_native.DEFAULTS
-
-
-def native_core(cal: Calibration, outputs_bytes: int, sources=crest_native.SOURCES) -> crest_native.Core:
-    return CoreSettings.of(cal, {"local_depth": 16, "outputs_bytes": outputs_bytes, "sources": list(sources)}).core()
 
 
 def test_the_oracle_uses_the_native_defaults():
@@ -43,14 +38,10 @@ def same_bits(want, got) -> None:
     assert sources is not None and np.array_equal(want.sources, sources), (want.sources, sources)
 
 
-def heads_tree(t):
-    return None if t is None else t.native()
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.booleans(), st.sampled_from([0.0, 0.05, 0.3]),
        st.sampled_from([0, 600, 1 << 20]),
-       st.sampled_from([crest_native.SOURCES, ("ds",), ("live", "local"), ("ds", "heads"), ("heads",)]))
+       st.sampled_from([crest_native.SOURCES, ("ds",), ("live", "local"), ("local", "outputs")]))
 def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outputs_bytes, sources):
     rng = np.random.default_rng(seed)
     vocab = 2 + vocab_bits * 3
@@ -58,7 +49,8 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
     term = TokenBias(biased, rng.normal(scale=1.5, size=len(biased)), "random") if rng.random() < 0.7 else None
     cal = Calibration(rng.normal(scale=0.7, size=len(FEATURES)), float(rng.normal()), float(rng.choice([0.0, 1.0])),
                       sources=crest_native.SOURCES, token_bias=term)
-    oracle, native = PythonCore(cal, outputs_bytes, sources=sources), native_core(cal, outputs_bytes, sources)
+    oracle = PythonCore(cal, outputs_bytes, sources=sources)
+    native = native_core(calibration=cal, outputs_bytes=outputs_bytes, sources=sources, local_depth=16)
     active: list[int] = []
     handles: dict[int, int] = {}
     for step in range(40):
@@ -86,20 +78,18 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
             # the live layer's delta: a shorter, an equal or a longer match than the main build's (summed when equal)
             delta = [Match(tuple(range(int(rng.integers(1, 4)))), random_tree(rng, vocab, int(rng.integers(0, 20))))
                      if rng.random() < 0.4 else None for _ in active]
-            heads = [random_head_tree(rng, vocab, int(rng.integers(0, 16))) if rng.random() < 0.6 else None
-                     for _ in active]
-            want = oracle.draft(active, budgets, stored, live, chain, min_score, heads, delta)
+            want = oracle.draft(active, budgets, stored, live, chain, min_score, delta)
             curve = None
             if chain and rng.random() < 0.5:  # an engine's step-cost curve: a knee at a random batch size
                 knee, fixed = float(rng.integers(2, 3 * len(active) + 3)), float(rng.uniform(0.01, 0.03))
                 curve = CostCurve(np.array([1.0, knee, knee + 1.0]), np.array([fixed, fixed, fixed * 1.2]),
                                   float(rng.uniform(0.0, 0.01)))
             kept = oracle.cut_to_curve(active, [d for d, _ in want], curve) if curve else [len(d) for d, _ in want]
-            tokens, parents, scores, offsets, chosen, sources = native.draft_given(
-                np.asarray([handles[k] for k in active], np.int64), np.asarray(budgets, np.int64),
-                [[tree(m) for m in c] for c in stored], [tree(m) for m in live],
-                [heads_tree(t) if t is not None and len(t) else None for t in heads], chain, min_score, curve,
-                [tree(m) for m in delta])
+            made = native_step(native, [handles[k] for k in active], budgets,
+                               given_trees([[tree(m) for m in c] for c in stored], [tree(m) for m in live],
+                                           [tree(m) for m in delta]), chain=chain, min_score=min_score, curve=curve)
+            tokens, parents, scores, offsets, chosen, sources = (made.tokens, made.parents, made.scores, made.offsets,
+                                                                 made.chosen, made.sources)
             for j, (draft, c) in enumerate(want):
                 s, e, n = offsets[j], offsets[j + 1], kept[j]
                 assert draft.sources is not None
@@ -117,47 +107,53 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
                         path.append(int(draft.parents[path[-1]]))
                     toks = draft.token_ids[path[::-1][:int(rng.integers(0, len(path) + 1))]].tolist() + toks[:1]
                 oracle.extend(key, toks)
-                native.extend(handles[key], np.asarray(toks, np.uint32))
+                native_extend(native, handles[key], toks)
                 assert native.acceptance(handles[key]) == oracle.acceptance(key)  # the engine's verdicts, bit for bit
     info = native.outputs_info()
     o = oracle.outputs
-    assert (info["outputs"], info["bytes"], info["evictions"]) == (o.num_outputs, o.nbytes, o.evictions)
+    assert (info.outputs, info.bytes, info.evictions) == (o.num_outputs, o.nbytes, o.evictions)
 
 
 def test_the_native_features_are_the_calibrations_by_name():
-    assert crest_native.FEATURES == FEATURES and len(FEATURES) == 5 * 6 + 2
+    assert crest_native.FEATURES == FEATURES and len(FEATURES) == 4 * 6 + 2
     assert FEATURES[:2] == ("ds_on", "ds_ratio") and FEATURES[-2:] == ("agree", "log_depth")
-    assert FEATURES[24:30] == ("heads_on", "heads_prob", "heads_log_prob", "heads_path_prob", "heads_top", "heads_miss")
-    assert crest_native.SOURCES == ("ds", "live", "local", "outputs", "heads")
+    assert FEATURES[18:24] == ("outputs_on", "outputs_ratio", "outputs_log_parent", "outputs_ratio_x_log_parent",
+                               "outputs_log_n", "outputs_miss")
+    assert crest_native.SOURCES == ("ds", "live", "local", "outputs")
 
 
 def test_native_core_refuses_bad_settings_and_stale_handles():
-    """The core trusts its callers' token ids (drafting.door checks them), but refuses settings it cannot draft with,
-    and a handle whose request stopped (its slot may be reused: the generation tells them apart)."""
+    """The core refuses settings it cannot draft with, naming them, and a handle whose request stopped (its slot may be
+    reused: the generation tells them apart)."""
     cal = Calibration(np.zeros(len(FEATURES)), 0.0)
+    options = crest_native.Options()
     with pytest.raises(ValueError, match="unknown source 'corpus'"):
-        native_core(cal, 0, ["ds", "corpus"])
-    for bad in ({"outputs_bytes": -1}, {"back_off_min_budget": -1}, {"match_nodes": 0}, {"match_nodez": 64}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
+        options.sources = ["ds", "corpus"]
+    for name, value in (("back_off_min_budget", -1), ("match_nodes", 0), ("local_depth", 0), ("max_tokens", -1)):
+        bad = crest_native.Options()
+        setattr(bad, name, value)
+        with pytest.raises(ValueError, match="back_off_min_budget and max_tokens >= 0"):
             crest_native.Core(cal.coef, cal.intercept, cal.prior, bad)
-    for wrong in ({"local_depth": 16.0}, {"outputs_bytes": True}):
-        with pytest.raises(TypeError, match=f"{next(iter(wrong))} must be an int"):
-            crest_native.Core(cal.coef, cal.intercept, cal.prior, wrong)
-    crest_native.Core(cal.coef, cal.intercept, cal.prior, dict(crest_native.DEFAULTS))  # every default, by keyword
-    core = native_core(cal, 0)
+    with pytest.raises(TypeError):
+        options.outputs_bytes = -1  # a byte count
+    with pytest.raises(AttributeError):
+        options.match_nodez = 64  # type: ignore[attr-defined]
+    assert sorted(DEFAULTS) == sorted(crest_native.Options.names)
+    core = native_core(calibration=cal, outputs_bytes=0)
     a = core.start(np.array([5, 6], np.uint32))
     assert core.active(a) and core.count(a) == 2 and core.tokens(a, 1).tolist() == [6] and len(core) == 1
     assert core.stop(a).tolist() == [] and core.stop(a) is None and not core.active(a) and len(core) == 0
     b = core.start(np.array([7], np.uint32))  # b reuses a's slot, a is still refused
     assert b != a and core.active(b) and not core.active(a) and core.count(a) == 0
-    with pytest.raises(IndexError, match="not active"):
-        core.extend(a, np.array([5], np.uint32))
-    empty = core.draft_given(np.array([a, b], np.int64), np.array([4, 4], np.int64), [[], []], [None, None], None,
-                             False, 0.0)
-    assert empty[3].tolist()[:2] == [0, 0]  # a's row: no draft
+    made = native_step(core, [a], [0], given_trees([[]]), appended=[[5]])
+    assert made.followed == [False] and not made.drafted  # a stale handle follows nothing
+    empty = native_step(core, [a, b], [4, 4], given_trees([[], []]))
+    assert empty.offsets.tolist()[:2] == [0, 0] and empty.inactive == 1  # a's row: no draft
     for lengths in ([2, 2], [-1, 4], [1]):  # outputs from elsewhere whose lengths do not lay out the tokens given
         with pytest.raises(ValueError, match="add_outputs"):
             core.add_outputs(np.arange(3, dtype=np.uint32), np.asarray(lengths, np.int64))
+    with pytest.raises(ValueError, match="pass token_ids and token_bias together"):
+        crest_native.Core(cal.coef, cal.intercept, cal.prior, options, np.arange(2), None)
 
 
 @pytest.mark.parametrize("chain", [True, False])
@@ -169,23 +165,22 @@ def test_a_context_length_cuts_each_draft_to_what_fits(chain):
     max_tokens, budget = 64, 6
     cycle = [17, 4, 99, 23, 8, 61, 5]  # a request repeating itself: its own automaton drafts `budget` nodes
     counts = [max_tokens - 3, max_tokens - 1, max_tokens + 5, 20]  # 2 fit, none, none (past the end), all
-    options = {"local_depth": 16, "outputs_bytes": 0}
-    bounded = CoreSettings.of(cal, options | {"max_tokens": max_tokens}).core()
-    free = CoreSettings.of(cal, options).core()
+    bounded = native_core(calibration=cal, outputs_bytes=0, max_tokens=max_tokens)
+    free = native_core(calibration=cal, outputs_bytes=0)
 
     def drafts(core, budgets):
-        handles = np.array([core.start(np.array((cycle * 20)[:n], np.uint32)) for n in counts], np.int64)
-        tokens, parents, scores, offsets, _, sources = core.draft_given(
-            handles, np.asarray(budgets, np.int64), [[] for _ in counts], [None] * len(counts), None, chain, 0.0)
-        return [(tokens[a:b].tolist(), parents[a:b].tolist(), scores[a:b].tolist(), sources[a:b].tolist())
-                for a, b in zip(offsets[:-1], offsets[1:])]
+        handles = [core.start(np.array((cycle * 20)[:n], np.uint32)) for n in counts]
+        made = native_step(core, handles, budgets, given_trees([[] for _ in counts]), chain=chain)
+        o = made.offsets.tolist()
+        return [(made.tokens[a:b].tolist(), made.parents[a:b].tolist(), made.scores[a:b].tolist(),
+                 made.sources[a:b].tolist()) for a, b in zip(o, o[1:])]
 
     fits = [min(budget, max(0, max_tokens - 1 - n)) for n in counts]
     assert fits == [2, 0, 0, budget]
     got, want = drafts(bounded, [budget] * len(counts)), drafts(free, fits)
     assert got == want and [len(d[0]) for d in got] == fits
     with pytest.raises(ValueError, match="max_tokens"):
-        crest_native.Core(cal.coef, cal.intercept, cal.prior, {"max_tokens": -1})
+        native_core(calibration=cal, max_tokens=-1)
 
 
 @pytest.mark.parametrize("chain", [True, False])
@@ -196,15 +191,14 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
     by the oracle core given the same lookups: the same drafts at every step, and the same output index after every
     request (both learn each finished output)."""
     from datastore.shared import SharedDatastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting import DatastoreSource, DraftingService
     from evaluation.prompts import load_prompts
 
     prompts = load_prompts("spec_bench", tokenizer, limit=1) + load_prompts("humaneval", tokenizer, limit=6)
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url, replicas=False))
-    method = MergedMethod(source, vocab_size=len(tokenizer))
-    service = DraftingService(method, vocab_size=len(tokenizer))
-    oracle = PythonCore(method.calibration, DEFAULTS["outputs_bytes"])
+    service = DraftingService(source, vocab_size=len(tokenizer))
+    oracle = PythonCore(service.calibration, DEFAULTS["outputs_bytes"])
     compared = nonempty = 0
     try:
         for i, p in enumerate(prompts):
@@ -212,9 +206,10 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
             cut = max(4, len(ids) // 2)
             service.start_request(i, ids[:cut])
             oracle.start(i, ids[:cut])
+            new: list[int] = []
             for pos in range(cut, len(ids), 3):
                 budget = (3, 8, 40)[pos % 3]
-                got = service.propose([(i, budget)], chain=chain, min_score=0.05)[0]
+                got = service.step([i], [budget], tokens=[new], chain=chain, min_score=0.05).drafts[0]
                 back_off = not chain and budget >= DEFAULTS["back_off_min_budget"]
                 found = source.retrieve_batch([ids[:pos][-16:]], [back_off])[0]
                 cands = found.candidates if back_off else found.candidates[:1]
@@ -222,8 +217,9 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
                 same_bits(want, (got.token_ids, got.parents, got.scores, got.sources))
                 compared += 1
                 nonempty += len(got) > 0
-                service.add_tokens(i, ids[pos:pos + 3])
-                oracle.extend(i, ids[pos:pos + 3])
+                new = ids[pos:pos + 3]
+                oracle.extend(i, new)
+            service.step([i], [0], tokens=[new])
             service.stop_request(i)
             oracle.stop(i)
             info = service.outputs_info()

@@ -15,7 +15,7 @@ from datastore.admin.catalog import datastore_stats, drop_datastore
 from datastore.admin.grants import grant_reader
 from datastore.admin.writer import DatastoreWriter
 from decoder import greedy_generate, speculative_generate
-from drafting import DatastoreSource, Drafter, DraftingService, MergedMethod
+from drafting import DatastoreSource, Drafter, DraftingService
 from support import UNREACHABLE, build_small
 
 MAX_NEW = 20
@@ -26,17 +26,15 @@ class _FaultAfter:
 
     def __init__(self, inner: DraftingService, fault, after: int = 3) -> None:
         self.inner, self.fault, self.after, self.calls = inner, fault, after, 0
-        self.name, self.score_kind, self.hidden_states = inner.name, inner.score_kind, inner.hidden_states
-        self.start_request, self.add_tokens, self.stop_request, self.config = (inner.start_request, inner.add_tokens,
-                                                                               inner.stop_request, inner.config)
-        self.add_hidden_states, self.step_seconds, self.close = (inner.add_hidden_states, inner.step_seconds,
-                                                                 inner.close)
+        self.name = inner.name
+        self.start_request, self.stop_request, self.config, self.close = (inner.start_request, inner.stop_request,
+                                                                          inner.config, inner.close)
 
-    def propose(self, batch, *, chain=False, min_score=None):
+    def step(self, requests, budgets, **kw):
         self.calls += 1
         if self.calls == self.after:
             self.fault()
-        return self.inner.propose(batch, chain=chain, min_score=min_score)
+        return self.inner.step(requests, budgets, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +54,7 @@ def _warnings(caplog) -> list[str]:
 
 def _decode(target, prompt, source, fault=None):
     vocab = len(target.tokenizer)
-    service = DraftingService(MergedMethod(source, vocab_size=vocab), vocab_size=vocab)
+    service = DraftingService(source, vocab_size=vocab)
     drafter: Drafter = service if fault is None else _FaultAfter(service, fault)
     return speculative_generate(target, prompt.token_ids, drafter, max_new_tokens=MAX_NEW, budget=8).output_ids
 

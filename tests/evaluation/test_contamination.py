@@ -29,7 +29,8 @@ def leaky_corpus(tmp_path) -> tuple[Path, str]:
 
 
 def test_a_contaminated_datastore_is_refused(database_url, ds_name, leaky_corpus, tokenizer):
-    """The build records the screen; the gate and ``python -m evaluation replay`` refuse to score HumanEval on it,
+    """The build records the screen; the gate and ``python -m research.hf_bench replay`` refuse to score HumanEval on
+    it,
     naming the item and the file; Spec-Bench, which it does not hold, is scored."""
     from evaluation import Contaminated, require_clean
     from evaluation.prompts import load_prompts

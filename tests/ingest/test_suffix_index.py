@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from research.study.corpus import prefix_end
 
 from drafting import DatastoreSource, DraftingService
 from drafting.drafters import Retrieval
@@ -13,7 +14,6 @@ from evaluation.simulate import replay
 from ingest.continuations import SEPARATOR
 from ingest.suffix_index import RestParams, SuffixIndex
 from oracle.ingest import rest_retrieve, tree_paths
-from study.corpus import prefix_end
 from support import run_module
 
 
@@ -101,7 +101,7 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
 @given(docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=5),
        query=st.lists(st.integers(0, 4), min_size=0, max_size=12))
 def test_longest_run_matches_brute_force(docs, query):
-    from study.overlap import longest_run
+    from research.study.overlap import longest_run
 
 
     index = SuffixIndex.build(_stream(docs), vocab_size=5)

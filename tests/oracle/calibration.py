@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
@@ -17,7 +16,6 @@ from crest_native import FEATURES, SOURCES
 from datastore.tree import Match, TokenTree
 from drafting.calibration import Calibration
 from drafting.draft import Draft, ScoreKind
-from drafting.heads import HeadTree
 
 from . import treeops
 
@@ -50,33 +48,7 @@ def tree_columns(tree: TokenTree, prior: float) -> TreeColumns:
                        counts / (parent_count + prior), _elementwise(math.log1p, parent_count))
 
 
-@dataclass(frozen=True)
-class HeadColumns:
-    """The heads' tree's per-node columns (``csrc/features.cpp`` ``prob_block``)."""
-
-    tree: HeadTree
-    depths: np.ndarray
-    children: list = field(repr=False)
-    prob: np.ndarray = field(repr=False)
-    log_prob: np.ndarray = field(repr=False)
-    path_prob: np.ndarray = field(repr=False)
-    top: np.ndarray = field(repr=False)
-
-
-def head_columns(tree: HeadTree) -> HeadColumns:
-    par = tree.parents.astype(np.int64)
-    prob = tree.probs.astype(np.float64)
-    path = np.empty(len(prob))
-    best: dict[int, float] = {}
-    for i, (p, q) in enumerate(zip(par.tolist(), prob.tolist())):
-        path[i] = (1.0 if p < 0 else path[p]) * q
-        best[p] = max(best.get(p, -1.0), q)
-    top = np.array([q >= best[p] for p, q in zip(par.tolist(), prob.tolist())], dtype=np.float64)
-    return HeadColumns(tree, treeops.depths(par), treeops.children(tree.token_ids, par), prob,
-                       _elementwise(math.log, np.maximum(prob, 1e-6)), path, top)
-
-
-def _shape(c: TreeColumns | HeadColumns) -> tuple[np.ndarray, np.ndarray]:
+def _shape(c: TreeColumns) -> tuple[np.ndarray, np.ndarray]:
     t = c.tree
     return (t.token_ids, t.parents)
 
@@ -91,19 +63,14 @@ class NodeTable:
     features: np.ndarray
 
 
-def _columns(src: str, m: Match | HeadTree, prior: float) -> TreeColumns | HeadColumns:
-    return head_columns(m) if isinstance(m, HeadTree) else tree_columns(m.tree, prior)
-
-
-def node_table(matches: Mapping[str, Match | HeadTree | None], prior: float = 1.0) -> NodeTable | None:
-    """The union of the sources' matches (source name of ``SOURCES`` -> match; the ``heads`` source's is a
-    :class:`HeadTree`), with the features per node; ``None`` when no source has a node. Raises ``ValueError`` for a
-    source name the core does not know."""
+def node_table(matches: Mapping[str, Match | None], prior: float = 1.0) -> NodeTable | None:
+    """The union of the sources' matches (source name of ``SOURCES`` -> match), with the features per node; ``None``
+    when no source has a node. Raises ``ValueError`` for a source name the core does not know."""
     unknown = set(matches) - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}: node tables merge {SOURCES}")
-    parts = [(src, m, _columns(src, m, prior)) for src in SOURCES
-             if (m := matches.get(src)) is not None and len(m if isinstance(m, HeadTree) else m.tree)]
+    parts = [(src, m, tree_columns(m.tree, prior)) for src in SOURCES
+             if (m := matches.get(src)) is not None and len(m.tree)]
     if not parts:
         return None
     base = parts[0][2]
@@ -113,16 +80,10 @@ def node_table(matches: Mapping[str, Match | HeadTree | None], prior: float = 1.
     has_kids = np.zeros(n + 1, dtype=bool)  # slot 0: the root
     for (src, m, c), at in zip(parts, u.where):
         x[at, COLUMN[f"{src}_on"]] = 1.0
-        if isinstance(c, HeadColumns):
-            x[at, COLUMN[f"{src}_prob"]] = c.prob
-            x[at, COLUMN[f"{src}_log_prob"]] = c.log_prob
-            x[at, COLUMN[f"{src}_path_prob"]] = c.path_prob
-            x[at, COLUMN[f"{src}_top"]] = c.top
-        else:
-            x[at, COLUMN[f"{src}_ratio"]] = c.ratio
-            x[at, COLUMN[f"{src}_log_parent"]] = c.log_parent
-            x[at, COLUMN[f"{src}_ratio_x_log_parent"]] = c.ratio * c.log_parent
-            x[at, COLUMN[f"{src}_log_n"]] = math.log1p(len(cast(Match, m).ngram))
+        x[at, COLUMN[f"{src}_ratio"]] = c.ratio
+        x[at, COLUMN[f"{src}_log_parent"]] = c.log_parent
+        x[at, COLUMN[f"{src}_ratio_x_log_parent"]] = c.ratio * c.log_parent
+        x[at, COLUMN[f"{src}_log_n"]] = math.log1p(len(m.ngram))
         has_kids[:] = False
         has_kids[u.parents[at] + 1] = True
         on = x[:, COLUMN[f"{src}_on"]] > 0
@@ -166,7 +127,7 @@ def holders(table: NodeTable) -> np.ndarray:
 
 
 def draft_from_candidates(cal: Calibration, candidates: Sequence[Match | None],
-                          others: Mapping[str, Match | HeadTree | None],
+                          others: Mapping[str, Match | None],
                           budget: int, *, chain: bool = False, min_score: float = 0.0) -> tuple[Draft, int]:
     """The calibrated draft, backing off among the datastore's candidates (longest first): the one whose union with
     ``others`` gives the largest expected accepted length. Returns ``(draft, chosen)`` (-1: no candidate)."""

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datastore.tree import Match
 from drafting.calibration import Calibration
 from drafting.draft import Draft
-from drafting.heads import HeadTree
 
 from . import feedback, goodput
 from .calibration import draft_from_candidates
@@ -65,7 +64,7 @@ class PythonCore:
         """The request's acceptance ratio (``feedback.acceptance_ratio``)."""
         return feedback.acceptance_ratio(self.requests[key].verdicts, self.verdicts)
 
-    def cut_to_curve(self, keys: Sequence, chains: Sequence[Draft], curve: tuple) -> list[int]:
+    def cut_to_curve(self, keys: Sequence, chains: Sequence[Draft], curve) -> list[int]:
         """How many of each chain's tokens the goodput cut keeps, each request's scores discounted by its ratio."""
         discounted = [feedback.discount_chain(d.scores.tolist(), self.acceptance(k)) for k, d in zip(keys, chains)]
         keep = goodput.goodput_keep([s for row in discounted for s in row], len(keys), curve)
@@ -83,16 +82,13 @@ class PythonCore:
 
     def draft(self, keys: Sequence, budgets: Sequence[int], stored: Sequence[Sequence[Match]],
               live: Sequence[Match | None], chain: bool, min_score: float,
-              heads: Sequence[HeadTree | None] | None = None,
               delta: Sequence[Match | None] | None = None) -> list[tuple[Draft, int]]:
         out = []
         deltas = delta or [None] * len(keys)
-        for key, budget, cands, live_match, tree, delta_match in zip(keys, budgets, stored, live,
-                                                                     heads or [None] * len(keys), deltas):
+        for key, budget, cands, live_match, delta_match in zip(keys, budgets, stored, live, deltas):
             r = self.requests[key]
             nodes = max(budget, MATCH_NODES)
             others = {"live": live_layer(live_match, delta_match) if "live" in self.sources else None,
-                      "heads": tree if "heads" in self.sources else None,
                       "local": r.local.match(nodes) if "local" in self.sources else None,
                       "outputs": self.outputs.match(r.tokens[-CONTEXT_TOKENS:], nodes)
                       if "outputs" in self.sources else None}

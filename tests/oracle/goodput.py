@@ -18,11 +18,12 @@ def curve_at(tokens: Sequence[float], seconds: Sequence[float], tail: float, n: 
     return (seconds[j + 1] - seconds[j]) / (tokens[j + 1] - tokens[j]) * (n - tokens[j]) + seconds[j]
 
 
-def goodput_keep(scores: Sequence[float], rows: int, curve: tuple) -> list[bool]:
+def goodput_keep(scores: Sequence[float], rows: int, curve) -> list[bool]:
     """The ``n`` best scores (score desc, then position) maximising ``(rows + their sum) / T(rows + n)``, ``T`` plus
-    the curve's ``draft_s`` once when ``n >= 1``, the fewest on a tie: ``[len(scores)]`` whether each is kept."""
-    tokens, seconds, tail = [float(t) for t in curve[0]], [float(s) for s in curve[1]], float(curve[2])
-    jump = float(curve[3])
+    the curve's ``draft_s`` once when ``n >= 1``, the fewest on a tie: ``[len(scores)]`` whether each is kept.
+    ``curve``: a :class:`drafting.CostCurve`."""
+    tokens, seconds = [float(t) for t in curve.tokens], [float(s) for s in curve.seconds]
+    tail, jump = float(curve.tail), float(curve.draft_s)
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     best, best_value, gained = 0, rows / curve_at(tokens, seconds, tail, rows), float(rows)
     for n in range(1, len(scores) + 1):

@@ -10,7 +10,7 @@ time linear in the context, and its continuations come with their counts across 
 An automaton cannot forget one sequence, so the index evicts in halves: when its size passes ``max_bytes``
 it keeps the newest outputs that fit in half the bound and rebuilds from them (each output is rebuilt at
 most about once more, so the cost per token stays constant). The shared live layer in Postgres
-(:mod:`datastore.live`: every process's outputs, compacted) sits on top of this one.
+(:mod:`live`: every process's outputs, compacted) sits on top of this one.
 
 The Python oracle of the native core's index (``csrc/output_index.cpp``): both evict at the same moments and build
 the same states, so their drafts are identical.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from drafting import DraftingService, MergedMethod
+from drafting import DraftingService
 from serving.rows import RowTracker
 
 VOCAB = 49_152
@@ -15,7 +15,7 @@ WIDTH = 700
 
 
 def _service() -> DraftingService:
-    return DraftingService(MergedMethod(None, outputs_bytes=0), vocab_size=VOCAB)
+    return DraftingService(None, vocab_size=VOCAB, outputs_bytes=0)
 
 
 def _seq(seed: int, n: int) -> np.ndarray:
@@ -39,7 +39,7 @@ class Batch:
 
 
 def _drafts(service: DraftingService, ids: list, budget: int = 4) -> list[list[int]]:
-    return [d.token_ids.tolist() for d in service.propose([(r, budget) for r in ids], chain=True)]
+    return [d.token_ids.tolist() for d in service.step(ids, [budget] * len(ids), chain=True).drafts]
 
 
 def _fresh_drafts(seqs: list[np.ndarray], budget: int = 4) -> list[list[int]]:

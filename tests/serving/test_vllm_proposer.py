@@ -97,7 +97,7 @@ def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, o
 
 def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, ours):
     """The proposer's own compactor builds the live layer from the earlier rounds' outputs once vLLM idles (on the
-    CPU platform a compaction waits for the engine's idle spell: drafting.WhenEngineIdle); the round after drafts from
+    CPU platform a compaction waits for the engine's idle spell: live.WhenEngineIdle); the round after drafts from
     it, and is vLLM's greedy output token for token."""
     got = ours["after_live"]
     assert got["outputs"] == plain_vllm
@@ -120,75 +120,6 @@ def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, ours):
     assert counts["accepted"] > 0.15 * counts["tokens_proposed"], counts
 
 
-def test_proposer_settings_from_the_environment(monkeypatch):
-    from serving.vllm_proposer import ProposerConfig
-
-    for var in ("CREST_LIVE", "CREST_LIVE_URL", "CREST_ADAPTIVE", "CREST_MIN_SCORE", "CREST_OUTPUTS_MB",
-                "CREST_OUTPUTS_SHARED"):
-        monkeypatch.delenv(var, raising=False)
-    cfg = ProposerConfig.from_env()
-    assert cfg.live and cfg.live_url is None and cfg.min_score == 0.1  # both output layers on by default
-    assert cfg.outputs_mb == 64.0 and cfg.adaptive and cfg.outputs_shared  # the index learns the fleet's outputs
-    monkeypatch.setenv("CREST_OUTPUTS_SHARED", "0")
-    assert not ProposerConfig.from_env().outputs_shared
-    monkeypatch.setenv("CREST_OUTPUTS_SHARED", "some")
-    with pytest.raises(ValueError, match="CREST_OUTPUTS_SHARED='some': must be 0 or 1"):
-        ProposerConfig.from_env()
-    monkeypatch.delenv("CREST_OUTPUTS_SHARED")
-    monkeypatch.setenv("CREST_LIVE", "0")
-    monkeypatch.setenv("CREST_LIVE_URL", "postgresql://writer@127.0.0.1/test")
-    monkeypatch.setenv("CREST_OUTPUTS_MB", "0")
-    cfg = ProposerConfig.from_env()
-    assert not cfg.live and cfg.live_url == "postgresql://writer@127.0.0.1/test" and cfg.outputs_mb == 0
-    monkeypatch.setenv("CREST_OUTPUTS_MB", "-1")
-    with pytest.raises(ValueError, match="CREST_OUTPUTS_MB=-1.0: must be >= 0"):
-        ProposerConfig.from_env()
-    monkeypatch.delenv("CREST_OUTPUTS_MB")
-    monkeypatch.setenv("CREST_LIVE", "yes")
-    with pytest.raises(ValueError, match="CREST_LIVE='yes': must be 0 or 1"):
-        ProposerConfig.from_env()
-    monkeypatch.setenv("CREST_LIVE", "0")
-    monkeypatch.setenv("CREST_MIN_SCORE", "1.5")
-    with pytest.raises(ValueError, match="CREST_MIN_SCORE=1.5: must be"):
-        ProposerConfig.from_env()
-
-
-def test_compaction_settings_from_the_environment(monkeypatch):
-    from drafting import CompactionPolicy
-    from serving.vllm_proposer import ProposerConfig
-
-    for var in ("CREST_COMPACT", "CREST_COMPACT_URL", "CREST_COMPACT_OUTPUTS", "CREST_COMPACT_AFTER_S",
-                "CREST_COMPACT_IDLE_S", "CREST_COMPACT_GAP_S", "CREST_COMPACT_FOLD_TOKENS", "CREST_LIVE_TOP_T",
-                "CREST_LIVE_MAX_BYTES"):
-        monkeypatch.delenv(var, raising=False)
-    cfg = ProposerConfig.from_env()
-    assert cfg.compaction == CompactionPolicy() and cfg.compact_url is None  # on by default: no cron job needed
-    monkeypatch.setenv("CREST_COMPACT_OUTPUTS", "8")
-    monkeypatch.setenv("CREST_COMPACT_AFTER_S", "0.5")
-    monkeypatch.setenv("CREST_LIVE_TOP_T", "1000")
-    monkeypatch.setenv("CREST_COMPACT_FOLD_TOKENS", "0")
-    monkeypatch.setenv("CREST_COMPACT_URL", "postgresql://owner@127.0.0.1/test")
-    cfg = ProposerConfig.from_env()
-    assert cfg.compaction is not None and (cfg.compaction.outputs, cfg.compaction.after_s, cfg.compaction.top_t,
-                                           cfg.compaction.fold_tokens) == (8, 0.5, 1000, 0)
-    assert cfg.compact_url == "postgresql://owner@127.0.0.1/test"
-    monkeypatch.setenv("CREST_COMPACT_GAP_S", "-2")
-    with pytest.raises(ValueError, match="CREST_COMPACT_GAP_S=-2.0: must be >= 0"):
-        ProposerConfig.from_env()
-    monkeypatch.setenv("CREST_COMPACT_OUTPUTS", "lots")
-    with pytest.raises(ValueError, match="CREST_COMPACT_OUTPUTS='lots' is not a whole number"):
-        ProposerConfig.from_env()
-    monkeypatch.setenv("CREST_COMPACT", "0")
-    assert ProposerConfig.from_env().compaction is None
-    monkeypatch.delenv("CREST_COMPACT_IDLE_S", raising=False)
-    assert ProposerConfig.from_env().compact_idle_s is None  # the engine's platform decides: 1 s on a CPU, else 0
-    monkeypatch.setenv("CREST_COMPACT_IDLE_S", "0")
-    assert ProposerConfig.from_env().compact_idle_s == 0.0  # compact whenever due, beside the engine
-    monkeypatch.setenv("CREST_COMPACT_IDLE_S", "-1")
-    with pytest.raises(ValueError, match="CREST_COMPACT_IDLE_S=-1.0: must be >= 0"):
-        ProposerConfig.from_env()
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
 def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database_url, tokenizer):
     """The hook's allowances: ``k`` draft tokens a row, fewer for a row within ``k`` of ``max_model_len``, none for a
@@ -199,14 +130,15 @@ def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database
     import numpy as np
 
     from decoder.model import export_checkpoint
-    from serving.vllm_proposer import CrestProposer, ProposerConfig
+    from serving.vllm_proposer import CrestProposer
+    from toolkit.settings import Settings
 
     k, max_len = 4, 256
     model = SimpleNamespace(max_model_len=max_len, tokenizer=str(export_checkpoint()), get_vocab_size=lambda: 49152)
     proposer = CrestProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                                              model_config=model),
-                             ProposerConfig(datastore=chat_datastore, database_url=database_url, min_score=0.0,
-                                            adaptive=False, live=False, replicas=False, outputs_mb=0))
+                             Settings(datastore=chat_datastore, database_url=database_url, min_score=0.0,
+                                      adaptive=False, live=False, replicas="off", outputs_mb=0))
     try:
         cycle = [1017, 2304, 653, 9021, 77, 4410, 318, 12003]  # a row repeating itself: its own tokens draft k
         tokens = np.zeros((3, max_len), np.int32)

@@ -17,18 +17,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from vllm import LLM, SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # benchmarks/_proposer.py
-
-from decoder.model import export_checkpoint  # noqa: E402
+from decoder.model import export_checkpoint
 
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.v1.metrics.reader import Counter
 
-    from _proposer import InstrumentedProposer
     from datastore.registry import DatastoreInfo
     from datastore.shared import SharedDatastore
-    from drafting import LiveCompactor
+    from benchmarks._proposer import InstrumentedProposer
+    from live import LiveCompactor
 
 COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches")  # the proposer's, summed over steps
 
@@ -51,7 +49,7 @@ def _counts(llm: LLM, proposer: "InstrumentedProposer | None") -> dict[str, floa
 def _wait_live(proposer: "InstrumentedProposer", timeout: float = 300) -> dict[str, Any]:
     """Wait until the live layer the proposer follows (its newest build: the delta's, else the main build's) is one
     whose compaction (its child reaped) this proposer ran."""
-    lookups, compactor = proposer.method.lookups, cast("LiveCompactor", proposer.method.compactor)
+    lookups, compactor = proposer.service.retrieval.lookups, cast("LiveCompactor", proposer.service.compactor)
 
     def live() -> "DatastoreInfo | None":
         client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)

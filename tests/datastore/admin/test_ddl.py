@@ -19,7 +19,8 @@ from datastore.admin.catalog import datastore_stats, drop_datastore, vacuum_data
 from datastore.admin.ddl import DDL_LOCK_TIMEOUT_S
 from datastore.connection import connect
 from datastore.errors import DatastoreError
-from datastore.live import encode_output, live_name
+from datastore.layers import live_name
+from live.store import encode_output
 from support import build_small
 
 
@@ -88,7 +89,7 @@ def _usual(url: str, name: str, tokenizer, context: list[int]) -> float:
 
 def test_ddl_under_an_idle_transaction_never_blocks_lookups(database_url, sharegpt_sample, tokenizer, ds_name,
                                                            eval_prompts):
-    from ingest.live import compact_live
+    from live.compaction import compact_live
 
     context = list(eval_prompts[0].token_ids)
     first = build_small(database_url, ds_name, sharegpt_sample)

@@ -13,7 +13,7 @@ from datastore.admin.catalog import datastore_stats, drop_datastore
 from datastore.admin.writer import DatastoreWriter
 from datastore.errors import LookupFailed
 from decoder import greedy_generate, speculative_generate
-from drafting import DatastoreSource, DraftingService, MergedMethod
+from drafting import DatastoreSource, DraftingService
 from support import build_small, run_module
 
 
@@ -29,7 +29,7 @@ def test_read_only_role_decodes_losslessly_and_cannot_write(database_url, reader
     prompt = eval_prompts[0]
     source = DatastoreSource(lambda: Datastore.open(ds_name, tokenizer=tokenizer, database_url=reader_url))
     assert source.lookup(list(prompt.token_ids)) is not None
-    drafter = DraftingService(MergedMethod(source, vocab_size=len(tokenizer)), vocab_size=len(tokenizer))
+    drafter = DraftingService(source, vocab_size=len(tokenizer))
     out = speculative_generate(target, prompt.token_ids, drafter, max_new_tokens=24, budget=8)
     assert out.output_ids == greedy_generate(target, prompt.token_ids, max_new_tokens=24).output_ids
     assert not source.faults  # every lookup went through as the reader
@@ -87,9 +87,10 @@ def test_reader_of_one_datastore_is_refused_another(database_url, reader, ds_nam
 def test_a_reader_of_a_live_layer_reads_its_delta(database_url, reader, live_ds, real_stream, tokenizer):
     """Granting ``NAME.live`` grants its delta's build now and every later one: a reader takes the two as one."""
     from datastore.connection import connect
-    from datastore.live import delta_name, encode_output, live_name
-    from ingest.live import compact_delta, compact_live
+    from datastore.layers import delta_name, live_name
     from ingest.tokens import SEPARATOR
+    from live.compaction import compact_delta, compact_live
+    from live.store import encode_output
 
     role, reader_url = reader
     docs = [d for d in np.split(real_stream, np.flatnonzero(real_stream == SEPARATOR)) if len(d) > 8][:12]

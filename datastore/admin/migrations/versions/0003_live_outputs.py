@@ -1,7 +1,7 @@
 """The live layer's append-only table of finished outputs (``live_outputs``).
 
 Decoders append the target's own outputs here with nothing but ``INSERT`` (``python -m datastore
-grant-appender``); ``python -m ingest compact-live`` folds them into the trees of the datastore
+grant-appender``); ``python -m live compact`` folds them into the trees of the datastore
 ``<name>.live``.
 
 Revision ID: 0003

@@ -1,0 +1,27 @@
+"""The live layer: every decoder process's finished outputs, shared across processes and hosts, compacted into a
+datastore of their own that drafts beside the corpus's (SuffixDecoding's global tree of earlier responses,
+https://arxiv.org/abs/2411.04975, §3, shared by a fleet and kept across restarts).
+
+- the store (:mod:`live.store`): outputs in the ``live_outputs`` table, appended by a :class:`LiveWriter` on a
+  background thread (its role needs only ``INSERT``: ``python -m datastore grant-appender``), read back by
+  :class:`LiveOutputs`;
+- compaction (:mod:`live.compaction`, ``python -m live compact``): the newest outputs within a byte budget, built like a
+  corpus (top-t per n) into ``NAME.live``, or only the new ones into its delta ``NAME.live.delta``
+  (:mod:`datastore.layers`), swapped in atomically;
+- the compactor (:class:`LiveCompactor`, when :class:`CompactionPolicy` says): each drafting process keeps the layer
+  fresh on its own, one compaction per datastore across the fleet, while the engine leaves it the cores
+  (:class:`Anytime`, :class:`WhenEngineIdle`);
+- the feed (:class:`OutputFeed`): the other processes' outputs into this process's output index.
+
+Public API: the names in ``__all__``. Importing the package loads neither the build stack (compaction runs in a child
+process: ``python -m live compact``) nor the drafting core.
+"""
+
+from .compactor import CompactionPolicy, LiveCompactor
+from .feed import OutputFeed
+from .gates import Anytime, EngineGate, WhenEngineIdle
+from .store import LiveOutputs, decode_output, encode_output
+from .writer import LiveWriter
+
+__all__ = ["Anytime", "CompactionPolicy", "EngineGate", "LiveCompactor", "LiveOutputs", "LiveWriter", "OutputFeed",
+           "WhenEngineIdle", "decode_output", "encode_output"]
