@@ -9,12 +9,11 @@
    (one compacts at a time, under the advisory lock), as two vLLM proposers would. Printed: p50, p90, p99, max.
    With ``--main-tokens``, the layer's main build first holds that many tokens of other outputs (ShareGPT
    conversations standing in, folded by ``python -m live compact``; their 5-grams are kept out of the probes), so each
-   run
-   measures the delta (``python -m live compact --delta``: the policy's default) beside a main build of that size; with
-   ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta; ``--delta-tokens``
-   starts each run with a delta of that size (one near the fold: the largest a delta compaction gets). With
-   ``--through feed``, B drafts from its output index instead, fed every process's outputs from the live layer's
-   table (:class:`live.OutputFeed`): no compaction between A's output and B's draft.
+   run measures the delta (``python -m live compact --delta``: the policy's default) beside a main build of that
+   size; with ``--fold-tokens 0`` every compaction rebuilds the whole layer instead, as before the delta;
+   ``--delta-tokens`` starts each run with a delta of that size (one near the fold: the largest a delta compaction
+   gets). With ``--through feed``, B drafts from its output index instead, fed every process's outputs from the live
+   layer's table (:class:`live.OutputFeed`): no compaction between A's output and B's draft.
 2. Compaction cost against the layer's size: ``python -m live compact`` (what the compactor runs) on outputs of
    ``--sizes`` tokens (ShareGPT conversations standing in for outputs), twice (the layer's first fold, and the next
    one, which starts from the top-t that fitted): wall time, builds, peak RSS (the largest sum of the
@@ -24,7 +23,7 @@
 Runs against ``DATABASE_URL`` (or the embedded server), under the datastore name ``--name``, removed afterwards.
 
     python -m benchmarks.live_layer [--outputs 40] [--every 1.0] [--main-tokens 0 1M 4M 16M]
-        [--delta-tokens 0] [--fold-tokens N] [--through layer] [--sizes 100K 1M 4M] [--json out.json]
+        [--delta-tokens 0] [--fold-tokens N] [--through layer] [--sizes 100K 1M 4M] [--out FILE | --table]
 """
 
 from __future__ import annotations
@@ -37,10 +36,10 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks._harness import finish, parser
 from toolkit.options import int_in, parse_count, positive_float
 from toolkit.settings import DEFAULTS
 
@@ -296,7 +295,7 @@ def compaction_cost(name: str, docs: list[np.ndarray], tokens: int) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, out="live_layer.json", refs=False)
     ap.add_argument("--name", default="bench-live", help="datastore name used (and removed) (default: %(default)s).")
     ap.add_argument("--outputs", type=int_in(2), default=40, help="outputs timed for freshness (default: 40).")
     ap.add_argument("--every", type=positive_float, default=1.0,
@@ -315,12 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "process's outputs by a live.OutputFeed (feed) (default: layer).")
     ap.add_argument("--sizes", type=parse_count, nargs="*", default=[100_000, 1_000_000, 4_000_000],
                     help="live-layer sizes in tokens for the compaction cost (default: 100K 1M 4M; none: skip).")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here.")
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def measure(args: argparse.Namespace) -> dict:
+    """Build the base datastore, run the freshness and compaction measurements, drop what it made."""
     from datastore.admin.catalog import drop_datastore
     from datastore.connection import connect, resolve_database_url
     from datastore.errors import DatastoreNotFound
@@ -332,34 +330,19 @@ def main() -> None:
     url = resolve_database_url(None)
     print(f"base datastore {args.name!r}: 50 ShareGPT conversations", file=sys.stderr)
     build_datastore(BuildConfig(name=args.name, limit=50, top_t=10_000, database_url=url), progress=False)
-    figures: dict = {}
+    figures: dict = {"freshness": [], "compaction": []}
     try:
         # the outputs' conversations (a margin of 10K tokens each: 400K at the default 40), then the largest size's
         docs = _documents(tok, max(args.sizes + args.main_tokens) + args.delta_tokens + 10_000 * args.outputs, skip=50)
         outputs = [d[:400] for d in docs[:args.outputs] if len(d) > 50]  # the first 400 tokens of each
-        figures["freshness"] = []
         for main_tokens in args.main_tokens:
             main, keys = fill_main(args.name, docs[args.outputs:], main_tokens, args.delta_tokens)
             fr = freshness(args.name, outputs, args.every, args.fold_tokens, keys, through=args.through)
-            fr["main"] = main
+            fr.update(main=main, every_s=args.every, fold_tokens=args.fold_tokens, through=args.through)
             figures["freshness"].append(fr)
-            print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('tokens_compact_s', 0)} s), "
-                  f"delta {main['delta_tokens']:,} tokens before the run, "
-                  f"{fr['outputs']} outputs, one every {args.every:.1f} s on average, fold at {args.fold_tokens:,} "
-                  f"tokens, B drafting through the {args.through}: "
-                  f"p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
-                  f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s); B's steps "
-                  f"{fr['drafter_steps']}")
-        figures["compaction"] = []
         for size in args.sizes:
             row = compaction_cost(args.name, docs[args.outputs:], size)
             figures["compaction"].append(row)
-            print(f"compaction of {row['outputs']:,} outputs, {row['tokens']:,} tokens: {row['wall_s']:.1f} s wall "
-                  f"(python -m live compact {row['compact_s']:.1f} s; the next fold {row['again_wall_s']:.1f} s; "
-                  f"{row['builds']} builds in all, top-t {row['top_t']:,}), peak RSS {row['peak_rss_mib']:.0f} MiB "
-                  f"(its main process "
-                  f"{row['process_peak_rss_mib']:.0f}), "
-                  f"{row['ngrams']:,} n-grams, {row['bytes_on_disk']:,} bytes on disk")
     finally:
         with connect(url, autocommit=True) as conn:
             conn.execute("DELETE FROM live_outputs WHERE name = %s", [args.name])
@@ -368,8 +351,31 @@ def main() -> None:
                 drop_datastore(url, n)
             except DatastoreNotFound:
                 pass
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+    return figures
+
+
+def report(figures: dict) -> None:
+    """Print one line per freshness run and per compaction size."""
+    for fr in figures["freshness"]:
+        main = fr["main"]
+        print(f"freshness, main build {main['tokens']:,} tokens (folded in {main.get('tokens_compact_s', 0)} s), "
+              f"delta {main['delta_tokens']:,} tokens before the run, "
+              f"{fr['outputs']} outputs, one every {fr['every_s']:.1f} s on average, fold at {fr['fold_tokens']:,} "
+              f"tokens, B drafting through the {fr['through']}: "
+              f"p50 {fr['p50_s']:.2f} s, p90 {fr['p90_s']:.2f} s, p99 {fr['p99_s']:.2f} s, max "
+              f"{fr['max_s']:.2f} s; A compacted {fr['compactions_by_A']} ({fr['compaction_s_by_A']} s); B's steps "
+              f"{fr['drafter_steps']}")
+    for row in figures["compaction"]:
+        print(f"compaction of {row['outputs']:,} outputs, {row['tokens']:,} tokens: {row['wall_s']:.1f} s wall "
+              f"(python -m live compact {row['compact_s']:.1f} s; the next fold {row['again_wall_s']:.1f} s; "
+              f"{row['builds']} builds in all, top-t {row['top_t']:,}), peak RSS {row['peak_rss_mib']:.0f} MiB "
+              f"(its main process {row['process_peak_rss_mib']:.0f}), "
+              f"{row['ngrams']:,} n-grams, {row['bytes_on_disk']:,} bytes on disk")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    finish(args, lambda: measure(args), report, "freshness", "compaction")
 
 
 if __name__ == "__main__":

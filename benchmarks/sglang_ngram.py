@@ -93,7 +93,7 @@ def load_module(cache: Path | None = None) -> type:
         __slots__ = ("__dict__",)
 
         def __init__(self, *args) -> None:
-            self.__ffi_init__(*args)  # type: ignore[attr-defined]  # tvm_ffi's reflection adds it
+            self.__ffi_init__(*args)  # type: ignore[attr-defined, unused-ignore]  # tvm_ffi's reflection adds it
 
     _CLASS = NgramCorpus
     return _CLASS

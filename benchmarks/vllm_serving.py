@@ -253,11 +253,11 @@ def _time_proposer(method: str) -> list[float] | None:
     if method == "ngram":
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
     elif method == "suffix":
-        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer as cls  # type: ignore[assignment]
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer as cls  # type: ignore[assignment, unused-ignore]
     else:
         return None
     times: list[float] = []
-    cls.propose = _timed(cls.propose, lambda seconds, a, k: times.append(seconds))  # type: ignore[method-assign]
+    cls.propose = _timed(cls.propose, lambda seconds, a, k: times.append(seconds))  # type: ignore[method-assign, unused-ignore]
     return times
 
 

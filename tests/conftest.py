@@ -202,6 +202,15 @@ def chat_datastore(database_url, sharegpt_sample, tokenizer):
 
 
 @pytest.fixture(scope="session")
+def references(target, tokenizer, tmp_path_factory) -> Path:
+    """Saved greedy references of a few evaluation prompts (:func:`support.saved_references`), made once per worker
+    for every script that replays them."""
+    from support import saved_references
+
+    return saved_references(target, tokenizer, tmp_path_factory.mktemp("references"))
+
+
+@pytest.fixture(scope="session")
 def eval_prompts(tokenizer):
     """A handful of real evaluation prompts: two chat prompts (rag, writing) and one HumanEval prompt."""
     from evaluation.prompts import load_prompts

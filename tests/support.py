@@ -3,6 +3,7 @@ other parameters, outputs appended to a live layer, and running an entry point i
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -93,6 +94,66 @@ def run_module(*args: str, env: dict | None = None, timeout: float = 300) -> sub
     """``python -m ARGS...`` in the repository's root, its output captured."""
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env=env)
+
+
+def run_script(module: str, *args: object, url: str, env: dict | None = None, timeout: float = 600) -> str:
+    """``python -m MODULE ARGS`` in the repository's root with ``DATABASE_URL=url`` (so that no script ever falls back
+    to the embedded server) and ``env``; asserts it exits 0 and returns what it printed (stdout, then stderr)."""
+    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "DATABASE_URL": url, **(env or {})})
+    assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout + proc.stderr
+
+
+def printed(text: str, pattern: str) -> list[re.Match]:
+    """Every line of ``text`` that matches ``pattern`` (from its start)."""
+    return [m for line in text.splitlines() if (m := re.match(pattern, line))]
+
+
+def drop_datastores(url: str, *names: str) -> None:
+    """Drop datastores ``names`` and empty their live layers (outputs and ``<name>.live``), where they exist."""
+    from datastore.admin.catalog import drop_datastore, empty_live_layer
+    from datastore.errors import DatastoreNotFound
+
+    for name in names:
+        empty_live_layer(url, name, wait_s=120)
+        try:
+            drop_datastore(url, name)
+        except DatastoreNotFound:
+            pass
+
+
+REF_TOKENS = 24  # new tokens of each saved reference in :func:`saved_references` (their provenance says 128)
+
+
+def saved_references(target, tokenizer, folder: Path) -> Path:
+    """A ``--references`` folder as ``python -m evaluation references`` writes it (``<set>.jsonl``, under the
+    provenance the scripts check: the whole set's prompts, the default model in fp32, 128 new tokens) holding
+    Spec-Bench's first three prompts (``writing``: the fit half's first two, the report half's first), HumanEval's
+    first three and the second turn of Spec-Bench's first. Each output is the first :data:`REF_TOKENS` tokens of the
+    target's plain-greedy output (:func:`decoder.greedy_generate`; greedy, so the prefix of its 128 tokens)."""
+    import torch
+
+    from decoder import greedy_generate
+    from evaluation.greedy import _second_turns
+    from evaluation.prompts import load_prompts
+    from evaluation.references import expected, write_references
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 135M model, one token at a time: faster on one thread than on two contended ones
+    try:
+        def greedy(prompt: list[int]) -> list[int]:
+            return greedy_generate(target, prompt, max_new_tokens=REF_TOKENS).output_ids
+
+        rows = {name: [(p.id, list(p.token_ids), greedy(list(p.token_ids)))
+                       for p in load_prompts(name, tokenizer)[:3]] for name in ("spec_bench", "humaneval")}
+        (second,) = _second_turns(tokenizer, {pid: out for pid, _, out in rows["spec_bench"][:1]})
+        rows["spec_bench_turn2"] = [(second[0], second[2], greedy(second[2]))]
+    finally:
+        torch.set_num_threads(threads)
+    for name, saved in rows.items():
+        write_references(folder / f"{name}.jsonl", expected(name, tokenizer, max_new_tokens=128), saved)
+    return folder
 
 
 def random_tree(rng: np.random.Generator, vocab: int, size: int) -> TokenTree:

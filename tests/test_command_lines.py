@@ -13,7 +13,9 @@ import pytest
 
 from support import REPO
 
-BENCHMARKS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+BENCHMARKS = sorted(f"benchmarks.{p.stem}" for p in (REPO / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+EXPERIMENTS = sorted(f"research.experiments.{p.stem}" for p in (REPO / "research" / "experiments").glob("*.py")
+                     if not p.stem.startswith("_"))
 
 
 def _texts(parser: argparse.ArgumentParser, where: str):
@@ -36,12 +38,12 @@ def test_every_help_text_is_a_whole_sentence():
     import importlib
 
     parsers = {**_parsers(), "serving": importlib.import_module("serving.server").build_parser()}
-    for name in BENCHMARKS:
+    for name in BENCHMARKS + EXPERIMENTS:
         module = importlib.import_module(name)
         if hasattr(module, "build_parser"):
-            parsers[f"benchmarks/{name}.py"] = module.build_parser()
+            parsers[f"python -m {name}"] = module.build_parser()
         else:
-            assert "argparse" not in (REPO / "benchmarks" / f"{name}.py").read_text(), name
+            assert "argparse" not in (REPO / f"{name.replace('.', '/')}.py").read_text(), name
     checked = 0
     for cli, parser in parsers.items():
         for where, what, text in _texts(parser, cli):
@@ -51,15 +53,17 @@ def test_every_help_text_is_a_whole_sentence():
 
 
 def _parsers():
+    from datastore.admin.cli import build_parser as datastore_parser
+    from evaluation.cli import build_parser as evaluation_parser
+    from ingest.cli import build_parser as ingest_parser
+    from live.cli import build_parser as live_parser
+    from research.hf_bench.cli import build_parser as hf_bench_parser
     from research.s4c.cli import build_parser as s4c_parser
     from research.study.cli import build_parser as study_parser
 
-    from datastore.admin.cli import build_parser as datastore_parser
-    from research.hf_bench.cli import build_parser as evaluation_parser
-    from ingest.cli import build_parser as ingest_parser
-
     return {"ingest": ingest_parser(), "datastore": datastore_parser(), "evaluation": evaluation_parser(),
-            "study": study_parser(), "s4c": s4c_parser()}
+            "live": live_parser(), "research.hf_bench": hf_bench_parser(), "research.study": study_parser(),
+            "research.s4c": s4c_parser()}
 
 
 def _spellings(value) -> set[str]:
@@ -119,11 +123,6 @@ def test_every_default_is_what_help_says():
     assert parser.parse_args(["budget"]).drafter == []
 
 
-# -- the lookup API -------------------------------------------------------------------------------------------------
-
-
-
-
 def _numbers(parser: argparse.ArgumentParser):
     """The options of ``parser`` that take numbers: ``(flag, type, default)``."""
     for action in parser._actions:
@@ -150,7 +149,7 @@ def test_every_benchmark_number_is_checked_by_range_and_its_default_is_in_it(cap
                 assert parse(str(value)) == value, (name, flag, value)
                 checked += 1
     assert checked > 40
-    import peers
+    from benchmarks import peers
 
     for bad, named in ((["--workers", "0"], "--workers: 0: must be >= 1"),
                        (["--node-cost", "1.5"], "--node-cost: 1.5 is outside [0, 1]"),
@@ -164,10 +163,7 @@ def test_every_command_line_a_benchmark_builds_for_its_children_parses():
     """A benchmark that runs children builds their command lines itself: each one, at the benchmark's defaults and for
     every method it runs, is taken by the child's own parser (a child once stopped at once: ``--k 0`` for the method
     without speculation, after its parser began refusing 0)."""
-    import spark_build
-    import vllm_serving
-
-    import build
+    from benchmarks import build, spark_build, vllm_serving
     from ingest.cli import build_parser as ingest_parser
 
     def child_args(command: list[str]) -> list[str]:

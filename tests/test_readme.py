@@ -88,8 +88,8 @@ def test_the_docs_show_every_command_their_figures_need():
                    "calibrate.py", "datastore grant-reader crest_reader"):
         assert any(s.startswith(needed) for s in shown), (needed, shown)
     text = "".join(page.read_text() for page in PAGES)
-    assert "--name code --source code --path" in text and "CREST_EVAL_DATA=DIR python -m research.hf_bench bench --half all" \
-        in text
+    assert "--name code --source code --path" in text
+    assert "CREST_EVAL_DATA=DIR python -m research.hf_bench bench --half all" in text
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c[1:-1]).replace(str(REPO) + "/", "") for c in COMMANDS])

@@ -16,8 +16,8 @@ and the share of them accepted. The cuts (``--cuts``):
 - ``goodput``: the defaults (SmartSpec's goodput on the fitted curve, :mod:`serving.cost`);
 - a probability: a fixed cut (``CREST_ADAPTIVE=0``, ``CREST_MIN_SCORE`` at that value);
 - ``oracle``: the chains before any step-cost cut, each trimmed to the tokens its reference accepts
-  (:class:`research.experiments.oracle_cut.OracleCutProposer`): no cut of the same chains verifies more accepted tokens in fewer, so it
-  bounds what a better cut or calibration of today's chains can reach.
+  (:class:`research.experiments.oracle_cut.OracleCutProposer`): no cut of the same chains verifies more accepted
+  tokens in fewer, so it bounds what a better cut or calibration of today's chains can reach.
 
 Not simulated: prefill (the same for every cut; about a third of vLLM-CPU's time at eight streams, so an engine's
 ratios are smaller), the hook's own time, and a row's cost apart from its tokens. The live layer is off, as in

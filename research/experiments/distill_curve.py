@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 from benchmarks._harness import RESULTS, parser, references, require_clean
-
 from toolkit.options import int_in  # noqa: E402
 
 OUT = RESULTS / "distill_curve.json"
@@ -147,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if not args.human.exists():
-        raise SystemExit(f"error: --human {args.human} does not exist: pass a chat corpus (e.g. python -m benchmarks.fleet "
-                         "prepare's results/fleet/yesterday.jsonl.zst)")
+        raise SystemExit(f"error: --human {args.human} does not exist: pass a chat corpus (e.g. "
+                         "python -m benchmarks.fleet prepare's results/fleet/yesterday.jsonl.zst)")
     answers = _answers(args.answers)
     have = sum(t for _, t in answers)
     if max(args.sizes) > have:

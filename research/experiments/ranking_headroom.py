@@ -27,8 +27,9 @@ It says how much of the distance between the shipped cut and a perfect one a sha
 
 The models are fitted on one half and reported on the other: for the evaluation sets, their fit and report halves
 (Spec-Bench with ``--datastore``, HumanEval with ``--code-datastore``, :func:`evaluation.half`); for ``--fleet DIR``,
-the fleet stream's even and odd requests (``python -m benchmarks.fleet prepare``, datastore ``--fleet-datastore``, by kind of
-request). Each stream is replayed in its order, every request's output into the output index after it; no live layer.
+the fleet stream's even and odd requests (``python -m benchmarks.fleet prepare``, datastore ``--fleet-datastore``,
+by kind of request). Each stream is replayed in its order, every request's output into the output index after it;
+no live layer.
 
     python -m research.experiments.ranking_headroom [--sets spec_bench humaneval] [--fleet results/fleet] [--budget 8]
         [--rows 8]
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
     ap.add_argument("--fleet", type=Path, default=None, metavar="DIR",
-                    help="also the fleet stream prepared in DIR (python -m benchmarks.fleet prepare; default: not run).")
+                    help="also the fleet stream prepared in DIR (python -m benchmarks.fleet prepare; "
+                         "default: not run).")
     ap.add_argument("--fleet-datastore", default="fleet-both", help="the fleet's datastore (default: fleet-both).")
     ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8, help="chain length in tokens (default: 8).")
     ap.add_argument("--decay", type=float_in(0, 1), default=0.8,

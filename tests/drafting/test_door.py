@@ -45,10 +45,10 @@ def test_a_step_cost_curve_is_a_cost_curve():
     from drafting.draft import CostCurve
 
     curve = CostCurve(np.array([1.0, 2.0]), np.array([0.02, 0.03]), 0.01)
-    assert door.curve(curve) is curve and door.curve(None) is None
     assert curve.tokens.tolist() == [1.0, 2.0] and curve.tail == 0.01 and curve.draft_s == 0.0
     with pytest.raises(TypeError, match="CostCurve"):
         door.curve((curve.tokens, curve.seconds, curve.tail))
+    assert door.curve(curve) is curve and door.curve(None) is None
     for args, named in (((np.array([2.0, 1.0]), np.ones(2), 0.0), "increase"),
                         ((np.ones(1), -np.ones(1), 0.0), "seconds be >= 0"),
                         ((np.ones(1), np.ones(2), 0.0), "as many seconds as tokens"),

@@ -90,6 +90,7 @@ def test_the_lifecycle_holds_each_request_s_tokens_and_tells_the_drafter():
     drafter.stop_request("a")  # ignored
     assert drafter.seen == [("start", [1, 2, 3, 1, 2]), ("extend", [7, 8]), ("start", [9]), ("extend", [4]),
                             ("stop", [1, 2, 3, 1, 2, 7, 8])]
-    assert drafter.config() == {"name": "repeat"} and drafter.close() is None
+    assert drafter.config() == {"name": "repeat"}
+    drafter.close()
     with pytest.raises(ValueError, match="vocab_size"):
         TokenDrafter.__init__(drafter, vocab_size=0)

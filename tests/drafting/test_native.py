@@ -137,7 +137,7 @@ def test_native_core_refuses_bad_settings_and_stale_handles():
     with pytest.raises(TypeError):
         options.outputs_bytes = -1  # a byte count
     with pytest.raises(AttributeError):
-        options.match_nodez = 64  # type: ignore[attr-defined]
+        options.match_nodez = 64  # type: ignore[attr-defined, unused-ignore]
     assert sorted(DEFAULTS) == sorted(crest_native.Options.names)
     core = native_core(calibration=cal, outputs_bytes=0)
     a = core.start(np.array([5, 6], np.uint32))

@@ -195,7 +195,7 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts, w
     steps its prepared :class:`drafting.Batch`, its requests resolved once."""
     one, two = merged(replica_source, min_score=0.1), merged(replica_source, min_score=0.1)
     counting = CountingCore(one._core)
-    one._core = counting  # type: ignore[assignment]
+    one._core = counting  # type: ignore[assignment, unused-ignore]
     prepared: collections.Counter = collections.Counter()
     step_of = one.step
 
@@ -422,7 +422,8 @@ def test_threads_get_the_drafts_of_a_serial_run(path, shared_source, replica_sou
         for rid in ids:
             prompt, chunks = lives[rid]
             service.start_request(rid, prompt)
-            out[rid], new = [], []
+            new: list[int] = []
+            out[rid] = []
             for chunk in chunks:
                 d = service.step([rid], [4], tokens=[new], chain=True).drafts[0]
                 out[rid].append(d.token_ids.tolist())

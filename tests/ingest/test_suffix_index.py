@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from research.study.corpus import prefix_end
 
 from drafting import DatastoreSource, DraftingService
 from drafting.drafters import Retrieval
@@ -14,6 +13,7 @@ from evaluation.simulate import replay
 from ingest.continuations import SEPARATOR
 from ingest.suffix_index import RestParams, SuffixIndex
 from oracle.ingest import rest_retrieve, tree_paths
+from research.study.corpus import prefix_end
 from support import run_module
 
 

@@ -20,8 +20,8 @@ from datastore.connection import connect
 from datastore.errors import DatastoreError
 from datastore.layers import delta_name, live_name
 from datastore.registry import compactor_lock_key
-from live import CompactionPolicy, LiveCompactor, WhenEngineIdle
 from ingest.tokens import SEPARATOR
+from live import CompactionPolicy, LiveCompactor, WhenEngineIdle
 from live.compactor import Layer
 from live.store import encode_output
 

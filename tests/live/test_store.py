@@ -14,7 +14,7 @@ from datastore.admin.grants import grant_reader, revoke_reader
 from datastore.connection import connect
 from datastore.errors import DatabaseUnavailable
 from datastore.layers import live_name
-from live.store import LiveOutputs
+from live.store import LiveOutputs, decode_output, encode_output
 from support import UNREACHABLE, append_outputs, with_params
 
 

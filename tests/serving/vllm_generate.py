@@ -12,7 +12,6 @@ counters across the round)."""
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm import LLM, SamplingParams
@@ -23,9 +22,9 @@ if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.v1.metrics.reader import Counter
 
+    from benchmarks._proposer import InstrumentedProposer
     from datastore.registry import DatastoreInfo
     from datastore.shared import SharedDatastore
-    from benchmarks._proposer import InstrumentedProposer
     from live import LiveCompactor
 
 COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches")  # the proposer's, summed over steps

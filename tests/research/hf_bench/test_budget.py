@@ -1,5 +1,5 @@
-"""The budget choice (``research.hf_bench.budget.choose_budget``): tokens a second of each candidate budget from its replayed
-accept length, the verification pass it costs and the drafter's own seconds a step; known answers."""
+"""The budget choice (``research.hf_bench.budget.choose_budget``): tokens a second of each candidate budget from its
+replayed accept length, the verification pass it costs and the drafter's own seconds a step; known answers."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ _MAIN = ("import sys; from research.hf_bench.cli import main; rc = main(sys.argv
 
 
 def _run(args, database_url, cwd, cache=None):
-    """``python -m evaluation ARGS`` (through ``research.hf_bench.cli.main``, reporting which heavy modules it imported)."""
+    """``python -m research.hf_bench ARGS`` (through ``research.hf_bench.cli.main``, reporting the heavy modules it
+    imported)."""
     env = {**os.environ, "DATABASE_URL": database_url}
     if cache is not None:
         env["CREST_CACHE"] = str(cache)
@@ -80,11 +81,11 @@ def test_bench_cli_writes_table_and_csv_without_heavy_imports(database_url, chat
 def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, tokenizer, tmp_path, calibration_cache,
                                                 monkeypatch):
     from datastore import Datastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
-    from drafting.drafters import Trie
+    from drafting import DatastoreSource, DraftingService
     from evaluation.prompts import load_prompts
-    from research.hf_bench.store import reference_store
     from evaluation.simulate import replay
+    from research.drafters.trie import Trie
+    from research.hf_bench.store import reference_store
 
     proc = _run(["replay", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "16", "--drafter", "trie",
                  "merged", "--datastore", chat_datastore, "--budget", "4"],
@@ -97,8 +98,7 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
     assert ref is not None and len(ref) == 16  # the CLI saved the plain-greedy reference
     source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
     vocab = len(tokenizer)
-    for drafter in (DraftingService(Trie(), vocab_size=vocab),
-                    DraftingService(MergedMethod(source, vocab_size=vocab), vocab_size=vocab)):
+    for drafter in (Trie(vocab_size=vocab), DraftingService(source, vocab_size=vocab)):
         res = replay(drafter, prompt.token_ids, ref, 4)
         row = rows[("all", drafter.name)]
         assert int(row["steps"]) == len(res.steps)
@@ -110,7 +110,7 @@ def test_replay_cli_equals_replaying_in_process(database_url, chat_datastore, to
 def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datastore, database_url, tokenizer,
                                                            calibration_cache, monkeypatch):
     from datastore import Datastore
-    from drafting import DatastoreSource, DraftingService, MergedMethod
+    from drafting import DatastoreSource, DraftingService
     from research.hf_bench.replay import CANDIDATE_BUDGETS, auto_budgets
 
     monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
@@ -120,7 +120,7 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
     vocab = len(tokenizer)
 
     def merged(**settings) -> DraftingService:
-        return DraftingService(MergedMethod(source, vocab_size=vocab, **settings), vocab_size=vocab)
+        return DraftingService(source, vocab_size=vocab, **settings)
 
     files = lambda: sorted((calibration_cache / "latency").glob("budget-merged-*.json"))  # noqa: E731
     for left in files():  # another test of this module may have chosen a budget in the shared cache first
@@ -140,20 +140,6 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
     assert len(files()) == 3  # other references
     console.file.close()
     source.close()
-
-
-@pytest.mark.slow
-def test_bench_cli_runs_the_s4c_drafters_losslessly_and_splits_their_step(database_url, chat_datastore, tmp_path):
-    out = tmp_path / "bench.csv"
-    proc = _run(["bench", "--set", "humaneval", "--limit", "1", "--max-new-tokens", "16", "--drafter", "s4c",
-                 "merged+s4c", "--datastore", chat_datastore, "--budget", "6", "--csv", str(out)],
-                database_url, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
-    rows = {r["drafter"]: r for r in _csv(out) if r["category"] == "all"}
-    assert set(rows) == {"greedy", "s4c", "merged+s4c"} and all(r["lossless"] == "1/1" for r in rows.values())
-    assert float(rows["s4c"]["heads_ms"]) > 0 and float(rows["s4c"]["lookup_ms"]) == 0
-    assert float(rows["merged+s4c"]["heads_ms"]) > 0 and float(rows["merged+s4c"]["merge_ms"]) > 0
-    assert "heads_ms" in proc.stdout
 
 
 @pytest.mark.slow

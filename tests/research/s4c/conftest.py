@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from research.s4c.features import extract, first_tokens
 
 from ingest.sources import iter_documents
+from research.s4c.features import extract, first_tokens
 
 
 @pytest.fixture(scope="session")

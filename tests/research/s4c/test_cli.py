@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import torch
-from research.s4c.store import read_record
 from safetensors.torch import load_file
 
+from research.s4c.store import read_record
 from support import REPO
 
 

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional
+
 from research.s4c.features import TEACHER_TOP, FeatureSet, extract
 from research.s4c.loss import head_losses, top_tokens
 from research.s4c.store import load_heads, read_record, save_heads
 from research.s4c.train import Batch, TrainConfig, accuracy, losses, train
-from torch.nn import functional
-
 from support import tiny_heads
 
 

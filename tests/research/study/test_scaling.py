@@ -9,10 +9,10 @@ import json
 import uuid
 
 import pytest
-from research.study.scaling import ScalingGrid
-from research.study.sizes import site_package_subset
 
 from datastore.admin.catalog import list_datastores
+from research.study.scaling import ScalingGrid
+from research.study.sizes import site_package_subset
 
 
 def _package(root, name: str, size: int) -> None:
@@ -47,10 +47,9 @@ def test_scaled_top_t_is_proportional_and_not_repeated():
 
 @pytest.mark.slow
 def test_corpus_size_cli_end_to_end(database_url, tmp_path, tokenizer):
-    from research.study.cli import main
-
     from evaluation.prompts import load_prompts
     from research.hf_bench.store import reference_store
+    from research.study.cli import main
     from toolkit.tokenizer import DEFAULT_MODEL
 
     prefix = f"test-{uuid.uuid4().hex[:8]}"

@@ -86,14 +86,13 @@ def test_grid_points_equal_direct_builds(database_url, sharegpt_sample, tokenize
 @pytest.mark.slow
 def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     """The study on a tiny grid and small corpora: CSV rows and PNGs from real runs, values reproducible."""
-    from research.study.cli import main
-    from research.study.runner import replay_accept_length
-
     from drafting import DatastoreSource, DraftingService
     from drafting.drafters import Retrieval
     from evaluation.prompts import MT_BENCH, load_prompts
-    from research.hf_bench.store import reference_store
     from ingest.suffix_index import SuffixIndex
+    from research.hf_bench.store import reference_store
+    from research.study.cli import main
+    from research.study.runner import replay_accept_length
 
     out = tmp_path / "out"
     argv = ["storage", "--corpus", "sharegpt", "code", "--corpus-limit", "150", "--limit", "1",
