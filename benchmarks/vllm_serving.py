@@ -24,7 +24,8 @@ position; outputs are then not compared). Ours waits for its replica before the 
 writes it).
 
 ``--methods custom:MODULE.CLASS`` adds any ``custom_class`` proposer (one derived from
-:class:`benchmarks._proposer.InstrumentedProposer` reports ours' figures too; ``research/oracle_cut.py`` is one).
+:class:`benchmarks._proposer.InstrumentedProposer` reports ours' figures too;
+``research.experiments.oracle_cut.OracleCutProposer`` is one).
 
 Ours always runs with the defaults a user gets; ``--variant`` adds runs with other settings beside it. Before each
 run of ours its live layer is emptied (``--keep-live``: not), so it learns only from that run's own traffic; a run whose

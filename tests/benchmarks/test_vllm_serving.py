@@ -3,12 +3,12 @@ is taken within its round, so a host that slows down between rounds moves no rat
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from vllm_serving import (
+
+from benchmarks.vllm_serving import (
     _during_compaction,
     _other_cpu,
     _process_cpu,
@@ -16,7 +16,6 @@ from vllm_serving import (
     build_parser,
     common_forward_curve,
     over_rounds,
-    require_oracle_references,
     runs_of,
     schedule,
 )
@@ -45,15 +44,15 @@ def _run(method: str, rnd: int, tok_s: float, outputs: list[list[int]]) -> dict:
                                     "wall_s": tokens / tok_s, "tpot_s": 0.03, "counters": {}}}}
 
 
-def test_the_oracle_cut_runs_beside_ours_greedy_only():
-    args = build_parser().parse_args(["--methods", "suffix", "crest", "oracle-cut", "--variant", "CREST_LIVE=0"])
-    assert runs_of(args) == [("suffix", {}), ("crest", {}), ("crest", {"CREST_LIVE": "0"}), ("oracle-cut", {})]
-    with pytest.raises(SystemExit, match="at --temperature 0"):
-        runs_of(build_parser().parse_args(["--methods", "oracle-cut", "--temperature", "0.7"]))
-    for refused, fix in ((["--sets", "spec_bench_turn2"], "pass --sets among those (not spec_bench_turn2)"),
-                         (["--max-new-tokens", "256"], "pass --max-new-tokens 128 or fewer (not 256)")):
-        with pytest.raises(SystemExit, match=re.escape(fix)):
-            require_oracle_references(build_parser().parse_args(["--methods", "oracle-cut", *refused]))
+def test_variants_run_beside_ours_and_a_custom_proposer_is_a_method():
+    custom = "custom:research.experiments.oracle_cut.OracleCutProposer"
+    args = build_parser().parse_args(["--methods", "suffix", "crest", custom, "--variant", "CREST_LIVE=0"])
+    assert runs_of(args) == [("suffix", {}), ("crest", {}), ("crest", {"CREST_LIVE": "0"}), (custom, {})]
+    for refused in ("custom:NoDot", "eagle"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--methods", refused])
+    with pytest.raises(SystemExit, match="pass it as --variant"):
+        runs_of(build_parser().parse_args(["--env", "CREST_LIVE=0"]))
 
 
 def test_every_ratio_is_taken_within_its_round():

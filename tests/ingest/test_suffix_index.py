@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drafting import DatastoreSource, DraftingService
-from drafting.drafters import Retrieval
+from benchmarks.peer_drafters import RetrievalDrafter
+from drafting import DatastoreSource
 from evaluation.simulate import replay
 from ingest.continuations import SEPARATOR
 from ingest.suffix_index import RestParams, SuffixIndex
@@ -92,7 +92,7 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
     match = index.lookup(doc[:40])
     assert match is not None and len(match.ngram) >= 2 and match.ngram == tuple(doc[40 - len(match.ngram):40])
     assert doc[40] in match.tree.token_ids.tolist()[:64]
-    rest = DraftingService(Retrieval(DatastoreSource(lambda: index), name="rest"), vocab_size=len(tokenizer))
+    rest = RetrievalDrafter(DatastoreSource(lambda: index), name="rest", vocab_size=len(tokenizer))
     res = replay(rest, doc[:40], doc[40:120])
     assert res.accept_length > 1.5  # the document itself is in the index
 
@@ -102,7 +102,6 @@ def test_rest_drafter_on_the_real_corpus(real_stream, tokenizer):
        query=st.lists(st.integers(0, 4), min_size=0, max_size=12))
 def test_longest_run_matches_brute_force(docs, query):
     from research.study.overlap import longest_run
-
 
     index = SuffixIndex.build(_stream(docs), vocab_size=5)
     brute = max((j - i for i in range(len(query)) for j in range(i + 1, len(query) + 1)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drafting.drafters.ngram_trie import NGramTrie
+from research.drafters.ngram_trie import NGramTrie
 from support import tree_paths
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cut_simulation import EngineClock, parse_curve
+
+from research.experiments.cut_simulation import EngineClock, parse_curve
 
 
 def test_a_step_takes_the_curve_at_its_tokens_plus_the_rest():

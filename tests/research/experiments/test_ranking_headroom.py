@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cut_simulation import EngineClock, parse_curve
-from ranking_headroom import CutRun, Position, Request, cut_run
+
+from research.experiments.cut_simulation import EngineClock, parse_curve
+from research.experiments.ranking_headroom import CutRun, Position, Request, cut_run
 
 
 def _position(pos: int) -> Position:
