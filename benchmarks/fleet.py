@@ -114,7 +114,7 @@ def _order(openings: list[dict], follow_ups: list[dict], gap: int) -> list[dict]
 def _longest_prompt(args) -> int:
     """The longest prompt served, tokens: the reference engine's context less an answer's tokens (a longer one is
     left out of today, counted)."""
-    from references import MAX_MODEL_LEN
+    from evaluation.greedy import MAX_MODEL_LEN
 
     return MAX_MODEL_LEN - args.max_new_tokens
 

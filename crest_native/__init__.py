@@ -1,21 +1,17 @@
-"""The native core (C++, nanobind), built by the package's own build (scikit-build-core, ``CMakeLists.txt``): the
-lowest layer of the project, imported by :mod:`datastore` (tree blobs, replicas) and :mod:`drafting` (the step).
+"""The native core (C++, nanobind): the lowest layer, imported by :mod:`datastore` and :mod:`drafting`.
 
 - :class:`Core` holds the merged drafter's request table; :meth:`Core.step` follows a :class:`Batch` of requests and
-  drafts it in one call (``csrc/``: suffix automaton, output index, merge, features, scores, chain and tree cuts), its
-  datastore trees read from host-local replicas (:class:`Replica`) or given by a round trip (:class:`Trees`), and
-  answers a typed :class:`Step`; :class:`Options` are its settings (:data:`DEFAULTS`), :class:`EngineRows` an
-  engine's rows to follow, :class:`Curve` an engine's step-cost curve; :data:`MAX_BUDGET` is the one limit on a
-  budget;
+  drafts it in one call, its datastore trees read from host-local replicas (:class:`Replica`) or given by a round trip
+  (:class:`Trees`), and answers a :class:`Step`; :class:`Options` are its settings (:data:`DEFAULTS`),
+  :class:`EngineRows` an engine's rows, :class:`Curve` a step-cost curve, :data:`MAX_BUDGET` the limit on a budget;
 - :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
 - :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs
-(``docs/tree-format.md``);
-  :func:`chain_cut`, :func:`tree_cut` and :func:`goodput_keep` cut scored trees and a batch's chains;
+  (``docs/tree-format.md``); :func:`chain_cut`, :func:`tree_cut` and :func:`goodput_keep` cut scored trees and chains;
 - :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order.
 
-The Python oracle of every stage is in ``tests/oracle/``. Importing this package fails with :class:`ImportError`
-naming the fix when the extension is not built, or when it was built from other sources than the ``csrc/`` beside it.
+The Python oracle of every stage is in ``tests/oracle/``. Importing fails with :class:`ImportError` naming the fix when
+the extension is not built, or was built from other sources than the ``csrc/`` beside it.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """Versioned binary codec for token trees (format spec: docs/tree-format.md).
 
-One blob holds one tree. Layout, all multi-byte fixed fields little-endian:
+One blob holds one tree: magic ``0xC7``, format version 1, a byte of compression id (high nibble: 0 none, 1 zstd, 2 lz4)
+and token width (low nibble: 1..4 bytes), the CRC-32 (uint32 LE) of those three bytes followed by the uncompressed
+payload, the payload's uncompressed length (LEB128 varint), then the payload, compressed as the id says. The payload:
+varint num_nodes, varint root_count, the token ids (LE), zigzag varints of ``parents[i] - parents[i-1]``
+(``parents[-1] = -1``), and varint counts.
 
-    offset  size  field
-    0       1     magic 0xC7
-    1       1     format version (1)
-    2       1     high nibble: compression id (0 none, 1 zstd, 2 lz4);
-                  low nibble: token width in bytes (1..4)
-    3       4     CRC-32 (zlib polynomial) of bytes 0..2 followed by the uncompressed
-                  payload, uint32 LE
-    7       1..5  uncompressed payload length, LEB128 varint
-    ...           body: the payload, compressed as the compression id says
-
-    payload: varint num_nodes, varint root_count,
-             num_nodes token ids (token width bytes each, LE),
-             num_nodes zigzag varints: (parents[i]+1) - (parents[i-1]+1), with parents[-1]+1 = 0,
-             num_nodes varints: counts
-
-The encoder stores the payload uncompressed whenever compression would not
-make it smaller, so "zstd" means "zstd where it pays". Any corruption or
-truncation raises :class:`CodecError`: the header, lengths and CRC are all
-checked, and the decoded arrays must form a valid :class:`TokenTree`.
-
-A blob's header, length, CRC and payload are checked and parsed by the native core (``csrc/codec.cpp``, which also
-reads the replicas' plain blobs); its Python oracle (``tests/oracle/codec.py``) accepts and refuses the same blobs,
-with the same messages. The encoder is numpy (the ingest hot path).
+The encoder (numpy, the ingest hot path) stores the payload uncompressed whenever compression would not make it smaller,
+so "zstd" means "zstd where it pays". Any corruption or truncation raises :class:`CodecError`: the header, lengths and
+CRC are all checked, and the decoded arrays must form a valid :class:`TokenTree`. Blobs are checked and parsed by the
+native core (``csrc/codec.cpp``, which also reads the replicas' plain blobs); its Python oracle
+(``tests/oracle/codec.py``) accepts and refuses the same blobs, with the same messages.
 """
 
 from __future__ import annotations

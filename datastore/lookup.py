@@ -1,26 +1,17 @@
-"""The lookup core under both clients: the longest stored suffix n-gram of a context, or all of them, in one
-round trip for a whole batch of contexts, with the live layer's longest match in the same round trip.
+"""The lookup core under both clients: the longest stored suffix n-gram of a context, or all of them, in one round trip
+for a whole batch of contexts, with the live layer's longest match in the same round trip.
 
-CREST §3 (Ho et al., https://arxiv.org/abs/2408.04678): the drafter takes the last ``max_n`` .. 1 tokens of
-the sequence and uses the tree of the longest of those suffixes that the datastore holds. Only the n-gram
-lengths the build holds (``params.ns`` in the registry) are probed. Keys go to Postgres as binary ``bytea``
-parameters of prepared statements:
+CREST §3 (Ho et al., https://arxiv.org/abs/2408.04678): the drafter takes the last ``max_n`` .. 1 tokens of the sequence
+and uses the tree of the longest of those suffixes that the datastore holds. Only the n-gram lengths the build holds
+(``params.ns`` in the registry) are probed, as binary ``bytea`` parameters of prepared statements: one context, a
+``UNION ALL`` of single-key hash-index probes, longest first, under ``LIMIT 1``; many contexts (and the back-off
+lookup's candidates), one ``key = ANY(...)`` query of every key the cache cannot answer, of which only each context's
+longest stored tree is decoded; a drafting step (:meth:`LookupClient.retrieve_batch`), the datastore's and the live
+layer's (:mod:`live`) keys in one ``UNION ALL`` of two such probes.
 
-- one context: a ``UNION ALL`` of single-key hash-index probes, longest first, under ``LIMIT 1``: the
-  executor stops at the first (longest) hit and only that tree crosses the wire;
-- many contexts, and the back-off lookup's candidates (every stored suffix): one ``key = ANY(...)`` query
-  of every key the cache cannot answer; the client keeps each context's longest stored key (and decodes only
-  that tree), which is faster than a ``DISTINCT ON`` query that would return only the longest keys (the
-  server's join and sort cost more than the extra rows, when this was measured);
-- a drafting step (:meth:`LookupClient.retrieve_batch`): the datastore's keys and its live layer's (the model's own
-  earlier outputs, :mod:`live`) in one query, a ``UNION ALL`` of the two ``key = ANY(...)`` probes.
-
-A :class:`~datastore.cache.TreeCache` answers what it can first (decoded trees and absent keys, keyed by
-build), so a lookup it answers costs no round trip. A corrupt tree is served as absent (counted, one
-warning per client). A build replaced under a query is followed once (bounded retry) and the query re-run.
-
-:class:`LookupClient` implements all of this once; :class:`datastore.Datastore` (one connection) and
-:class:`datastore.shared.SharedDatastore` (a pool, a listener) only say how a query runs.
+A :class:`~datastore.cache.TreeCache` answers what it can first. A corrupt tree is served as absent (one warning per
+client); a build replaced under a query is followed once and the query re-run. :class:`LookupClient` implements this;
+:class:`datastore.Datastore` (a connection) and :class:`datastore.shared.SharedDatastore` (a pool) say how queries run.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """Host-local replicas: each ready build (a datastore's, its live layer's) as one read-only file on the decoding host,
 memory-mapped by every drafting process there, so a lookup costs a few memory reads and the page cache holds one copy.
 
-PostgreSQL stays the system of record (the registry, the builds, grants, the live outputs, and clients with no
-replica). A replica is written from its build's rows by the first client on the host that wants it: one
-``COPY (SELECT key, tree ...) TO STDOUT`` (what a reader role may do, and all it does) streamed into
-:class:`crest_native.ReplicaWriter`, which stores each tree as a plain codec v1 blob in a static hash table of the
-build's keys (the format: ``docs/replica-format.md``); compressed trees are decompressed here first (zstd, lz4). The
-file is written under a temporary name, synced and renamed into place, under an exclusive lock file, so processes of
-one host write it once and a reader never sees half of one (:func:`host_replica`). A drafting process has it written
-by a child process at the lowest CPU priority (``python -m datastore replica``, :func:`toolkit.children.spawn_idle`):
-written by a thread of an engine's process, the write's Python work took the engine's GIL and slowed its forward
-passes about ninefold (``benchmarks/replica_gil.py``); and the builds already mapped serve until the new ones are,
-so a compaction never sends the drafting step to the round trip.
+PostgreSQL stays the system of record. A replica is written from its build's rows by the first client on the host that
+wants it (a ``COPY``, which a reader role may do) into :class:`crest_native.ReplicaWriter`: each tree a plain codec v1
+blob in a static hash table of the build's keys (``docs/replica-format.md``). It is written under a temporary name and
+renamed, under a lock file, so a host writes it once and no reader sees half of one (:func:`host_replica`), by a child
+process at the lowest CPU priority (``python -m datastore replica``, :func:`toolkit.children.spawn_idle`); the builds
+already mapped serve meanwhile.
 
-The native core probes it (:class:`crest_native.Replica`, with the request's own last tokens, in the drafting step). A
-replica is tied to its build by an identity (:func:`identity_of`: the database, the datastore, the build, its table,
-tokenizer and key width) that is checked when it is opened, with the header's CRC-32, every slot block's check and the
-file's size; each slot block and record a lookup reads is checked again then, and a read the file no longer backs (it
-was truncated under the mapping) fails that lookup instead of the process. A replica that is missing, of another
-build, truncated or corrupt is never read: :class:`HostReplicas` serves none for that build until it has written a
-good one (the client drafts from the previous builds' replicas meanwhile, or from the round trip when it has none:
-output is the same), and a mapped file found changed or damaged mid-run is dropped with one warning and written
-again. Old replicas are removed once no process maps them
-(readers hold a shared ``flock`` on the file; the remover takes an exclusive one, or leaves the file). Closing a client
-abandons a replica it is writing (its temporary file removed) within about a second; so does the interpreter's exit.
-
-Settings: ``CREST_REPLICAS`` (:class:`toolkit.settings.Settings`): the replicas' folder, or ``off``.
+The native core probes it (:class:`crest_native.Replica`). Its identity (:func:`identity_of`), CRC-32, slot blocks and
+size are checked on open, and every block and record a lookup reads; a replica missing, of another build, truncated or
+corrupt is never read (:class:`HostReplicas` serves the previous builds' or the round trip until a good one is written:
+output is the same). Settings: ``CREST_REPLICAS`` (the folder, or ``off``).
 """
 
 from __future__ import annotations

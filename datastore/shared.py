@@ -1,26 +1,17 @@
 """One datastore shared by every decoder of a process: pooled connections, cached trees, one round trip a batch.
 
-:class:`SharedDatastore` answers the same longest-match lookups as
-:class:`datastore.Datastore` (CREST §3, https://arxiv.org/abs/2408.04678), for many
-threads at once:
+:class:`SharedDatastore` answers the same longest-match lookups as :class:`datastore.Datastore` (CREST §3,
+https://arxiv.org/abs/2408.04678), for many threads at once, with only ``SELECT`` and ``LISTEN`` (a reader role is
+enough):
 
-- a :class:`datastore.cache.TreeCache` holds decoded trees and absent keys, keyed by
-  build and n-gram and bounded in bytes; a lookup the cache can answer costs no
-  round trip;
-- ``lookup_batch`` sends the suffix keys the cache cannot answer, for every context of
-  a batch, in **one** query on a connection from a ``psycopg_pool`` pool; each context's
-  longest stored key is decoded, and the longer keys are learned as absent;
-  ``retrieve_batch`` asks the live layer's keys in the same query;
-- a build swap is pushed, not polled: every build (and every drop) sends
-  ``NOTIFY crest_datastores, '<name>'`` in the transaction that swaps it in, and a
-  listener thread follows the new build (of the datastore or its live layer) at once and drops the old
-  build's cache entries. A datastore dropped, or rebuilt with another tokenizer, makes lookups
-  raise until it is back, so that :class:`drafting.source.DatastoreSource` falls back;
-- host-local replicas of the builds served (:mod:`datastore.replica`): once they are ready, :meth:`stores` hands them
-  to the drafting step, which reads them in the native core with no round trip.
-
-Only ``SELECT`` and ``LISTEN`` are used: a reader role (``python -m datastore
-grant-reader``) is enough.
+- a :class:`datastore.cache.TreeCache` holds decoded trees and absent keys, bounded in bytes (a hit costs no round
+  trip);
+- ``lookup_batch`` sends the keys the cache cannot answer, for a whole batch, in **one** query on a ``psycopg_pool``
+  connection; ``retrieve_batch`` asks the live layer's keys in the same query;
+- a build swap is pushed (``NOTIFY crest_datastores, '<name>'``), not polled: a listener thread follows the new build
+  and drops the old one's cache entries; a datastore dropped, or rebuilt with another tokenizer, makes lookups raise
+  (:class:`drafting.source.DatastoreSource` falls back);
+- host-local replicas of the builds (:mod:`datastore.replica`), once ready, go to the drafting step (:meth:`stores`).
 """
 
 from __future__ import annotations

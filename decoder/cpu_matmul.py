@@ -1,13 +1,10 @@
-"""Faster small-batch linear layers on the CPU, for verification passes of a few tokens.
+"""Small-batch linear layers on the CPU computed weight-major, for verification passes of a few tokens.
 
-A verification pass multiplies every weight matrix by 1..64 token vectors. On
-the CPU, ``F.linear`` (``x @ W.T``) switches to a GEMM kernel for 2+ rows that is
-far slower than its 1-row GEMV, so a pass over 2 or 3 tokens cost far more than one over 1.
-Computing ``(W @ x.T).T`` instead kept 2..8 tokens about as cheap as 1 on the torch builds it was written
-for. With torch 2.13 it is the other way round (576 x 1536 at 2 rows: ``F.linear`` 29 us, weight-major 116 us;
-a 2-token verification pass of SmolLM2-135M 36 ms against 71 ms on this 2-core machine), so
-:func:`decoder.load_target` leaves it off unless asked (``python -m evaluation budget`` prints the curve on the
-machine at hand). Results are the same products summed in a different order (fp32 rounding differences only).
+A verification pass multiplies every weight matrix by 1..64 token vectors. On some torch builds ``F.linear``
+(``x @ W.T``) switches for 2+ rows to a GEMM kernel far slower than its 1-row GEMV; computing ``(W @ x.T).T`` instead
+keeps 2..8 tokens about as cheap as 1 there. On others it is the slower of the two, so :func:`decoder.load_target`
+leaves it off unless asked (``python -m evaluation budget`` prints the curve on the machine at hand). Results are the
+same products summed in a different order (fp32 rounding differences only).
 """
 
 from __future__ import annotations

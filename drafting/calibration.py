@@ -1,29 +1,17 @@
 """Calibrated node scores: the parameters of each draft node's probability of being accepted by verification.
 
-Count ratios rank a source's continuations well but are no probabilities (a count ratio of 0.5 was
-accepted about 15% of the time). The native core (``csrc/features.cpp``, ``csrc/scores.cpp``) scores each node of a
-merged draft with a logistic model of its *conditional* acceptance, given that its parent was accepted, over
-features the sources already know (:data:`FEATURES`, named by the core): per source (the corpus datastore's tree,
-the shared live layer's, the request's own tokens, this process's finished outputs), whether the node is in it, its
-count ratio to its parent (smoothed), the parent's count, the matched context's length, and whether that source
-predicted other continuations of the parent and not this one; then how many sources agree, and the depth. A node's
-score is the product of the conditionals along its path, so scores fall along every path (the best nodes form a
-prefix-closed tree) and estimate ``P(node accepted)``.
+Count ratios rank a source's continuations well but are no probabilities. The native core (``csrc/features.cpp``,
+``csrc/scores.cpp``) scores each node of a merged draft with a logistic model of its *conditional* acceptance, given its
+parent's, over the features the sources know (:data:`FEATURES`): per source, whether the node is in it, its count ratio
+to its parent, the parent's count, the matched context's length, and whether the source predicted another continuation;
+then how many sources agree, and the depth. A node's score is the product of the conditionals along its path, so scores
+fall along every path and estimate ``P(node accepted)``; a draft's expected accepted length is the sum of its nodes'
+scores.
 
-Because at most one node per depth is accepted, a draft's expected accepted length (draft tokens; the bonus token
-adds 1) is the sum of its nodes' scores: what the back-off lookup maximises over the candidate n-grams and what a
-node's verification cost is weighed against.
-
-:class:`Calibration` holds the weights by feature name; it is fitted from replay logs (``python -m evaluation
-calibrate``,
-reading the core's node tables: :meth:`drafting.MergedMethod.node_tables`) on one half of the public prompts,
-reported on the other half, and ships with the package (``drafting/data/calibration.json``).
-
-A calibration may add a term per drafted token (:class:`TokenBias`): a bias on the logit of the nodes whose token is
-one of the fit's most frequent. Count ratios say how often a source's continuation followed its context; the token
-says how predictable that kind of continuation is for the target (punctuation, a keyword, a common word piece). The
-ids belong to one tokenizer, so the term names it (:func:`toolkit.tokenizer.tokenizer_fingerprint`), and a drafter
-for another tokenizer drops it (:meth:`Calibration.for_tokenizer`).
+:class:`Calibration` holds the weights by feature name, fitted by ``python -m evaluation calibrate`` from the core's
+node tables (:meth:`drafting.MergedMethod.node_tables`) and shipped in ``drafting/data/calibration.json``. It may add a
+:class:`TokenBias`: a logit bias for the fit's most frequent drafted tokens, named by its tokenizer
+(:func:`toolkit.tokenizer.tokenizer_fingerprint`) and dropped for another (:meth:`Calibration.for_tokenizer`).
 """
 
 from __future__ import annotations

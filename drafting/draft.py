@@ -1,22 +1,17 @@
 """The draft tree: the one type that flows from every drafter through verification and replay.
 
-A draft hangs below the sequence's last committed token. Node ``i`` carries a token, its parent (``-1``
-for a child of the root, ``parents[i] < i``) and a score. What the scores mean is recorded with them
-(:class:`ScoreKind`):
+A draft hangs below the sequence's last committed token. Node ``i`` carries a token, its parent (``-1`` for a child of
+the root, ``parents[i] < i``) and a score, whose meaning is recorded with it (:class:`ScoreKind`):
 
-- ``probability``: the node's estimated probability of being accepted (the merged drafter's calibrated
-  scores, :mod:`drafting.calibration`), so the sum over a draft is its expected accepted length and a
-  ``min_score`` cut weighs a node's expected gain against its verification cost;
-- ``model``: a draft model's own probability of the node's path, a ranking that is no calibrated acceptance
-  probability;
-- ``count_ratio``: a source's own ranking, the product of child/parent count ratios along the path
-  (CREST §3, https://arxiv.org/abs/2408.04678; REST §3.2, https://arxiv.org/abs/2311.08252; the N-gram
-  trie's frequencies), which orders nodes but is no probability;
+- ``probability``: the estimated probability of being accepted (:mod:`drafting.calibration`), so the sum over a draft is
+  its expected accepted length;
+- ``model``: a draft model's own probability of the node's path (not calibrated);
+- ``count_ratio``: a source's ranking, the product of child/parent count ratios along the path (CREST §3,
+  https://arxiv.org/abs/2408.04678; REST §3.2, https://arxiv.org/abs/2311.08252), which is no probability;
 - ``none``: unscored (a copied chain, as prompt lookup drafts).
 
-Scores never rise along a path, so the best nodes form a prefix-closed tree. A draft is immutable: its
-arrays are read-only, and its depths and children maps are derived once, on first use. It carries nodes only;
-what drafting cost is recorded by the drafter (:class:`drafting.service.ServiceStats`) and the decoding loop.
+Scores never rise along a path, so the best nodes form a prefix-closed tree. A draft is immutable (read-only arrays) and
+carries nodes only: what drafting cost is recorded by the drafter (:class:`drafting.service.ServiceStats`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """The merged drafter: one request-keyed, batch-first lifecycle over the native core, which owns each request's data.
 
-Shaped after ArcticInference's suffix decoding (a request-keyed lifecycle over a native core that owns the data,
-https://github.com/snowflakedb/ArcticInference, ``arctic_inference/suffix_decoding``) and vLLM's batch-first
-proposers (``vllm/v1/spec_decode``): :meth:`DraftingService.start_request` puts a prompt in the core (its tokens and
-their suffix automaton), :meth:`DraftingService.step` follows each request's new tokens and drafts the batch (one
-native call once the replicas are mapped), :meth:`DraftingService.stop_request` ends a request (its output joins this
-process's output index and the live layer's writer), :meth:`DraftingService.close` ends the drafter. Each row's draft
-is the union of its sources (the datastore's tree of the context's longest stored n-gram, CREST §3,
-https://arxiv.org/abs/2408.04678; the live layer's; the request's own longest earlier match and the match in the
-finished outputs, SuffixDecoding's two trees, https://arxiv.org/abs/2411.04975, §3), every node scored by its
-calibrated acceptance probability (:mod:`drafting.calibration`).
+Shaped after ArcticInference's suffix decoding (https://github.com/snowflakedb/ArcticInference,
+``arctic_inference/suffix_decoding``) and vLLM's batch-first proposers (``vllm/v1/spec_decode``):
+:meth:`DraftingService.start_request` puts a prompt in the core, :meth:`DraftingService.step` follows each request's new
+tokens and drafts the batch (one native call once the replicas are mapped), :meth:`DraftingService.stop_request` ends a
+request (its output joins the output index and the live layer's writer), :meth:`DraftingService.close` ends the drafter.
+Each row's draft is the union of its sources (the datastore's tree of the context's longest stored n-gram, CREST §3,
+https://arxiv.org/abs/2408.04678; the live layer's; the request's own earlier match and the match in the finished
+outputs, SuffixDecoding's two trees, https://arxiv.org/abs/2411.04975, §3), every node scored by its calibrated
+acceptance probability (:mod:`drafting.calibration`).
 
-Thread-safe: one lock guards the table and every call on the native core (a step's native work runs with the GIL
-released, a round trip's lookups outside the lock); a request stopped while another thread drafts for it gets an empty
-draft. Fork-safe: ``os.fork`` waits for a call in flight, and the child drafts on its own.
+Thread-safe (one lock guards the table and every native call, which releases the GIL; a request stopped while another
+thread drafts for it gets an empty draft) and fork-safe (``os.fork`` waits for a call in flight).
 """
 
 from __future__ import annotations

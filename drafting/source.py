@@ -1,21 +1,16 @@
 """Retrieval that survives every datastore fault: the decoder drafts without the datastore, never fails.
 
-Verification decides every token, so a lookup that answers nothing changes
-speed, never output. :class:`DatastoreSource` wraps a retrieval backend (the
-Postgres :class:`datastore.Datastore` or :class:`datastore.shared.SharedDatastore`,
-or REST's :class:`datastore.SuffixIndex`) and turns each
-:class:`datastore.DatastoreError` into "no draft from the datastore this step":
+Verification decides every token, so a lookup that answers nothing changes speed, never output. :class:`DatastoreSource`
+wraps a retrieval backend (:class:`datastore.Datastore`, :class:`datastore.shared.SharedDatastore` or REST's
+:class:`datastore.SuffixIndex`) and turns each :class:`datastore.DatastoreError` into "no draft from the datastore this
+step":
 
-- the server unreachable (at start or mid-run), the datastore dropped, rebuilt
-  with another tokenizer, the schema changed, the role's grant revoked: one
-  warning, then drafts from the other sources; every ``retry_s`` seconds the backend is
-  opened again, which picks up whatever build is ready by then;
+- the server unreachable, the datastore dropped or rebuilt with another tokenizer, the schema changed, the grant
+  revoked: one warning, then drafts from the other sources; every ``retry_s`` seconds the backend is opened again;
 - a rebuild with the same tokenizer is followed by the client itself, silently;
-- a corrupt or undecodable tree: the client serves it as absent (one warning per client), so that
-  context drafts without the datastore.
+- a corrupt or undecodable tree is served as absent by the client (one warning per client).
 
-In a forked child the parent's backend (its connections, threads and replicas' keeper) is left to the parent: the
-child opens its own on its first lookup.
+In a forked child the parent's backend is left to the parent: the child opens its own on its first lookup.
 """
 
 from __future__ import annotations

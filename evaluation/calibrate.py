@@ -1,19 +1,16 @@
 """``python -m evaluation calibrate``: fit the calibrated node scores (:mod:`drafting.calibration`) on the fit half of
 the public prompts and report them on the report half, with the calibration curve as a plot.
 
-Every position of every reference output is visited (not only a drafter's steps, so the logs do not depend on any
-drafter): the datastore's candidate n-grams (the longest stored suffix of the context, what chains and trees under the
-back-off budget draft from; every stored suffix with ``--candidates all``), and for each candidate the native core's
-node table (:meth:`drafting.DraftingService.node_tables`): its union with the request's own match, the match in the
-outputs of the requests before it (the set's prompts run in file order, as a server would meet them) and the live
-layer's, with every node's features. A node is accepted when its path is what the target generated next; the
-conditional model is fitted on the nodes whose parent was accepted, with a bias per drafted token for the
-``--token-terms`` most frequent (:class:`drafting.calibration.TokenBias`).
+Every position of every reference output is visited (the logs depend on no drafter): the datastore's candidate n-grams
+(the longest stored suffix; every stored suffix with ``--candidates all``), and for each the native core's node table
+(:meth:`drafting.DraftingService.node_tables`): its union with the request's own match, the match in the earlier
+requests' outputs (the prompts run in file order) and the live layer's, with every node's features. A node is accepted
+when its path is what the target generated next; the conditional model is fitted on the nodes whose parent was accepted,
+with a bias per drafted token for the ``--token-terms`` most frequent.
 
-The live layer's features are fitted by cross-fitting: the fit half is split in two, each part's outputs compacted
-into a live layer that the other part's prompts look up (``calibfit-a.live``, ``calibfit-b.live``, left in place), and
-the fit half is replayed with that layer and with none, both fitted together (a server meets both;
-``docs/drafter-quality.md`` section 1).
+The live layer's features are cross-fitted: the fit half is split in two, each part's outputs compacted into a live
+layer the other part's prompts look up (``calibfit-a.live``, ``calibfit-b.live``, left in place), and the fit half is
+replayed with that layer and with none, both fitted together (``docs/drafter-quality.md`` section 1).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ def add_parser(sub, parents: list) -> None:
     ap.add_argument("--concurrency", nargs="+", type=int_in(1), default=[1, 8, 32],
                     help="rows per step whose break-even cut is modelled (default: 1 8 32).")
     ap.add_argument("--step-cost", nargs=2, type=float_in(0), default=[0.042, 0.0027], metavar=("A", "B"),
-                    help="seconds per step and per verified token (default: the proposer's fit in vLLM-CPU).")
+                    help="seconds per step and per verified token, the proposer's fit in vLLM-CPU "
+                         "(default: 0.042 0.0027).")
     ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: %(default)s).")
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: %(default)s).")
     ap.set_defaults(run=run)

@@ -195,5 +195,5 @@ def require_fresh_live(url: str, name: str, mark: int, outputs: Sequence[Sequenc
         raise Contaminated(f"the live layer of {name!r} held, before this run, outputs sharing {w} tokens in a row "
                            f"with {len(hit)} of the {len(outputs)} outputs scored: an earlier run's answers to these "
                            "prompts. Empty it before each run (datastore.admin.catalog.empty_live_layer; "
-                           "benchmarks/vllm_serving.py does unless --keep-live), or score on other prompts")
+                           "python -m benchmarks.vllm_serving does unless --keep-live), or score on other prompts")
     return held

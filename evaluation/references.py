@@ -104,7 +104,7 @@ def _regenerate(path: Path, want: Provenance) -> str:
     data = Settings.from_env().eval_data
     env = f"CREST_EVAL_DATA={data} " if data is not None else ""
     other = "" if want.model == DEFAULT_MODEL else f" (for {want.model}, generate them with that model)"
-    return f"regenerate them with `{env}{REGENERATE} --out-dir {path.parent}`{other}"
+    return f"regenerate them with `{env}{REGENERATE} --references {path.parent}`{other}"
 
 
 def read_references(path: str | os.PathLike, want: Provenance) -> list[Reference]:
@@ -118,7 +118,7 @@ def read_references(path: str | os.PathLike, want: Provenance) -> list[Reference
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: generate the references first ({REGENERATE} --out-dir "
+        raise FileNotFoundError(f"{path} not found: generate the references first ({REGENERATE} --references "
                                 f"{path.parent})")
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     try:

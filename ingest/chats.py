@@ -1,41 +1,17 @@
 """One chat record -> one document: the role table and the rule every chat format is rendered by.
 
-Every chat record, whatever its format (OpenAI ``messages``, ShareGPT ``conversations``; a JSON Lines line, a
-JSON array element or a Parquet row, as :mod:`ingest.chat_files` reads them) and whichever engine reads it,
-becomes text through :func:`chat_document`, which renders its kept turns with
-:func:`toolkit.tokenizer.render_chat` (the function the decoder renders prompts with).
+Every chat record (OpenAI ``messages``, ShareGPT ``conversations``; as :mod:`ingest.chat_files` reads them) becomes text
+through :func:`chat_document`, which renders its kept turns with :func:`toolkit.tokenizer.render_chat` (the function the
+decoder renders prompts with). The turns are under the chat field (:data:`CHAT_FIELDS`: ``messages``, else
+``conversations``, or ``--chat-field``); each is ``{"role", "content"}`` or ShareGPT's ``{"from", "value"}``. Roles:
+system, developer (-> system), user, assistant and ShareGPT's human, gpt, chatgpt, bing, bard, model, in any case.
+Content is a string or a list of parts whose text parts are joined with newlines. Empty turns are dropped.
 
-The turns are under the record's chat field (:data:`CHAT_FIELDS`: ``messages``, else ``conversations``, or
-``--chat-field``; ``--source sharegpt`` reads ``conversations``). Each turn is ``{"role", "content"}`` or
-ShareGPT's ``{"from", "value"}``. Roles: system, developer (-> system), user, assistant and ShareGPT's aliases
-(human, gpt, chatgpt, bing, bard, model), in any case. Content is a string or a list of parts whose text parts
-(``{"type": "text", "text": ...}``) are joined with newlines. Empty turns (blank or ``null`` content) are
-dropped.
-
-A record that cannot be rendered is refused; :attr:`ingest.sources.SourceReport.malformed` counts it by reason:
-
-    record is not an object       a JSON record that is not an object
-    missing field: F              the chat field (``messages``; ``conversations`` for ShareGPT arrays) or a
-                                  turn's keys (``role/content``, ``from/value``) is missing or null
-    wrong type: F                 F is of the wrong type (the chat field when not a list; ``role``;
-                                  ``content`` when neither a string nor a list of parts; ShareGPT's
-                                  ``from/value`` when not strings)
-    unknown role                  a role (or ShareGPT ``from``) outside the role table
-    empty text                    no text left in a ShareGPT ``conversations`` list
-    empty messages                no text turn left in a chat record (any other chat field)
-    chat template error           the tokenizer's chat template refused the conversation
-
-A chat turn that cannot be rendered as text is skipped and the rest of its record kept; these
-turns are counted in the same counter (so ``malformed`` holds records *and* skipped turns, and
-``documents`` counts only documents produced):
-
-    tool turn skipped             a turn of role ``tool`` or ``function``
-    tool_calls turn skipped       an assistant turn carrying ``tool_calls`` or ``function_call``
-                                  (with or without content)
-    non-text content skipped      a turn with a content part that is not text (``image_url``,
-                                  ``input_audio``, ...)
-
-Turns skipped in a record that is then refused for another reason are not counted.
+A record that cannot be rendered is refused, counted by reason in :attr:`ingest.sources.SourceReport.malformed`:
+``record is not an object``, ``missing field: F``, ``wrong type: F``, ``unknown role``, ``empty text``,
+``empty messages``, ``chat template error``. A turn that cannot be rendered as text is skipped, its record kept, and
+counted in the same counter: ``tool turn skipped`` (role ``tool``/``function``), ``tool_calls turn skipped``
+(``tool_calls`` or ``function_call``), ``non-text content skipped`` (an image, audio).
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """The contamination screen: how much of each evaluation item a corpus holds verbatim, recorded with every build.
 
-An evaluation set must never be part of a datastore scored on it. Every build screens its token stream against
-the evaluation sets (:func:`toolkit.eval_sets.screened_texts`: Spec-Bench's questions, HumanEval's prompts and its
-canonical solutions), tokenized by the build's tokenizer as written in the set (no chat template: a chat corpus
-holds the template by design).
+An evaluation set must never be part of a datastore scored on it. Every build screens its token stream against the
+evaluation sets (:func:`toolkit.eval_sets.screened_texts`: Spec-Bench's questions, HumanEval's prompts and its canonical
+solutions), tokenized by the build's tokenizer as written in the set (no chat template: a chat corpus holds the template
+by design).
 
-The rule (n-gram overlap, as GPT-3 §C and PaLM §8 screen their evaluations): an item's **share** is the fraction of
-its token 13-grams that occur anywhere in the corpus (no 13-gram crosses a document boundary). An item is
-**contaminated** when its share is at least :data:`THRESHOLD` (one half). GPT-3 counts an item dirty on any shared
-13-gram; on code that flags generic lines (``for i in range(len(numbers)):``) that every large Python corpus holds,
-so the count of items with any shared 13-gram is recorded beside it, as a figure, and the share decides.
-PaLM calls an item contaminated when 70% of its 8-grams occur; half of the 13-grams is stricter on both counts.
-Items shorter than 13 tokens have no 13-gram and are never flagged.
+The rule (n-gram overlap, as GPT-3 §C and PaLM §8 screen their evaluations): an item's **share** is the fraction of its
+token 13-grams that occur anywhere in the corpus (no 13-gram crosses a document boundary). An item is **contaminated**
+when its share is at least :data:`THRESHOLD` (one half). The count of items with any shared 13-gram (GPT-3's rule) is
+recorded beside it, as a figure; the share decides. Items shorter than 13 tokens are never flagged.
 
 The scan is exact: 13-grams are hashed (64-bit, polynomial), looked up through a bitmap and a sorted table, and every
-hit is compared token by token. One pass over the stream in chunks (memory: a few bytes per token of one chunk),
-about 8 s per 100M tokens on one core (9.3 s for the 115M-token code corpus, evaluation items tokenized included).
+hit is compared token by token, in one pass over the stream in chunks (memory: a few bytes per token of one chunk).
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """Continuation token trees built from occurrences in a token stream (CREST §3.2), vectorized.
 
-Both retrieval datastores build their trees here: the CREST build for every kept
-n-gram (``ingest``), and the REST suffix array for the occurrences it retrieves
-(:mod:`ingest.suffix_index`). A token stream is uint32 token ids with
-documents separated by :data:`SEPARATOR`; no continuation crosses it.
+The CREST build (every kept n-gram) and the REST suffix array (:mod:`ingest.suffix_index`) build their trees here. A
+token stream is uint32 token ids with documents separated by :data:`SEPARATOR`; no continuation crosses it.
 
-For a kept n-gram, every occurrence in the token stream contributes the path of
-the (up to ``depth``) tokens that follow it; a node's count is the number of
-occurrences whose continuation passes through it (a prefix count). The tree is
-then pruned to its ``budget`` best nodes under one total order:
+For a kept n-gram, every occurrence contributes the path of the (up to ``depth``) tokens that follow it; a node's count
+is the number of occurrences whose continuation passes through it. The tree is pruned to its ``budget`` best nodes by
+count descending, then depth ascending, then token path: a child never counts more than its parent and is deeper, so the
+kept set is prefix-closed. Nodes are emitted in level order, so ``parents[i] < i``.
 
-    count descending, then depth ascending, then the token path lexicographically.
-
-A child never counts more than its parent and is deeper, so it always ranks
-after its parent: the kept set is prefix-closed. Nodes are emitted in level
-order (depth, then path), so ``parents[i] < i``.
-
-The trie is built one depth at a time over all occurrences at once: the nodes at
-depth ``d`` are the distinct pairs (node at depth ``d-1``, next token), found
-with one ``np.unique`` on packed uint64 keys. Because node indices at every
-depth are in (tree, path) lexicographic order, so are the packed keys of the
-next depth, which gives the tie-break for free. Occurrences are dropped as soon
-as their node cannot make the budget: a node of count ``c`` at depth ``d`` is out
-when the tree already holds ``budget`` nodes at smaller depths with counts
-``>= c`` (they all rank before it), and then so is its whole subtree.
+The trie is built one depth at a time over all occurrences at once: the nodes at depth ``d`` are the distinct pairs
+(node at depth ``d-1``, next token): one ``np.unique`` on packed uint64 keys, in tie-break order. An occurrence is
+dropped, and its subtree with it, once its node (count ``c``) cannot make the budget: the tree already holds ``budget``
+nodes at smaller depths with counts of ``c`` or more.
 """
 
 from __future__ import annotations

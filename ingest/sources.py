@@ -1,62 +1,17 @@
 """Corpus sources, streamed as Arrow record batches of documents (columns ``text`` and ``name``).
 
-A document's name says where it came from: a code file's path, ``<file>#<k>`` for the k-th record (1-based) of a
-JSON, JSON Lines or Parquet file, or a chat record's own ``id`` where it has one (ShareGPT's). A build keeps the
-names beside its token stream, so that a contamination check names the documents it found
-(:mod:`ingest.contamination`), and records a digest of what it read (:attr:`SourceReport.digest`) and, for
-``code``, the packages installed in each site-packages folder it read (:attr:`SourceReport.packages`).
+Sources: ``sharegpt`` (a ShareGPT JSON list of ``{id, conversations}``), ``code`` (source files under ``--glob``,
+default ``**/*.py``; with no path, the interpreter's standard library and site-packages,
+:func:`ingest.files.python_source_roots`), ``jsonl`` (a text field, ``--text-field``, default ``content``), ``parquet``
+(a text column) and ``chat`` (OpenAI ``messages`` JSON Lines, ShareGPT JSON arrays, chat Parquet; files, folders or
+globs: :mod:`ingest.chat_files`, rendered as :mod:`ingest.chats` says). ``*.gz`` and ``*.zst`` files are decompressed as
+they stream (:func:`ingest.files.open_corpus_file`); one cut off or corrupt keeps the records before the damage, noted
+in :attr:`SourceReport.notes`. A document is named by its file's path, ``<file>#<k>`` (its record, 1-based) or a chat
+record's ``id``, deduplicated by content hash, and summed in :attr:`SourceReport.digest`.
 
-Sources:
-    sharegpt  A ShareGPT JSON file: a list of ``{id, conversations: [{from, value}]}``.
-              Each conversation is rendered by :func:`toolkit.tokenizer.render_chat`
-              (roles human/user -> user, gpt/chatgpt/bing/bard/assistant -> assistant,
-              system -> system), the function the decoder renders prompts with. A file cut off part-way
-              yields every complete record and reports what was lost.
-    code      Directory trees of source files (``--glob``, default ``**/*.py``), one document each;
-              with no path, the interpreter's own Python source: its standard library and its
-              site-packages (see :func:`ingest.files.python_source_roots`).
-    jsonl     JSON Lines with a text field (``--text-field``, default ``content``); a file or a directory
-              (``*.jsonl``, ``*.json``, and their ``.gz`` / ``.zst`` forms).
-    parquet   Parquet with a text column (``--text-field``); a file or a directory.
-    chat      Chat records, each rendered by :func:`toolkit.tokenizer.render_chat` (every kept turn:
-              system prompts, multi-turn chats, assistant turns). One or more files, directories
-              (recursively: ``*.jsonl``, ``*.json``, ``*.parquet``, and the ``.gz`` / ``.zst`` forms of
-              the JSON ones) or glob patterns (``logs/*.jsonl.gz``), read in a stable order:
-
-              - JSON Lines (``.jsonl``, or a ``.json`` file that does not start with ``[``): one
-                object per line with a ``messages`` list of ``{"role", "content"}`` turns (OpenAI
-                format: what OpenAI-compatible servers log and fine-tuning sets use), or a ShareGPT
-                ``conversations`` list of ``{"from", "value"}``; other keys are ignored.
-              - ShareGPT JSON (a ``.json`` file whose first non-space byte is ``[``): read as
-                ``sharegpt`` reads it, by the same code.
-              - Hugging Face Parquet: a ``messages`` column (list of struct role/content) or a
-                ``conversations`` column (list of struct from/value).
-
-              The chat field (JSON key or Parquet column) is ``messages``, else ``conversations``
-              (ShareGPT arrays: ``conversations``, else ``messages``), or ``--chat-field``. The files
-              are read by :mod:`ingest.chat_files`; roles, content and the turns dropped or skipped
-              are those of :mod:`ingest.chats`.
-
-Files named ``*.gz`` (gzip) or ``*.zst`` (zstandard) are decompressed as they are streamed (``jsonl``,
-``chat``, ``sharegpt``; :func:`ingest.files.open_corpus_file`); one that is cut off or corrupt keeps the records
-before the damage, gets a note in :attr:`SourceReport.notes`, and the next file is read.
-
-Code, JSONL, Parquet and chat documents are deduplicated by content hash. A malformed
-record is counted by reason in :attr:`SourceReport.malformed` and skipped. The reasons a chat record
-(``sharegpt``, ``chat``) is refused, and the chat turns skipped in a kept record (counted in the same
-counter), are listed in :mod:`ingest.chats`; reading the files adds (:mod:`ingest.chat_files`)
-
-    invalid JSON                  a JSON line that does not parse
-    invalid JSON (rest of file)   a JSON array (ShareGPT) that stops parsing; the rest of the file is not read
-    undecodable bytes             bytes that are not UTF-8 (a JSON line, a code file, a Parquet value)
-
-and the text sources (``jsonl``, ``parquet``, ``code``) add
-
-    record is not an object       a JSON Lines record that is not an object
-    missing field: F              the text field is missing or null
-    wrong type: F                 the text field is not a string
-    empty text                    no text left in the text field
-    unreadable file               a code file that cannot be read
+A malformed record is skipped, counted by reason in :attr:`SourceReport.malformed`: the reasons of :mod:`ingest.chats`,
+``invalid JSON`` (``(rest of file)`` in a ShareGPT array), ``undecodable bytes``, ``record is not an object``,
+``missing field: F``, ``wrong type: F``, ``empty text`` and ``unreadable file``.
 """
 
 from __future__ import annotations

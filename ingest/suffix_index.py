@@ -1,22 +1,17 @@
 """REST's datastore: a corpus token stream and its suffix array, with REST's retrieval.
 
-The second retrieval backend beside the Postgres datastore (:mod:`datastore.client`):
-both answer ``lookup(context)`` with a :class:`datastore.tree.Match`, so a drafter
-uses either the same way. The study compares them at equal bytes.
+The second retrieval backend beside the Postgres datastore (:mod:`datastore.client`): both answer ``lookup(context)``
+with a :class:`datastore.tree.Match`, so a drafter uses either the same way.
 
-REST (He et al., "REST: Retrieval-Based Speculative Decoding", NAACL 2024, §3.1-3.2)
-finds the longest suffix of the current sequence (16 down to 2 tokens) that occurs
-in the corpus, takes at most 5000 of its occurrences, and drafts the trie of their
-next 10 tokens, pruned to 64 nodes by prefix counts. The occurrences are the
-matching suffix-array range read from its start, as REST's retriever reads them.
+REST (He et al., "REST: Retrieval-Based Speculative Decoding", NAACL 2024, §3.1-3.2) finds the longest suffix of the
+current sequence (16 down to 2 tokens) that occurs in the corpus, takes at most 5000 of its occurrences, and drafts the
+trie of their next 10 tokens, pruned to 64 nodes by prefix counts. The occurrences are the matching suffix-array range
+read from its start, as REST's retriever reads them.
 
-The suffix array is built by libdivsufsort (PyPI ``pydivsufsort``), never by us.
-Its size is counted as REST counts its datastore: the token array (16-bit ids when
-the vocabulary fits, else 32-bit) plus the suffix array (32-bit entries below 2**31
-tokens, else 64-bit), uncompressed.
-
-Documents are separated by one reserved id (``separator`` = vocabulary size), so
-no match and no continuation crosses a document boundary.
+The suffix array is built by libdivsufsort (PyPI ``pydivsufsort``). Its size is counted as REST counts its datastore:
+the token array (16-bit ids when the vocabulary fits, else 32-bit) plus the suffix array (32-bit entries below 2**31
+tokens, else 64-bit), uncompressed. Documents are separated by one reserved id (``separator`` = vocabulary size), so no
+match and no continuation crosses a document boundary.
 """
 
 from __future__ import annotations

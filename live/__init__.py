@@ -2,19 +2,15 @@
 datastore of their own that drafts beside the corpus's (SuffixDecoding's global tree of earlier responses,
 https://arxiv.org/abs/2411.04975, §3, shared by a fleet and kept across restarts).
 
-- the store (:mod:`live.store`): outputs in the ``live_outputs`` table, appended by a :class:`LiveWriter` on a
-  background thread (its role needs only ``INSERT``: ``python -m datastore grant-appender``), read back by
-  :class:`LiveOutputs`;
+- the store (:mod:`live.store`): outputs in the ``live_outputs`` table, appended by a :class:`LiveWriter` (its role
+  needs only ``INSERT``: ``python -m datastore grant-appender``), read back by :class:`LiveOutputs`;
 - compaction (:mod:`live.compaction`, ``python -m live compact``): the newest outputs within a byte budget, built like a
-  corpus (top-t per n) into ``NAME.live``, or only the new ones into its delta ``NAME.live.delta``
-  (:mod:`datastore.layers`), swapped in atomically;
+  corpus into ``NAME.live``, or only the new ones into its delta ``NAME.live.delta``, swapped in atomically;
 - the compactor (:class:`LiveCompactor`, when :class:`CompactionPolicy` says): each drafting process keeps the layer
-  fresh on its own, one compaction per datastore across the fleet, while the engine leaves it the cores
-  (:class:`Anytime`, :class:`WhenEngineIdle`);
+  fresh, one compaction per datastore across the fleet (:class:`Anytime`, :class:`WhenEngineIdle`);
 - the feed (:class:`OutputFeed`): the other processes' outputs into this process's output index.
 
-Public API: the names in ``__all__``. Importing the package loads neither the build stack (compaction runs in a child
-process: ``python -m live compact``) nor the drafting core.
+Public API: the names in ``__all__``. Importing the package loads neither the build stack nor the drafting core.
 """
 
 from .compactor import CompactionPolicy, LiveCompactor

@@ -1,32 +1,17 @@
-"""Compaction of the live layer: finished outputs (``live_outputs``, appended by decoders through
-:class:`live.LiveWriter`) folded into the datastore ``<name>.live`` by the same top-t rule as a
-corpus build.
+"""Compaction of the live layer: finished outputs (``live_outputs``, appended through :class:`live.LiveWriter`) folded
+into the datastore ``<name>.live`` by the same top-t rule as a corpus build.
 
-Every drafting service that appends outputs runs it on its own (:class:`live.LiveCompactor`); ``python -m live
-compact --name NAME`` runs it once (from cron, say), as the role that owns the datastores. One compaction:
+Run by :class:`live.LiveCompactor`, or by ``python -m live compact --name NAME`` as the datastores' owner. One
+compaction takes the datastore's compactor lock (:func:`datastore.registry.compactor_lock_key`), or does nothing when
+another process holds it; keeps the newest outputs whose tokens fit in half of ``--max-bytes`` (4 bytes a token; the
+older ones are evicted once the new build serves); builds them like a corpus (:func:`ingest.build.build_datastore`),
+recording ``corpus.source = "outputs"`` and ``corpus.last_output_id``; and rebuilds once with top-t scaled down when the
+trees exceed the other half of ``--max-bytes``.
 
-1. takes the datastore's compactor lock (a session advisory lock, :func:`datastore.registry.compactor_lock_key`), or
-   does nothing when another process on any host holds it: one compactor per datastore at a time;
-2. keeps the newest outputs of ``NAME`` whose tokens fit in half of ``--max-bytes`` (4 bytes a token); the older
-   ones are evicted (first in, first out, as SuffixDecoding's ``max_cached_requests``) once the new build serves;
-3. builds the kept outputs exactly like a corpus (:func:`ingest.build.build_datastore`: exact n-gram
-   counts, top-t per n, continuation trees, compressed, bulk-loaded, swapped in atomically; readers follow
-   the swap); its build records ``corpus.source = "outputs"`` (the trees' provenance) and
-   ``corpus.last_output_id``, the newest output folded in (what :mod:`live.compactor` counts new outputs from);
-4. when the layer's trees take more than the other half of ``--max-bytes`` on disk, rebuilds once with
-   top-t scaled down to fit.
-
-``python -m live compact --delta --name NAME`` (:func:`compact_delta`) compacts only the outputs appended after
-the main build's newest into the layer's delta, ``NAME.live.delta``, by the same rule: a delta compaction costs what
-the new outputs cost, not what the whole layer costs, so an output drafts within seconds at any size of the layer.
-Readers take the two builds as one source (:func:`datastore.layers.delta_serves`). The main build is then rebuilt
-rarely (a fold: the compaction above, which takes every output kept); a delta built on an earlier main build is passed
-over by readers until the next delta compaction replaces it. Folds and delta compactions hold separate locks, so a
-delta keeps the layer fresh while a long fold runs; each never deletes an output the other has not folded (a delta
-compaction deletes nothing).
-
-Decoders never wait for this: they read whatever builds are ready. A compaction that fails or is killed leaves the
-previous build serving and deletes nothing.
+``--delta`` (:func:`compact_delta`) compacts only the outputs appended after the main build's newest into
+``NAME.live.delta``, which readers take with the main build (:func:`datastore.layers.delta_serves`): it costs what the
+new outputs cost. Folds and deltas hold separate locks; a delta deletes nothing. A compaction that fails or is killed
+leaves the previous build serving and deletes nothing.
 """
 
 from __future__ import annotations

@@ -1,53 +1,17 @@
-"""Automatic compaction of the live layer: a drafting service that appends its finished outputs keeps the live layer
-fresh on its own, with no cron job.
+"""Automatic compaction of the live layer: each drafting service keeps the layer fresh on its own, with no cron job.
 
-A :class:`LiveCompactor` is a background thread of the drafting process. Every ``check_s`` it asks the server one
-question (:data:`DUE_QUERY`: how many outputs wait beyond the builds served and how long the oldest has waited, how
-many tokens the main build does not hold yet, when the builds completed, and whether a compactor holds each lock),
-and starts what is due (:class:`CompactionPolicy`):
+A :class:`LiveCompactor`, a thread of the drafting process, asks the server one question every ``check_s``
+(:data:`DUE_QUERY`) and starts what :class:`CompactionPolicy` says is due: a *delta*
+(``python -m live compact --delta``, :func:`live.compaction.compact_delta`: the outputs since the main build), or a
+*fold* (``python -m live compact``, :func:`live.compaction.compact_live`: the main build rebuilt) once the delta reaches
+``fold_tokens``. Each runs as that command in a child process at ``SCHED_IDLE`` (:func:`toolkit.children.spawn_idle`),
+its result recorded; the command line is the contract, and a refusal (exit 2) is reported once, not retried.
 
-- a *delta* compaction (``python -m live compact --delta``, :func:`live.compaction.compact_delta`) builds only the
-  outputs appended since the main build into the layer's delta, ``NAME.live.delta``, which readers take with the main
-  build: it costs what the new outputs cost, so an output drafts within seconds whatever the layer's size;
-- a *fold* (``python -m live compact``, :func:`live.compaction.compact_live`) rebuilds the main build from every
-  output kept, once the delta has grown to ``fold_tokens``; deltas go on beside it, each under its own lock.
-
-Each runs in a child process (a command: drafting does not import ingest) at the lowest CPU priority
-(``SCHED_IDLE``, :func:`toolkit.children.spawn_idle`), and its wall time, peak RSS and result are recorded. An
-engine's threads often hold every core (vLLM-CPU's OpenMP threads, one per core, wait at a barrier for the slowest
-each layer): a compaction at normal priority took a core from them and slowed every forward pass by up to 60%; at
-``SCHED_IDLE`` it runs mostly while a core idles (between the engine's parallel regions), and yields as soon as the
-engine wants it back.
-
-Even at ``SCHED_IDLE`` a compaction beside an engine that holds every core is not free: it runs in the gaps between
-the engine's parallel regions, evicts its caches and wakes the kernel's writeback, and a delta compaction starved that
-way never finishes. So a compactor may be given the engine's steps (:class:`WhenEngineIdle`, the vLLM proposer's
-default on a CPU): a compaction then starts only once the engine has not stepped for ``idle_s`` seconds, and the
-engine's next step stops the one in flight (it is retried in the next idle spell; stopping one costs nothing but its
-work, as a kill does). Under steady load nothing compacts in the serving process: the other processes' outputs reach
-each one through the output feed (:class:`live.OutputFeed`), and the layer compacts when the engine idles, or by
-``python -m live compact`` run on a host with a free core. Beside an engine that leaves the host's cores free
-(a GPU's), :class:`Anytime` (the default) compacts whenever due.
-
-One compaction of each kind per datastore, across every process and host: the child takes its lock (a session
-advisory lock, :func:`datastore.registry.compactor_lock_key` of ``NAME`` for a fold, of ``NAME.live.delta`` for a
-delta) and does nothing when another holds it. A compaction that fails or is killed leaves the previous build serving
-(a build is swapped in atomically; only a fold evicts, and only once its build serves) and is retried after
-``retry_s``, doubling to ten minutes while it keeps failing. Lookups never wait for it: readers follow the new build by
-the swap's ``NOTIFY`` as they follow any rebuild, and the build's DDL never queues a lookup
-(:mod:`datastore.admin.ddl`). Output never depends on it.
-
-The role needs what ``compact-live`` needs (the datastores' owner); a role that cannot read ``live_outputs`` turns the
-compactor off with one warning naming the setting.
-
-Why the compactor runs ``ingest``'s command rather than importing it: ``ingest`` requires the build stack (DuckDB,
-PyArrow; the ``ingest`` extra), which an engine's process should neither need nor load (hundreds of MB and seconds of
-import in every serving process, for work it never does itself), and a compaction must not share the engine's process
-(its memory peak, a crash or a kill stays the child's, and ``SCHED_IDLE`` applies to the child alone). So the command
-line is the contract between the two packages: its flags are the ones :class:`CompactionPolicy` names, it runs end
-to end under this class in ``tests/drafting/test_compaction.py`` and inside vLLM in
-``tests/serving/test_vllm_proposer.py``, and a refusal (exit 2: the extra missing, a bad setting) is reported once
-and not retried.
+:class:`WhenEngineIdle` starts one only once the engine has not stepped for ``idle_s`` seconds, and the engine's next
+step stops it (retried in the next idle spell); :class:`Anytime` (the default) compacts whenever due. One compaction of
+each kind per datastore across the fleet (:func:`datastore.registry.compactor_lock_key`); one that fails is retried
+after ``retry_s``, doubling to ten minutes. Output never depends on it. A role that cannot read ``live_outputs`` turns
+the compactor off with one warning naming the setting.
 """
 
 from __future__ import annotations
@@ -162,7 +126,7 @@ class CompactionPolicy:
         after_s: seconds the oldest waiting output may wait (>= 0; default 2).
         gap_s: seconds after the last compaction completed before the next may start (>= 0; default 2).
         fold_tokens: tokens outside the main build that make a fold due (>= 0; 0: no delta; default 262,144, whose
-            delta compacts in a few seconds on two cores: ``benchmarks/live_layer.py``).
+            delta compacts in a few seconds on two cores: ``python -m benchmarks.live_layer``).
         check_s: seconds between two checks, one query each (> 0; default 1).
         top_t / max_bytes: as ``python -m live compact`` (n-grams per n; the layer's byte bound).
         retry_s: seconds before retrying after a failed compaction, doubling to :data:`MAX_RETRY_S` (> 0; default 30).

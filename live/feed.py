@@ -1,23 +1,17 @@
 """The fleet's finished outputs into this process's output index: SuffixDecoding's global tree of earlier responses
 (https://arxiv.org/abs/2411.04975, §3), fed by every process of the fleet and kept across restarts.
 
-A suffix tree per process sees only the outputs its own process generated: behind a balancer of K processes, a repeat
-of a request lands where its first answer is only 1/K of the time, and a restart forgets everything. Every process
-already appends its outputs to the live layer (:class:`live.LiveWriter`); an :class:`OutputFeed`
-reads them back (:class:`live.LiveOutputs`) into the output index of a
-:class:`drafting.DraftingService`:
+Every process appends its outputs to the live layer (:class:`live.LiveWriter`); an :class:`OutputFeed` reads them back
+(:class:`live.LiveOutputs`) into the output index of a :class:`drafting.DraftingService`, so a repeat of a request
+drafts its earlier answer whole, whichever process answered it:
 
-- at start, the newest outputs up to ``warm_tokens`` (a restarted process drafts from what the fleet said before it);
-- then, every ``poll_s`` seconds, those appended since by the other processes (this process's own joined its index
-  when its requests stopped). Ids are settled ``settle_s`` seconds after they are first seen: an output whose
-  ``COPY`` commits after a higher id was read is still found.
+- at start, the newest outputs up to ``warm_tokens``;
+- then, every ``poll_s`` seconds, those appended since by the other processes. Ids are settled ``settle_s`` seconds
+  after they are first seen, so an output whose ``COPY`` commits after a higher id was read is still found.
 
-The live layer's compacted trees (:mod:`live`) hold contexts of at most CREST's n tokens; the output index
-matches a request's last 64 tokens against whole outputs, so a repeated request drafts its earlier answer whole.
-
-It runs on one daemon thread, which sleeps between reads; each read adds at most ``chunk_tokens`` tokens under the
-service's lock at a time, so a step never waits long for it. A database fault skips that read (one warning; the next
-read retries): drafts never depend on it, and output never changes (the target verifies every draft).
+It runs on one daemon thread; each read adds at most ``chunk_tokens`` tokens under the service's lock at a time. A
+database fault skips that read (one warning; the next read retries): drafts never depend on it, and output never changes
+(the target verifies every draft).
 """
 
 from __future__ import annotations

@@ -5,20 +5,13 @@ the response::
 
     {"messages": [{"role": "system", ...}, {"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
 
-which is what ``python -m ingest build --source chat --path PATH`` reads (rendered with the chat template the decoder
-renders prompts with), so a deployment builds a datastore from its own traffic. A request asking for ``n`` choices gives
-one line per choice. Not logged: a request the server refused (any status but 200), a streamed response that did not
-run to its end (``data: [DONE]``), a choice with no text (tool calls only), and every endpoint but
-``/v1/chat/completions``.
-
-Lines are written whole, one ``write`` each, by :class:`logging.handlers.RotatingFileHandler`: when a line would take
-the file past ``max_bytes`` it is renamed ``PATH.1`` (older ones ``PATH.2`` ...; ``backups`` are kept) and a new file
-is begun. A file that cannot be written is warned about once; serving goes on. The log is off unless asked for.
-
-:class:`ChatLogMiddleware` is the ASGI middleware vLLM's server loads (``--middleware``); it reads its settings from
-``CREST_LOG_REQUESTS``, ``CREST_LOG_MAX_BYTES`` and ``CREST_LOG_BACKUPS``, which ``python -m serving`` sets from its
-options. One API server process writes a log (vLLM's ``--api-server-count`` above 1 would rotate one file from several
-processes: give each its own server).
+which ``python -m ingest build --source chat --path PATH`` reads, so a deployment builds a datastore from its own
+traffic. One line per choice; not logged: a refused request (any status but 200), a streamed response cut short, a
+choice with no text, and every endpoint but ``/v1/chat/completions``. Lines are written whole by
+:class:`logging.handlers.RotatingFileHandler` (rotated past ``max_bytes`` to ``PATH.1`` ..., ``backups`` kept); a file
+that cannot be written is warned about once. :class:`ChatLogMiddleware` is the ASGI middleware vLLM's server loads
+(``--middleware``), set by ``CREST_LOG_REQUESTS``, ``CREST_LOG_MAX_BYTES`` and ``CREST_LOG_BACKUPS``; one API server
+process writes a log (with ``--api-server-count`` above 1, give each its own server).
 """
 
 from __future__ import annotations

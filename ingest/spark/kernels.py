@@ -1,19 +1,16 @@
 """The Spark job's n-gram kernels: partial counts, occurrence gathering and tree building.
 
-Each runs inside Spark's Python workers on Arrow batches and needs no Spark. They call the
-single-node build's own code (:func:`ingest.counting.ngram_windows`, :func:`ingest.occurrences.tag_into`,
-:func:`ingest.continuations.build_trees`, :func:`datastore.codec.encode_trees`), so the two
-engines cannot drift apart: there is one tree builder and one codec. Counting groups with DuckDB
-(one thread per task, as Spark runs one task per core), the single-node build's counting engine.
+Each runs inside Spark's Python workers on Arrow batches and needs no Spark. They call the single-node build's own code
+(:func:`ingest.counting.ngram_windows`, :func:`ingest.occurrences.tag_into`, :func:`ingest.continuations.build_trees`,
+:func:`datastore.codec.encode_trees`), so the two engines cannot drift apart: there is one tree builder and one codec.
+Counting groups with DuckDB (one thread per task, as Spark runs one task per core), the single-node build's counting
+engine.
 
-A partition of documents is laid out as the single-node token stream is (each document
-followed by :data:`ingest.tokens.SEPARATOR`), so no n-gram and no continuation crosses a
-document, exactly as on one machine.
-
-Trees are built per *bucket*: the kept n-grams of one n are dealt round-robin into
-``parts = partition_plan(kept, max_occurrences)`` buckets by rank, the very partitions the
-single-node build hands its worker processes (:func:`ingest.occurrences.partition`). A bucket
-therefore yields the same :class:`datastore.codec.TreeBatch`, and the same blobs, on both engines.
+A partition of documents is laid out as the single-node token stream is (each document followed by
+:data:`ingest.tokens.SEPARATOR`), so no n-gram and no continuation crosses a document. Trees are built per *bucket*: the
+kept n-grams of one n are dealt round-robin into ``parts = partition_plan(kept, max_occurrences)`` buckets by rank, the
+partitions the single-node build hands its worker processes (:func:`ingest.occurrences.partition`), so a bucket yields
+the same :class:`datastore.codec.TreeBatch`, and the same blobs, on both engines.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """Source records -> validated, tokenized documents, one Arrow batch at a time (the Spark job's first kernel).
 
-Runs inside Spark's Python workers (``mapInArrow``) but needs no Spark: it applies the
-same per-record checks as the single-node readers (:func:`ingest.chats.chat_document`,
-:func:`ingest.sources.check_text`) and the same tokenizer call as :func:`ingest.build.tokenize_source`,
-so both engines see the same documents and the same token ids. Chat files are read by the
-single-node reader itself (:func:`ingest.chat_files.read_chat_file`, in :func:`split_chat_files`).
+Runs inside Spark's Python workers (``mapInArrow``) but needs no Spark: the same per-record checks as the single-node
+readers (:func:`ingest.chats.chat_document`, :func:`ingest.sources.check_text`) and the same tokenizer call as
+:func:`ingest.build.tokenize_source`; chat files are read by :func:`ingest.chat_files.read_chat_file`.
 
-Input batches carry the order columns ``o1, o2, o3`` (int64; the record's position in the
-source, see :mod:`ingest.spark.sources`) and one payload column that depends on the source:
+Input batches carry the order columns ``o1, o2, o3`` (int64; :mod:`ingest.spark.sources`) and the source's payload:
+``sharegpt`` a ``record`` string (:func:`split_json_arrays`), ``code`` a ``path``, ``chat`` a ``record`` (a pickled
+pair, :func:`split_chat_files`), ``jsonl`` a ``value`` (one line, binary), ``parquet`` a ``value`` (the text column);
+``sharegpt`` and ``chat`` rows may carry a ``reason`` and ``note`` instead.
 
-    sharegpt  ``record`` (string: one element of the file's JSON array, re-serialized by
-              :func:`split_json_arrays`), ``reason`` and ``note`` (strings, set on the rows that
-              report a file's invalid or cut-off end)
-    code      ``path`` (string: a file to read)
-    chat      ``record`` (binary: a pickled ``(record, fields)`` pair of :func:`split_chat_files`),
-              ``reason`` and ``note`` (strings, set on the rows of malformed records and of a file's
-              damaged end)
-    jsonl     ``value`` (binary: one line of a file)
-    parquet   ``value`` (string or binary: the text column)
-
-Output batches (:data:`RECORD_SCHEMA`): the order columns, ``reason`` (null for a
-document, else why the record was skipped), ``digest`` (16-byte document digest),
-``ids`` (``list<int32>`` token ids, null for a skipped record) and ``note`` (a remark on
-the source, such as a cut-off file, on a row of its own). A chat turn skipped in a kept record
-(sharegpt, chat) gets a row of its own after its record's, with the record's order columns and
-the turn's reason, as the single-node reader counts it.
+Output batches (:data:`RECORD_SCHEMA`): the order columns, ``reason`` (null for a document, else why the record was
+skipped), ``digest`` (16 bytes), ``ids`` (``list<int32>`` token ids, null for a skipped record) and ``note`` (a remark
+on the source, on a row of its own). A chat turn skipped in a kept record gets a row of its own after its record's.
 """
 
 from __future__ import annotations

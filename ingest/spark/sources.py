@@ -1,24 +1,17 @@
 """Corpus sources as Spark DataFrames of records (the input of :func:`ingest.spark.records.parse_records`).
 
-Every DataFrame has the order columns ``o1, o2, o3`` (int64), which sort records into the
-order the single-node reader meets them (file, then position in the file), so that
-``--limit N`` keeps the same first N documents, plus the source's payload column:
+Every DataFrame has the order columns ``o1, o2, o3`` (int64), which sort records into the order the single-node reader
+meets them (file, then position in the file), so that ``--limit N`` keeps the same first N documents, plus the source's
+payload column:
 
-    sharegpt  the file (one JSON array) read whole and streamed by ijson in one task
-              (:func:`ingest.spark.records.split_json_arrays`), as the single-node reader streams it,
-              so a cut-off file keeps every complete record (Spark's own JSON reader would turn it
-              into one corrupt record); its records are then spread over ``partitions``.
-    code      the file list of :func:`ingest.files.list_files` (same glob, same site-packages
-              rule); the workers read each file.
-    jsonl     Spark's text reader (lines as bytes), splittable; plain files only (a ``.gz`` / ``.zst``
-              file is refused with the fix: ``--engine duckdb``, or ``--source chat`` where it fits).
-    parquet   Spark's Parquet reader (the text column), splittable.
-    chat      the file list of :func:`ingest.files.list_files` (chat patterns, glob patterns);
-              each file is read in a task by the single-node reader itself
-              (:func:`ingest.spark.records.split_chat_files`: JSON Lines, ShareGPT arrays, Parquet,
-              decompressed as they stream, a damaged end noted as the single-node build notes it);
-              its records are then spread over ``partitions``. The workers must see the files at
-              the same paths (a shared file system), as for ``code``.
+- ``sharegpt``: the file read whole and streamed by ijson in one task (:func:`ingest.spark.records.split_json_arrays`),
+  so a cut-off file keeps every complete record; the records are then spread over ``partitions``;
+- ``code``: the file list of :func:`ingest.files.list_files`; the workers read each file;
+- ``jsonl``: Spark's text reader, splittable; plain files only (``.gz`` / ``.zst``: ``--engine duckdb``);
+- ``parquet``: Spark's Parquet reader (the text column), splittable;
+- ``chat``: each file of :func:`ingest.files.list_files` read in a task by the single-node reader
+  (:func:`ingest.spark.records.split_chat_files`), its records spread over ``partitions``; the workers must see the
+  files at the same paths, as for ``code``.
 """
 
 from __future__ import annotations

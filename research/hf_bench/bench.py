@@ -18,8 +18,7 @@ from typing import Any
 from decoder.generate import GenerationResult, greedy_generate, speculative_generate
 from decoder.model import TargetModel
 from drafting.lifecycle import Drafter
-
-from .prompts import Prompt
+from evaluation.prompts import Prompt
 
 
 @dataclass(frozen=True)

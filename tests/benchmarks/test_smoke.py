@@ -26,7 +26,6 @@ from support import REPO, drop_datastores, printed, run_script
 
 BENCHMARKS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py")
                     if not p.stem.startswith("_") and "def main(" in p.read_text())
-NO_VLLM = "vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)"
 NO_ARCTIC = "arctic-inference is not installed: `bash scripts/setup-vllm.sh --arctic`"
 ARCTIC = importlib.util.find_spec("arctic_inference") is not None
 
@@ -177,12 +176,13 @@ def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
         assert proc.returncode == 1 and named in proc.stderr and remedy in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
 
-    for step, missing in (("run", "today.json"), ("table", "fleet.json"), ("plot", "fleet.json")):
-        refused(step, missing, "first")
+    for step, missing, fix in (("run", "today.json", "fleet prepare"), ("table", "fleet.json", "fleet run"),
+                               ("plot", "fleet.json", "fleet run")):
+        refused(step, f"{missing} not found", fix)
     (tmp_path / "today.json").write_text('{"stream": [')
     (tmp_path / "fleet.json").write_text('{"meta": {}}')
-    refused("run", "today.json is not JSON", "prepare")
-    refused("table", "fleet.json holds no 'rows'", "run")
+    refused("run", "today.json is not JSON", "fleet prepare")
+    refused("table", "fleet.json holds no rows", "fleet run")
 
 
 @pytest.mark.slow
@@ -253,7 +253,7 @@ def test_sglang_ngram_in_peers(database_url, chat_datastore, references, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engine")
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
+@pytest.mark.vllm
 def test_vllm_serving(database_url, chat_datastore, tmp_path):
     """Two engines (vLLM's ``ngram``, then ours; concurrency 1, two Spec-Bench prompts of 8 tokens, with the step
     accounting)."""

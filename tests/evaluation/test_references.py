@@ -31,7 +31,7 @@ def test_references_round_trip_with_their_provenance(tmp_path, tokenizer):
 def test_another_sets_references_are_refused(tmp_path, tokenizer):
     """Spec-Bench's references saved where HumanEval's belong (same folder, wrong file): refused, not replayed."""
     _write(tmp_path / "humaneval.jsonl", "spec_bench", tokenizer)
-    with pytest.raises(ReferenceMismatch, match=re.escape("benchmarks/references.py --out-dir")) as exc:
+    with pytest.raises(ReferenceMismatch, match=re.escape("python -m evaluation references --references")) as exc:
         read_references(tmp_path / "humaneval.jsonl", expected("humaneval", tokenizer))
     assert "other set than this replay reads" in str(exc.value)
 
@@ -53,9 +53,9 @@ def test_references_of_other_prompts_are_refused(tmp_path, tokenizer):
     (tmp_path / "old.jsonl").write_text(json.dumps({"id": "x", "prompt_ids": [1], "output_ids": [2]}) + "\n")
     with pytest.raises(ReferenceMismatch, match="records no provenance"):
         read_references(tmp_path / "old.jsonl", expected("humaneval", tokenizer))
-    with pytest.raises(FileNotFoundError, match="benchmarks/references.py"):
+    with pytest.raises(FileNotFoundError, match="python -m evaluation references --references"):
         read_references(tmp_path / "missing.jsonl", expected("humaneval", tokenizer))
     saved = (tmp_path / "humaneval.jsonl").read_text()
     (tmp_path / "cut.jsonl").write_text(saved[:len(saved) // 2])  # a write cut short mid-line
-    with pytest.raises(ReferenceMismatch, match=r"cut.jsonl holds a line that is not a reference.*references.py"):
+    with pytest.raises(ReferenceMismatch, match=r"cut.jsonl holds a line that is not a reference.*-m evaluation"):
         read_references(tmp_path / "cut.jsonl", expected("humaneval", tokenizer))

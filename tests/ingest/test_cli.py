@@ -58,8 +58,6 @@ INGEST = [
     (["build", "--source", "chat", "--path", f"{REPO}/no-such-*.jsonl"], 2, ("no-such-*.jsonl", "matches")),
     (["build", "--source", "parquet", "--path", str(REPO), str(REPO)], 2, ("reads one --path",)),
     (["rest-index", "--path", NO_SUCH], 2, (NO_SUCH,)),
-    (["compact-live", "--name", "a b"], 2, ("'a b'",)),
-    (["compact-live", "--max-bytes", "12"], 2, ("'12'", "--max-bytes", "1024")),
 ]
 
 

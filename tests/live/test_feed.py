@@ -106,7 +106,7 @@ def test_a_fault_or_another_vocabulary_changes_nothing_else(database_url, live_d
     good = _answer(6)
     append_outputs(database_url, live_ds, [[VOCAB + 5, 1, 2], good], "other")  # the first is of a larger vocabulary
     service = _service()
-    with caplog.at_level(logging.WARNING, logger="drafting.output_feed"):
+    with caplog.at_level(logging.WARNING, logger="live.feed"):
         feed = OutputFeed(service, LiveOutputs(live_ds, database_url), poll_s=0.05)
         down = OutputFeed(service, LiveOutputs(live_ds, UNREACHABLE), poll_s=0.05)
         try:

@@ -1,4 +1,4 @@
-"""The live layer's outputs read back (:mod:`datastore.live_outputs`): the newest within a token bound, the ids
+"""The live layer's outputs read back (:mod:`live.store`): the newest within a token bound, the ids
 appended since, one origin left out; a reader granted a live layer may read them, one granted only a datastore may
 not. Real Postgres."""
 

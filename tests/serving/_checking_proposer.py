@@ -5,7 +5,8 @@ that a test can run vLLM's own scheduler (its preemption, condensing and reorder
 from __future__ import annotations
 
 import numpy as np
-from _proposer import InstrumentedProposer
+
+from benchmarks._proposer import InstrumentedProposer
 
 
 class CheckingProposer(InstrumentedProposer):

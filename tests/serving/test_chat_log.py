@@ -34,7 +34,7 @@ def test_lines_are_whole_and_rotation_keeps_every_chat(tmp_path):
 
 
 def test_bad_settings_and_a_missing_folder_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="--log-max-bytes"):
+    with pytest.raises(ValueError, match="max_bytes=10 must be >= 1024"):
         ChatLog(tmp_path / "x.jsonl", max_bytes=10)
     with pytest.raises(FileNotFoundError, match="create it or log elsewhere"):
         ChatLog(tmp_path / "missing" / "x.jsonl")

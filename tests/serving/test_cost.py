@@ -99,7 +99,7 @@ def test_a_step_with_drafts_pays_its_jump_once(jump, best):
         return 0.020 + 1e-5 * n
     base = _model(cost).curve
     assert base is not None
-    curve = base._replace(draft_s=jump)
+    curve = CostCurve(base.tokens, base.seconds, base.tail, jump)
     rows, scores = 4, np.array(CHAIN * 4)
     keep = goodput_keep(scores, rows, curve).view(bool)
     assert keep.sum() == best and keep.tolist() == oracle.goodput_keep(scores.tolist(), rows, curve)
@@ -199,17 +199,17 @@ def test_no_curve_without_spread_and_bad_arguments():
         with pytest.raises(ValueError, match=next(iter(bad))):
             StepCostModel(**bad)
     ok = CostCurve(np.array([1.0, 2.0]), np.array([0.1, 0.2]), 0.0)
-    for curve, named in [(CostCurve(np.array([2.0, 1.0]), np.array([0.1, 0.2]), 0.0), "increase"),
-                         (CostCurve(np.array([1.0]), np.array([0.1, 0.2]), 0.0), "as many seconds"),
-                         (CostCurve(np.array([1.0]), np.array([-0.1]), 0.0), ">= 0"),
-                         (CostCurve(np.array([1.0]), np.array([0.1]), float("inf")), "tail"),
-                         (CostCurve(np.array([1.0]), np.array([0.1]), 0.0, -0.01), "draft_s"),
-                         (CostCurve(np.array([1.0]), np.array([0.1]), 0.0, float("nan")), "draft_s")]:
-        with pytest.raises(ValueError, match=named):
-            goodput_keep(np.array([0.5]), 1, curve)
+    for args, named in [((np.array([2.0, 1.0]), np.array([0.1, 0.2]), 0.0), "increase"),
+                        ((np.array([1.0]), np.array([0.1, 0.2]), 0.0), "as many seconds"),
+                        ((np.array([1.0]), np.array([-0.1]), 0.0), ">= 0"),
+                        ((np.array([1.0]), np.array([0.1]), float("inf")), "tail"),
+                        ((np.array([1.0]), np.array([0.1]), 0.0, -0.01), "draft_s"),
+                        ((np.array([1.0]), np.array([0.1]), 0.0, float("nan")), "draft_s")]:
+        with pytest.raises(ValueError, match=named):  # refused when it is made, before any step reads it
+            CostCurve(*args)
     with pytest.raises(ValueError, match="rows"):
         goodput_keep(np.array([0.5]), 0, ok)
-    with pytest.raises(TypeError, match="CostCurve"):
+    with pytest.raises(TypeError, match="incompatible function arguments"):
         goodput_keep(np.array([0.5]), 1, (ok.tokens, ok.seconds))
 
 

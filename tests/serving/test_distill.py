@@ -4,7 +4,6 @@ extra, the target's answers written as chats that equal plain greedy decoding an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import uuid
@@ -106,8 +105,7 @@ def test_prompt_identity_is_its_messages():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engine")  # one engine at a time: tests/conftest.py
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
+@pytest.mark.vllm
 def test_distilled_answers_are_greedy_and_build_a_datastore(tmp_path, tokenizer, target, database_url):
     from datastore.admin.catalog import drop_datastore
     from decoder import greedy_generate

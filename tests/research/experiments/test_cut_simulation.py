@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from research.experiments.cut_simulation import EngineClock, parse_curve
+from research.experiments.cut_simulation import CURVE, EngineClock, parse_curve
 
 
 def test_a_step_takes_the_curve_at_its_tokens_plus_the_rest():
@@ -30,5 +30,5 @@ def test_a_malformed_curve_is_refused_naming_the_fix(points):
 
 
 def test_the_default_curve_rises():
-    tokens, ms = parse_curve(list(__import__("cut_simulation").CURVE))
+    tokens, ms = parse_curve(list(CURVE))
     assert np.all(np.diff(tokens) > 0) and ms[-1] > ms[0]

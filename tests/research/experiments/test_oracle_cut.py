@@ -5,14 +5,10 @@ small ShareGPT datastore; the references are stretches of that corpus, so chains
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-NO_VLLM = "vLLM is not installed: `bash scripts/setup-vllm.sh` (the `vllm` extra)"
 
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
+@pytest.mark.vllm
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # vLLM's imports
 def test_the_oracle_cut_keeps_only_what_the_uncut_chains_have_accepted(chat_datastore, database_url, real_stream):
     from benchmarks.proposer_step import _config, run

@@ -14,7 +14,7 @@ from support import REPO
 
 
 def s4c(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "s4c", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "research.s4c", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -86,8 +86,8 @@ def test_grid_points_equal_direct_builds(database_url, sharegpt_sample, tokenize
 @pytest.mark.slow
 def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     """The study on a tiny grid and small corpora: CSV rows and PNGs from real runs, values reproducible."""
-    from drafting import DatastoreSource, DraftingService
-    from drafting.drafters import Retrieval
+    from benchmarks.peer_drafters import RetrievalDrafter
+    from drafting import DatastoreSource
     from evaluation.prompts import MT_BENCH, load_prompts
     from ingest.suffix_index import SuffixIndex
     from research.hf_bench.store import reference_store
@@ -135,7 +135,7 @@ def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     eval_prompts, refs = refs_by_set["spec_bench"]
     folder = next((tmp_path / "work").glob("sharegpt-*")) / "rest" / f"{1.0:.6f}"
     index = SuffixIndex.load(folder)
-    drafter = DraftingService(Retrieval(DatastoreSource(lambda: index), name="rest"), vocab_size=len(tokenizer))
+    drafter = RetrievalDrafter(DatastoreSource(lambda: index), name="rest", vocab_size=len(tokenizer))
     replayed = replay_accept_length(drafter, eval_prompts, refs, 64)
     with open(out / "study_storage_sharegpt.csv") as fh:
         full_rest = [row for row in csv.DictReader(fh) if row["method"] == "rest" and float(row["fraction"]) == 1.0][0]

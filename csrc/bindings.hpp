@@ -1,0 +1,61 @@
+// What the binding files of crest_native._core share (nanobind): the array types they convert, the read-only arrays
+// they hand back, and the step-cost curve a step and goodput_keep both take. Each binding file converts its
+// arguments and calls csrc/; the values a step is handed are checked by crest::Core::step itself, and what only
+// Python can see (request ids, token lists) by drafting.door.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "codec.hpp"
+#include "core.hpp"
+#include "cut.hpp"
+#include "features.hpp"
+#include "goodput.hpp"
+#include "replica.hpp"
+
+namespace crest_bind {
+
+namespace nb = nanobind;
+
+template <typename T>
+using In1D = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using Out1D = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+
+// A read-only array owning `v` (numpy's writeable flag off).
+template <typename T>
+inline Out1D<const T> owned(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  heap->reserve(1);  // never a null pointer: an empty array with none would be exported as a new, writeable one
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Out1D<const T>(heap->data(), {heap->size()}, owner);
+}
+
+inline nb::tuple tree_tuple(crest::Tree&& t) {
+  uint64_t root = t.root_count;
+  return nb::make_tuple(owned(std::move(t.tokens)), owned(std::move(t.parents)), owned(std::move(t.counts)), root);
+}
+
+// An engine's step-cost curve (drafting.CostCurve), checked when it is made.
+struct Curve {
+  In1D<double> tokens, seconds;
+  double tail, draft_s;
+  crest::StepCurve view() const { return {tokens.data(), seconds.data(), tokens.shape(0), tail, draft_s}; }
+};
+
+void bind_options(nb::module_& m);
+void bind_core(nb::module_& m);
+void bind_replicas(nb::module_& m);
+void bind_functions(nb::module_& m);
+void bind_constants(nb::module_& m);
+
+}  // namespace crest_bind

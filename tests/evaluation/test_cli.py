@@ -1,0 +1,72 @@
+"""``python -m evaluation`` run as a user runs it, on tiny inputs (the session's small ShareGPT datastore, a few saved
+references): ``calibrate`` fits and reports, ``choose-k`` prints its table and each set's best, ``references``
+generates plain-greedy outputs with vLLM equal to ours. What they compute is tested beside their modules; here, that
+each command runs end to end and prints or writes what it says."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import drop_datastores, printed, run_script
+
+
+@pytest.mark.slow
+def test_calibrate(database_url, chat_datastore, references, tmp_path):
+    from drafting import Calibration
+
+    try:
+        out = run_script("evaluation", "calibrate", "--datastore", chat_datastore, "--code-datastore", chat_datastore,
+                         "--references", references, "--out", tmp_path / "calibration.json", "--plot",
+                         tmp_path / "calibration.png", "--live-top-t", "1000", url=database_url)
+    finally:
+        drop_datastores(database_url, "calibfit-a", "calibfit-b")  # the cross-fitted live layers it leaves
+    assert printed(out, r"fitted on 4 prompts, [\d,]+ nodes")
+    cal = Calibration.load(tmp_path / "calibration.json")
+    report = cal.meta["report"]
+    assert set(report) == {"spec_bench", "humaneval"} and all(r["prompts"] == 1 and r["nodes"] > 0
+                                                               for r in report.values())
+    assert (tmp_path / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_choose_k(database_url, chat_datastore, references):
+    out = run_script("evaluation", "choose-k", "--k", "2", "4", "--floors", "0.1", "--concurrency", "1", "8",
+                     "--datastore", chat_datastore, "--code-datastore", chat_datastore, "--references", references,
+                     url=database_url)
+    rows = printed(out, r"(spec_bench|humaneval) +c=(\d+) +k=(\d+) .* x([\d.]+) +\(([\d.]+), ([\d.]+)\)")
+    assert len(rows) == 2 * 2 * 2 and all(float(m[5]) >= 1 and float(m[4]) > 0 for m in rows)
+    best = printed(out, r"best (spec_bench|humaneval) c=(\d+): k=(\d+), floor=0.1 \(x[\d.]+\)")
+    assert {(m[1], m[2]) for m in best} == {(s, c) for s in ("spec_bench", "humaneval") for c in ("1", "8")}
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("engine")  # one engine at a time: tests/conftest.py
+def test_references(database_url, target, tokenizer, tmp_path):
+    """One engine: the first prompt of each set and its second turn, 8 tokens each, equal to our greedy output; a
+    second run keeps what is there (no engine started)."""
+    from decoder import greedy_generate
+    from evaluation.prompts import load_prompts
+    from evaluation.references import expected, read_references
+
+    args = ("references", "--references", tmp_path, "--limit", "1", "--max-new-tokens", "8")
+    out = run_script("evaluation", *args, "--max-num-seqs", "2", "--enforce-eager", url=database_url, timeout=900)
+    assert len(printed(out, r"(spec_bench|humaneval|spec_bench_turn2): 1 prompts, \d+ tokens in \d+ s")) == 3
+    for name in ("spec_bench", "humaneval", "spec_bench_turn2"):
+        (ref,) = read_references(tmp_path / f"{name}.jsonl", expected(name, tokenizer, max_new_tokens=8))
+        assert 1 <= len(ref.output) <= 8
+        if name != "spec_bench_turn2":
+            prompt = load_prompts(name, tokenizer)[0]
+            assert ref.id == prompt.id and ref.output == greedy_generate(target, prompt.token_ids,
+                                                                         max_new_tokens=8).output_ids
+    again = run_script("evaluation", *args, url=database_url)
+    assert not printed(again, r".*prompts, \d+ tokens in")
+
+
+def test_a_refit_advice_names_a_command_a_pip_user_has(capsys):
+    """Every command ``python -m evaluation`` names exists: its subcommands parse their own ``--help``."""
+    from evaluation.cli import build_parser
+
+    for command in ("references", "calibrate", "choose-k"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args([command, "--help"])
+        assert exit_.value.code == 0 and f"python -m evaluation {command}" in capsys.readouterr().out
