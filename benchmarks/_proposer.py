@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from datastore.lookup import LookupClient
-from drafting.service import STEP_TIMES_KEPT
+from drafting.step import STEP_TIMES_KEPT
 from serving.vllm_proposer import CrestProposer, ProposeRecord
 
 __all__ = ["InstrumentedProposer"]

@@ -10,11 +10,14 @@ an engine's step-cost curve (:class:`CostCurve`), the :class:`Drafter` protocol 
 a drafter written in Python. The accept rule of verification is in :mod:`drafting.accept`. Loads no torch.
 """
 
+from crest_native import EngineRows
+
 from .calibration import Calibration
 from .draft import ChainDrafts, CostCurve, Draft, Drafts, ScoreKind
 from .lifecycle import Drafter, TokenDrafter
-from .service import Batch, DraftingService, EngineRows, StepResult
+from .service import DraftingService
 from .source import DatastoreSource
+from .step import Batch, StepResult
 
 __all__ = ["Batch", "Calibration", "ChainDrafts", "CostCurve", "DatastoreSource", "Draft", "Drafter", "DraftingService",
            "Drafts", "EngineRows", "ScoreKind", "StepResult", "TokenDrafter"]

@@ -11,7 +11,7 @@ the root, ``parents[i] < i``) and a score, whose meaning is recorded with it (:c
 - ``none``: unscored (a copied chain, as prompt lookup drafts).
 
 Scores never rise along a path, so the best nodes form a prefix-closed tree. A draft is immutable (read-only arrays) and
-carries nodes only: what drafting cost is recorded by the drafter (:class:`drafting.service.ServiceStats`).
+carries nodes only: what drafting cost is recorded by the drafter (:class:`drafting.step.ServiceStats`).
 """
 
 from __future__ import annotations

@@ -19,16 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Protocol
 
 import numpy as np
 
 import crest_native
-from crest_native import DEFAULTS, EngineRows, NodeTable, Options
+from crest_native import DEFAULTS, EngineRows, NodeTable
 from datastore.cache import CACHE_BYTES
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
@@ -38,111 +34,15 @@ from toolkit.forks import at_fork
 from . import door
 from .calibration import RETRIEVAL_SOURCES, Calibration
 from .door import RequestId
-from .draft import ChainDrafts, CostCurve, Drafts, ScoreKind
+from .draft import CostCurve, ScoreKind
+from .native import core_options, native_core
 from .retrieval import DatastoreTrees, native_tree
 from .source import DatastoreSource
+from .step import Batch, Closeable, OutputSink, ServiceStats, StepResult
 
-__all__ = ["Batch", "DraftingService", "EngineRows", "STEP_TIMES_KEPT", "ServiceStats", "StepResult", "core_options",
-           "native_core"]
+__all__ = ["DraftingService"]
 
 log = logging.getLogger(__name__)
-
-STEP_TIMES_KEPT = 10_000
-"""Steps whose seconds :class:`ServiceStats` keeps one by one."""
-
-
-class OutputSink(Protocol):
-    """Where each finished request's output goes: the live layer's writer (:class:`live.LiveWriter`)."""
-
-    def append(self, tokens: Sequence[int]) -> bool:
-        """Take one output's token ids (enqueued: the step never waits); whether it was taken."""
-
-    def close(self) -> None:
-        """Flush what is pending and stop."""
-
-
-class Closeable(Protocol):
-    """Background work the drafter owns and stops with itself: the live layer's compactor
-    (:class:`live.LiveCompactor`)."""
-
-    def close(self) -> None:
-        """Stop (work in flight is abandoned safely)."""
-
-
-@dataclass
-class ServiceStats:
-    """Cumulative figures of a drafter (seconds are wall-clock, summed over calls).
-
-    Attributes:
-        steps: :meth:`DraftingService.step` calls that drafted. drafts: drafts returned. nodes: draft nodes returned.
-        step_s: their seconds. step_times: the last :data:`STEP_TIMES_KEPT` steps' seconds, one each (bounded: a
-            drafter lives as long as its server).
-    """
-
-    steps: int = 0
-    drafts: int = 0
-    nodes: int = 0
-    step_s: float = 0.0
-    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES_KEPT), repr=False)
-
-
-class Batch:
-    """A step's requests resolved once (:meth:`DraftingService.batch`): an engine's persistent batch is stepped with the
-    same object step after step, and its requests are looked up again only once some request started or stopped since.
-    One caller's: not shared between threads.
-
-    Attributes:
-        ids: ``[rows]`` the request of each row (read only).
-    """
-
-    __slots__ = ("generation", "ids", "native")
-
-    def __init__(self, ids: list[RequestId], handles: np.ndarray, generation: int) -> None:
-        self.ids = ids
-        self.generation = generation  # the drafter's table as the handles were read
-        self.native = crest_native.Batch()
-        self.native.handles = handles
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-class StepResult:
-    """What a step did: which requests followed their new tokens, and, when all did, the batch's drafts.
-
-    Attributes:
-        followed: ``[rows]`` bools: whether each request followed (always true for token lists; for
-            :class:`EngineRows`, whether the request's tokens were the first of its row).
-        drafted: whether the batch was drafted (every request followed).
-    """
-
-    def __init__(self, followed: list[bool], made: crest_native.Step | None) -> None:
-        self.followed, self._made, self.drafted = followed, made, made is not None
-
-    @cached_property
-    def drafts(self) -> Drafts:
-        """``[rows]`` drafts, best first (empty for a budget of 0 or a request stopped meanwhile).
-
-        Raises:
-            ValueError: when the batch was not drafted (a request did not follow: start or move it, then step again).
-        """
-        m = self._checked()
-        return Drafts(m.tokens, m.parents, m.scores, m.offsets, ScoreKind.PROBABILITY, m.sources)
-
-    def chains(self) -> ChainDrafts:
-        """The drafts as an engine that verifies chains takes them: token ids per row, as lists of ints (each draft of
-        a step with ``chain=True`` is a chain).
-
-        Raises:
-            ValueError: when the batch was not drafted.
-        """
-        m = self._checked()
-        return ChainDrafts(m.token_lists(), m.scores)
-
-    def _checked(self) -> crest_native.Step:
-        if self._made is None:
-            raise ValueError("this step drafted nothing: a request did not follow its row (see followed)")
-        return self._made
 
 
 class DraftingService:
@@ -548,37 +448,3 @@ class DraftingService:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def core_options(calibration: Calibration, sources: Sequence[str] = RETRIEVAL_SOURCES, outputs_bytes: int | None = None,
-                 back_off_min_budget: int | None = None, max_tokens: int = 0) -> Options:
-    """The core's settings (:class:`crest_native.Options`; any left ``None``: the core's default), whose ranges the
-    core checks when it is made; the requests' automata as deep as ``calibration`` was fitted with.
-
-    Raises:
-        TypeError: naming a setting that is not an int. ValueError: for a negative ``outputs_bytes`` (a byte count).
-    """
-    options = Options()
-    options.local_depth = calibration.local_depth
-    options.sources = list(sources)
-    for name, value in (("outputs_bytes", outputs_bytes), ("back_off_min_budget", back_off_min_budget),
-                        ("max_tokens", max_tokens)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name}={value!r} is a {type(value).__name__}; pass an int")
-        if name == "outputs_bytes" and value < 0:
-            raise ValueError(f"outputs_bytes={value}: must be >= 0 (0: no output index)")
-        setattr(options, name, value)
-    return options
-
-
-def native_core(calibration: Calibration, options: Options) -> crest_native.Core:
-    """The native core scoring with ``calibration`` (its weights and its token term) under ``options``.
-
-    Raises:
-        ValueError: naming a setting out of range (``crest::Core``'s constructor).
-    """
-    term = calibration.token_bias
-    return crest_native.Core(calibration.coef, calibration.intercept, calibration.prior, options,
-                             None if term is None else term.tokens, None if term is None else term.bias)

@@ -244,9 +244,9 @@ def tiny_heads(target, seed: int = 0, num_heads: int = 2):
 
 def native_core(*, sources=("ds", "live", "local", "outputs"), calibration=None, **options):
     """A native core (``crest_native.Core``) scoring with ``calibration`` (default: the shipped one), its settings by
-    keyword (:func:`drafting.service.core_options`)."""
+    keyword (:func:`drafting.native.core_options`)."""
     from drafting import Calibration
-    from drafting.service import core_options
+    from drafting.native import core_options
 
     cal = calibration or Calibration.load()
     made = core_options(cal, sources, **{k: v for k, v in options.items()
@@ -254,7 +254,7 @@ def native_core(*, sources=("ds", "live", "local", "outputs"), calibration=None,
     for name, value in options.items():
         if name not in ("outputs_bytes", "back_off_min_budget", "max_tokens"):
             setattr(made, name, value)
-    from drafting.service import native_core as make
+    from drafting.native import native_core as make
 
     return make(cal, made)
 
