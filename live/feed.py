@@ -31,12 +31,12 @@ from toolkit.forks import at_fork
 
 from .store import LiveOutputs, Output
 
-__all__ = ["OutputFeed", "OutputIndex"]
+__all__ = ["OutputFeed", "OutputLearner"]
 
 log = logging.getLogger(__name__)
 
 
-class OutputIndex(Protocol):
+class OutputLearner(Protocol):
     """Where the feed puts the outputs it reads: a drafter's index of finished outputs
     (:meth:`drafting.DraftingService.learn_outputs`)."""
 
@@ -67,7 +67,7 @@ class OutputFeed:
         ValueError: when an argument is out of range.
     """
 
-    def __init__(self, service: OutputIndex, outputs: LiveOutputs, *,
+    def __init__(self, service: OutputLearner, outputs: LiveOutputs, *,
                  skip_origin: Callable[[], str] | None = None, poll_s: float = 2.0, warm_tokens: int = 1 << 18,
                  settle_s: float = 60.0, chunk_tokens: int = 1 << 14) -> None:
         if not poll_s > 0 or warm_tokens < 0 or not settle_s >= 0 or chunk_tokens < 1:
