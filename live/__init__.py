@@ -13,9 +13,10 @@ https://arxiv.org/abs/2411.04975, §3, shared by a fleet and kept across restart
 Public API: the names in ``__all__``. Importing the package loads neither the build stack nor the drafting core.
 """
 
-from .compactor import CompactionPolicy, LiveCompactor
+from .compactor import LiveCompactor
 from .feed import OutputFeed
 from .gates import Anytime, EngineGate, WhenEngineIdle
+from .policy import CompactionPolicy
 from .store import LiveOutputs, decode_output, encode_output
 from .writer import LiveWriter
 

@@ -22,7 +22,7 @@ from datastore.layers import delta_name, live_name
 from datastore.registry import compactor_lock_key
 from ingest.tokens import SEPARATOR
 from live import CompactionPolicy, LiveCompactor, WhenEngineIdle
-from live.compactor import Layer
+from live.policy import Layer
 from live.store import encode_output
 
 FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, fold_tokens=0, check_s=0.2, top_t=500, retry_s=0.5)
