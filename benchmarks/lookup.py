@@ -67,7 +67,7 @@ def replica_figures(url: str, name: str, contexts: list[list[int]], table_bytes:
     from pathlib import Path
 
     from datastore.registry import resolve_build
-    from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
+    from datastore.replica_file import database_key, identity_of, open_replica, replica_path, write_replica
 
     with connect(url, autocommit=True) as conn:
         info, db = resolve_build(conn, name), database_key(conn)

@@ -35,7 +35,8 @@ from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreN
 from .layers import delta_of
 from .lookup import READER_APPLICATION, LookupClient, configure_reader
 from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
-from .replica import HostReplicas, Stores, database_key
+from .replica import HostReplicas, Stores
+from .replica_file import database_key
 from .schema import require_schema
 
 __all__ = ["SharedDatastore"]

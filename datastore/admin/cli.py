@@ -140,7 +140,7 @@ def _replica(url: str, args) -> None:
 
     from ..connection import connect
     from ..registry import resolve_build, server_error
-    from ..replica import database_key, host_replica, identity_of, replica_path
+    from ..replica_file import database_key, host_replica, identity_of, replica_path
 
     folder = args.folder if args.folder is not None else Settings.from_env().replicas_dir
     if folder is None:
@@ -158,7 +158,7 @@ def _replica(url: str, args) -> None:
     except OSError as exc:  # the folder: not one, or not this user's to write
         raise ReplicaError(f"cannot write the replica under {folder} ({exc}); name a folder this user may write "
                            "with --folder DIR") from exc
-    if args.json:  # written: the WriteReport's fields, which datastore.replica.write_in_child reads back
+    if args.json:  # written: the WriteReport's fields, which datastore.replica_file.write_in_child reads back
         print(json.dumps({"path": str(path), "build": info.id, "written": None if report is None else asdict(report)}))
     elif report is None:
         print(f"{path}: the replica of datastore {info.name!r} build {info.id} is there")

@@ -245,7 +245,7 @@ def lookup_latency(url: str, name: str, fingerprint: str, contexts: Sequence[np.
     then the replica's bytes and write seconds (written into ``folder`` and removed)."""
     from datastore.connection import connect
     from datastore.registry import resolve_build
-    from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
+    from datastore.replica_file import database_key, identity_of, open_replica, replica_path, write_replica
 
     with Datastore.open(name, fingerprint=fingerprint, database_url=url) as client:
         pg = _percentiles(lambda c: client.lookup(c.tolist()), contexts)

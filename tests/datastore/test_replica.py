@@ -28,15 +28,8 @@ from datastore.connection import connect
 from datastore.errors import ClosedError, CodecError
 from datastore.keys import decode_key
 from datastore.registry import resolve_build
-from datastore.replica import (
-    Stores,
-    database_key,
-    identity_of,
-    open_replica,
-    remove_unused,
-    replica_path,
-    write_replica,
-)
+from datastore.replica import Stores
+from datastore.replica_file import database_key, identity_of, open_replica, remove_unused, replica_path, write_replica
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, DraftingService
 from oracle import codec as codec_oracle

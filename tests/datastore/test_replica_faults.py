@@ -24,7 +24,7 @@ import numpy as np
 from crest_native import Replica, ReplicaError
 from datastore.connection import connect
 from datastore.registry import resolve_build
-from datastore.replica import database_key, identity_of, open_replica, replica_path, write_replica
+from datastore.replica_file import database_key, identity_of, open_replica, replica_path, write_replica
 from drafting import DatastoreSource, DraftingService
 from oracle import replica as replica_oracle
 from support import native_core, native_step
