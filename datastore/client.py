@@ -15,7 +15,8 @@ import psycopg
 from toolkit.tokenizer import tokenizer_fingerprint
 
 from .connection import connect, resolve_database_url
-from .lookup import READER_APPLICATION, LookupClient, configure_reader
+from .lookup import LookupClient
+from .queries import READER_APPLICATION, configure_reader
 from .registry import DatastoreInfo, check_tokenizer, resolve_build
 from .schema import require_schema
 
@@ -58,7 +59,7 @@ class Datastore(LookupClient):
             datastore.errors.LookupFailed: when the role may not read the registry or the build.
 
         The connection is named ``crest-spec reader`` and its statements time out after
-        :data:`datastore.lookup.LOOKUP_TIMEOUT_S` seconds.
+        :data:`datastore.queries.LOOKUP_TIMEOUT_S` seconds.
         """
         if fingerprint is None:
             if tokenizer is None:

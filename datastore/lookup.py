@@ -2,16 +2,11 @@
 for a whole batch of contexts, with the live layer's longest match in the same round trip.
 
 CREST §3 (Ho et al., https://arxiv.org/abs/2408.04678): the drafter takes the last ``max_n`` .. 1 tokens of the sequence
-and uses the tree of the longest of those suffixes that the datastore holds. Only the n-gram lengths the build holds
-(``params.ns`` in the registry) are probed, as binary ``bytea`` parameters of prepared statements: one context, a
-``UNION ALL`` of single-key hash-index probes, longest first, under ``LIMIT 1``; many contexts (and the back-off
-lookup's candidates), one ``key = ANY(...)`` query of every key the cache cannot answer, of which only each context's
-longest stored tree is decoded; a drafting step (:meth:`LookupClient.retrieve_batch`), the datastore's and the live
-layer's (:mod:`live`) keys in one ``UNION ALL`` of two such probes.
-
-A :class:`~datastore.cache.TreeCache` answers what it can first. A corrupt tree is served as absent (one warning per
-client); a build replaced under a query is followed once and the query re-run. :class:`LookupClient` implements this;
-:class:`datastore.Datastore` (a connection) and :class:`datastore.shared.SharedDatastore` (a pool) say how queries run.
+and uses the tree of the longest of those suffixes that the datastore holds; only the lengths the build holds are
+probed (the queries: :mod:`datastore.queries`). A :class:`~datastore.cache.TreeCache` answers what it can first. A
+corrupt tree is served as absent (one warning per client); a build replaced under a query is followed once and the
+query re-run. :class:`LookupClient` implements this; :class:`datastore.Datastore` (a connection) and
+:class:`datastore.shared.SharedDatastore` (a pool) say how queries run.
 """
 
 from __future__ import annotations
@@ -21,22 +16,17 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import psycopg
-from psycopg import sql
-
-from toolkit.console import clause
 
 from .cache import TreeCache
-from .codec import decode_tree
-from .connection import track
 from .context import TokenIds, check_batch, check_context
 from .errors import CodecError, DatastoreNotFound, LookupFailed, TokenizerMismatch
-from .keys import decode_key, encode_key
+from .keys import decode_key
 from .layers import delta_of, delta_serves
+from .queries import any_keys_sql, decode_match, longest_match_sql, suffix_keys
 from .registry import DatastoreInfo, check_tokenizer, server_error
 from .tree import Match, TokenTree
 
@@ -49,68 +39,6 @@ __all__ = ["LookupClient", "Retrieval"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-LOOKUP_TIMEOUT_S = 2.0
-"""``statement_timeout`` of a lookup connection: a lookup never waits longer (a timeout is a fault: the
-caller drafts without the datastore). Lookups take about a millisecond; DDL never makes them queue
-(:mod:`datastore.admin.ddl`)."""
-READER_APPLICATION = "crest-spec reader"
-"""The ``application_name`` of lookup connections (``pg_stat_activity``)."""
-
-
-def configure_reader(conn: psycopg.Connection, statement_timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
-    """Set a lookup connection's ``statement_timeout`` (seconds, > 0), and track it (a forked child disowns it:
-    :func:`datastore.connection.track`)."""
-    track(conn)
-    conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{statement_timeout_s * 1000:.0f}ms")))
-
-
-def suffix_keys(tail: Sequence[int], info: DatastoreInfo) -> list[bytes]:
-    """Keys of the suffixes of ``tail`` (checked token ids, :func:`datastore.context.check_context`) of the
-    lengths the build holds, longest first: slices of the longest one's key (keys are fixed-width tokens)."""
-    longest = encode_key(tail[max(len(tail) - info.max_n, 0):], info.key_width)
-    w = info.key_width
-    return [longest[len(longest) - n * w:] for n in reversed(info.ns) if n * w <= len(longest)]
-
-
-def decode_match(info: DatastoreInfo, key: bytes, blob: bytes) -> Match:
-    """The :class:`~datastore.tree.Match` of one stored row.
-
-    Raises:
-        datastore.errors.CodecError: naming the datastore, its build and the n-gram whose tree is corrupt.
-    """
-    ngram = decode_key(key, info.key_width)
-    try:
-        return Match(ngram, decode_tree(blob))
-    except CodecError as exc:
-        raise CodecError(f"datastore {info.name!r} (build {info.id}) holds a corrupt tree for n-gram {ngram}: "
-                         f"{clause(exc)}; rebuild it") from exc
-
-
-@lru_cache(maxsize=1024)
-def longest_match_sql(table: str, k: int) -> str:
-    """The one-context longest-match query: ``k`` key probes of ``table``, longest key first, joined by
-    ``UNION ALL`` under ``LIMIT 1``, so the server stops at the first stored key. Parameters: the ``k`` keys
-    (``bytea``), sent in binary (``%b``: psycopg escapes text-format ``bytea`` with a regular expression).
-
-    Args:
-        table: the build's tree table. k: how many keys the query probes, >= 1.
-
-    Returns:
-        The SQL; it returns at most one row ``(key, tree)``.
-    """
-    probe = sql.SQL("(SELECT key, tree FROM {} WHERE key = {})").format(sql.Identifier(table),
-                                                                        sql.Placeholder(format="b"))
-    return sql.SQL("{} LIMIT 1").format(sql.SQL(" UNION ALL ").join([probe] * k)).as_string(None)
-
-
-@lru_cache(maxsize=256)
-def _any_keys_sql(tables: tuple[str, ...]) -> str:
-    """Every stored key among the given ones, in each of ``tables``: rows ``(layer, key, tree)``, ``layer`` the
-    table's index; one parameter (a ``bytea[]``) per table."""
-    probe = sql.SQL("SELECT {}::int2, key, tree FROM {} WHERE key = ANY(%b)")
-    return sql.SQL(" UNION ALL ").join(
-        probe.format(sql.Literal(i), sql.Identifier(t)) for i, t in enumerate(tables)).as_string(None)
 
 
 class Retrieval(NamedTuple):
@@ -391,7 +319,7 @@ class LookupClient(ABC):
             rows = self._query(info, longest_match_sql(asks[asking[0]][0].table, len(plan.ask_keys)), plan.ask_keys)
             rows = None if rows is None else [(0, key, blob) for key, blob in rows]
         else:
-            rows = self._query(info, _any_keys_sql(tuple(asks[i][0].table for i in asking)),
+            rows = self._query(info, any_keys_sql(tuple(asks[i][0].table for i in asking)),
                                [list(dict.fromkeys(asks[i][1].ask_keys)) for i in asking])
         if rows is None:
             return None

@@ -33,7 +33,8 @@ from .cache import CACHE_BYTES
 from .connection import connect, resolve_database_url
 from .errors import ClosedError, DatabaseUnavailable, DatastoreError, DatastoreNotFound, TokenizerMismatch
 from .layers import delta_of
-from .lookup import READER_APPLICATION, LookupClient, configure_reader
+from .lookup import LookupClient
+from .queries import READER_APPLICATION, configure_reader
 from .registry import SWAP_CHANNEL, DatastoreInfo, check_tokenizer, resolve_build
 from .replica import HostReplicas, Stores
 from .replica_file import database_key
