@@ -99,8 +99,7 @@ def run_module(*args: str, env: dict | None = None, timeout: float = 300) -> sub
 def run_script(module: str, *args: object, url: str, env: dict | None = None, timeout: float = 600) -> str:
     """``python -m MODULE ARGS`` in the repository's root with ``DATABASE_URL=url`` (so that no script ever falls back
     to the embedded server) and ``env``; asserts it exits 0 and returns what it printed (stdout, then stderr)."""
-    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "DATABASE_URL": url, **(env or {})})
+    proc = run_module(module, *map(str, args), env={**os.environ, "DATABASE_URL": url, **(env or {})}, timeout=timeout)
     assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc.stdout + proc.stderr
 

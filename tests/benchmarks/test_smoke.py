@@ -34,9 +34,6 @@ def _run(script: str, *args: object, url: str, env: dict | None = None, timeout:
     return run_script(f"benchmarks.{script}", *args, url=url, env=env, timeout=timeout)
 
 
-_lines = printed
-_drop = drop_datastores
-
 
 def _names(url: str) -> set[str]:
     return {r["name"] for r in list_datastores(url, include_all=True)}
@@ -54,11 +51,11 @@ def test_build(database_url, sharegpt_sample):
         out = _run("build", "--name", name, "--top-t", "300", "--limit", "20", "--path", sharegpt_sample,
                    "--max-n", "3", url=database_url)
     finally:
-        _drop(database_url, name)
-    (m,) = _lines(out, r"documents (\d+); tokens ([\d,]+); n-grams stored ([\d,]+)")
+        drop_datastores(database_url, name)
+    (m,) = printed(out, r"documents (\d+); tokens ([\d,]+); n-grams stored ([\d,]+)")
     assert int(m[1]) == 20 and int(m[2].replace(",", "")) > 0 and int(m[3].replace(",", "")) > 0
-    assert _lines(out, r"end to end [\d.]+ s .* [\d,]+ tokens/s") and _lines(out, r"peak RSS: largest single process")
-    assert len(_lines(out, r"  n=\d: kept [\d,]+ of [\d,]+")) == 3
+    assert printed(out, r"end to end [\d.]+ s .* [\d,]+ tokens/s") and printed(out, r"peak RSS: largest single process")
+    assert len(printed(out, r"  n=\d: kept [\d,]+ of [\d,]+")) == 3
 
 
 @pytest.mark.skipif(spark_problem() is not None, reason=f"--engine spark unavailable: {spark_problem()}")
@@ -69,9 +66,9 @@ def test_spark_build(database_url, sharegpt_sample):
         out = _run("spark_build", "--masters", "local[1]", "--path", sharegpt_sample, "--limit", "20", "--top-t",
                    "300", "--name", prefix, url=database_url)
     finally:
-        _drop(database_url, f"{prefix}-duckdb", f"{prefix}-spark-local1")
-    assert len(_lines(out, r"(duckdb|spark local\[1\]) +wall +[\d.]+ s +[\d,]+ tokens/s")) == 2
-    (m,) = _lines(out, r"spark local\[1\]: [\d.]+x the DuckDB wall time; rows ([\d,]+): only DuckDB (\d+), only Spark "
+        drop_datastores(database_url, f"{prefix}-duckdb", f"{prefix}-spark-local1")
+    assert len(printed(out, r"(duckdb|spark local\[1\]) +wall +[\d.]+ s +[\d,]+ tokens/s")) == 2
+    (m,) = printed(out, r"spark local\[1\]: [\d.]+x the DuckDB wall time; rows ([\d,]+): only DuckDB (\d+), only Spark "
                        r"(\d+), blobs differing (\d+); per-n stats and report identical: (\w+)")
     assert int(m[1].replace(",", "")) > 0 and m.groups()[1:] == ("0", "0", "0", "True")
     assert not {n for n in _names(database_url) if n.startswith(prefix)}  # dropped by the script itself
@@ -80,14 +77,14 @@ def test_spark_build(database_url, sharegpt_sample):
 def test_lookup(database_url, chat_datastore):
     out = _run("lookup", "--name", chat_datastore, "--database-url", database_url, "--lookups", "300",
                url=database_url)
-    (m,) = _lines(out, r"bytes per stored n-gram \(table \+ index\): ([\d.]+)")
+    (m,) = printed(out, r"bytes per stored n-gram \(table \+ index\): ([\d.]+)")
     assert float(m[1]) > 0
     for what in ("SELECT 1 round trip", "longest-match lookup", "shared client, cache miss",
                  "shared client, cache hit"):
-        assert _lines(out, re.escape(what) + r" +\(300\): p50 [\d.]+ ms +p90 [\d.]+ ms +p99 [\d.]+ ms"), what
-    assert len(_lines(out, r"replica longest match, (cold|warm) page cache \(300\): p50 [\d.]+ µs")) == 2
-    (hit,) = _lines(out, r"replica hit rate ([\d.]+)")
-    (pg,) = _lines(out, r"hit rate ([\d.]+), mean matched n")
+        assert printed(out, re.escape(what) + r" +\(300\): p50 [\d.]+ ms +p90 [\d.]+ ms +p99 [\d.]+ ms"), what
+    assert len(printed(out, r"replica longest match, (cold|warm) page cache \(300\): p50 [\d.]+ µs")) == 2
+    (hit,) = printed(out, r"replica hit rate ([\d.]+)")
+    (pg,) = printed(out, r"hit rate ([\d.]+), mean matched n")
     assert 0 < float(hit[1]) == float(pg[1])  # the replica answers what Postgres answers
 
 
@@ -98,7 +95,7 @@ def test_load(database_url, tmp_path):
         _run("load", "--database-url", database_url, "--clients", "2", "--procs", "1", "--seconds", "2", "--limit",
              "20", "--name", name, "--out", tmp_path / "load.json", url=database_url)
     finally:
-        _drop(database_url, name)  # the script leaves it in place
+        drop_datastores(database_url, name)  # the script leaves it in place
     (row,) = json.loads((tmp_path / "load.json").read_text())
     assert row["clients"] == 2 and row["lookups"] > 0 and row["errors"] == 0 and row["lookup_ms"]["50"] > 0
     assert row["build_id"] > 0 and row["saw_new_build_after_ms"][0] is not None  # the rebuild was swapped in and seen
@@ -111,7 +108,7 @@ def test_live_layer(database_url, tmp_path):
         _run("live_layer", "--name", name, "--outputs", "2", "--every", "0.2", "--main-tokens", "3K", "--sizes", "2K",
              "--out", tmp_path / "live.json", url=database_url)
     finally:
-        _drop(database_url, name)
+        drop_datastores(database_url, name)
     got = json.loads((tmp_path / "live.json").read_text())
     (fresh,), (cost,) = got["freshness"], got["compaction"]
     assert fresh["outputs"] >= 1 and 0 < fresh["p50_s"] <= fresh["max_s"] and fresh["main"]["tokens"] >= 3000
@@ -140,7 +137,7 @@ def test_peers(database_url, chat_datastore, references, tmp_path):
 def test_proposer_step(database_url, chat_datastore, references):
     out = _run("proposer_step", "--concurrency", "2", "--k", "4", "--datastore", chat_datastore, "--references",
                references, "--flush-mb", "1", url=database_url)
-    rows = _lines(out, r"(spec_bench|humaneval) +(\d+) +(\d+) +([\d.]+) +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)$")
+    rows = printed(out, r"(spec_bench|humaneval) +(\d+) +(\d+) +([\d.]+) +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)$")
     assert {(m[1], m[2]) for m in rows} == {(s, "2") for s in ("spec_bench", "humaneval")}
     assert all(int(m[3]) > 0 and float(m[4]) > 0 and float(m[5]) >= 1 for m in rows)
 
@@ -149,8 +146,8 @@ def test_proposer_step(database_url, chat_datastore, references):
 def test_replica_memory(database_url, chat_datastore, references):
     out = _run("replica_memory", "--processes", "2", "--datastores", "sharegpt", "--datastore", chat_datastore,
                "--batch", "2", "--references", references, url=database_url)
-    assert _lines(out, re.escape(chat_datastore) + r" \(replica [\d,]+ MiB\)")
-    rows = _lines(out, r"  (alone|2 at once) +PSS +([\d.]+) \( *([\d.]+)\) +USS +([\d.]+) +RSS +([\d.]+) +steps (\d+)")
+    assert printed(out, re.escape(chat_datastore) + r" \(replica [\d,]+ MiB\)")
+    rows = printed(out, r"  (alone|2 at once) +PSS +([\d.]+) \( *([\d.]+)\) +USS +([\d.]+) +RSS +([\d.]+) +steps (\d+)")
     assert [m[1] for m in rows] == ["alone", "2 at once", "2 at once"]
     assert all(float(m[2]) > 0 and float(m[4]) > 0 and int(m[6]) > 0 for m in rows)
 
@@ -158,7 +155,7 @@ def test_replica_memory(database_url, chat_datastore, references):
 def test_service_step(database_url, chat_datastore, references):
     out = _run("service_step", "--batch", "2", "--budget", "4", "--cache-mb", "1", "--datastore", chat_datastore,
                "--code-datastore", chat_datastore, "--references", references, url=database_url)
-    rows = _lines(out, r"(spec_bench|humaneval) +(chain|tree) +(replica|trip) +\d+ +(\d+) +([\d.]+) +[\d.]+ +\d+% "
+    rows = printed(out, r"(spec_bench|humaneval) +(chain|tree) +(replica|trip) +\d+ +(\d+) +([\d.]+) +[\d.]+ +\d+% "
                        r"+\d+% +([\d.]+) +([0-9a-f]{16})$")
     assert len(rows) == 2 * 2 * 2 and all(int(m[4]) > 0 and float(m[5]) > 0 and float(m[6]) >= 1 for m in rows)
     digests: dict[tuple[str, str], set[str]] = {}
@@ -197,18 +194,18 @@ def test_fleet(database_url, sharegpt_sample, tmp_path):
         out = _run("fleet", "prepare", "--engine", "hf", "--path", sharegpt_sample, "--yesterday", "30", "--today",
                    "12", "--distill", "3", "--max-new-tokens", "8", "--top-t", "300", "--dir", folder, "--name", name,
                    url=database_url)
-        assert _lines(out, r"yesterday: 30 conversations; today: \d+ openings and [1-9]\d* follow-ups")
-        assert _lines(out, f"built {name}-both")
+        assert printed(out, r"yesterday: 30 conversations; today: \d+ openings and [1-9]\d* follow-ups")
+        assert printed(out, f"built {name}-both")
         out = _run("fleet", "run", "--k", "2", "--methods", *methods, "--interval", "0.05", "--dir", folder,
                    "--name", name, url=database_url)
     finally:
-        _drop(database_url, f"{name}-human", f"{name}-both")
+        drop_datastores(database_url, f"{name}-human", f"{name}-both")
     saved = json.loads((folder / "fleet.json").read_text())
     assert [(r["method"], r["k"]) for r in saved["rows"]] == [(m, 2) for m in methods]
     assert all(r["accept_length"] >= 1 and len(r["by_quarter"]) == 4 for r in saved["rows"])
     assert sum(saved["meta"]["kinds_scored"].values()) == saved["rows"][0]["requests"] > 0
     assert saved["meta"]["kinds_scored"]["follow-up"] > 0 and saved["meta"]["follow_gap"] == 4
-    assert len(_lines(out, r"(ngram|ours[\w-]*|suffix[\w-]*) +[\d.]+$")) == len(methods)
+    assert len(printed(out, r"(ngram|ours[\w-]*|suffix[\w-]*) +[\d.]+$")) == len(methods)
     for r in saved["rows"]:  # which sources held the accepted draft tokens: ours only (the peers record none)
         a = r["sources"]
         assert (a == {}) != r["method"].startswith("ours"), r
@@ -274,7 +271,7 @@ def test_vllm_serving(database_url, chat_datastore, tmp_path):
     assert len(forwards) >= 8 and all(ms > 0 and tokens > 0 for ms, tokens in forwards)
     assert forwards[0][1] > 9  # a prefill (a chat prompt's tokens), where a decode step verifies at most 1 + k
     assert run["compaction_checks"] >= 0 and isinstance(run["compactions"], list)
-    assert _lines(out, r"spec_bench +1 crest +\d+ +[\d.]+")  # the accounting's table
+    assert printed(out, r"spec_bench +1 crest +\d+ +[\d.]+")  # the accounting's table
     assert row["method"] == "crest" and row["prompts"] == 2 and row["tokens_per_s"] > 0
     assert row["accept_length"] >= 1 and row["proposer_steps"] > 0 and row["propose_p50_ms"] > 0
-    assert _lines(out, r"spec_bench +crest +8 +1 +[\d.]+")
+    assert printed(out, r"spec_bench +crest +8 +1 +[\d.]+")

@@ -62,7 +62,7 @@ def test_references(database_url, target, tokenizer, tmp_path):
     assert not printed(again, r".*prompts, \d+ tokens in")
 
 
-def test_a_refit_advice_names_a_command_a_pip_user_has(capsys):
+def test_every_subcommand_answers_help_under_its_own_name(capsys):
     """Every command ``python -m evaluation`` names exists: its subcommands parse their own ``--help``."""
     from evaluation.cli import build_parser
 
