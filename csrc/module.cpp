@@ -263,7 +263,8 @@ std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees)
   return out;
 }
 
-void bind_core(nb::module_& m) {
+// The step's value types: its inputs (a curve, an engine's rows, trees, the batch) and results.
+void bind_step_types(nb::module_& m) {
   nb::class_<Curve>(m, "Curve")
       .def("__init__", &curve_init, "tokens"_a, "seconds"_a, "tail"_a, "draft_s"_a = 0.0)
       .def_ro("tokens", &Curve::tokens).def_ro("seconds", &Curve::seconds)
@@ -296,6 +297,9 @@ void bind_core(nb::module_& m) {
       .def_ro("outputs", &OutputsInfo::outputs).def_ro("bytes", &OutputsInfo::bytes)
       .def_ro("allocated", &OutputsInfo::allocated).def_ro("max_bytes", &OutputsInfo::max_bytes)
       .def_ro("evictions", &OutputsInfo::evictions);
+}
+
+void bind_core(nb::module_& m) {
   nb::class_<crest::Core>(m, "Core")
       .def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a, "token_ids"_a.none() = nb::none(),
            "token_bias"_a.none() = nb::none())
@@ -340,6 +344,7 @@ NB_MODULE(_core, m) {
   bind_constants(m);
   bind_functions(m);
   bind_options(m);
+  bind_step_types(m);
   bind_core(m);
   bind_replicas(m);
 }

@@ -60,6 +60,25 @@ def _done(out: list[int], eos: frozenset[int], max_new_tokens: int) -> bool:
     return len(out) >= max_new_tokens or (bool(out) and out[-1] in eos)
 
 
+def _check(max_new_tokens: int, budget: int, temperature: float) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if budget < 0:
+        raise ValueError(f"budget={budget}: must be >= 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+
+
+def _generator(target: TargetModel, temperature: float, seed: int | None) -> torch.Generator | None:
+    """The sampling generator, on the model's device where the draws happen; None when greedy."""
+    if temperature == 0:
+        return None
+    gen = torch.Generator(device=target.device)
+    if seed is not None:
+        gen.manual_seed(seed)
+    return gen
+
+
 @torch.inference_mode()
 def speculative_generate(
     target: TargetModel,
@@ -92,17 +111,8 @@ def speculative_generate(
     Raises:
         ValueError: for an empty prompt, ``max_new_tokens < 1``, ``budget < 0`` or a negative temperature.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
-    if budget < 0:
-        raise ValueError(f"budget={budget}: must be >= 0")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
-    gen = None
-    if temperature > 0:
-        gen = torch.Generator(device=target.device)  # draws happen where the logits are
-        if seed is not None:
-            gen.manual_seed(seed)
+    _check(max_new_tokens, budget, temperature)
+    gen = _generator(target, temperature, seed)
     eos = target.eos_token_ids
     start = time.perf_counter()
     cache, logits = _prefill(target, prompt_ids)

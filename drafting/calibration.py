@@ -270,15 +270,7 @@ class Calibration:
         design = (x - scaler.mean_) / scale
         kept = np.zeros(0, dtype=np.int64)
         if token_terms:
-            row_tokens = np.asarray(tokens, dtype=np.int64)
-            if row_tokens.shape != accepted.shape:
-                raise ValueError(f"tokens {row_tokens.shape} does not match accepted {accepted.shape}")
-            ids, counts = np.unique(row_tokens, return_counts=True)
-            kept = np.sort(ids[np.lexsort((ids, -counts))[:token_terms]])
-            at = np.searchsorted(kept, row_tokens)
-            hit = (at < len(kept)) & (kept[np.minimum(at, len(kept) - 1)] == row_tokens)
-            onehot = sparse.csr_matrix((np.ones(int(hit.sum())), (np.flatnonzero(hit), at[hit])),
-                                       shape=(len(row_tokens), len(kept)))
+            kept, onehot = _token_indicators(np.asarray(tokens, dtype=np.int64), accepted, token_terms)
             design = sparse.hstack([sparse.csr_matrix(design), onehot], format="csr")
         model = LogisticRegression(C=regularization, max_iter=4000).fit(design, accepted)
         coef = np.zeros(len(FEATURES))
@@ -288,3 +280,19 @@ class Calibration:
         if token_terms:
             bias = TokenBias(kept, model.coef_[0][int(used.sum()):], str(tokenizer))
         return cls(coef, intercept, prior, dict(meta or {}), tuple(sources), bias)
+
+
+def _token_indicators(tokens: np.ndarray, accepted: np.ndarray, token_terms: int):
+    """``(kept, onehot)``: the ``token_terms`` most frequent of ``tokens`` (``[rows]`` int64; ties: the smaller id),
+    sorted, and the ``[rows, len(kept)]`` sparse indicator of each row's token among them."""
+    from scipy import sparse
+
+    if tokens.shape != accepted.shape:
+        raise ValueError(f"tokens {tokens.shape} does not match accepted {accepted.shape}")
+    ids, counts = np.unique(tokens, return_counts=True)
+    kept = np.sort(ids[np.lexsort((ids, -counts))[:token_terms]])
+    at = np.searchsorted(kept, tokens)
+    hit = (at < len(kept)) & (kept[np.minimum(at, len(kept) - 1)] == tokens)
+    onehot = sparse.csr_matrix((np.ones(int(hit.sum())), (np.flatnonzero(hit), at[hit])),
+                               shape=(len(tokens), len(kept)))
+    return kept, onehot

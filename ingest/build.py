@@ -121,12 +121,7 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
     if corpus is None:
         resolve_paths(config.source, config.path)  # a missing or wrong path is refused before anything starts
     url = resolve_database_url(config.database_url)
-    tokenizer = None
-    if corpus is not None and corpus.tokenizer is not None:
-        fingerprint, vocab_size = corpus.tokenizer
-    else:
-        tokenizer = load_tokenizer(config.tokenizer)
-        fingerprint, vocab_size = tokenizer_fingerprint(tokenizer), len(tokenizer)
+    tokenizer, fingerprint, vocab_size = _tokenizer_of(config, corpus)
     width = key_width_for(vocab_size)
     # the name is locked (and the build registered) before the corpus is read: a second build fails at once
     writer = DatastoreWriter.begin(url, config.name, tokenizer=config.tokenizer, tokenizer_fingerprint=fingerprint,
@@ -144,8 +139,8 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
         recorded = corpus.report | {"tokens": corpus.num_tokens}
         if config.screen:
             t0 = time.perf_counter()
-            recorded["contamination"] = screen_corpus(
-                corpus.path, tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
+            screened = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+            recorded["contamination"] = screen_corpus(corpus.path, screened)
             timings["screen"] = time.perf_counter() - t0
         ngram_stats: dict[str, dict] = {}
         nodes = _count_and_build(stream, corpus.path, work, config, width, writer, timings, ngram_stats,
@@ -160,6 +155,14 @@ def build_datastore(config: BuildConfig, progress: bool = True, corpus: Tokenize
                        ngram_stats, {k: round(v, 3) for k, v in timings.items()},
                        round(time.perf_counter() - started, 3), recorded,
                        [p.describe() for p in writer.pending])
+
+
+def _tokenizer_of(config: BuildConfig, corpus: TokenizedCorpus | None):
+    """``(tokenizer or None, fingerprint, vocabulary size)``: not loaded where ``corpus`` already names the last two."""
+    if corpus is not None and corpus.tokenizer is not None:
+        return None, *corpus.tokenizer
+    tokenizer = load_tokenizer(config.tokenizer)
+    return tokenizer, tokenizer_fingerprint(tokenizer), len(tokenizer)
 
 
 def _select(stream, work: Path, config: BuildConfig, ranking: RankingCache | None, timings: dict,
@@ -180,6 +183,84 @@ def _select(stream, work: Path, config: BuildConfig, ranking: RankingCache | Non
     return kept_by_n
 
 
+class _Copier:
+    """The consumer thread that COPYs finished tree partitions in the order they were submitted.
+
+    The writer's connection is used by this thread until :meth:`close` has drained it (after the main thread failed,
+    :meth:`abandon` first makes it cancel what is left unwritten); :meth:`raise_failure` re-raises its first error.
+    """
+
+    def __init__(self, writer: DatastoreWriter, timings: dict, sizes: dict[int, np.ndarray], bar) -> None:
+        self.nodes: dict[int, int] = defaultdict(int)
+        self._writer, self._timings, self._sizes, self._bar = writer, timings, sizes, bar
+        self._pending: queue.Queue = queue.Queue()
+        self._failure: list[BaseException] = []  # the first error of the consumer, re-raised by close()
+        self._stop = threading.Event()  # set when the main thread fails: the consumer drains without writing
+        self._thread = threading.Thread(target=self._consume, name="copy", daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        return bool(self._failure)
+
+    def put(self, future, keys: list[bytes]) -> None:
+        self._pending.put((future, keys))
+
+    def abandon(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        """Wait until everything put is written or cancelled."""
+        self._pending.put(None)
+        self._thread.join()
+
+    def raise_failure(self) -> None:
+        """Re-raise the consumer's first error, if it had one."""
+        if self._failure:
+            raise self._failure[0]
+
+    def _consume(self) -> None:
+        while (item := self._pending.get()) is not None:
+            future, keys = item
+            if self._failure or self._stop.is_set():
+                future.cancel()
+                continue
+            try:
+                self._write(future.result(), keys)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
+                self._failure.append(exc)
+
+    def _write(self, res, keys: list[bytes]) -> None:
+        t = time.perf_counter()
+        self._writer.write([keys[i] for i in res.tree_index.tolist()], res.blobs)
+        self._timings["load"] += time.perf_counter() - t
+        self._timings["trees"] += res.build_seconds
+        self._timings["encode"] += res.encode_seconds
+        self.nodes[res.n] += res.nodes
+        self._sizes[res.n][res.tree_index] = res.sizes
+        self._bar.update(len(res.tree_index))
+
+
+def _submit_trees(pool: ProcessPoolExecutor, copier: _Copier, stream, stream_path: Path, work: Path,
+                  kept_by_n: dict[int, KeptNgrams], config: BuildConfig, width: int, timings: dict) -> None:
+    """Tag each n's occurrences and hand its tree partitions to ``pool``, the next n tagged while they build."""
+    for n, kept in kept_by_n.items():
+        if copier.failed:
+            return
+        if len(kept) == 0:
+            continue
+        t = time.perf_counter()
+        tags_path = work / f"tags_{n}.npy"
+        tag_occurrences(stream, kept, tags_path)
+        timings["tag"] += time.perf_counter() - t
+        keys = encode_keys(kept.ngrams, width)
+        parts = partition_plan(kept, config.max_occurrences)
+        for p in range(parts):
+            job = TreeJob(str(stream_path), str(tags_path), n, len(kept), parts, p,
+                          kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
+            copier.put(pool.submit(run_tree_job, job), keys)
+
+
 def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig, width: int,
                      writer: DatastoreWriter, timings: dict, ngram_stats: dict, ranking: RankingCache | None,
                      progress: bool) -> dict[int, int]:
@@ -187,68 +268,27 @@ def _count_and_build(stream, stream_path: Path, work: Path, config: BuildConfig,
     processes while the next n is tagged; a consumer thread COPYs finished partitions in order.
     Returns nodes stored per n; with ``ranking``, also stores each tree's size there."""
     kept_by_n = _select(stream, work, config, ranking, timings, ngram_stats, progress)
-    pending: queue.Queue = queue.Queue()
-    nodes: dict[int, int] = defaultdict(int)
     sizes = {n: np.zeros(len(kept), dtype=np.int32) for n, kept in kept_by_n.items()}
-    failure: list[BaseException] = []  # the first error of the consumer, re-raised here
-    stop = threading.Event()  # set when the main thread fails: the consumer drains without writing
     bar = tqdm(total=sum(len(k) for k in kept_by_n.values()), desc="trees", unit=" trees", disable=not progress)
-
-    def consume() -> None:
-        while (item := pending.get()) is not None:
-            future, keys = item
-            if failure or stop.is_set():
-                future.cancel()
-                continue
-            try:
-                res = future.result()
-                t = time.perf_counter()
-                writer.write([keys[i] for i in res.tree_index.tolist()], res.blobs)
-                timings["load"] += time.perf_counter() - t
-                timings["trees"] += res.build_seconds
-                timings["encode"] += res.encode_seconds
-                nodes[res.n] += res.nodes
-                sizes[res.n][res.tree_index] = res.sizes
-                bar.update(len(res.tree_index))
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
-                failure.append(exc)
-
-    consumer = threading.Thread(target=consume, name="copy", daemon=True)
-    consumer.start()
+    copier = _Copier(writer, timings, sizes, bar)
     try:
         with ProcessPoolExecutor(max_workers=config.workers, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             try:
-                for n, kept in kept_by_n.items():
-                    if failure:
-                        break
-                    if len(kept) == 0:
-                        continue
-                    t = time.perf_counter()
-                    tags_path = work / f"tags_{n}.npy"
-                    tag_occurrences(stream, kept, tags_path)
-                    timings["tag"] += time.perf_counter() - t
-                    keys = encode_keys(kept.ngrams, width)
-                    parts = partition_plan(kept, config.max_occurrences)
-                    for p in range(parts):
-                        job = TreeJob(str(stream_path), str(tags_path), n, len(kept), parts, p,
-                                      kept.counts[p::parts], config.depth, config.tree_budget, config.compression)
-                        pending.put((pool.submit(run_tree_job, job), keys))
+                _submit_trees(pool, copier, stream, stream_path, work, kept_by_n, config, width, timings)
             except BaseException:
-                stop.set()
+                copier.abandon()
                 pool.shutdown(wait=True, cancel_futures=True)  # queued jobs dropped, workers joined
                 raise
     finally:
         # the writer's connection is used by the consumer: it must be idle before anyone aborts
-        pending.put(None)
-        consumer.join()
+        copier.close()
         bar.close()
-    if failure:
-        raise failure[0]
+    copier.raise_failure()
     if ranking is not None:
         for n, per_tree in sizes.items():
             ranking.save_nodes(n, per_tree)
-    return dict(nodes)
+    return dict(copier.nodes)
 
 
 def summary_rows(result: BuildResult) -> list[tuple[str, str]]:

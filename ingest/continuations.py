@@ -1,6 +1,6 @@
 """Continuation token trees built from occurrences in a token stream (CREST §3.2), vectorized.
 
-The CREST build (every kept n-gram) and the REST suffix array (:mod:`ingest.suffix_index`) build their trees here. A
+The CREST build (every kept n-gram) and the REST suffix array (:mod:`benchmarks.rest_index`) build their trees here. A
 token stream is uint32 token ids with documents separated by :data:`SEPARATOR`; no continuation crosses it.
 
 For a kept n-gram, every occurrence contributes the path of the (up to ``depth``) tokens that follow it; a node's count
@@ -89,35 +89,44 @@ def build_trees(
     parent_tree = np.arange(num_trees, dtype=np.int64)  # tree of each node at the previous depth
     top = _TopCounts(num_trees, budget)  # top.threshold: budget-th best count at smaller depths
     levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (tree, parent, token, count)
-    stream_len = len(tokens)
-
     for _ in range(depth):
-        inside = occ_pos < stream_len
-        occ_pos, occ_node = occ_pos[inside], occ_node[inside]
-        tok = np.asarray(tokens[occ_pos], dtype=np.uint32)
-        live = tok != SEPARATOR
-        occ_pos, occ_node, tok = occ_pos[live], occ_node[live], tok[live]
-        if len(occ_pos) == 0:
+        step = _next_level(tokens, occ_pos, occ_node, parent_tree, vocab, top.threshold)
+        if step is None:
             break
-        keys = occ_node.astype(np.uint64) * vocab + tok.astype(np.uint64)
-        uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        node_parent = (uniq // vocab).astype(np.int64)
-        node_token = (uniq % vocab).astype(np.uint32)
-        node_tree = parent_tree[node_parent]
-        counts = counts.astype(np.int64)
-        keep = counts > top.threshold[node_tree]
-        new_index = np.cumsum(keep) - 1  # index of each surviving node, -1 for pruned ones
-        new_index[~keep] = -1
-        occ_new = new_index[inverse.ravel()]
-        alive = occ_new >= 0
-        occ_pos, occ_node = occ_pos[alive] + 1, occ_new[alive]
-        node_tree, node_parent, node_token, counts = node_tree[keep], node_parent[keep], node_token[keep], counts[keep]
-        levels.append((node_tree, node_parent, node_token, counts))
-        parent_tree = node_tree
+        occ_pos, occ_node, level = step
+        levels.append(level)
+        parent_tree = node_tree = level[0]
         big = prunable[node_tree]
-        top.add(node_tree[big], counts[big])
+        top.add(node_tree[big], level[3][big])
 
     return _select(levels, root_counts, top.threshold, budget)
+
+
+def _next_level(tokens: np.ndarray, occ_pos: np.ndarray, occ_node: np.ndarray, parent_tree: np.ndarray,
+                vocab: np.uint64, threshold: np.ndarray):
+    """One depth of :func:`build_trees`: the distinct (parent node, next token) pairs of the live occurrences, those
+    whose count beats their tree's ``threshold`` kept. Returns None when no occurrence continues, else the surviving
+    occurrences' next positions and node indices, and the level ``(tree, parent, token, count)`` of kept nodes."""
+    inside = occ_pos < len(tokens)
+    occ_pos, occ_node = occ_pos[inside], occ_node[inside]
+    tok = np.asarray(tokens[occ_pos], dtype=np.uint32)
+    live = tok != SEPARATOR
+    occ_pos, occ_node, tok = occ_pos[live], occ_node[live], tok[live]
+    if len(occ_pos) == 0:
+        return None
+    keys = occ_node.astype(np.uint64) * vocab + tok.astype(np.uint64)
+    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    node_parent = (uniq // vocab).astype(np.int64)
+    node_token = (uniq % vocab).astype(np.uint32)
+    node_tree = parent_tree[node_parent]
+    counts = counts.astype(np.int64)
+    keep = counts > threshold[node_tree]
+    new_index = np.cumsum(keep) - 1  # index of each surviving node, -1 for pruned ones
+    new_index[~keep] = -1
+    occ_new = new_index[inverse.ravel()]
+    alive = occ_new >= 0
+    level = (node_tree[keep], node_parent[keep], node_token[keep], counts[keep])
+    return occ_pos[alive] + 1, occ_new[alive], level
 
 
 def _select(levels, root_counts: np.ndarray, threshold: np.ndarray, budget: int) -> TreeBatch:

@@ -154,6 +154,19 @@ def _trees(spark, docs, kept_set: KeptSet, out: Path) -> None:
     shared.unpersist()
 
 
+def _load(writer: DatastoreWriter, out: Path, cores: int, ngram_stats: dict) -> list[Path]:
+    """COPY the trees' Parquet files under ``out`` into the build; record each n's stored nodes. Returns the files."""
+    files = sorted(out.glob("*.parquet"))
+    writer.load_parquet(files, connections=max(1, min(cores, 8)))
+    nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
+    per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
+    for n, total in zip(per_n["n"], per_n["nodes_sum"]):
+        ngram_stats[str(n)]["nodes"] = int(total)
+    for stats in ngram_stats.values():
+        stats.setdefault("nodes", 0)
+    return files
+
+
 def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
     """Run the build of ``config`` (an :class:`ingest.config.BuildConfig`) on Spark.
 
@@ -181,8 +194,7 @@ def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
     with writer, tempfile.TemporaryDirectory(prefix="crest-spark-", dir=config.workdir) as tmp, \
             spark_session(config.spark_master, dict(config.spark_conf), Path(tmp)) as spark:
         cores = spark.sparkContext.defaultParallelism
-        paths = resolve_paths(config.source, config.path)
-        size = sum(p.stat().st_size for p in paths if p.is_file())
+        size = sum(p.stat().st_size for p in resolve_paths(config.source, config.path) if p.is_file())
         partitions = max(4 * cores, -(-size // _TARGET_PARTITION_BYTES))
         t0 = time.perf_counter()
         docs, num_docs, num_tokens, max_token, report = _documents(spark, config, config.tokenizer, partitions)
@@ -207,19 +219,11 @@ def build_with_spark(config: BuildConfig, progress: bool = True) -> BuildResult:
         _say(progress, f"trees {timings['trees']:.1f} s: {sum(kept_set.parts.values())} buckets")
         docs.unpersist()
         t0 = time.perf_counter()
-        files = sorted(out.glob("*.parquet"))
-        writer.load_parquet(files, connections=max(1, min(cores, 8)))
-        nodes = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["n", "nodes"])
-        per_n = nodes.group_by("n").aggregate([("nodes", "sum")]).to_pydict()
+        files = _load(writer, out, cores, ngram_stats)
         timings["load"] = time.perf_counter() - t0
         _say(progress, f"load {timings['load']:.1f} s: {writer.rows:,} rows from {len(files)} Parquet files")
-        for n, total in zip(per_n["n"], per_n["nodes_sum"]):
-            ngram_stats[str(n)]["nodes"] = int(total)
-        for s in ngram_stats.values():
-            s.setdefault("nodes", 0)
-        rounded = {k: round(v, 3) for k, v in timings.items()}
-        size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=num_tokens, timings=rounded,
-                                               corpus=recorded)
+        size, timings["index"] = writer.finish(ngram_stats=ngram_stats, num_tokens=num_tokens, corpus=recorded,
+                                               timings={k: round(v, 3) for k, v in timings.items()})
     return BuildResult(config.name, writer.build_id, num_docs, num_tokens, writer.rows, size, ngram_stats,
                        {k: round(v, 3) for k, v in timings.items()}, round(time.perf_counter() - started, 3), recorded,
                        [p.describe() for p in writer.pending])
