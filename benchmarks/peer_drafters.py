@@ -104,7 +104,7 @@ class RetrievalDrafter(TokenDrafter):
 
     Args:
         source: the lookups (a :class:`drafting.DatastoreSource` over a datastore or an
-            :class:`ingest.suffix_index.SuffixIndex`).
+            :class:`benchmarks.rest_index.SuffixIndex`).
         prior: additive smoothing of count ratios when ranking nodes, >= 0. name: how the runs label it (``rest``,
             ``datastore``). vocab_size: as :class:`drafting.TokenDrafter`.
 

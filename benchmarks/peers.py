@@ -24,7 +24,7 @@ Drafters (``--methods``):
   one response; its RAM is printed);
 - ``ngram``: prompt lookup as vLLM's ``ngram`` method (longest suffix of 4..1 tokens found earlier, the
   next ``budget`` tokens; a chain);
-- ``rest``: REST (suffix array of the same corpus, ``python -m ingest rest-index [--source code --path
+- ``rest``: REST (suffix array of the same corpus, ``python -m benchmarks.rest_index [--source code --path
   <stdlib>]``; contexts 16..2,
   <= 5000 occurrences, 10-token continuations) pruned to the budget; its chain is the best path;
 - ``sglang-bfs`` / ``sglang-prob``: SGLang 0.5.23's NGRAM drafter, its own C++ (:mod:`benchmarks.sglang_ngram`),
@@ -320,7 +320,7 @@ def _corpora(args, methods: list[str], info: dict) -> None:
     the workers fork."""
     if not {"rest", "suffix-warm", "sglang-bfs-corpus", "sglang-prob-corpus"} & set(methods):
         return
-    from ingest.suffix_index import SuffixIndex, default_index_dir
+    from benchmarks.rest_index import SuffixIndex, default_index_dir
     from toolkit import load_tokenizer
 
     _STATE["rest"] = {}
@@ -330,7 +330,7 @@ def _corpora(args, methods: list[str], info: dict) -> None:
         if not index_dir.exists():
             raise SystemExit(
                 f"{index_dir} not found: build REST's index first "
-                f"(python -m ingest rest-index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
+                f"(python -m benchmarks.rest_index --source {corpus}{CODE_PATH_HINT if corpus == 'code' else ''})")
         _STATE["rest"][corpus] = SuffixIndex.load(index_dir)
     if "suffix-warm" not in methods:
         return

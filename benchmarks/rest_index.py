@@ -1,7 +1,10 @@
-"""REST's datastore: a corpus token stream and its suffix array, with REST's retrieval.
+"""REST's datastore, the peer ``rest`` of :mod:`benchmarks.peers`: a corpus token stream and its suffix array, with
+REST's retrieval; ``python -m benchmarks.rest_index [--source ...] [--out DIR]`` builds one.
 
-The second retrieval backend beside the Postgres datastore (:mod:`datastore.client`): both answer ``lookup(context)``
-with a :class:`datastore.tree.Match`, so a drafter uses either the same way.
+A retrieval backend beside the Postgres datastore (:mod:`datastore.client`): both answer ``lookup(context)`` with a
+:class:`datastore.tree.Match`, so a drafter uses either the same way. The corpus is tokenized exactly as for a CREST
+build (``python -m ingest build``'s corpus options), then suffix-sorted; the index is written to a temporary folder
+and renamed into place, so an interrupted run never leaves a half-written index.
 
 REST (He et al., "REST: Retrieval-Based Speculative Decoding", NAACL 2024, §3.1-3.2) finds the longest suffix of the
 current sequence (16 down to 2 tokens) that occurs in the corpus, takes at most 5000 of its occurrences, and drafts the
@@ -16,7 +19,11 @@ match and no continuation crosses a document boundary.
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
+import tempfile
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -27,17 +34,19 @@ import numpy as np
 from datastore.context import TokenIds, check_batch, check_context
 from datastore.lookup import Retrieval
 from datastore.tree import Match
-from toolkit.tokenizer import cache_dir, tokenizer_fingerprint
-
-from .continuations import SEPARATOR, build_trees
+from ingest.build import BuildConfig, tokenize_corpus
+from ingest.cli import check_corpus_paths, corpus_options
+from ingest.continuations import SEPARATOR, build_trees
+from ingest.tokens import open_stream
+from toolkit.tokenizer import cache_dir, load_tokenizer, tokenizer_fingerprint
 
 
 def default_index_dir(tokenizer, source: str = "sharegpt") -> Path:
-    """Where ``python -m ingest rest-index --source SOURCE`` saves its index by default, and where
-    ``python -m evaluation ... --drafter rest`` looks for it: ``<cache>/rest/<source>-<fingerprint[:12]>``."""
+    """Where ``python -m benchmarks.rest_index --source SOURCE`` saves its index by default, and where the peers
+    look for it: ``<cache>/rest/<source>-<fingerprint[:12]>``."""
     return Path(cache_dir()) / "rest" / f"{source}-{tokenizer_fingerprint(tokenizer)[:12]}"
 
-__all__ = ["SuffixIndex", "default_index_dir"]
+__all__ = ["SuffixIndex", "build_rest_index", "default_index_dir", "main"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +168,7 @@ class SuffixIndex:
         d = Path(directory)
         if not (d / "meta.json").exists():
             raise FileNotFoundError(f"{d} holds no REST suffix index (meta.json missing); build one with "
-                                    f"`python -m ingest rest-index --out {d}`")
+                                    f"`python -m benchmarks.rest_index --out {d}`")
         meta = json.loads((d / "meta.json").read_text())
         return cls(np.load(d / "tokens.npy", mmap_mode="r"), np.load(d / "suffix_array.npy", mmap_mode="r"),
                    meta["separator"], params)
@@ -271,3 +280,73 @@ class SuffixIndex:
         if len(tree) == 0:
             return None
         return Match(tuple(int(t) for t in context[len(context) - k:]), tree)
+
+
+def build_rest_index(config: BuildConfig, out: Path, progress: bool = True) -> tuple[SuffixIndex, dict]:
+    """Tokenize ``config``'s corpus and save its REST suffix index in ``out`` (replacing one there).
+
+    Only the corpus fields of ``config`` (source, path, limit, glob, text_field, chat_field,
+    tokenizer) are used. The token stream and the index are staged beside ``out`` (same file
+    system, so the final rename is atomic).
+
+    Returns:
+        ``(index, report)``: the saved index (memory-mapped) and what was read (documents,
+        tokens, malformed records by reason, seconds per stage).
+
+    Raises:
+        ingest.errors.SourceError: when the corpus cannot be read.
+        ValueError: when the corpus yields no tokens.
+    """
+    out = Path(out)
+    tokenizer = load_tokenizer(config.tokenizer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
+        t0 = time.perf_counter()
+        corpus = tokenize_corpus(config, tokenizer, Path(tmp) / "tokens.u32", progress)
+        t1 = time.perf_counter()
+        if corpus.num_tokens == 0:
+            raise ValueError(f"the corpus at {corpus.report['path']} produced no tokens "
+                             f"(malformed: {corpus.report['malformed']})")
+        staged = Path(tmp) / "index"
+        SuffixIndex.build(open_stream(corpus.path), len(tokenizer)).save(staged)
+        t2 = time.perf_counter()
+        if out.exists():
+            shutil.rmtree(out)
+        staged.rename(out)
+    report = corpus.report | {"tokens": corpus.num_tokens, "tokenize_s": round(t1 - t0, 3),
+                              "index_s": round(t2 - t1, 3)}
+    return SuffixIndex.load(out), report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.rest_index``: build REST's index of a corpus; returns the exit code (0 ok, 2 bad input,
+    1 failure)."""
+    from ingest.errors import SourceError
+    from toolkit.console import EXIT_OK, run
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.rest_index", parents=[corpus_options(BuildConfig())],
+                                 description="Tokenize a corpus as `python -m ingest build` does and save its suffix "
+                                             "array (REST's datastore), for `python -m benchmarks.peers`.")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
+                         "fingerprint>, where the peers look).")
+    args = ap.parse_args(argv)
+    check_corpus_paths(ap, args)
+
+    def command() -> int:
+        config = BuildConfig(source=args.source, path=None if args.path is None else tuple(args.path),
+                             limit=args.limit, glob=args.glob, text_field=args.text_field, chat_field=args.chat_field,
+                             tokenizer=args.tokenizer)
+        out = args.out or default_index_dir(load_tokenizer(config.tokenizer), config.source)
+        index, report = build_rest_index(config, out, progress=not args.quiet)
+        malformed = ", ".join(f"{k}: {v}" for k, v in report["malformed"].items()) or "none"
+        print(f"REST index of {report['documents']:,} documents, {report['tokens']:,} tokens in {out}: "
+              f"{index.nbytes:,} bytes (tokens + suffix array); tokenize {report['tokenize_s']:.1f} s, "
+              f"suffix sort {report['index_s']:.1f} s; malformed: {malformed}")
+        return EXIT_OK
+
+    return run(command, usage=(SourceError, FileNotFoundError, ValueError))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,10 +1,9 @@
-"""Corpus ingest: sources -> token stream -> exact n-gram counts -> top-t -> token trees -> Postgres (CREST),
-and the REST suffix-array index over the same token stream.
+"""Corpus ingest: sources -> token stream -> exact n-gram counts -> top-t -> token trees -> Postgres (CREST).
 
-Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`BuildResult`), and
-:func:`build_rest_index`. The stages live in their modules: reading a corpus (``ingest.sources``, its files
-``ingest.files``, chat files ``ingest.chat_files``, one chat record ``ingest.chats``), ``ingest.counting``,
-``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``; the live layer's compaction, ``live.compaction``.
+Public API: :class:`BuildConfig`, :func:`build_datastore` (and its :class:`BuildResult`). The stages live in their
+modules: reading a corpus (``ingest.sources``, its files ``ingest.files``, chat files ``ingest.chat_files``, one chat
+record ``ingest.chats``), ``ingest.counting``, ``ingest.occurrences``, ``ingest.ranking``, ``ingest.tokens``; the live
+layer's compaction, ``live.compaction``.
 """
 
 from toolkit.extras import require_all
@@ -13,6 +12,5 @@ require_all(("duckdb", "pyarrow", "ijson", "tqdm", "sqlalchemy", "alembic"), "in
 
 from .build import build_datastore  # noqa: E402
 from .config import BuildConfig, BuildResult  # noqa: E402
-from .rest_index import build_rest_index  # noqa: E402
 
-__all__ = ["BuildConfig", "BuildResult", "build_datastore", "build_rest_index"]
+__all__ = ["BuildConfig", "BuildResult", "build_datastore"]

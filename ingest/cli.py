@@ -1,5 +1,4 @@
-"""``python -m ingest build`` (a CREST datastore in Postgres) and ``python -m ingest rest-index``
-(REST's suffix array)."""
+"""``python -m ingest build``: a CREST datastore in Postgres from a corpus (its options: :func:`corpus_options`)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from .build import BuildConfig, config_dict, summary_rows
 from .files import glob_matches, is_glob_pattern
 from .sources import SOURCES
 
-__all__ = ["main", "peak_rss"]
+__all__ = ["check_corpus_paths", "corpus_options", "main", "peak_rss"]
 
 
 def memory_limit(text: str) -> str:
@@ -70,8 +69,10 @@ def check_corpus_paths(parser: argparse.ArgumentParser, args: argparse.Namespace
                          "--source chat only)")
 
 
-def _corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
-    """The corpus and its tokenizer (shared by ``build`` and ``rest-index``)."""
+def corpus_options(d: BuildConfig) -> argparse.ArgumentParser:
+    """A parent parser of the corpus and its tokenizer, defaults from ``d`` (``build``'s, and every command that
+    tokenizes a corpus as a build does: ``--source``, ``--path``, ``--limit``, ``--glob``, ``--text-field``,
+    ``--chat-field``, ``--tokenizer``, ``--quiet``)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--source", choices=SOURCES, default=d.source,
                    help="corpus kind: sharegpt (a ShareGPT JSON file), code (source trees), jsonl / parquet (a text "
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ingest", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     d = BuildConfig()
-    corpus = _corpus_options(d)
+    corpus = corpus_options(d)
     b = sub.add_parser("build", parents=[corpus, database_options()], help="build (or rebuild) a datastore.",
                        description="Tokenize a corpus, keep the top-t n-grams per n, build their continuation "
                                    "trees and load them into Postgres (CREST). The new build replaces the "
@@ -139,21 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Spark setting for --engine spark, as spark-submit --conf (repeatable), e.g. "
                         "spark.driver.memory=8g (local masters default to 6g).")
     b.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table.")
-    r = sub.add_parser("rest-index", parents=[corpus], help="build REST's suffix-array index of a corpus.",
-                       description="Tokenize a corpus as `build` does and save its suffix array (REST's "
-                                   "datastore), for `python -m evaluation ... --drafter rest`.")
-    r.set_defaults(command_parser=r)
-    r.add_argument("--out", type=Path, default=None,
-                   help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
-                        "fingerprint>, where the decoder looks).")
     return p
 
 
 def _config(args) -> BuildConfig:
     corpus = dict(source=args.source, path=None if args.path is None else tuple(args.path), limit=args.limit,
                   glob=args.glob, text_field=args.text_field, chat_field=args.chat_field, tokenizer=args.tokenizer)
-    if args.command == "rest-index":
-        return BuildConfig(**corpus)
     return BuildConfig(name=args.name, top_t=args.top_t, max_n=args.max_n, min_count=args.min_count,
                        depth=args.depth, tree_budget=args.tree_budget, compression=args.compression,
                        database_url=args.database_url, workdir=args.workdir, memory_limit=args.memory_limit,
@@ -180,20 +172,6 @@ def _build(config: BuildConfig, args) -> None:
     for label, value in summary_rows(result):
         table.add_row(label, value)
     table_console().print(table)
-
-
-def _rest_index(config: BuildConfig, args) -> None:
-    from ingest.suffix_index import default_index_dir
-    from toolkit.tokenizer import load_tokenizer
-
-    from .rest_index import build_rest_index
-
-    out = args.out or default_index_dir(load_tokenizer(config.tokenizer), config.source)
-    index, report = build_rest_index(config, out, progress=not args.quiet)
-    malformed = ", ".join(f"{k}: {v}" for k, v in report["malformed"].items()) or "none"
-    print(f"REST index of {report['documents']:,} documents, {report['tokens']:,} tokens in {out}: "
-          f"{index.nbytes:,} bytes (tokens + suffix array); tokenize {report['tokenize_s']:.1f} s, "
-          f"suffix sort {report['index_s']:.1f} s; malformed: {malformed}")
 
 
 def peak_rss() -> dict[str, int]:
@@ -228,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         try:
             config = _config(args)
-            {"build": _build, "rest-index": _rest_index}[args.command](config, args)
+            _build(config, args)
         except KeyboardInterrupt:
             error("interrupted: nothing half-built is visible; a previous build of this name still serves")
             return 130

@@ -13,10 +13,10 @@ $PY -m datastore migrate
 $PY -m datastore stats --name sharegpt > /dev/null 2>&1 || $PY -m ingest build --top-t 2M --quiet
 $PY -m datastore stats --name code > /dev/null 2>&1 || $PY -m ingest build --name code --source code --path "$STDLIB" --top-t 2M --quiet
 for corpus in sharegpt code; do
-  dir=$($PY -c "from datastore import load_tokenizer; from ingest.suffix_index import default_index_dir; print(default_index_dir(load_tokenizer(), '$corpus'))")
+  dir=$($PY -c "from datastore import load_tokenizer; from benchmarks.rest_index import default_index_dir; print(default_index_dir(load_tokenizer(), '$corpus'))")
   if [ ! -d "$dir" ]; then
-    if [ "$corpus" = code ]; then $PY -m ingest rest-index --source code --path "$STDLIB" --quiet
-    else $PY -m ingest rest-index --quiet; fi
+    if [ "$corpus" = code ]; then $PY -m benchmarks.rest_index --source code --path "$STDLIB" --quiet
+    else $PY -m benchmarks.rest_index --quiet; fi
   fi
 done
 $PY benchmarks/references.py

@@ -84,7 +84,7 @@ COMMANDS = _commands()
 
 def test_the_docs_show_every_command_their_figures_need():
     shown = [" ".join(c[2:-1]) if c[1] == "-m" else os.path.basename(c[1]) for c in COMMANDS]
-    for needed in ("ingest build", "ingest rest-index", "research.hf_bench bench", "serving", "benchmarks.peers",
+    for needed in ("ingest build", "benchmarks.rest_index", "research.hf_bench bench", "serving", "benchmarks.peers",
                    "evaluation references", "evaluation calibrate", "datastore grant-reader crest_reader"):
         assert any(s.startswith(needed) for s in shown), (needed, shown)
     text = "".join(page.read_text() for page in PAGES)

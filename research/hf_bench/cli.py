@@ -91,7 +91,7 @@ def _rest_index(text: str):
     try:
         return existing_dir(text)
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}; build one with `python -m ingest rest-index`") from None
+        raise argparse.ArgumentTypeError(f"{e}; build one with `python -m benchmarks.rest_index`") from None
 
 
 def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
@@ -108,8 +108,8 @@ def _drafter_options(default: list[str]) -> argparse.ArgumentParser:
     p.add_argument("--max-prefix", type=int_in(1), default=3,
                    help="the trie drafter's longest matched suffix Lp (default: 3).")
     p.add_argument("--rest-index", type=_rest_index, default=None,
-                   help="REST suffix index folder for --drafter rest (default: the one `python -m ingest rest-index` "
-                        "writes for ShareGPT).")
+                   help="REST suffix index folder for --drafter rest (default: the one "
+                        "`python -m benchmarks.rest_index` writes for ShareGPT).")
     return p
 
 
@@ -169,7 +169,7 @@ def make_drafters(args, target) -> list:
         open_datastore().close()
         source = DatastoreSource(open_datastore)
     if "rest" in args.drafter:
-        from ingest.suffix_index import SuffixIndex, default_index_dir  # DuckDB: only for the REST baseline
+        from benchmarks.rest_index import SuffixIndex, default_index_dir  # DuckDB: only for the REST baseline
 
         index = SuffixIndex.load(args.rest_index or default_index_dir(tokenizer))
         rest = DatastoreSource(lambda: index)

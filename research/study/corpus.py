@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.rest_index import SuffixIndex
 from ingest.build import BuildConfig, TokenizedCorpus, tokenize_corpus
-from ingest.suffix_index import SuffixIndex
 from ingest.tokens import SEPARATOR, open_stream
 from toolkit.tokenizer import cache_dir, tokenizer_fingerprint
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.rest_index import SuffixIndex
 from evaluation.prompts import Prompt
-from ingest.suffix_index import SuffixIndex
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.peer_drafters import RetrievalDrafter
+from benchmarks.rest_index import RestParams, SuffixIndex
 from drafting import DatastoreSource
 from evaluation.simulate import replay
 from ingest.continuations import SEPARATOR
-from ingest.suffix_index import RestParams, SuffixIndex
 from oracle.ingest import rest_retrieve, tree_paths
 from research.study.corpus import prefix_end
 from support import run_module
@@ -69,7 +69,7 @@ def test_size_is_counted_as_rest_counts_it(tmp_path):
     assert data == small.nbytes
     with pytest.raises(ValueError, match="vocab_size"):
         SuffixIndex.build(stream, vocab_size=8)
-    with pytest.raises(FileNotFoundError, match="python -m ingest rest-index"):
+    with pytest.raises(FileNotFoundError, match="python -m benchmarks.rest_index"):
         SuffixIndex.load(tmp_path / "missing")
 
 
@@ -110,11 +110,11 @@ def test_longest_run_matches_brute_force(docs, query):
 
 
 def test_rest_index_cli_indexes_the_same_token_stream(tmp_path, sharegpt_sample, real_stream, tokenizer):
+    from benchmarks.rest_index import SuffixIndex
     from ingest.continuations import SEPARATOR
-    from ingest.suffix_index import SuffixIndex
 
     out = tmp_path / "rest"
-    proc = run_module("ingest", "rest-index", "--path", str(sharegpt_sample), "--limit", "40", "--out", str(out),
+    proc = run_module("benchmarks.rest_index", "--path", str(sharegpt_sample), "--limit", "40", "--out", str(out),
                       "--quiet")
     assert proc.returncode == 0, proc.stderr[-2000:]
     index = SuffixIndex.load(out)
@@ -123,6 +123,6 @@ def test_rest_index_cli_indexes_the_same_token_stream(tmp_path, sharegpt_sample,
     assert np.array_equal(np.asarray(index.tokens, dtype=np.int64), expected)
     assert f"{index.nbytes:,} bytes" in proc.stdout and index.nbytes == 6 * len(real_stream)
     assert not list(tmp_path.glob(".rest-*"))  # staged beside the output, renamed into place, nothing left over
-    missing = run_module("ingest", "rest-index", "--path", str(tmp_path / "nowhere.json"), "--out", str(out))
+    missing = run_module("benchmarks.rest_index", "--path", str(tmp_path / "nowhere.json"), "--out", str(out))
     assert missing.returncode == 2 and "nowhere.json: no such file or directory" in missing.stderr
     assert SuffixIndex.load(out).num_tokens == len(real_stream)  # a failed run leaves the previous index

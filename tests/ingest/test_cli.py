@@ -57,7 +57,6 @@ INGEST = [
     (["build", "--source", "jsonl", "--path", f"{REPO}/ingest/*.py"], 2, ("ingest/*.py", "--source chat only")),
     (["build", "--source", "chat", "--path", f"{REPO}/no-such-*.jsonl"], 2, ("no-such-*.jsonl", "matches")),
     (["build", "--source", "parquet", "--path", str(REPO), str(REPO)], 2, ("reads one --path",)),
-    (["rest-index", "--path", NO_SUCH], 2, (NO_SUCH,)),
 ]
 
 

@@ -187,7 +187,7 @@ def test_budget_auto_scores_what_the_same_fixed_budget_scores(database_url, chat
 
 @pytest.mark.slow
 def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer, tmp_path):
-    from ingest.suffix_index import SuffixIndex
+    from benchmarks.rest_index import SuffixIndex
 
     SuffixIndex.build(real_stream, len(tokenizer)).save(tmp_path / "rest")
     out = tmp_path / "bench.csv"
@@ -199,7 +199,7 @@ def test_bench_cli_rest_drafter_is_lossless(database_url, real_stream, tokenizer
     assert rows and all(r["lossless"] == "1/1" for r in rows)
     missing = _run(["bench", "--set", "humaneval", "--limit", "1", "--drafter", "rest", "--rest-index",
                     str(tmp_path / "nowhere"), "--budget", "3"], database_url, tmp_path)
-    assert missing.returncode == 2 and "python -m ingest rest-index" in missing.stderr
+    assert missing.returncode == 2 and "python -m benchmarks.rest_index" in missing.stderr
 
 
 def test_bench_cli_names_a_missing_datastore(database_url, tmp_path):

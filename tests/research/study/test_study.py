@@ -87,9 +87,9 @@ def test_grid_points_equal_direct_builds(database_url, sharegpt_sample, tokenize
 def test_study_cli_end_to_end(database_url, tmp_path, prefix, tokenizer):
     """The study on a tiny grid and small corpora: CSV rows and PNGs from real runs, values reproducible."""
     from benchmarks.peer_drafters import RetrievalDrafter
+    from benchmarks.rest_index import SuffixIndex
     from drafting import DatastoreSource
     from evaluation.prompts import MT_BENCH, load_prompts
-    from ingest.suffix_index import SuffixIndex
     from research.hf_bench.store import reference_store
     from research.study.cli import main
     from research.study.runner import replay_accept_length
