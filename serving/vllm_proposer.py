@@ -9,8 +9,10 @@ verifies one chain of draft tokens per row. Rows carry no request id, so :class:
 their tokens, and each step drafts the whole batch in one :class:`drafting.DraftingService` step (the merged drafter:
 datastore, live layer, each row's own tokens and the finished outputs), its chains cut to the batch's goodput on this
 engine's measured step-cost curve (:mod:`serving.cost`). The settings are the ``CREST_*`` variables
-(:class:`toolkit.settings.Settings`, read when vLLM builds the proposer). On vLLM's CPU platform the proposer also fixes
-the rejection sampler's expansion of temperatures (:mod:`serving.vllm_fixes`).
+(:class:`toolkit.settings.Settings`, read when vLLM builds the proposer). Inside vLLM the proposer also receives the
+target's state: each row's last accepted hidden state every step (:mod:`serving.model_state`) and the LM-head rows from
+``load_model``; and on vLLM's CPU platform it fixes the rejection sampler's expansion of temperatures
+(:mod:`serving.vllm_fixes`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +30,11 @@ from toolkit.settings import Settings
 
 from .cost import EngineTimer, StepCostModel
 from .rows import RowTracker
+
+if TYPE_CHECKING:
+    import torch
+
+    from .model_state import RowStates
 
 __all__ = ["CrestProposer", "ProposeRecord"]
 
@@ -59,6 +67,10 @@ class CrestProposer:
     Attributes:
         service: the drafter. rows: the rows' tracker. cost: the engine's step-cost model. timer: what times the
             engine's steps into it (:class:`serving.cost.EngineTimer`). gate: what the compactor waits for.
+        row_states: this step's :class:`serving.model_state.RowStates` (``None``: none handed over: outside vLLM, a
+            vLLM without what the hook reads, or a step whose states did not fit its rows).
+        lm_head: ``[vocab, hidden]`` the target's LM-head rows (tied to its embedding where the model ties them), from
+            ``load_model``; ``None`` before it or where the model has none.
         on_step: called after every ``propose`` with its :class:`ProposeRecord` (``None``: nothing; the benchmarks'
             per-step figures).
 
@@ -70,9 +82,13 @@ class CrestProposer:
         from transformers import AutoTokenizer
 
         if "vllm" in sys.modules:  # built inside vLLM's engine process, beside its rejection sampler
+            from .model_state import install_state_hook
             from .vllm_fixes import fix_cpu_sampling
 
             fix_cpu_sampling()
+            install_state_hook()
+        self.row_states: RowStates | None = None
+        self.lm_head: torch.Tensor | None = None
         self.settings = s = settings or Settings.from_env()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -115,7 +131,18 @@ class CrestProposer:
         self._full: dict[int, np.ndarray] = {}
 
     def load_model(self, model) -> None:
-        """Nothing to load: the drafts come from the datastore and the requests' own tokens."""
+        """Keep the target's LM-head rows (:attr:`lm_head`): vLLM hands over the target module itself.
+
+        Args:
+            model: vLLM's target ``nn.Module``; its ``lm_head.weight`` (``[vocab, hidden]``) is read, not copied.
+        """
+        head = getattr(getattr(model, "lm_head", None), "weight", None)
+        self.lm_head = head if head is not None and head.dim() == 2 else None
+
+    def observe_states(self, states: RowStates | None) -> None:
+        """This step's rows' last accepted hidden states, handed over before :meth:`propose` by the runner's hook
+        (:func:`serving.model_state.install_state_hook`); ``None``: none this step."""
+        self.row_states = states
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:

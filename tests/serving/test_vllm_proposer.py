@@ -155,3 +155,22 @@ def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database
         assert proposer.rows.started == 4  # row 1 held its request: followed, not restarted
     finally:
         proposer.service.close()
+
+
+def test_the_targets_state_reaches_the_proposer(ours, target):
+    """Every step each row's last accepted hidden state reaches our proposer (:mod:`serving.model_state`, selected as
+    vLLM's Medusa branch selects it): it equals the HF model's final-normed hidden state at the same position within
+    fp32 tolerance, and the target's LM head, handed over by ``load_model``, maps it to the token the row sampled last
+    (every request of the round is greedy)."""
+    import torch
+
+    kept = ours["preempted"]["states"]
+    assert len(kept) >= 12
+    backbone = target.model.get_decoder()
+    for rec in kept:
+        tokens = rec["tokens"]
+        with torch.inference_mode():
+            hf = backbone(torch.tensor([tokens[:-1]])).last_hidden_state[0, -1]
+        state = torch.tensor(rec["state"])
+        assert torch.allclose(state, hf, rtol=1e-3, atol=1e-3), (state - hf).abs().max()
+        assert rec["argmax"] == tokens[-1]

@@ -104,6 +104,8 @@ def main() -> None:
             built = proposer()
             assert built is not None  # vLLM runs in this process (test_vllm_proposer.py: cpu_env(in_process=True))
             report["faults"] = built.stats()["faults"]
+            if hasattr(built, "states"):  # _checking_proposer.CheckingProposer: the states the target handed it
+                report["states"], built.states = built.states, []
         result["rounds"][spec_round["name"]] = report
     print("RESULT " + json.dumps(result))
 
