@@ -14,9 +14,11 @@ A vLLM whose runner lacks what the wrapper reads is told once in the log; the pr
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,6 +117,7 @@ def install_state_hook() -> bool:
     def argument(name: str, args: tuple, kwargs: dict):
         return args[at[name]] if len(args) > at[name] else kwargs[name]
 
+    @functools.wraps(method)
     def propose_draft_token_ids(*args, **kwargs):
         drafter = getattr(args[0], "drafter", None)
         observe = getattr(drafter, "observe_states", None)
@@ -133,6 +136,6 @@ def install_state_hook() -> bool:
         return method(*args, **kwargs)
 
     setattr(propose_draft_token_ids, _WRAPPED, True)
-    propose_draft_token_ids.__wrapped__ = method  # type: ignore[attr-defined]
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
+    runner: Any = GPUModelRunner  # typed or not, as vLLM is installed or not
+    runner.propose_draft_token_ids = propose_draft_token_ids
     return True
