@@ -318,18 +318,24 @@ def build_rest_index(config: BuildConfig, out: Path, progress: bool = True) -> t
     return SuffixIndex.load(out), report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.rest_index``: build REST's index of a corpus; returns the exit code (0 ok, 2 bad input,
-    1 failure)."""
-    from ingest.errors import SourceError
-    from toolkit.console import EXIT_OK, run
-
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks.rest_index``'s parser: the corpus options of ``python -m ingest build`` and ``--out``."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.rest_index", parents=[corpus_options(BuildConfig())],
                                  description="Tokenize a corpus as `python -m ingest build` does and save its suffix "
                                              "array (REST's datastore), for `python -m benchmarks.peers`.")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder to write (replaced when it exists; default: <cache>/rest/<source>-<tokenizer "
                          "fingerprint>, where the peers look).")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.rest_index``: build REST's index of a corpus; returns the exit code (0 ok, 2 bad input,
+    1 failure)."""
+    from ingest.errors import SourceError
+    from toolkit.console import EXIT_OK, run
+
+    ap = build_parser()
     args = ap.parse_args(argv)
     check_corpus_paths(ap, args)
 
