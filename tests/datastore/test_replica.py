@@ -57,6 +57,7 @@ def _write(url: str, name: str, folder: Path) -> tuple[Path, bytes]:
     return path, identity
 
 
+@pytest.mark.slow  # every key of a build read back: over 30 s
 def test_a_replica_holds_every_tree_of_its_build(database_url, chat_datastore, tmp_path):
     """Every stored key gives the tree the round trip decodes from the same row (zstd-compressed or plain), and keys of
     every length the build does not hold give nothing."""

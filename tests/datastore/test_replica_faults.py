@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from crest_native import Replica, ReplicaError
 from datastore.connection import connect
@@ -59,6 +60,7 @@ def _draft_stored(core, handles, budgets, datastore, chain: bool, delta=None):
     return made, made.damaged
 
 
+@pytest.mark.slow  # hundreds of damaged files, each drafted through: over 30 s
 def test_random_bytes_anywhere_never_change_a_draft(database_url, chat_datastore, tokenizer, eval_prompts, tmp_path):
     """200 trials: random bytes written into the mapped file (anywhere; in the slot table; in the records the rows
     read), its mtime kept. Each step, chain and tree, drafts what the round trip drafts or reports the file damaged."""

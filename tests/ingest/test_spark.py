@@ -83,6 +83,7 @@ def sharegpt_with_faults(sharegpt_sample, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # a whole Spark build, over a minute on two cores
 def test_sharegpt_build_is_identical(database_url, sharegpt_with_faults):
     # small buckets (max_occurrences) so that both engines split every n into several tree partitions
     r = _both(database_url, path=sharegpt_with_faults, top_t=2000, max_n=4, max_occurrences=30_000)
@@ -93,6 +94,7 @@ def test_sharegpt_build_is_identical(database_url, sharegpt_with_faults):
     assert any("cut off" in note for note in report["notes"])  # the partial last record is reported, not fatal
 
 
+@pytest.mark.slow  # a whole Spark build, over a minute on two cores
 def test_code_build_is_identical(database_url, code_sample):
     r = _both(database_url, source="code", path=(code_sample,), top_t=500, max_n=5, depth=8, tree_budget=32)
     _assert_identical(r)
@@ -100,6 +102,7 @@ def test_code_build_is_identical(database_url, code_sample):
     assert r["spark"].report["malformed"] == {"undecodable bytes": 1, "empty text": 1}
 
 
+@pytest.mark.slow  # a whole Spark build, over a minute on two cores
 def test_jsonl_limit_keeps_the_same_documents(database_url, code_sample, tmp_path):
     """--limit keeps the first N documents in file order on both engines, after dropping malformed and
     duplicate records, and both report only what was read up to there."""
@@ -167,6 +170,7 @@ def _state(url: str, name: str) -> list[str]:
         return [s for (s,) in conn.execute("SELECT state FROM datastores WHERE name = %s ORDER BY id", [name])]
 
 
+@pytest.mark.slow  # a whole Spark build, over a minute on two cores
 def test_killed_spark_build_leaves_previous_build_serving(database_url, sharegpt_sample, tokenizer, tmp_path):
     name = f"test-spark-kill-{uuid.uuid4().hex[:8]}"
     common = ["--name", name, "--path", str(sharegpt_sample), "--limit", "60", "--max-n", "3", "--quiet"]
@@ -201,6 +205,7 @@ def test_killed_spark_build_leaves_previous_build_serving(database_url, sharegpt
         drop_datastore(database_url, name)
 
 
+@pytest.mark.slow  # a whole Spark build, over a minute on two cores
 def test_chat_build_is_identical(database_url, sharegpt_sample, tmp_path):
     """--source chat on both engines: gzip and cut-off zstd JSON Lines, Parquet, a cut-off ShareGPT array; the same
     rows, malformed records and skipped turns by reason, duplicates and notes."""
