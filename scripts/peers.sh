@@ -19,5 +19,5 @@ for corpus in sharegpt code; do
     else $PY -m benchmarks.rest_index --quiet; fi
   fi
 done
-$PY benchmarks/references.py
-exec $PY benchmarks/peers.py "$@"
+$PY -m evaluation references
+exec $PY -m benchmarks.peers "$@"

@@ -70,11 +70,17 @@ def _command(line: str) -> list[str] | None:
 
 
 def _commands() -> list[list[str]]:
+    """Every command of the pages' bash blocks and of ``scripts/*.sh`` (their ``$PY``, ``exec`` and ``||`` forms)."""
+    bodies = [body for _, body in _blocks("bash", PAGES)]
+    bodies += [p.read_text().replace("$PY ", "python ").replace(".venv/bin/python ", "python ")
+               for p in sorted((REPO / "scripts").glob("*.sh"))]
     out = []
-    for _, body in _blocks("bash", PAGES):
+    for body in bodies:
         for line in body.replace("\\\n", " ").splitlines():
-            command = _command(line.strip())
-            if command is not None and command not in out:
+            line = line.strip().removeprefix("exec ").split("||")[-1].split("&&")[-1].strip()
+            command = _command(line)
+            ours = command is not None and (command[1] != "-m" or (REPO / command[2].split(".")[0]).is_dir())
+            if ours and command not in out:
                 out.append(command)
     return out
 
