@@ -125,48 +125,34 @@ struct Batch {
 
 struct Step {
   nb::object followed = nb::none();  // list[bool], or None: pair `bad` held new id `bad_id` (nothing followed)
-  int64_t bad = -1, bad_id = 0, inactive = 0, backed_off = 0;
+  int64_t bad = -1, bad_id = 0, inactive = 0, backed_off = 0, nodes = 0;
   bool drafted = false;
   int damaged = -1;
-  // the drafts' arrays (drafted), or the plan (back_off, tails); else None
-  nb::object tokens = nb::none(), parents = nb::none(), scores = nb::none(), offsets = nb::none(),
-             chosen = nb::none(), sources = nb::none(), back_off = nb::none(), tails = nb::none();
+  std::vector<crest::Drafted> drafts;  // the drafts (drafted); each array below is made from them when first read
+  nb::object arrays[6] = {nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), nb::none()};
+  nb::object back_off = nb::none(), tails = nb::none();  // the plan, else None
 
+  template <class T, std::vector<T> crest::Drafted::*field>
+  nb::object flat(int k) {  // the drafts' `field`s end to end (None when nothing was drafted)
+    if (!drafted || !arrays[k].is_none()) return arrays[k];
+    std::vector<T> out;
+    out.reserve(static_cast<std::size_t>(nodes));
+    for (const auto& d : drafts) out.insert(out.end(), (d.*field).begin(), (d.*field).end());
+    return arrays[k] = nb::cast(owned(std::move(out)));
+  }
+  nb::object per_draft(int k, bool offsets) {  // [rows + 1] offsets of each draft's nodes, or [rows] chosen candidates
+    if (!drafted || !arrays[k].is_none()) return arrays[k];
+    std::vector<int64_t> out;
+    if (offsets) out.push_back(0);
+    for (const auto& d : drafts) out.push_back(offsets ? out.back() + static_cast<int64_t>(d.tokens.size()) : d.chosen);
+    return arrays[k] = nb::cast(owned(std::move(out)));
+  }
   nb::list token_lists() const {  // each row's draft tokens as a list of ints (what an engine takes)
     nb::list out;
-    if (offsets.is_none()) return out;
-    auto t = nb::cast<In1D<int64_t>>(tokens);
-    auto o = nb::cast<In1D<int64_t>>(offsets);
-    for (std::size_t i = 0; i + 1 < o.shape(0); ++i) {
-      nb::list row;
-      for (int64_t j = o.data()[i]; j < o.data()[i + 1]; ++j) row.append(t.data()[j]);
-      out.append(row);
-    }
+    for (const auto& d : drafts) out.append(nb::cast(d.tokens));
     return out;
   }
 };
-
-void fill_drafts(Step& s, std::vector<crest::Drafted>& out) {
-  std::vector<int64_t> tokens, offsets{0}, chosen;
-  std::vector<int32_t> parents;
-  std::vector<double> scores;
-  std::vector<uint8_t> sources;
-  for (auto& d : out) {
-    tokens.insert(tokens.end(), d.tokens.begin(), d.tokens.end());
-    parents.insert(parents.end(), d.parents.begin(), d.parents.end());
-    scores.insert(scores.end(), d.scores.begin(), d.scores.end());
-    sources.insert(sources.end(), d.sources.begin(), d.sources.end());
-    offsets.push_back(static_cast<int64_t>(tokens.size()));
-    chosen.push_back(d.chosen);
-    s.backed_off += d.chosen > 0;
-  }
-  s.tokens = nb::cast(owned(std::move(tokens)));
-  s.parents = nb::cast(owned(std::move(parents)));
-  s.scores = nb::cast(owned(std::move(scores)));
-  s.offsets = nb::cast(owned(std::move(offsets)));
-  s.chosen = nb::cast(owned(std::move(chosen)));
-  s.sources = nb::cast(owned(std::move(sources)));
-}
 
 // Core.step: the one step entry. `source`: a (datastore, live, delta) tuple of replicas (each a Replica or None), the
 // Trees a round trip looked up, or None (follow, then plan what a round trip must fetch).
@@ -213,7 +199,10 @@ Step core_step(crest::Core& core, const Batch& b, nb::handle source) {
   Step s;
   s.bad = out.bad, s.bad_id = out.bad_id, s.drafted = out.drafted, s.damaged = out.damaged, s.inactive = out.inactive;
   s.followed = out.bad >= 0 ? nb::none() : nb::cast(std::vector<bool>(out.followed.begin(), out.followed.end()));
-  if (out.drafted) fill_drafts(s, out.drafts);
+  if (out.drafted) {
+    for (const auto& d : out.drafts) s.nodes += static_cast<int64_t>(d.tokens.size()), s.backed_off += d.chosen > 0;
+    s.drafts = std::move(out.drafts);
+  }
   if (out.planned) {
     nb::list tails;
     for (auto& t : out.tails) tails.append(nb::cast(t));
@@ -285,10 +274,14 @@ void bind_step_types(nb::module_& m) {
   nb::class_<Step>(m, "Step")
       .def_ro("followed", &Step::followed).def_ro("bad", &Step::bad).def_ro("bad_id", &Step::bad_id)
       .def_ro("drafted", &Step::drafted).def_ro("damaged", &Step::damaged).def_ro("inactive", &Step::inactive)
-      .def_ro("backed_off", &Step::backed_off).def_ro("tokens", &Step::tokens).def_ro("parents", &Step::parents)
-      .def_ro("scores", &Step::scores).def_ro("offsets", &Step::offsets).def_ro("chosen", &Step::chosen)
-      .def_ro("sources", &Step::sources).def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails)
-      .def("token_lists", &Step::token_lists);
+      .def_ro("backed_off", &Step::backed_off).def_ro("nodes", &Step::nodes)
+      .def_prop_ro("tokens", [](Step& s) { return s.flat<int64_t, &crest::Drafted::tokens>(0); })
+      .def_prop_ro("parents", [](Step& s) { return s.flat<int32_t, &crest::Drafted::parents>(1); })
+      .def_prop_ro("scores", [](Step& s) { return s.flat<double, &crest::Drafted::scores>(2); })
+      .def_prop_ro("sources", [](Step& s) { return s.flat<uint8_t, &crest::Drafted::sources>(3); })
+      .def_prop_ro("offsets", [](Step& s) { return s.per_draft(4, true); })
+      .def_prop_ro("chosen", [](Step& s) { return s.per_draft(5, false); })
+      .def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails).def("token_lists", &Step::token_lists);
   nb::class_<NodeTable>(m, "NodeTable")
       .def_ro("tokens", &NodeTable::tokens).def_ro("parents", &NodeTable::parents)
       .def_ro("depths", &NodeTable::depths).def_ro("features", &NodeTable::features)

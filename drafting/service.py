@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import crest_native
-from crest_native import DEFAULTS, EngineRows, NodeTable
+from crest_native import DEFAULTS, Curve, EngineRows, NodeTable
 from datastore.cache import CACHE_BYTES
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
@@ -38,7 +38,7 @@ from .draft import CostCurve, ScoreKind
 from .native import core_options, native_core
 from .retrieval import DatastoreTrees, native_tree
 from .source import DatastoreSource
-from .step import Batch, Closeable, OutputSink, ServiceStats, StepResult
+from .step import UNSET, Batch, Closeable, OutputSink, ServiceStats, StepResult
 
 __all__ = ["DraftingService"]
 
@@ -252,32 +252,36 @@ class DraftingService:
             datastore.errors.ClosedError: after :meth:`close`.
         """
         start = time.perf_counter()
-        native = self._batch_of(requests)
-        b = native.native
-        b.budgets = budgets if type(budgets) is np.ndarray and budgets.dtype == np.int64 else \
-            door.budgets(budgets, len(native.ids))
-        b.chain = door.chain(chain)
-        b.min_score = self.min_score if min_score is None else door.min_score(min_score)
-        b.curve = door.curve(curve)
-        self._follow(b, tokens, len(native.ids))
-        made = self._draft(native)
-        result = StepResult(made.followed, made if made.drafted else None)
-        if made.drafted:
-            spent = time.perf_counter() - start
-            with self._lock:
-                st = self.stats
-                st.steps += 1
-                st.drafts += len(native.ids)
-                st.nodes += len(made.scores)
-                st.step_s += spent
-                st.step_times.append(spent)
-        return result
+        # the common case (an engine's persistent batch, arguments of the right types) checks each at once, inline
+        batch = requests if type(requests) is Batch and requests.generation == self._generation else \
+            self._batch_of(requests)
+        b, given = batch.native, batch.given  # what the last step set, kept where the native side reads it live
+        if budgets is not given[0]:
+            if type(budgets) is np.ndarray and budgets.dtype == np.int64:  # read in place: kept
+                b.budgets = given[0] = budgets
+            else:
+                b.budgets, given[0] = door.budgets(budgets, len(batch.ids)), UNSET
+        if chain is not given[1]:
+            b.chain = given[1] = chain if type(chain) is bool else door.chain(chain)
+        if min_score is not given[2]:
+            b.min_score = self.min_score if min_score is None else door.min_score(min_score)
+            given[2] = min_score if min_score is None or type(min_score) is float else UNSET
+        if curve is not given[3]:
+            b.curve = given[3] = curve if curve is None or type(curve) is Curve else door.curve(curve)
+        if tokens is not given[4]:
+            if type(tokens) is EngineRows:  # views of the engine's arrays: kept
+                b.rows, b.appended, b.counts = tokens, None, None
+                given[4] = tokens
+            else:
+                b.rows, given[4] = None, UNSET if tokens is not None else None
+                b.appended, b.counts = (None, None) if tokens is None else \
+                    door.token_lists(tokens, len(batch.ids), self.vocab_size)
+        made = self._draft(batch, start)
+        return StepResult(made.followed, made if made.drafted else None)
 
     def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
         """``requests`` as a :class:`Batch` whose handles are current."""
         if isinstance(requests, Batch):
-            if requests.generation == self._generation:  # nothing started or stopped since it was read
-                return requests
             with self._lock:
                 self._check_open()
                 requests.native.handles = self._handles(requests.ids)
@@ -285,42 +289,48 @@ class DraftingService:
             return requests
         return self.batch(requests)
 
-    def _follow(self, b: crest_native.Batch, tokens: object, rows: int) -> None:
-        """Put what each request follows on the native batch."""
-        b.rows = b.appended = b.counts = None
-        if tokens is None:
-            return
-        if type(tokens) is EngineRows:
-            b.rows = tokens
-            return
-        b.appended, b.counts = door.token_lists(tokens, rows, self.vocab_size)
-
-    def _draft(self, batch: Batch) -> crest_native.Step:
-        """The native calls of a step: follow and draft from the replicas, or follow and plan, fetch, draft."""
+    def _draft(self, batch: Batch, start: float) -> crest_native.Step:
+        """The native calls of a step begun at ``start``: follow and draft from the replicas, or follow and plan,
+        fetch, draft; the step counted in :attr:`stats` when it drafted."""
         b = batch.native
         stores = self.retrieval.stores()
         at = time.perf_counter()
-        made = self._call(b, stores)
+        made = self._call(b, stores, start)
         if made.followed is None:
             raise self._bad_id(batch, made)
+        if made.drafted:
+            self.retrieval.drafted(made, time.perf_counter() - at, stores)
+            return made
         if not all(made.followed):
             return made
         b.rows = b.appended = b.counts = None  # followed: the calls that follow draft only
+        batch.given[4] = UNSET
         if stores is not None:
-            if self.retrieval.drafted(made, time.perf_counter() - at, stores):
-                return made
-            made = self._call(b, None)  # a replica was damaged: the round trip drafts the step
+            self.retrieval.drafted(made, time.perf_counter() - at, stores)  # a replica was damaged: counted, dropped
+            made = self._call(b, None, None)  # the round trip drafts the step
         trees = self.retrieval.fetch(made)
         at = time.perf_counter()
-        made = self._call(b, trees)
+        made = self._call(b, trees, start)
         self.retrieval.drafted_given(made, time.perf_counter() - at)
         return made
 
-    def _call(self, b: crest_native.Batch, source) -> crest_native.Step:
+    def _call(self, b: crest_native.Batch, source, start: float | None) -> crest_native.Step:
+        """One native step under the lock; one that drafted is counted in :attr:`stats` (with the seconds since
+        ``start``; ``None``: not counted, the step is not over)."""
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             b.key_limit = self.key_vocab
-            return self._core.step(b, source)
+            made = self._core.step(b, source)
+            if made.drafted and start is not None:
+                spent = time.perf_counter() - start
+                st = self.stats
+                st.steps += 1
+                st.drafts += len(b.handles)
+                st.nodes += made.nodes
+                st.step_s += spent
+                st.step_times.append(spent)
+            return made
 
     def _bad_id(self, batch: Batch, made: crest_native.Step) -> InvalidContext:
         """The error for request ``made.bad``'s new id outside the vocabulary (nothing was followed)."""

@@ -18,8 +18,10 @@ import crest_native
 from .door import RequestId
 from .draft import ChainDrafts, Drafts, ScoreKind
 
-__all__ = ["STEP_TIMES_KEPT", "Batch", "Closeable", "OutputSink", "ServiceStats", "StepResult"]
+__all__ = ["STEP_TIMES_KEPT", "UNSET", "Batch", "Closeable", "OutputSink", "ServiceStats", "StepResult"]
 
+UNSET = object()
+"""What :attr:`Batch.given` holds for an argument that the next step sets again."""
 STEP_TIMES_KEPT = 10_000
 """Steps whose seconds :class:`ServiceStats` keeps one by one."""
 
@@ -68,13 +70,17 @@ class Batch:
         ids: ``[rows]`` the request of each row (read only).
     """
 
-    __slots__ = ("generation", "ids", "native")
+    __slots__ = ("generation", "given", "ids", "native")
 
     def __init__(self, ids: list[RequestId], handles: np.ndarray, generation: int) -> None:
         self.ids = ids
         self.generation = generation  # the drafter's table as the handles were read
         self.native = crest_native.Batch()
         self.native.handles = handles
+        # what the last step set on the native batch, as the caller passed it (budgets, chain, min_score, curve,
+        # tokens), where the native side holds it or reads it in place (else UNSET): a step passing the same objects
+        # sets nothing again (setting a native attribute costs microseconds)
+        self.given: list = [UNSET] * 5
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -217,16 +217,14 @@ class EngineTimer:
         self._tokens = 0                     # ... how many tokens the engine then verified ...
         self._rows = 0                       # ... in how many rows
 
-    def observe(self, start: float, timed: bool) -> tuple[int, float, bool] | None:
-        """A call began at ``start``: record the engine step before it when ``timed`` (a decode-only step); returns
-        what was recorded, ``(tokens, seconds, drafted)``, or ``None``."""
-        if not timed or self._last_end is None:
-            return None
-        seen = (self._tokens, start - self._last_end, self._tokens > self._rows)
-        self.cost.observe(seen[0], seen[1], drafted=seen[2])
-        return seen
-
-    def end(self, tokens: int, rows: int) -> None:
-        """A call returns: the engine's next step verifies ``tokens`` tokens in ``rows`` rows."""
+    def step(self, start: float, timed: bool, tokens: int, rows: int) -> tuple[int, float, bool] | None:
+        """A proposer call that began at ``start`` returns; the engine's next step verifies ``tokens`` tokens in
+        ``rows`` rows. When ``timed`` (a decode-only step), the engine step before the call is recorded; returns what
+        was recorded, ``(tokens, seconds, drafted)``, or ``None``."""
+        seen = None
+        if timed and self._last_end is not None:
+            seen = (self._tokens, start - self._last_end, self._tokens > self._rows)
+            self.cost.observe(seen[0], seen[1], drafted=seen[2])
         self._tokens, self._rows = tokens, rows
         self._last_end = self.now()
+        return seen

@@ -61,30 +61,35 @@ class RowTracker:
             min_score / curve: as :meth:`drafting.DraftingService.step`.
 
         Returns:
-            ``(request ids, chains)``, in the order of the rows.
+            ``(request ids, chains)``, in the order of the rows (the ids: read only).
 
         Raises:
             As :meth:`drafting.DraftingService.step` (rows, lengths or budgets an engine cannot mean).
         """
-        rows = list(range(len(budgets))) if index is None else list(index)
-        whole = index is None
-        batch = self._batch if whole and self._batch is not None and len(self._batch) == len(rows) else None
-        made = None
-        if batch is not None:  # the steady step: every row held its request at the last step
-            made = self.service.step(batch, budgets, tokens=self._rows(tokens, lengths), chain=True,
-                                     min_score=min_score, curve=curve)
+        batch = self._batch
+        if index is None and batch is not None and len(batch.ids) == len(budgets):  # the steady step
+            view = self._view  # the same view while the engine passes the same arrays (vLLM rewrites them in place)
+            if view is None or view.rows is not tokens or view.lengths is not lengths:
+                view = self._view = EngineRows(tokens, lengths, None, self._vocab)
+            made = self.service.step(batch, budgets, tokens=view, chain=True, min_score=min_score, curve=curve)
+            if made.drafted:  # every row held its request: nothing else changed
+                return batch.ids, made.chains()  # type: ignore[return-value]  # ids the tracker made: ints
+            rows = list(range(len(budgets)))
             guess: list[int | None] = list(batch.ids)  # type: ignore[arg-type]
             followed = made.followed
         else:
+            made = None
+            rows = list(range(len(budgets))) if index is None else list(index)
             guess = [self._by_row.get(i) for i in rows]
             if rows and None not in guess:  # perhaps steady: follow and draft in one step
                 made = self.service.step(cast("list[int]", guess), budgets,
-                                         tokens=self._engine(tokens, lengths, None if whole else rows),
+                                         tokens=self._engine(tokens, lengths, None if index is None else rows),
                                          chain=True, min_score=min_score, curve=curve)
                 followed = made.followed
             else:
                 followed = self._follow_known(rows, guess, tokens, lengths)
         ids = self._settle(rows, tokens, lengths, guess, followed)
+        whole = index is None
         if made is not None and made.drafted:
             if whole and self._batch is None:  # prepare the batch for the next steps
                 self._batch = self.service.batch(ids)
@@ -109,14 +114,6 @@ class RowTracker:
             for k, ok in zip(known, got):
                 followed[k] = ok
         return followed
-
-    def _rows(self, tokens: np.ndarray, lengths: np.ndarray) -> EngineRows:
-        """The engine's arrays as the steady step follows them: the same view while the engine passes the same
-        arrays (vLLM rewrites them in place)."""
-        view = self._view
-        if view is None or view.rows is not tokens or view.lengths is not lengths:
-            view = self._view = EngineRows(tokens, lengths, None, self._vocab)
-        return view
 
     def _settle(self, index: Sequence[int], tokens: np.ndarray, lengths: np.ndarray, guess: list[int | None],
                 followed: list[bool]) -> list[int]:

@@ -171,8 +171,7 @@ class CrestProposer:
             if adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
                 budgets = np.zeros(len(budgets), np.int64)
             _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
-                                          min_score=self.settings.min_score,
-                                          curve=self.cost.curve if adaptive else None)
+                                          curve=self.cost.curve if adaptive else None)  # the service's min_score
             verified += chains.nodes
             if index is None:
                 out = chains.token_ids
@@ -184,8 +183,7 @@ class CrestProposer:
             self.rows.step(index, token_ids_cpu, num_tokens_no_spec)
             out = [[] for _ in sampled_token_ids]
         # a decode-only step (no prefill in it) is timed
-        observed = self.timer.observe(start, self.rows.started == started and index is None)
-        self.timer.end(verified, rows)
+        observed = self.timer.step(start, self.rows.started == started and index is None, verified, rows)
         if self.on_step is not None:
             self.on_step(ProposeRecord(rows, self.timer.now() - start, chains, observed))
         return out

@@ -79,8 +79,9 @@ def _commands() -> list[list[str]]:
         for line in body.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("exec ").split("||")[-1].split("&&")[-1].strip()
             command = _command(line)
-            ours = command is not None and (command[1] != "-m" or (REPO / command[2].split(".")[0]).is_dir())
-            if ours and command not in out:
+            if command is None or (command[1] == "-m" and not (REPO / command[2].split(".")[0]).is_dir()):
+                continue  # not a command, or another package's
+            if command not in out:
                 out.append(command)
     return out
 

@@ -52,7 +52,7 @@ def drafters(source, peers: bool = True) -> list[Drafter]:
     datastore's tree by its counts)."""
     local = DraftingService(None, vocab_size=VOCAB)
     local.name = "local"
-    ours = [NoDraft(vocab_size=VOCAB), local, DraftingService(source, vocab_size=VOCAB)]
+    ours: list[Drafter] = [NoDraft(vocab_size=VOCAB), local, DraftingService(source, vocab_size=VOCAB)]
     if not peers:
         return ours
     return [*ours, PromptLookup(3, 10, "pld", vocab_size=VOCAB),

@@ -278,6 +278,37 @@ def test_a_prepared_batch_is_read_again_once_requests_start_or_stop(replica_sour
         service.step(batch, budgets, chain=True)
 
 
+def test_a_prepared_batch_sees_each_steps_arguments_however_they_are_passed(replica_source, eval_prompts):
+    """A prepared batch keeps what the last step set only where the native side reads it in place: an int64 budgets
+    array changed in place, a budgets list changed in place, another cut or form, and token lists after rows each
+    take effect as a fresh request list's step would."""
+    service, alone = merged(replica_source, min_score=0.1), merged(replica_source, min_score=0.1)
+    prompt, rest = _steps(eval_prompts[0].token_ids)
+    service.start_request(0, prompt)
+    batch = service.batch([0])
+    seq = list(prompt)
+
+    def want(budget: int, chain: bool, min_score: float) -> list[list[int]]:
+        alone.start_request(len(alone.active_requests), seq)
+        made = alone.step([len(alone.active_requests) - 1], [budget], chain=chain, min_score=min_score)
+        return [d.token_ids.tolist() for d in made.drafts]
+
+    budgets, listed = np.full(1, 8, np.int64), [8]
+    forms: list[np.ndarray | list[int]] = [budgets, listed]
+    for step, (budget, chain, cut) in enumerate([(8, True, 0.1), (3, True, 0.1), (3, False, 0.1), (8, False, 0.0),
+                                                (2, True, 0.0)]):
+        budgets[0] = listed[0] = budget  # the same objects, changed in place
+        seq += rest[step]
+        tokens, lengths = _rows([seq], len(seq) + 1)
+        follow = EngineRows(tokens, lengths, None, VOCAB) if step % 2 else [rest[step]]
+        for k, given in enumerate(forms if step % 2 == 0 else forms[::-1]):  # each twice in a row
+            made = service.step(batch, given, tokens=None if k else follow, chain=chain, min_score=cut)
+            assert [d.token_ids.tolist() for d in made.drafts] == want(budget, chain, cut), (step, type(given))
+    assert service.tokens(0).tolist() == seq
+    service.close()
+    alone.close()
+
+
 STEADY_BAD: list[tuple[Any, type[BaseException], str]] = [  # (the step's rows spoilt, error, what it names)
     (lambda t, n, b: (t.astype(np.float32), n, None, b), TypeError, "int32 or int64 token array"),
     (lambda t, n, b: (t, n.astype(np.int64), None, b), TypeError, "lengths must be a 1-D array of the rows' dtype"),
