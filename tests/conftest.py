@@ -250,3 +250,15 @@ def fresh_database(database_url):
     yield with_params(database_url, dbname=name)
     with connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def feature_set(target, sharegpt_sample, tmp_path_factory):
+    """The target's features of 10 ShareGPT sequences of at most 96 tokens, extracted into a temporary folder."""
+    from evaluation.features import extract, first_tokens
+    from ingest.sources import iter_documents
+
+    _, batches = iter_documents("sharegpt", sharegpt_sample, tokenizer=target.tokenizer, limit=40)
+    texts = (t for b in batches for t in b.column(0).to_pylist())
+    seqs = first_tokens(texts, target.tokenizer, seq_len=96, max_tokens=960)
+    return extract(target, seqs, tmp_path_factory.mktemp("features"), about={"test": "sharegpt sample"})

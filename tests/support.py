@@ -232,7 +232,7 @@ def tiny_heads(target, seed: int = 0, num_heads: int = 2):
 
     import torch
 
-    from research.s4c.features import target_weights
+    from evaluation.features import target_weights
     from research.s4c.heads import HeadsConfig, S4CHeads
 
     config = dataclasses.replace(HeadsConfig.of_target(target.model.config), num_attention_heads=1,

@@ -17,13 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from decoder.model import load_target
+from evaluation.features import extract, first_tokens, target_weights
 from ingest.cli import parse_count
 from ingest.sources import SourceError, iter_documents
 from toolkit.console import run, table_console
 from toolkit.options import existing_path, int_in, model_spec, positive_float
 from toolkit.tokenizer import cache_dir, render_chat
 
-from .features import extract, first_tokens, target_weights
 from .heads import HeadsConfig, S4CHeads
 from .store import DEFAULT_HEADS, HeadsNotFound, heads_name, heads_path, read_record, save_heads
 from .train import TrainConfig, accuracy, train

@@ -9,14 +9,14 @@ for its backward pass, and returns each row's argmax on the way (the next head's
 - ``lm`` of a row: ``logsumexp(z) - z[label]`` (eq. 7);
 - ``teacher`` of a row: ``-sum_j p_j log softmax(z)_j`` over the target's most likely tokens ``j`` with their
   probabilities ``p_j`` (eq. 8 with the target's distribution truncated to the top ``K`` tokens stored with the
-  features, :mod:`research.s4c.features`; the mass outside them is not taught).
+  features, :mod:`evaluation.features`; the mass outside them is not taught).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["head_losses", "product_dtype", "top_tokens"]
+__all__ = ["head_losses", "product_dtype"]
 
 CHUNK_ROWS = 128
 """Rows per chunk: 128 x 49,152 float32 logits are 25 MB, under glibc's largest mmap threshold (32 MB), so a chunk's
@@ -90,18 +90,3 @@ def head_losses(g: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ids
         ``lm [n]``, ``teacher [n]`` (differentiable in ``g``) and ``argmax [n]`` int64.
     """
     return _HeadLosses.apply(g, weight, labels, ids, probs)
-
-
-@torch.no_grad()
-def top_tokens(g: torch.Tensor, weight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` most likely tokens of each row of ``g`` ``[n, d]`` through the LM head ``weight`` ``[V, d]``, and
-    their softmax probabilities: ``ids [n, k]`` int64 and ``probs [n, k]`` float32, most likely first."""
-    n = g.shape[0]
-    ids, probs = torch.empty((n, k), dtype=torch.long), torch.empty((n, k), dtype=torch.float32)
-    for s in range(0, n, CHUNK_ROWS):
-        e = min(n, s + CHUNK_ROWS)
-        z = g[s:e].float() @ weight.T.float()
-        top = z.topk(k, dim=-1)
-        ids[s:e] = top.indices
-        probs[s:e] = (top.values - torch.logsumexp(z, dim=-1, keepdim=True)).exp()
-    return ids, probs

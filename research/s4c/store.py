@@ -18,10 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from decoder.model import TargetModel
+from evaluation.features import target_fingerprint, target_weights
 from toolkit.options import checked
 from toolkit.tokenizer import cache_dir
 
-from .features import target_fingerprint, target_weights
 from .heads import DraftLMHead, HeadsConfig, S4CHeads
 
 __all__ = ["DEFAULT_HEADS", "heads_path", "load_heads", "save_heads"]

@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from .features import FeatureSet
+from evaluation.features import FeatureSet, top_tokens
+
 from .heads import S4CHeads
-from .loss import head_losses, product_dtype, top_tokens
+from .loss import head_losses, product_dtype
 
 __all__ = ["TrainConfig", "accuracy", "train"]
 

@@ -1,14 +1,13 @@
-"""The target's features: its final-normed last hidden state at every position (the LM head's input; ``F`` in
-:mod:`research.s4c.heads`), extracted once and cached on disk for training (S4C §3.1.2), or computed for one sequence.
+"""The target's features: its final-normed last hidden state at every position (the LM head's input), extracted once
+and cached on disk for training a draft head (EAGLE §3.2; S4C §3.1.2), or computed for one sequence.
 
-A feature set is a folder of three arrays and a JSON record, written by :func:`extract` and memory-mapped by
+A feature set is a folder of arrays and a JSON record, written by :func:`extract` and memory-mapped by
 :class:`FeatureSet`: ``tokens.npy`` ``[N]`` int32 (every sequence's token ids, one after another), ``offsets.npy``
-``[sequences + 1]`` int64 (where each starts) and ``features.npy`` ``[N, d]`` float16 (the target's features of the
-same positions, each sequence run through the target on its own), and the target's own next-token distribution at
-each position truncated to its :data:`TEACHER_TOP` most likely tokens, ``teacher_ids.npy`` ``[N, K]`` int32 and
-``teacher_probs.npy`` ``[N, K]`` float16 (what the heads' teacher loss reads, :mod:`research.s4c.loss`). Extraction
-resumes
-where an interrupted one stopped.
+``[sequences + 1]`` int64 (where each starts), ``features.npy`` ``[N, d]`` float16 (the target's features of the same
+positions, each sequence run through the target on its own), and the target's own next-token distribution at each
+position truncated to its :data:`TEACHER_TOP` most likely tokens, ``teacher_ids.npy`` ``[N, K]`` int32 and
+``teacher_probs.npy`` ``[N, K]`` float16 (what a head's teacher loss reads). Extraction resumes where an interrupted
+one stopped.
 """
 
 from __future__ import annotations
@@ -27,14 +26,15 @@ import torch
 from decoder.model import TargetModel
 from toolkit.tokenizer import cache_dir
 
-from .loss import top_tokens
-
-__all__ = ["FeatureSet", "extract", "reference_states", "target_features", "target_fingerprint"]
+__all__ = ["FeatureSet", "extract", "first_tokens", "reference_states", "target_features", "target_fingerprint",
+           "target_weights", "top_tokens"]
 
 TEACHER_TOP = 20
 """Tokens of the target's distribution kept per position for the teacher loss."""
 
 _RECORD = "features.json"
+CHUNK_ROWS = 128
+"""Rows of one LM-head product in :func:`top_tokens`."""
 
 
 @torch.inference_mode()
@@ -123,8 +123,8 @@ class FeatureSet:
         path = folder / _RECORD
         record = json.loads(path.read_text()) if path.exists() else {}
         if not record.get("complete"):
-            raise FileNotFoundError(f"{folder} holds no complete feature set; `python -m research.s4c train` extracts "
-                                    "one")
+            raise FileNotFoundError(f"{folder} holds no complete feature set; `python -m evaluation train-head` "
+                                    "extracts one")
         arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
                   for name in ("tokens", "features", "teacher_ids", "teacher_probs")}
         return cls(folder, offsets=np.load(folder / "offsets.npy"), record=record, **arrays)
@@ -218,3 +218,18 @@ def first_tokens(texts: Iterable[str], tokenizer, *, seq_len: int, max_tokens: i
         out.append(np.asarray(ids, dtype=np.int32))
         total += len(ids)
     return out
+
+
+@torch.no_grad()
+def top_tokens(g: torch.Tensor, weight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row of ``g`` ``[n, d]`` through the LM head ``weight`` ``[V, d]``, and
+    their softmax probabilities: ``ids [n, k]`` int64 and ``probs [n, k]`` float32, most likely first."""
+    n = g.shape[0]
+    ids, probs = torch.empty((n, k), dtype=torch.long), torch.empty((n, k), dtype=torch.float32)
+    for s in range(0, n, CHUNK_ROWS):
+        e = min(n, s + CHUNK_ROWS)
+        z = g[s:e].float() @ weight.T.float()
+        top = z.topk(k, dim=-1)
+        ids[s:e] = top.indices
+        probs[s:e] = (top.values - torch.logsumexp(z, dim=-1, keepdim=True)).exp()
+    return ids, probs
