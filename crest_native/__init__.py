@@ -8,7 +8,8 @@
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
 - :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs
   (``docs/tree-format.md``); :func:`chain_cut`, :func:`tree_cut` and :func:`goodput_keep` cut scored trees and chains;
-- :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order.
+- :data:`FEATURES` names the calibration's columns and :data:`SOURCES` the sources, in union order;
+  :data:`MODEL_FEATURES` the columns a with-model calibration weighs after them (:meth:`Core.set_model`).
 
 The Python oracle of every stage is in ``tests/oracle/``. Importing fails with :class:`ImportError` naming the fix when
 the extension is not built, or was built from other sources than the ``csrc/`` beside it.
@@ -19,9 +20,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "MAX_BUDGET", "NodeTable",
-           "Options", "OutputsInfo", "Replica", "ReplicaError", "ReplicaWriter", "SOURCES", "Step", "Trees",
-           "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob", "parse_tree_payload", "tree_cut"]
+__all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "MAX_BUDGET",
+           "MODEL_FEATURES", "NodeTable", "Options", "OutputsInfo", "Replica", "ReplicaError", "ReplicaWriter",
+           "SOURCES", "Step", "Trees", "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob",
+           "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
 
@@ -30,6 +32,7 @@ try:
         COMPRESSION_IDS,
         FEATURES,
         MAX_BUDGET,
+        MODEL_FEATURES,
         SOURCE_DIGEST,
         SOURCES,
         Batch,

@@ -187,6 +187,9 @@ void bind_constants(nb::module_& m) {
   for (const auto& name : crest::feature_names()) features.append(nb::str(name.c_str()));
   for (const char* name : crest::kSourceNames) sources.append(nb::str(name));
   m.attr("FEATURES") = nb::tuple(features);
+  nb::list model;
+  for (const char* name : crest::kModelFeatureNames) model.append(nb::str(name));
+  m.attr("MODEL_FEATURES") = nb::tuple(model);
   m.attr("SOURCES") = nb::tuple(sources);
   m.attr("SOURCE_DIGEST") = CREST_SOURCE_DIGEST;
   m.attr("MAX_BUDGET") = crest::kMaxBudget;

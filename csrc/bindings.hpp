@@ -29,6 +29,8 @@ namespace nb = nanobind;
 template <typename T>
 using In1D = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 template <typename T>
+using In2D = nb::ndarray<const T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+template <typename T>
 using Out1D = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 
 // A read-only array owning `v` (numpy's writeable flag off).
@@ -52,7 +54,33 @@ struct Curve {
   crest::StepCurve view() const { return {tokens.data(), seconds.data(), tokens.shape(0), tail, draft_s}; }
 };
 
+// An engine's rows (drafting.EngineRows): their ids and counts as the engine holds them, not copied.
+struct Rows {
+  nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu> ids;
+  nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu> lengths;
+  nb::object index;  // In1D<int64_t> or None
+  int64_t limit;
+};
+
+// The trees a round trip looked up, per row: its datastore candidates (a list) and its live layer's main and delta
+// trees (each a tree or None), each tree (ngram_len, token_ids uint32, parents int32, counts uint32, root_count).
+struct Trees {
+  std::vector<In1D<uint32_t>> tokens, counts;  // held while a step reads them
+  std::vector<In1D<int32_t>> parents;
+  crest::GivenTrees given;
+
+  crest::SourceTree tree(nb::handle h) {
+    nb::tuple t = nb::cast<nb::tuple>(h);
+    tokens.push_back(nb::cast<In1D<uint32_t>>(t[1]));
+    parents.push_back(nb::cast<In1D<int32_t>>(t[2]));
+    counts.push_back(nb::cast<In1D<uint32_t>>(t[3]));
+    return {nb::cast<int>(t[0]), tokens.back().data(), parents.back().data(), counts.back().data(),
+            tokens.back().shape(0), nb::cast<uint64_t>(t[4])};
+  }
+};
+
 void bind_options(nb::module_& m);
+void bind_inputs(nb::module_& m);
 void bind_core(nb::module_& m);
 void bind_replicas(nb::module_& m);
 void bind_functions(nb::module_& m);

@@ -43,6 +43,21 @@ void StoredTrees::prefetch(std::size_t, const uint32_t* tokens, std::size_t n) {
 
 // -- the request table ---------------------------------------------------------------------------------------------
 
+namespace {
+
+void check_token_bias(const Calibration& cal) {
+  const auto& ids = cal.bias_tokens;
+  if (ids.size() != cal.token_bias.size())
+    throw std::invalid_argument("the calibration's token bias has " + std::to_string(ids.size()) + " tokens and " +
+                                std::to_string(cal.token_bias.size()) + " biases");
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || (i && ids[i] <= ids[i - 1]) || !std::isfinite(cal.token_bias[i]))
+      throw std::invalid_argument("the calibration's token bias needs ascending, unique, non-negative token ids and "
+                                  "finite biases");
+}
+
+}  // namespace
+
 Core::Core(Calibration calibration, Options options)
     : calibration_(std::move(calibration)), options_(options), outputs_(options.outputs_bytes, options.outputs_depth) {
   if (static_cast<int>(calibration_.coef.size()) != kNumFeatures)
@@ -54,14 +69,7 @@ Core::Core(Calibration calibration, Options options)
     throw std::invalid_argument(
         "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget and max_tokens "
         ">= 0 and the calibration's prior >= 0");
-  const auto& ids = calibration_.bias_tokens;
-  if (ids.size() != calibration_.token_bias.size())
-    throw std::invalid_argument("the calibration's token bias has " + std::to_string(ids.size()) + " tokens and " +
-                                std::to_string(calibration_.token_bias.size()) + " biases");
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0 || (i && ids[i] <= ids[i - 1]) || !std::isfinite(calibration_.token_bias[i]))
-      throw std::invalid_argument("the calibration's token bias needs ascending, unique, non-negative token ids and "
-                                  "finite biases");
+  check_token_bias(calibration_);
   z_.sources.assign(kNumSources, nullptr);
 }
 
@@ -224,8 +232,23 @@ std::string outside(const char* what, std::size_t i, int64_t value, const std::s
 
 }  // namespace
 
+void Core::set_model(Calibration with_model, ModelView view) {
+  if (static_cast<int>(with_model.coef.size()) != kNumFeatures + kNumModelFeatures)
+    throw std::invalid_argument("the with-model calibration has " + std::to_string(with_model.coef.size()) +
+                                " weights; the features and the model features are " +
+                                std::to_string(kNumFeatures + kNumModelFeatures));
+  if (with_model.prior != calibration_.prior)
+    throw std::invalid_argument("the with-model calibration's prior differs from the core's: fit both on one prior");
+  if (!view.lm_head || view.vocab < 1 || view.d < 1) throw std::invalid_argument("the LM head is empty");
+  check_token_bias(with_model);
+  with_model_ = std::move(with_model);
+  model_ = view;
+}
+
 void Core::check(const StepInput& in) const {
   const std::size_t pairs = in.handles.size();
+  if (in.states && !model_.lm_head)
+    throw std::invalid_argument("next-state estimates were given to a core without a model: call set_model first");
   if (in.budgets.size() != pairs)
     throw std::invalid_argument(std::to_string(in.budgets.size()) + " budgets for " + std::to_string(pairs) +
                                 " requests; pass one budget per request");
@@ -292,7 +315,8 @@ void Core::step(const StepInput& in, Retrieval* retrieval, StepOutput& out) {
     return;
   }
   for (Handle h : in.handles) out.inactive += !active(h);
-  out.drafted = draft(in.handles, in.budgets, *retrieval, in.chain, in.min_score, out.drafts);
+  out.drafted = draft(in.handles, in.budgets, *retrieval, in.chain, in.min_score, out.drafts, in.states,
+                      in.has_state);
   if (!out.drafted) {
     out.drafts.clear();
     out.damaged = retrieval->damaged;
@@ -319,11 +343,16 @@ void Core::gather(Request& r, const Retrieved& in, int nodes) {
   z_.earlier_view = SourceTree::of(z_.earlier, earlier_len);
 }
 
-bool Core::score_candidate(const SourceTree* candidate, int max_depth) {
+bool Core::score_candidate(const SourceTree* candidate, int max_depth, const float* state) {
   z_.sources[kDatastore] = candidate && candidate->size ? candidate : nullptr;
   if (!merge(z_.sources, z_.children, z_.merged, max_depth)) return false;
   features(z_.sources, z_.merged, calibration_.prior, z_.x, z_.has_kids);
-  scores(calibration_, z_.sources, z_.merged, z_.x, z_.score);
+  if (!state) {
+    scores(calibration_, z_.sources, z_.merged, z_.x, z_.score);
+    return true;
+  }
+  model_features(model_, state, z_.merged, z_.model);
+  scores(with_model_, z_.sources, z_.merged, z_.x, z_.score, z_.model.data());
   return true;
 }
 
@@ -344,14 +373,15 @@ void Core::cut(bool chain, int budget, double min_score, Drafted& out) {
   }
 }
 
-void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, Drafted& out) {
+void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, const float* state,
+                     Drafted& out) {
   gather(r, in, std::max(budget, options_.match_nodes));
   out.clear();
   double best_gain = -1.0;
   const std::size_t given = options_.sources[kDatastore] ? in.candidates.size() : 0;
   for (std::size_t c = 0; c < std::max<std::size_t>(given, 1); ++c) {  // no candidate: the other sources
     const SourceTree* candidate = c < given ? &in.candidates[c] : nullptr;
-    if (!score_candidate(candidate, budget)) continue;  // no node deeper than the budget can be drafted
+    if (!score_candidate(candidate, budget, state)) continue;  // no node deeper than the budget can be drafted
     cut(chain, budget, min_score, z_.candidate);
     double gain = 0.0;  // the draft's expected accepted length
     for (double v : z_.candidate.scores) gain += v;
@@ -364,7 +394,8 @@ void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, do
 }
 
 bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, Retrieval& retrieval,
-                 bool chain, double min_score, std::vector<Drafted>& out) {
+                 bool chain, double min_score, std::vector<Drafted>& out, const float* states,
+                 const uint8_t* has_state) {
   out.resize(handles.size());
   for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
     const Request* r = find(handles[i]);
@@ -377,7 +408,8 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>&
     if (const int budget = fitting(*r, budgets[i]); budget > 0) {
       if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
         return false;
-      draft_one(*r, z_.retrieved, budget, chain, min_score, out[i]);
+      const float* state = states && has_state[i] ? states + i * model_.d : nullptr;
+      draft_one(*r, z_.retrieved, budget, chain, min_score, state, out[i]);
     }
     r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
   }
@@ -430,7 +462,9 @@ void Core::plan(const std::vector<Handle>& handles, const std::vector<int64_t>& 
   }
 }
 
-void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out) {
+void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out, const float* state) {
+  if (state && !model_.lm_head)
+    throw std::invalid_argument("a next-state estimate was given to a core without a model: call set_model first");
   Request* r = find(h);
   if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
   gather(*r, given, options_.match_nodes);
@@ -438,9 +472,16 @@ void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out)
   const std::size_t count = options_.sources[kDatastore] ? given.candidates.size() : 0;
   for (std::size_t c = 0; c < std::max<std::size_t>(count, 1); ++c) {
     const SourceTree* candidate = c < count ? &given.candidates[c] : nullptr;
-    if (!score_candidate(candidate, std::numeric_limits<int>::max())) continue;  // every node: what a fit reads
+    if (!score_candidate(candidate, std::numeric_limits<int>::max(), state)) continue;  // every node: what a fit reads
     zero_absent(z_.sources, z_.x);
     out.push_back({z_.merged, z_.x, z_.score});
+    if (!state) continue;
+    std::vector<double>& x = out.back().features;  // each row's features, then its model features
+    x.clear();
+    for (std::size_t n = 0; n < z_.merged.size(); ++n) {
+      x.insert(x.end(), z_.x.begin() + n * kNumFeatures, z_.x.begin() + (n + 1) * kNumFeatures);
+      x.insert(x.end(), z_.model.begin() + n * kNumModelFeatures, z_.model.begin() + (n + 1) * kNumModelFeatures);
+    }
   }
 }
 

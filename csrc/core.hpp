@@ -145,6 +145,9 @@ struct StepInput {
   const uint32_t* appended = nullptr;  // with counts: [sum(counts)] tokens
   const int64_t* counts = nullptr;     // [pairs]
   uint64_t key_limit = uint64_t{1} << 32;  // a plan asks only for tokens after the last id of at least this
+  // [pairs, d] float32: each pair's next-state estimate (Core::set_model; nullptr: none), read where has_state[i]
+  const float* states = nullptr;
+  const uint8_t* has_state = nullptr;  // [pairs]
 };
 
 // What a step did: which pairs followed (all, or none when pair `bad` holds a new id outside [0, limit), that id in
@@ -164,6 +167,13 @@ struct StepOutput {
 class Core {
  public:
   Core(Calibration calibration, Options options);
+
+  // The target's LM head ([vocab, d] float32, borrowed: the caller keeps it alive while the core lives) and the
+  // calibration that weighs the model features beside the others (kNumFeatures + kNumModelFeatures weights, the same
+  // prior). A row given a next-state estimate is scored with it; any other row with the core's calibration, as
+  // before. Throws std::invalid_argument for another number of weights or prior, or an empty head.
+  void set_model(Calibration with_model, ModelView view);
+  std::size_t model_width() const { return model_.lm_head ? model_.d : 0; }  // d, or 0 without a model
 
   Handle start(const uint32_t* prompt, std::size_t n);
   // A step (StepInput): follow, then draft from `retrieval` (nullptr: only plan what a round trip must fetch). Throws
@@ -198,14 +208,18 @@ class Core {
 
   // A draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. False when the
   // retrieval found its store damaged (no drafts).
+  // states/has_state: as StepInput's.
   bool draft(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, Retrieval& retrieval, bool chain,
-             double min_score, std::vector<Drafted>& out);
+             double min_score, std::vector<Drafted>& out, const float* states = nullptr,
+             const uint8_t* has_state = nullptr);
   // What a round trip must fetch for each row: whether it backs off, and its last `tail` tokens after the last id of
   // at least `limit` (none for a row that drafts nothing).
   void plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
             uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const;
-  // The node table of every candidate (or of none) of one active request, as a step would merge it.
-  void tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out);
+  // The node table of every candidate (or of none) of one active request, as a step would merge it; given a
+  // next-state estimate `state` ([d]: a model is set), its features are followed by the model features
+  // ([size, kNumFeatures + kNumModelFeatures]) and scored with the with-model calibration.
+  void tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out, const float* state = nullptr);
 
   const OutputIndex& outputs() const { return outputs_; }
   StoredScratch* retrieval_scratch() { return &z_.stored; }
@@ -234,9 +248,10 @@ class Core {
   // The step's checks and its follow (Core::step): false when a pair did not follow or held a bad id.
   void check(const StepInput& in) const;
   bool follow(const StepInput& in, StepOutput& out);
-  bool score_candidate(const SourceTree* candidate, int max_depth);
+  bool score_candidate(const SourceTree* candidate, int max_depth, const float* state);
   void cut(bool chain, int budget, double min_score, Drafted& out);
-  void draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, Drafted& out);
+  void draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, const float* state,
+                 Drafted& out);
 
   struct Scratch {  // one step's working arrays, kept between steps (their memory is reused)
     Tree local, earlier, live_sum;
@@ -245,7 +260,7 @@ class Core {
     std::vector<const SourceTree*> sources;
     ChildMap children;
     Union merged;
-    std::vector<double> x, score;
+    std::vector<double> x, score, model;  // model: the model features (with a state)
     std::vector<uint8_t> has_kids;
     CutScratch cut;
     std::vector<int32_t> picked, picked_parents;
@@ -261,7 +276,8 @@ class Core {
   };
 
   Scratch z_;
-  Calibration calibration_;
+  Calibration calibration_, with_model_;
+  ModelView model_;
   Options options_;
   OutputIndex outputs_;
   Verdicts verdicts_;  // every request's, decayed: where a new request's ratio starts

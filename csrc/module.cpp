@@ -1,6 +1,6 @@
 // Python bindings of the native drafting core (nanobind), the module crest_native._core: the core's options, a
-// step's inputs and its typed result, and the core itself (csrc/bindings.hpp; the replicas, the codec and the cuts
-// are bound in csrc/bind_replica.cpp).
+// step's batch and its typed result, and the core itself (csrc/bindings.hpp; a step's input value types are bound in
+// csrc/bind_inputs.cpp; the replicas, the codec and the cuts in csrc/bind_replica.cpp).
 #include "bindings.hpp"
 
 namespace crest_bind {
@@ -44,80 +44,14 @@ void bind_options(nb::module_& m) {
 // -- a step's inputs -----------------------------------------------------------------------------------------------
 
 
-void curve_init(Curve* self, In1D<double> tokens, In1D<double> seconds, double tail, double draft_s) {
-  const std::size_t m = tokens.shape(0);
-  if (m < 1 || m > 1024 || seconds.shape(0) != m)
-    throw nb::value_error("a step-cost curve has 1..1024 points, as many seconds as tokens");
-  for (std::size_t i = 0; i < m; ++i)
-    if (!(seconds.data()[i] >= 0) || (i && !(tokens.data()[i] > tokens.data()[i - 1])))
-      throw nb::value_error("a step-cost curve's tokens must increase and its seconds be >= 0");
-  if (!(tail >= 0 && std::isfinite(tail)) || !(draft_s >= 0 && std::isfinite(draft_s)))
-    throw nb::value_error("a step-cost curve's tail and draft_s must be finite and >= 0");
-  new (self) Curve{tokens, seconds, tail, draft_s};
-}
-
-// An engine's rows (drafting.EngineRows): their ids and counts as the engine holds them, not copied.
-struct Rows {
-  nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu> ids;
-  nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu> lengths;
-  nb::object index;  // In1D<int64_t> or None
-  int64_t limit;
-};
-
-using AnyRows = nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using AnyCounts = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-void rows_init(Rows* self, nb::handle ids, nb::handle lengths, nb::handle index, int64_t limit) {
-  AnyRows r;
-  AnyCounts n;
-  if (!nb::try_cast(ids, r, false) || (r.dtype() != nb::dtype<int32_t>() && r.dtype() != nb::dtype<int64_t>()))
-    throw nb::type_error("rows must be the engine's [rows, max_len] int32 or int64 token array (C order, not copied)");
-  if (!nb::try_cast(lengths, n, false) || n.dtype() != r.dtype())
-    throw nb::type_error("lengths must be a 1-D array of the rows' dtype: each row's count of tokens");
-  In1D<int64_t> at;
-  if (!index.is_none() && !nb::try_cast(index, at, false))
-    throw nb::type_error("index must be a 1-D int64 array (each pair's row) or None (pair i on row i)");
-  if (limit < 1 || limit > (int64_t{1} << 32)) throw nb::value_error("vocab_size must be in 1..2**32");
-  new (self) Rows{r, n, nb::borrow(index), limit};
-}
-
-// The trees a round trip looked up, per row: its datastore candidates (a list) and its live layer's main and delta
-// trees (each a tree or None), each tree (ngram_len, token_ids uint32, parents int32, counts uint32, root_count).
-struct Trees {
-  std::vector<In1D<uint32_t>> tokens, counts;  // held while a step reads them
-  std::vector<In1D<int32_t>> parents;
-  crest::GivenTrees given;
-
-  crest::SourceTree tree(nb::handle h) {
-    nb::tuple t = nb::cast<nb::tuple>(h);
-    tokens.push_back(nb::cast<In1D<uint32_t>>(t[1]));
-    parents.push_back(nb::cast<In1D<int32_t>>(t[2]));
-    counts.push_back(nb::cast<In1D<uint32_t>>(t[3]));
-    return {nb::cast<int>(t[0]), tokens.back().data(), parents.back().data(), counts.back().data(),
-            tokens.back().shape(0), nb::cast<uint64_t>(t[4])};
-  }
-};
-
-void trees_init(Trees* self, nb::list stored, nb::list live, nb::list delta) {
-  new (self) Trees();
-  const std::size_t rows = stored.size();
-  if (live.size() != rows || delta.size() != rows) throw nb::value_error("pass one entry per row in each list");
-  self->given.rows.resize(rows);
-  for (std::size_t i = 0; i < rows; ++i) {
-    crest::Retrieved& row = self->given.rows[i];
-    for (nb::handle t : nb::cast<nb::list>(stored[i])) row.candidates.push_back(self->tree(t));
-    if (!live[i].is_none()) row.live = self->tree(live[i]);
-    if (!delta[i].is_none()) row.delta = self->tree(delta[i]);
-  }
-}
-
 // One step's arguments (Core.step): the requests and their budgets, the form and the cut, and what each follows.
 struct Batch {
   In1D<int64_t> handles, budgets;
   bool chain = false;
   double min_score = 0.0;
-  // a Curve, Rows, [N] uint32 with [pairs] int64 counts, or None
-  nb::object curve = nb::none(), rows = nb::none(), appended = nb::none(), counts = nb::none();
+  // a Curve, Rows, [N] uint32 with [pairs] int64 counts, [pairs, d] float32 with [pairs] bool, or None
+  nb::object curve = nb::none(), rows = nb::none(), appended = nb::none(), counts = nb::none(), states = nb::none(),
+             has_state = nb::none();
   uint64_t key_limit = uint64_t{1} << 32;
 };
 
@@ -181,6 +115,13 @@ Step core_step(crest::Core& core, const Batch& b, nb::handle source) {
     if (counts.shape(0) != in.handles.size()) throw nb::value_error("pass one count of new tokens per request");
     in.appended = nb::cast<In1D<uint32_t>>(b.appended).data(), in.counts = counts.data();
   }
+  if (!b.states.is_none()) {
+    auto states = nb::cast<In2D<float>>(b.states, false);  // read in place (drafting.door checked the dtypes)
+    auto has = nb::cast<In1D<bool>>(b.has_state, false);
+    if (states.shape(0) != in.handles.size() || states.shape(1) != core.model_width() || has.shape(0) != states.shape(0))
+      throw nb::value_error("pass one next-state estimate of the model's width per request, and has_state per request");
+    in.states = states.data(), in.has_state = reinterpret_cast<const uint8_t*>(has.data());
+  }
   crest::StoredScratch* scratch = core.retrieval_scratch();
   crest::StoredTrees stored(nullptr, nullptr, nullptr, scratch);
   crest::Retrieval* retrieval = nullptr;
@@ -222,30 +163,36 @@ struct OutputsInfo {  // the output index: outputs held, its size model, what it
   int64_t evictions;
 };
 
-void core_init(crest::Core* self, In1D<double> coef, double intercept, double prior, const crest::Options& options,
-               nb::object token_ids, nb::object token_bias) {
+// A calibration: its weights, intercept and prior, and its token term (token_ids with token_bias, or neither).
+crest::Calibration calibration_of(In1D<double> coef, double intercept, double prior, nb::object ids, nb::object bias) {
   crest::Calibration cal{std::vector<double>(coef.data(), coef.data() + coef.shape(0)), intercept, prior, {}, {}};
-  if (token_ids.is_none() != token_bias.is_none())
+  if (ids.is_none() != bias.is_none())
     throw nb::value_error("pass token_ids and token_bias together (a calibration's token term), or neither");
-  if (!token_ids.is_none()) {
-    auto ids = nb::cast<In1D<int64_t>>(token_ids);
-    auto bias = nb::cast<In1D<double>>(token_bias);
-    cal.bias_tokens.assign(ids.data(), ids.data() + ids.shape(0));
-    cal.token_bias.assign(bias.data(), bias.data() + bias.shape(0));
+  if (!ids.is_none()) {
+    auto i = nb::cast<In1D<int64_t>>(ids);
+    auto b = nb::cast<In1D<double>>(bias);
+    cal.bias_tokens.assign(i.data(), i.data() + i.shape(0)), cal.token_bias.assign(b.data(), b.data() + b.shape(0));
   }
-  new (self) crest::Core(std::move(cal), options);
+  return cal;
 }
 
-std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees) {
+std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees, nb::object state) {
   if (trees.given.rows.size() != 1) throw nb::value_error("tables reads the trees of one request: one row");
+  const float* at = nullptr;
+  if (!state.is_none()) {
+    auto s = nb::cast<In1D<float>>(state, false);
+    if (s.shape(0) != c.model_width()) throw nb::value_error("pass a next-state estimate of the model's width");
+    at = s.data();
+  }
   std::vector<crest::NodeTable> tables;
-  c.tables(handle, trees.given.rows[0], tables);
+  c.tables(handle, trees.given.rows[0], tables, at);
+  const std::size_t width = crest::kNumFeatures + (at ? crest::kNumModelFeatures : 0);
   std::vector<NodeTable> out;
   for (auto& t : tables) {
     const std::size_t n = t.shape.size();
     auto* heap = new std::vector<double>(std::move(t.features));
     nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-    nb::ndarray<nb::numpy, double, nb::ndim<2>> features(heap->data(), {n, std::size_t{crest::kNumFeatures}}, owner);
+    nb::ndarray<nb::numpy, double, nb::ndim<2>> features(heap->data(), {n, width}, owner);
     out.push_back({nb::cast(owned(std::move(t.shape.tokens))), nb::cast(owned(std::move(t.shape.parents))),
                    nb::cast(owned(std::move(t.shape.depths))), nb::cast(features), nb::cast(owned(std::move(t.scores)))});
   }
@@ -254,15 +201,6 @@ std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees)
 
 // The step's value types: its inputs (a curve, an engine's rows, trees, the batch) and results.
 void bind_step_types(nb::module_& m) {
-  nb::class_<Curve>(m, "Curve")
-      .def("__init__", &curve_init, "tokens"_a, "seconds"_a, "tail"_a, "draft_s"_a = 0.0)
-      .def_ro("tokens", &Curve::tokens).def_ro("seconds", &Curve::seconds)
-      .def_ro("tail", &Curve::tail).def_ro("draft_s", &Curve::draft_s);
-  nb::class_<Rows>(m, "EngineRows")
-      .def("__init__", &rows_init, "rows"_a, "lengths"_a, "index"_a.none() = nb::none(), "limit"_a = int64_t{1} << 31)
-      .def_ro("rows", &Rows::ids).def_ro("lengths", &Rows::lengths).def_ro("index", &Rows::index)
-      .def_ro("limit", &Rows::limit);
-  nb::class_<Trees>(m, "Trees").def("__init__", &trees_init, "stored"_a, "live"_a, "delta"_a);
   nb::class_<Batch>(m, "Batch")
       .def(nb::init<>())
       .def_rw("handles", &Batch::handles).def_rw("budgets", &Batch::budgets).def_rw("chain", &Batch::chain)
@@ -270,7 +208,9 @@ void bind_step_types(nb::module_& m) {
       .def_rw("curve", &Batch::curve, nb::for_setter(nb::arg("value").none()))
       .def_rw("rows", &Batch::rows, nb::for_setter(nb::arg("value").none()))
       .def_rw("appended", &Batch::appended, nb::for_setter(nb::arg("value").none()))
-      .def_rw("counts", &Batch::counts, nb::for_setter(nb::arg("value").none()));
+      .def_rw("counts", &Batch::counts, nb::for_setter(nb::arg("value").none()))
+      .def_rw("states", &Batch::states, nb::for_setter(nb::arg("value").none()))
+      .def_rw("has_state", &Batch::has_state, nb::for_setter(nb::arg("value").none()));
   nb::class_<Step>(m, "Step")
       .def_ro("followed", &Step::followed).def_ro("bad", &Step::bad).def_ro("bad_id", &Step::bad_id)
       .def_ro("drafted", &Step::drafted).def_ro("damaged", &Step::damaged).def_ro("inactive", &Step::inactive)
@@ -294,7 +234,11 @@ void bind_step_types(nb::module_& m) {
 
 void bind_core(nb::module_& m) {
   nb::class_<crest::Core>(m, "Core")
-      .def("__init__", &core_init, "coef"_a, "intercept"_a, "prior"_a, "options"_a, "token_ids"_a.none() = nb::none(),
+      .def("__init__",
+           [](crest::Core* self, In1D<double> coef, double intercept, double prior, const crest::Options& options,
+              nb::object ids, nb::object bias) {
+             new (self) crest::Core(calibration_of(coef, intercept, prior, ids, bias), options);
+           }, "coef"_a, "intercept"_a, "prior"_a, "options"_a, "token_ids"_a.none() = nb::none(),
            "token_bias"_a.none() = nb::none())
       .def("start", [](crest::Core& c, In1D<uint32_t> p) { return c.start(p.data(), p.shape(0)); }, "prompt"_a)
       .def("stop",
@@ -307,7 +251,15 @@ void bind_core(nb::module_& m) {
              c.add_outputs(tokens.data(), tokens.shape(0), lengths.data(), lengths.shape(0));
            }, "tokens"_a, "lengths"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("step", &core_step, "batch"_a, "source"_a.none())
-      .def("tables", &core_tables, "handle"_a, "trees"_a)
+      .def("tables", &core_tables, "handle"_a, "trees"_a, "state"_a.none() = nb::none())
+      .def("set_model",  // the LM head is kept alive with the core, read in place
+           [](crest::Core& c, In2D<float> lm_head, In1D<double> coef, double intercept, double prior, nb::object ids,
+              nb::object bias) {
+             c.set_model(calibration_of(coef, intercept, prior, ids, bias),
+                         {lm_head.data(), lm_head.shape(0), lm_head.shape(1)});
+           }, "lm_head"_a.noconvert(), "coef"_a, "intercept"_a, "prior"_a, "token_ids"_a.none() = nb::none(),
+           "token_bias"_a.none() = nb::none(), nb::keep_alive<1, 2>())
+      .def_prop_ro("model_width", &crest::Core::model_width)
       .def("active", &crest::Core::active, "handle"_a)
       .def("acceptance", &crest::Core::acceptance, "handle"_a)
       .def("count", &crest::Core::count, "handle"_a)
@@ -337,6 +289,7 @@ NB_MODULE(_core, m) {
   bind_constants(m);
   bind_functions(m);
   bind_options(m);
+  bind_inputs(m);
   bind_step_types(m);
   bind_core(m);
   bind_replicas(m);

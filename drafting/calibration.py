@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crest_native import FEATURES, SOURCES
+from crest_native import FEATURES, MODEL_FEATURES, SOURCES
 from toolkit.extras import require
 
 __all__ = ["Calibration", "DEFAULT_PATH", "NodeTable", "RETRIEVAL_SOURCES", "TokenBias"]
@@ -63,7 +63,8 @@ class NodeTable:
 
 
 def _by_name(names: list, weights: list, source: str) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The weights in :data:`FEATURES` order (0 for a source the file does not weigh) and the sources it weighs.
+    """The weights in :data:`FEATURES` order (0 for a source the file does not weigh), then the
+    :data:`MODEL_FEATURES`' where it weighs them (all or none), and the sources it weighs.
 
     Raises:
         ValueError: naming the first feature the file and the native core do not share.
@@ -78,10 +79,16 @@ def _by_name(names: list, weights: list, source: str) -> tuple[np.ndarray, tuple
             raise ValueError(f"{source} has no weight for feature {name!r}, which the native core computes; "
                              "refit it with python -m evaluation calibrate")
     for name in names:
-        if name not in FEATURES:
+        if name not in FEATURES and name not in MODEL_FEATURES:
             raise ValueError(f"{source} weighs feature {name!r}, which the native core does not compute "
-                             f"(it computes {', '.join(FEATURES)}); refit it with python -m evaluation calibrate")
-    return np.array([float(given.get(name, 0.0)) for name in FEATURES], dtype=np.float64), weighed
+                             f"(it computes {', '.join(FEATURES + MODEL_FEATURES)}); refit it with python -m "
+                             "evaluation calibrate")
+    model = [name in given for name in MODEL_FEATURES]
+    if any(model) and not all(model):
+        raise ValueError(f"{source} weighs some of the model features {MODEL_FEATURES}, not all; refit it with "
+                         "python -m evaluation train-head")
+    columns = FEATURES + (MODEL_FEATURES if all(model) else ())
+    return np.array([float(given.get(name, 0.0)) for name in columns], dtype=np.float64), weighed
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,9 @@ class Calibration:
     """A fitted logistic model of a node's conditional acceptance, and how it was fitted: the merged drafter's scorer.
 
     Attributes:
-        coef: ``[len(FEATURES)]`` float64 weights (on raw features), in :data:`FEATURES` order.
+        coef: ``[len(FEATURES)]`` float64 weights (on raw features), in :data:`FEATURES` order; a with-model
+            calibration (:attr:`with_model`, what :class:`drafting.DraftHead` carries) adds one weight per
+            :data:`MODEL_FEATURES` after them.
         intercept: the bias. prior: the count-ratio smoothing the features are computed with (>= 0).
         meta: provenance and held-out figures (prompts, rows, datastores, ``local``: the requests' automata's
             ``max_depth`` it was fitted with ...).
@@ -154,8 +163,9 @@ class Calibration:
         coef = np.array(self.coef, dtype=np.float64)
         coef.setflags(write=False)
         object.__setattr__(self, "coef", coef)
-        if coef.shape != (len(FEATURES),):
-            raise ValueError(f"calibration has {coef.shape} weights, expected {len(FEATURES)} ({FEATURES})")
+        if coef.shape not in ((len(FEATURES),), (len(FEATURES) + len(MODEL_FEATURES),)):
+            raise ValueError(f"calibration has {coef.shape} weights, expected {len(FEATURES)} ({FEATURES}), or "
+                             f"{len(FEATURES) + len(MODEL_FEATURES)} with the model features {MODEL_FEATURES}")
         if not self.prior >= 0:
             raise ValueError(f"prior={self.prior}: must be >= 0")
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -165,6 +175,11 @@ class Calibration:
         weighed = set(features_of(self.sources))
         if any(w != 0.0 for name, w in zip(FEATURES, coef.tolist()) if name not in weighed):
             raise ValueError(f"a calibration over {self.sources} has non-zero weights for another source's features")
+
+    @property
+    def with_model(self) -> bool:
+        """Whether it weighs the :data:`MODEL_FEATURES` (a row drafted with a next-state estimate is scored by it)."""
+        return len(self.coef) > len(FEATURES)
 
     @property
     def local_depth(self) -> int:
@@ -184,8 +199,8 @@ class Calibration:
 
     def to_json(self) -> dict:
         """The parameters as a JSON-ready dict (the format :meth:`load` reads)."""
-        names = features_of(self.sources)
-        column = {name: j for j, name in enumerate(FEATURES)}
+        names = features_of(self.sources) + (list(MODEL_FEATURES) if self.with_model else [])
+        column = {name: j for j, name in enumerate(FEATURES + MODEL_FEATURES)}
         out = {"version": 1, "features": names, "coef": [float(self.coef[column[n]]) for n in names],
                "intercept": self.intercept, "prior": self.prior, "meta": self.meta}
         if self.token_bias is not None:
@@ -215,12 +230,21 @@ class Calibration:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not a calibration file ({e}); refit it with python -m evaluation "
                              "calibrate") from e
-        coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), str(path))
+        return cls.from_json(raw, str(path))
+
+    @classmethod
+    def from_json(cls, raw: dict, source: str) -> Calibration:
+        """The calibration of :meth:`to_json`'s dict ``raw``, read from ``source`` (named by its errors).
+
+        Raises:
+            ValueError: as :meth:`load`.
+        """
+        coef, sources = _by_name(list(raw.get("features", ())), list(raw.get("coef", ())), source)
         term = raw.get("token_bias")
         try:
             bias = None if term is None else TokenBias(term["tokens"], term["bias"], term["tokenizer"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: its token_bias is malformed ({e}); refit it with python -m evaluation "
+            raise ValueError(f"{source}: its token_bias is malformed ({e}); refit it with python -m evaluation "
                              "calibrate") from e
         return cls(coef, float(raw["intercept"]), float(raw["prior"]), raw.get("meta", {}), sources, bias)
 
@@ -231,7 +255,8 @@ class Calibration:
         """Fit the conditional model on nodes whose parent was accepted (needs the ``fit`` extra: scikit-learn).
 
         Args:
-            features: ``[rows, len(FEATURES)]`` float64, from the core's node tables (:class:`NodeTable`).
+            features: ``[rows, len(FEATURES)]`` float64, from the core's node tables (:class:`NodeTable`); with the
+                :data:`MODEL_FEATURES` after them (tables read with a next-state estimate), a with-model calibration.
             accepted: ``[rows]`` bool, the node's token was the target's choice.
             prior: the smoothing the features were computed with.
             regularization: scikit-learn's ``C`` (inverse L2 strength) on standardized features and on the token
@@ -254,16 +279,19 @@ class Calibration:
 
         features = np.asarray(features, dtype=np.float64)
         accepted = np.asarray(accepted, dtype=bool)
-        if features.ndim != 2 or features.shape != (len(accepted), len(FEATURES)):
+        width = features.shape[1] if features.ndim == 2 else -1
+        if width not in (len(FEATURES), len(FEATURES) + len(MODEL_FEATURES)) or len(features) != len(accepted):
             raise ValueError(f"features {features.shape} and accepted {accepted.shape} do not match "
-                             f"[rows, {len(FEATURES)}] and [rows]")
+                             f"[rows, {len(FEATURES)}] (or [rows, {len(FEATURES) + len(MODEL_FEATURES)}] with the "
+                             "model features) and [rows]")
         if accepted.all() or not accepted.any():
             raise ValueError("accepted holds one class only: replay more prompts")
         if token_terms < 0:
             raise ValueError(f"token_terms={token_terms}: must be >= 0")
         if token_terms and (tokens is None or not tokenizer):
             raise ValueError("token_terms needs each row's token (tokens) and the tokenizer's fingerprint (tokenizer)")
-        used = np.array([name in set(features_of(tuple(sources))) for name in FEATURES])
+        used = np.array([name in set(features_of(tuple(sources))) for name in FEATURES]
+                        + [True] * (width - len(FEATURES)))
         x = features[:, used]
         scaler = StandardScaler().fit(x)
         scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
@@ -273,13 +301,62 @@ class Calibration:
             kept, onehot = _token_indicators(np.asarray(tokens, dtype=np.int64), accepted, token_terms)
             design = sparse.hstack([sparse.csr_matrix(design), onehot], format="csr")
         model = LogisticRegression(C=regularization, max_iter=4000).fit(design, accepted)
-        coef = np.zeros(len(FEATURES))
+        coef = np.zeros(width)
         coef[used] = model.coef_[0][: int(used.sum())] / scale  # back to raw features
         intercept = float(model.intercept_[0] - (coef[used] * scaler.mean_).sum())
         bias = None
         if token_terms:
             bias = TokenBias(kept, model.coef_[0][int(used.sum()):], str(tokenizer))
         return cls(coef, intercept, prior, dict(meta or {}), tuple(sources), bias)
+
+    def logits(self, features: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """``[rows]`` float64: each node's conditional logit under this calibration, from its features (``[rows,
+        len(coef)]``) and tokens (``[rows]`` int64; the token term's bias where it has one)."""
+        z = self.intercept + np.asarray(features, dtype=np.float64) @ self.coef
+        if self.token_bias is not None:
+            ids = self.token_bias.tokens
+            at = np.minimum(np.searchsorted(ids, tokens), max(len(ids) - 1, 0))
+            hit = ids[at] == tokens if len(ids) else np.zeros(len(tokens), dtype=bool)
+            z[hit] += self.token_bias.bias[at[hit]]
+        return z
+
+    def with_model_terms(self, features: np.ndarray, accepted: np.ndarray, tokens: np.ndarray, *,
+                         meta: dict | None = None) -> Calibration:
+        """This calibration stacked with the model features (needs the ``fit`` extra): a logistic model of a node's
+        acceptance given this calibration's logit and the :data:`MODEL_FEATURES`, fitted on nodes whose parent was
+        accepted, folded back into one with-model calibration (this one's weights, intercept and token biases scaled
+        by the logit's fitted weight, the model features' weights after them). What the features of the sources
+        taught this calibration (the live layer's included) is kept; only how far to trust it beside the model is
+        fitted.
+
+        Args:
+            features: ``[rows, len(FEATURES) + len(MODEL_FEATURES)]`` float64 (node tables read with a next-state
+                estimate). accepted: ``[rows]`` bool. tokens: ``[rows]`` int64, each node's token.
+
+        Raises:
+            ValueError: for this calibration already weighing the model, other shapes, or one class only.
+            ModuleNotFoundError: when scikit-learn is missing (the message names the extra).
+        """
+        require("sklearn", "fit", "fitting the calibration")
+        from sklearn.linear_model import LogisticRegression
+
+        features = np.asarray(features, dtype=np.float64)
+        accepted = np.asarray(accepted, dtype=bool)
+        if self.with_model:
+            raise ValueError("this calibration weighs the model features already; stack the model on a plain one")
+        if features.shape != (len(accepted), len(FEATURES) + len(MODEL_FEATURES)) or len(tokens) != len(accepted):
+            raise ValueError(f"features {features.shape}, accepted {accepted.shape} and tokens {np.shape(tokens)} do "
+                             f"not match [rows, {len(FEATURES) + len(MODEL_FEATURES)}], [rows] and [rows]")
+        if accepted.all() or not accepted.any():
+            raise ValueError("accepted holds one class only: replay more prompts")
+        base = self.logits(features[:, :len(FEATURES)], np.asarray(tokens, dtype=np.int64))
+        model = LogisticRegression(C=1.0, max_iter=2000).fit(np.column_stack([base, features[:, len(FEATURES):]]),
+                                                              accepted)
+        scale, terms = float(model.coef_[0][0]), model.coef_[0][1:]
+        bias = None if self.token_bias is None else replace(self.token_bias, bias=self.token_bias.bias * scale)
+        return replace(self, coef=np.concatenate([self.coef * scale, terms]),
+                       intercept=float(self.intercept * scale + model.intercept_[0]),
+                       meta={**self.meta, **(meta or {})}, token_bias=bias)
 
 
 def _token_indicators(tokens: np.ndarray, accepted: np.ndarray, token_terms: int):

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Integral, Real
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crest_native import MAX_BUDGET, Curve
 from datastore.context import check_ids
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
 
 __all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budgets", "chain", "curve", "engine_vocab", "min_score",
            "request_id", "request_ids", "token_ids", "token_lists"]
@@ -163,3 +167,42 @@ def token_lists(values: object, rows: int, vocab_size: int) -> tuple[np.ndarray,
     checked = [token_ids(t, vocab_size, f"tokens[{i}]") for i, t in enumerate(values)]
     counts = np.fromiter((len(t) for t in checked), np.int64, rows)
     return (np.concatenate(checked) if checked else np.zeros(0, np.uint32)), counts
+
+
+def states(values: object, rows_mask: object, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step's next-state estimates (:meth:`drafting.DraftingService.step`'s ``states``) and the rows that have one.
+
+    Args:
+        values: ``[rows, width]`` float32, C order (read in place). rows_mask: ``[rows]`` bool, or None (every row).
+        rows: the step's rows. width: the model's hidden size (0: no model is set).
+
+    Raises:
+        ValueError: when no model is set, or for another shape. TypeError: for another dtype or layout.
+    """
+    if width == 0:
+        raise ValueError("states were given but no model is set: call set_model(lm_head, calibration) first")
+    if type(values) is not np.ndarray or values.dtype != np.float32 or not values.flags.c_contiguous:
+        raise TypeError("states must be a C-ordered float32 numpy array [rows, hidden_size] (np.ascontiguousarray("
+                        "x, dtype=np.float32))")
+    if values.shape != (rows, width):
+        raise ValueError(f"states is {values.shape}; pass one next-state estimate per row: ({rows}, {width})")
+    if rows_mask is None:
+        return values, np.ones(rows, dtype=np.bool_)
+    if type(rows_mask) is not np.ndarray or rows_mask.dtype != np.bool_ or rows_mask.shape != (rows,):
+        raise TypeError(f"state_rows must be a bool numpy array of shape ({rows},): which rows have a state")
+    return values, np.ascontiguousarray(rows_mask)
+
+
+def model(lm_head: object, calibration: Calibration) -> None:
+    """Check :meth:`drafting.DraftingService.set_model`'s arguments.
+
+    Raises:
+        TypeError: for an LM head that is no C-ordered float32 ``[vocab, hidden_size]`` array. ValueError: for a
+            calibration without the model features.
+    """
+    if type(lm_head) is not np.ndarray or lm_head.dtype != np.float32 or lm_head.ndim != 2 \
+            or not lm_head.flags.c_contiguous:
+        raise TypeError("lm_head must be the target's LM head as a C-ordered float32 numpy array [vocab, hidden_size] "
+                        "(np.ascontiguousarray(w, dtype=np.float32))")
+    if not calibration.with_model:
+        raise ValueError("set_model needs a with-model calibration (a DraftHead's): this one weighs no model features")

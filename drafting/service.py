@@ -25,7 +25,6 @@ import numpy as np
 
 import crest_native
 from crest_native import DEFAULTS, Curve, EngineRows, NodeTable
-from datastore.cache import CACHE_BYTES
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
 from datastore.tree import Match
@@ -36,6 +35,7 @@ from .calibration import RETRIEVAL_SOURCES, Calibration
 from .door import RequestId
 from .draft import CostCurve, ScoreKind
 from .native import core_options, native_core
+from .opening import open_service
 from .retrieval import DatastoreTrees, native_tree
 from .source import DatastoreSource
 from .step import UNSET, Batch, Closeable, OutputSink, ServiceStats, StepResult
@@ -113,48 +113,7 @@ class DraftingService:
         at_fork(self, before=DraftingService._hold, after_in_parent=DraftingService._release,
                 after_in_child=DraftingService._release)
 
-    @classmethod
-    def open(cls, datastore: str, *, tokenizer, database_url: str | None = None, live: bool = True,
-             cache_bytes: int = CACHE_BYTES, replicas: bool = True, vocab_size: int | None = None,
-             calibration: Calibration | None = None, min_score: float = 0.0, outputs_bytes: int | None = None,
-             max_tokens: int = 0, live_writer: OutputSink | None = None, compactor: Closeable | None = None,
-             reopen_in_background: bool = True) -> DraftingService:
-        """The merged drafter over datastore ``datastore``, its lookups composed in one place (what an engine's
-        proposer uses).
-
-        Args:
-            datastore: the datastore name. tokenizer: the target's tokenizer (checked against the build's, and
-                against the calibration's token term: a term fitted for another tokenizer is dropped, with a warning).
-            database_url: libpq URL (default ``DATABASE_URL`` or the embedded server).
-            live: also draft from the live layer ``<datastore>.live`` (once it is compacted), read with the datastore.
-            cache_bytes: the round trip's tree cache bound, bytes.
-            replicas: read host-local replicas of the builds (:mod:`datastore.replica`) once they are ready;
-                ``False``: every step is a round trip.
-            vocab_size: as the constructor (default ``len(tokenizer)``; an engine's model may have a larger one).
-            calibration / min_score / outputs_bytes / max_tokens / live_writer / compactor: as the constructor.
-            reopen_in_background: a failed datastore is reopened on a background thread, so no step ever waits for a
-                connection attempt (an engine's step must not stall while the server is down).
-
-        Raises:
-            ValueError: as the constructor.
-        """
-        from datastore.layers import live_name
-        from datastore.shared import SharedDatastore
-        from toolkit.tokenizer import tokenizer_fingerprint
-
-        layer = live_name(datastore) if live else None
-        fingerprint = tokenizer_fingerprint(tokenizer)  # once: it serializes the whole tokenizer (0.5 s here)
-        calibration = calibration or Calibration.load()
-        mine = calibration.for_tokenizer(fingerprint)
-        if mine is not calibration:
-            log.warning("the calibration's token term was fitted for another tokenizer: drafting without it (fit one "
-                        "for yours with python -m evaluation calibrate)")
-        lookups = DatastoreSource(lambda: SharedDatastore.open(
-            datastore, fingerprint=fingerprint, database_url=database_url, cache_bytes=cache_bytes, live=layer,
-            replicas=replicas), reopen_in_background=reopen_in_background)
-        return cls(lookups, vocab_size=vocab_size or len(tokenizer), key_vocab=len(tokenizer), calibration=mine,
-                   min_score=min_score, outputs_bytes=outputs_bytes, max_tokens=max_tokens, live_writer=live_writer,
-                   compactor=compactor)
+    open = classmethod(open_service)
 
     # -- the request table --------------------------------------------------------------------------------------
 
@@ -221,7 +180,8 @@ class DraftingService:
 
     def step(self, requests: Sequence[RequestId] | Batch, budgets: np.ndarray | Sequence[int], *,
              tokens: Sequence[TokenIds] | EngineRows | None = None, chain: bool = False,
-             min_score: float | None = None, curve: CostCurve | None = None) -> StepResult:
+             min_score: float | None = None, curve: CostCurve | None = None, states: np.ndarray | None = None,
+             state_rows: np.ndarray | None = None) -> StepResult:
         """Follow each request's new tokens, then draft for each, ``budgets[i]`` nodes for request ``requests[i]``.
 
         Args:
@@ -239,6 +199,9 @@ class DraftingService:
                 expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
                 scores discounted by what the engine accepted of its earlier drafts (``csrc/feedback.hpp``); ``None``:
                 not cut. Chains only.
+            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's next-state estimate
+                (:meth:`drafting.DraftHead.next_states`; :meth:`set_model` first; ``None``: none).
+                state_rows: ``[rows]`` bool, the rows whose estimate is valid (``None``: all).
 
         Returns:
             A :class:`StepResult`: which requests followed, and the drafts when every one did.
@@ -246,7 +209,8 @@ class DraftingService:
         Raises:
             KeyError: when a request is not active. TypeError / ValueError: for a malformed argument, naming it: a
                 budget outside ``0..MAX_BUDGET``, rows, counts or an index an engine cannot mean, a curve with
-                ``chain=False`` (nothing followed, nothing drafted).
+                ``chain=False``, states without :meth:`set_model` or of another shape or dtype (nothing followed,
+                nothing drafted).
             datastore.errors.InvalidContext: for a new token id outside the vocabulary (naming the request and the
                 id; nothing followed).
             datastore.errors.ClosedError: after :meth:`close`.
@@ -276,8 +240,29 @@ class DraftingService:
                 b.rows, given[4] = None, UNSET if tokens is not None else None
                 b.appended, b.counts = (None, None) if tokens is None else \
                     door.token_lists(tokens, len(batch.ids), self.vocab_size)
+        if states is not given[5]:  # an array is set every step; None once
+            b.states, b.has_state = (None, None) if states is None else \
+                door.states(states, state_rows, len(batch.ids), self._core.model_width)
+            given[5] = None if states is None else UNSET
         made = self._draft(batch, start)
         return StepResult(made.followed, made if made.drafted else None)
+
+    def set_model(self, lm_head: np.ndarray, calibration: Calibration) -> None:
+        """From now on a row given a next-state estimate (:meth:`step`'s ``states``) has its depth-1 tokens read
+        against ``lm_head`` ``[vocab, hidden_size]`` (float32, C order; read in place, kept alive by the drafter) and
+        is scored with ``calibration``, a with-model one of the drafter's prior (a :class:`drafting.DraftHead`'s;
+        ``csrc/scores.hpp``). Rows without an estimate are scored as before.
+
+        Raises:
+            TypeError / ValueError: for another LM head dtype or layout, an empty one, or a calibration without the
+                model features or with another prior. datastore.errors.ClosedError: after :meth:`close`.
+        """
+        door.model(lm_head, calibration)
+        term = calibration.token_bias
+        with self._lock:
+            self._check_open()
+            self._core.set_model(lm_head, calibration.coef, calibration.intercept, calibration.prior,
+                                 None if term is None else term.tokens, None if term is None else term.bias)
 
     def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
         """``requests`` as a :class:`Batch` whose handles are current."""
@@ -369,8 +354,7 @@ class DraftingService:
         return len(tokens)
 
     def tokens(self, req_id: RequestId) -> np.ndarray:
-        """The tokens the drafter holds for ``req_id`` (its prompt and everything followed since), as ``[N]`` uint32
-        (a copy, read only).
+        """The tokens the drafter holds for ``req_id`` (its prompt and all followed since): ``[N]`` uint32, a copy.
 
         Raises:
             KeyError: when ``req_id`` is not active. datastore.errors.ClosedError: after :meth:`close`.
@@ -380,19 +364,26 @@ class DraftingService:
             self._check_open()
             return self._core.tokens(self._handle(key), 0)
 
-    def node_tables(self, req_id: RequestId, candidates: Sequence[Match], live: Match | None) -> list[NodeTable]:
+    def node_tables(self, req_id: RequestId, candidates: Sequence[Match], live: Match | None,
+                    state: np.ndarray | None = None) -> list[NodeTable]:
         """The merged node table of each datastore candidate (or of none) of active request ``req_id``, with its
         features (``[N, len(FEATURES)]`` float64) and scores exactly as a step merges them: what fitting the
         calibration reads (``python -m evaluation calibrate``; CREST, the calibrated acceptance probability).
+        Given ``state`` (``[hidden_size]`` float32, a next-state estimate; :meth:`set_model` first), the model
+        features follow (``[N, len(FEATURES) + len(MODEL_FEATURES)]``), scored as a step with that state scores.
 
         Raises:
-            KeyError: when ``req_id`` is not active. datastore.errors.ClosedError: after :meth:`close`.
+            KeyError: when ``req_id`` is not active. ValueError / TypeError: for a state without a model, or of
+                another width or dtype. datastore.errors.ClosedError: after :meth:`close`.
         """
         key = door.request_id(req_id)
         trees = crest_native.Trees([[native_tree(m) for m in candidates]], [native_tree(live)], [None])
+        if state is not None:
+            state = door.states(state[None] if type(state) is np.ndarray and state.ndim == 1 else state, None, 1,
+                                self._core.model_width)[0][0]
         with self._lock:
             self._check_open()
-            return self._core.tables(self._handle(key), trees)
+            return self._core.tables(self._handle(key), trees, state)
 
     @property
     def active_requests(self) -> frozenset:

@@ -78,9 +78,9 @@ class Batch:
         self.native = crest_native.Batch()
         self.native.handles = handles
         # what the last step set on the native batch, as the caller passed it (budgets, chain, min_score, curve,
-        # tokens), where the native side holds it or reads it in place (else UNSET): a step passing the same objects
-        # sets nothing again (setting a native attribute costs microseconds)
-        self.given: list = [UNSET] * 5
+        # tokens, states), where the native side holds it or reads it in place (else UNSET): a step passing the same
+        # objects sets nothing again (setting a native attribute costs microseconds)
+        self.given: list = [UNSET] * 6
 
     def __len__(self) -> int:
         return len(self.ids)

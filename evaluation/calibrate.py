@@ -58,7 +58,7 @@ def stored_suffixes(source, context: list[int]) -> list:
 
 
 def collect(refs: list[Reference], source, *, calibration, outputs_bytes: int, vocab_size: int, stride: int = 1,
-            live=None, desc: str = "replay", candidates: str = "longest"):
+            live=None, desc: str = "replay", candidates: str = "longest", model=None):
     """Replay logs: ``(features, accepted, conditional score, token)`` of nodes whose parent was accepted (for
     fitting; the conditional is the node's score over its parent's), and per node of the first candidate's union
     ``(calibrated score, count-ratio score, accepted)``, from the native core's node tables under ``calibration``.
@@ -69,15 +69,22 @@ def collect(refs: list[Reference], source, *, calibration, outputs_bytes: int, v
             features). outputs_bytes / vocab_size: the drafter's. stride: every stride-th position.
         live: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
         desc: the progress bar's label. candidates: ``longest`` (the longest stored suffix's union only) or ``all``.
+        model: ``(lm_head, states)``: the tables are read with each position's next-state estimate, ``states(r,
+            pos)`` (``[d]`` float32), against ``lm_head`` (``[V, d]`` float32), their features followed by the model
+            features; ``calibration`` must then weigh them (``None``: plain tables).
     """
     from tqdm import tqdm
 
+    from crest_native import FEATURES
     from drafting import DraftingService
     from drafting.accept import accepted_mask, reference_predictions
 
     xs, ys, conds, toks, scored = [], [], [], [], []
-    drafter = DraftingService(None, vocab_size=vocab_size, calibration=calibration, outputs_bytes=outputs_bytes,
+    plain = replace(calibration, coef=calibration.coef[:len(FEATURES)]) if calibration.with_model else calibration
+    drafter = DraftingService(None, vocab_size=vocab_size, calibration=plain, outputs_bytes=outputs_bytes,
                               sources=calibration.sources)
+    if model is not None:
+        drafter.set_model(model[0], calibration)
     for r in tqdm(refs, desc=desc, unit="reference", dynamic_ncols=True):
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]
@@ -88,7 +95,8 @@ def collect(refs: list[Reference], source, *, calibration, outputs_bytes: int, v
                 cands = stored_suffixes(source, seq[-8:])
                 cands = cands[:1] if candidates == "longest" else cands
                 live_match = None if layer is None else layer.lookup(seq[-8:])
-                for j, table in enumerate(drafter.node_tables(r.id, cands, live_match)):
+                state = None if model is None else model[1](r, pos)
+                for j, table in enumerate(drafter.node_tables(r.id, cands, live_match, state)):
                     ok = accepted_mask(table.tokens, table.parents, table.depths,
                                        reference_predictions(table.depths, ref, pos))
                     parent_ok = np.where(table.parents >= 0, ok[np.maximum(table.parents, 0)], True)

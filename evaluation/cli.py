@@ -3,7 +3,8 @@
 - ``references``: the target's plain-greedy outputs of every set, with vLLM (:mod:`evaluation.greedy`);
 - ``calibrate``: the calibrated node scores, fitted on the fit half, reported on the other
 (:mod:`evaluation.calibrate`);
-- ``choose-k``: the proposer's ``k`` and probability floor, by replay (:mod:`evaluation.choose_k`).
+- ``choose-k``: the proposer's ``k`` and probability floor, by replay (:mod:`evaluation.choose_k`);
+- ``train-head``: the draft head over the target's own state, and its calibration (:mod:`evaluation.train_head`).
 
 Each reads the saved references (``--references``) and refuses a datastore whose corpus holds a prompt it scores.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import calibrate, choose_k, greedy
+from . import calibrate, choose_k, greedy, train_head
 from .references import REFERENCES
 
 __all__ = ["build_parser", "main"]
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the saved greedy references (default: %(default)s).")
     p = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n\n")[0].split("``: ")[1])
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (greedy, calibrate, choose_k):
+    for module in (greedy, calibrate, choose_k, train_head):
         module.add_parser(sub, [references])
     return p
 

@@ -48,7 +48,8 @@ class RowTracker:
         self.started = self.moved = self.stopped = 0
 
     def propose(self, index: Sequence[int] | None, tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
-                min_score: float | None = None, curve: CostCurve | None = None) -> tuple[list[int], ChainDrafts]:
+                min_score: float | None = None, curve: CostCurve | None = None, states: np.ndarray | None = None,
+                state_rows: np.ndarray | None = None) -> tuple[list[int], ChainDrafts]:
         """Bring the drafter up to date with this step's rows, then draft each row's chain.
 
         Args:
@@ -58,7 +59,8 @@ class RowTracker:
                 sequence so far in its first ``lengths[i]`` columns (read in place, not copied).
             lengths: ``[>= rows]`` of the same dtype.
             budgets: ``[len(index)]`` integers (int64 is passed as it is), each row's most draft tokens.
-            min_score / curve: as :meth:`drafting.DraftingService.step`.
+            min_score / curve / states / state_rows: as :meth:`drafting.DraftingService.step` (``states``: one row
+                per drafted row, in their order).
 
         Returns:
             ``(request ids, chains)``, in the order of the rows (the ids: read only).
@@ -71,7 +73,8 @@ class RowTracker:
             view = self._view  # the same view while the engine passes the same arrays (vLLM rewrites them in place)
             if view is None or view.rows is not tokens or view.lengths is not lengths:
                 view = self._view = EngineRows(tokens, lengths, None, self._vocab)
-            made = self.service.step(batch, budgets, tokens=view, chain=True, min_score=min_score, curve=curve)
+            made = self.service.step(batch, budgets, tokens=view, chain=True, min_score=min_score, curve=curve,
+                                     states=states, state_rows=state_rows)
             if made.drafted:  # every row held its request: nothing else changed
                 return batch.ids, made.chains()  # type: ignore[return-value]  # ids the tracker made: ints
             rows = list(range(len(budgets)))
@@ -84,7 +87,8 @@ class RowTracker:
             if rows and None not in guess:  # perhaps steady: follow and draft in one step
                 made = self.service.step(cast("list[int]", guess), budgets,
                                          tokens=self._engine(tokens, lengths, None if index is None else rows),
-                                         chain=True, min_score=min_score, curve=curve)
+                                         chain=True, min_score=min_score, curve=curve, states=states,
+                                  state_rows=state_rows)
                 followed = made.followed
             else:
                 followed = self._follow_known(rows, guess, tokens, lengths)
@@ -96,7 +100,8 @@ class RowTracker:
             return ids, made.chains()
         # the rows changed: follow (nothing new: each request holds its row now) and draft
         again = self.service.step(ids, budgets, tokens=self._engine(tokens, lengths, None if whole else rows),
-                                  chain=True, min_score=min_score, curve=curve)
+                                  chain=True, min_score=min_score, curve=curve, states=states,
+                                  state_rows=state_rows)
         return ids, again.chains()
 
     def _engine(self, tokens: np.ndarray, lengths: np.ndarray, rows: Sequence[int] | None) -> EngineRows:

@@ -17,6 +17,7 @@ target's state: each row's last accepted hidden state every step (:mod:`serving.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,12 +25,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from drafting import Calibration, ChainDrafts, DraftingService
+from drafting import Calibration, ChainDrafts, DraftHead, DraftingService
+from drafting.head import DEFAULT_HEAD
 from live import Anytime, CompactionPolicy, EngineGate, LiveCompactor, OutputFeed, WhenEngineIdle
 from toolkit.settings import Settings
 
 from .cost import EngineTimer, StepCostModel
 from .rows import RowTracker
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -71,6 +75,9 @@ class CrestProposer:
             vLLM without what the hook reads, or a step whose states did not fit its rows).
         lm_head: ``[vocab, hidden]`` the target's LM-head rows (tied to its embedding where the model ties them), from
             ``load_model``; ``None`` before it or where the model has none.
+        head: the draft head that scores each row's depth-1 tokens by the target's state (``CREST_HEAD``;
+            :class:`drafting.DraftHead`), set by ``load_model``; ``None``: none (the calibration alone).
+            head_steps: the steps drafted with the head's estimates.
         on_step: called after every ``propose`` with its :class:`ProposeRecord` (``None``: nothing; the benchmarks'
             per-step figures).
 
@@ -89,10 +96,14 @@ class CrestProposer:
             install_state_hook()
         self.row_states: RowStates | None = None
         self.lm_head: torch.Tensor | None = None
+        self.head: DraftHead | None = None
+        self.head_steps = 0
+        self._embedding: np.ndarray | None = None  # [vocab, hidden] float32, the target's token embedding
         self.settings = s = settings or Settings.from_env()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
+        self._tokenizer = tokenizer
         writer = None
         if s.live:
             from live import LiveWriter
@@ -131,13 +142,41 @@ class CrestProposer:
         self._full: dict[int, np.ndarray] = {}
 
     def load_model(self, model) -> None:
-        """Keep the target's LM-head rows (:attr:`lm_head`): vLLM hands over the target module itself.
+        """Keep the target's LM-head rows (:attr:`lm_head`): vLLM hands over the target module itself; then, where a
+        draft head fits the target (``CREST_HEAD``), hand the drafter the LM head (a float32 copy where the model
+        holds another dtype) and the head's calibration (:meth:`drafting.DraftingService.set_model`).
 
         Args:
-            model: vLLM's target ``nn.Module``; its ``lm_head.weight`` (``[vocab, hidden]``) is read, not copied.
+            model: vLLM's target ``nn.Module``; its ``lm_head.weight`` (``[vocab, hidden]``) and input embedding are
+                read.
+
+        Raises:
+            ValueError / FileNotFoundError: for a ``CREST_HEAD`` file that is missing, malformed or trained for
+                another model (the default head is skipped, logged, where it does not fit).
         """
         head = getattr(getattr(model, "lm_head", None), "weight", None)
         self.lm_head = head if head is not None and head.dim() == 2 else None
+        choice = self.settings.head
+        if self.lm_head is None or choice == "off" or (choice is None and not DEFAULT_HEAD.exists()):
+            return
+        draft_head = DraftHead.load(DEFAULT_HEAD if choice is None else choice)
+        lm_head = np.ascontiguousarray(self.lm_head.detach().float().cpu().numpy())
+        if not draft_head.fits(lm_head):
+            if choice is not None:
+                raise ValueError(f"CREST_HEAD={choice} was trained for another model; train one for this model with "
+                                 "python -m evaluation train-head, or set CREST_HEAD=off")
+            log.info("the shipped draft head was trained for another model; drafting without the target's state")
+            return
+        embedding = _embedding_rows(model)
+        if embedding is None or tuple(embedding.shape) != lm_head.shape:
+            log.warning("the target's token embedding is not where the proposer looks; drafting without its state")
+            return
+        self._embedding = lm_head if embedding.data_ptr() == self.lm_head.data_ptr() else \
+            np.ascontiguousarray(embedding.detach().float().cpu().numpy())
+        from toolkit.tokenizer import tokenizer_fingerprint
+
+        self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)))
+        self.head = draft_head
 
     def observe_states(self, states: RowStates | None) -> None:
         """This step's rows' last accepted hidden states, handed over before :meth:`propose` by the runner's hook
@@ -170,8 +209,10 @@ class CrestProposer:
             adaptive = self.settings.adaptive
             if adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
                 budgets = np.zeros(len(budgets), np.int64)
+            states = None if self.head is None else self._next_states(sampled_token_ids, index)
             _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
-                                          curve=self.cost.curve if adaptive else None)  # the service's min_score
+                                          curve=self.cost.curve if adaptive else None,  # the service's min_score
+                                          states=states)
             verified += chains.nodes
             if index is None:
                 out = chains.token_ids
@@ -188,6 +229,17 @@ class CrestProposer:
             self.on_step(ProposeRecord(rows, self.timer.now() - start, chains, observed))
         return out
 
+    def _next_states(self, sampled_token_ids: list[list[int]], index: list[int] | None) -> np.ndarray | None:
+        """``[rows drafted, hidden]`` float32: the head's next-state estimate of each drafted row, from this step's
+        states (:attr:`row_states`, used once) and bonus tokens; ``None`` where none fit the drafted rows."""
+        given, self.row_states = self.row_states, None
+        rows = list(range(len(sampled_token_ids))) if index is None else index
+        if given is None or given.rows != rows or self.head is None or self._embedding is None:
+            return None
+        bonus = np.array([sampled_token_ids[i][-1] for i in rows], dtype=np.int64)
+        self.head_steps += 1
+        return self.head.next_states(given.states.float().cpu().numpy(), bonus, self._embedding)
+
     def _budgets(self, rows: int) -> np.ndarray:
         """``[rows]`` int64, read only: each row's most draft tokens, ``k``. One shared array per batch size."""
         full = self._full.get(rows)
@@ -195,6 +247,16 @@ class CrestProposer:
             full = self._full[rows] = np.full(rows, self.k, np.int64)
             full.flags.writeable = False
         return full
+
+
+def _embedding_rows(model) -> torch.Tensor | None:
+    """The target's token embedding ``[vocab, hidden]``: vLLM's decoder-only models hold it as ``model.embed_tokens``
+    (transformers' as ``get_input_embeddings()``); ``None`` where neither is found."""
+    inner = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if inner is None and callable(getattr(model, "get_input_embeddings", None)):
+        inner = model.get_input_embeddings()
+    weight = getattr(inner, "weight", None)
+    return weight if weight is not None and weight.dim() == 2 else None
 
 
 def _engine_idle_s() -> float:

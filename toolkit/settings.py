@@ -90,6 +90,9 @@ class Settings:
                              "maximise its expected tokens per second on the engine's step-cost curve; 0: off")
     calibration: Path | None = setting("CREST_CALIBRATION", None, _path, "the calibration the proposer scores nodes "
                                        "with (default: the shipped one; python -m evaluation calibrate fits one)")
+    head: str | None = setting("CREST_HEAD", None, _text, "the draft head that scores each row's depth-1 tokens by "
+                               "the target's own state (a file of python -m evaluation train-head; default: the one "
+                               "shipped for the model where it fits; 'off': none, the calibration alone)")
     cache_mb: float = setting("CREST_CACHE_MB", 64.0, _number(0), "the round trip's tree cache bound, MiB")
     outputs_mb: float | None = setting("CREST_OUTPUTS_MB", None, _number(0), "the bound of this process's index of "
                                        "finished outputs, MiB (0: off; default: the core's, 64)")

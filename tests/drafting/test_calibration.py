@@ -13,7 +13,7 @@ from crest_native import SOURCES
 from datastore.tree import Match
 from drafting import DraftingService
 from drafting.calibration import DEFAULT_PATH, FEATURES, Calibration
-from oracle.calibration import COLUMN, conditional, draft_from_candidates, node_table, scores
+from oracle.calibration import COLUMN, conditional, draft_from_candidates, model_features, node_table, scores
 from support import tree_from_paths
 
 F = COLUMN
@@ -49,6 +49,72 @@ def test_the_core_node_table_known_answer():
     assert tables[1].tokens.tolist() == [8, 5, 9]  # the shorter candidate's union
     with pytest.raises(KeyError, match="'q' is not active"):
         service.node_tables("q", [ds], None)
+
+
+def with_model(cal: Calibration, weights=(0.5, 2.0, 1.0)) -> Calibration:
+    """``cal`` weighing the model features too."""
+    return Calibration(np.concatenate([cal.coef, weights]), cal.intercept, cal.prior, sources=cal.sources,
+                       token_bias=cal.token_bias)
+
+
+def test_the_model_features_and_scores_equal_the_oracles():
+    """Given a next-state estimate, the core reads the union's depth-1 tokens against the LM head: the model features
+    and the with-model scores are the oracle's bits, the other columns unchanged; a token outside the head's rows is
+    not scored."""
+    cal = Calibration.load()
+    rng = np.random.default_rng(7)
+    lm_head = rng.normal(size=(9, 16)).astype(np.float32)  # tokens 0..8; token 9 is no row of it
+    state = rng.normal(size=16).astype(np.float32)
+    service = DraftingService(None, vocab_size=100, outputs_bytes=0, calibration=cal)
+    service.start_request("r", [1, 2, 3])
+    ds = Match((1, 2, 3), tree_from_paths({(5,): 10, (6,): 3, (5, 7): 8, (9,): 2}, root=15))
+    live = Match((3,), tree_from_paths({(5,): 2, (5, 8): 1, (8,): 1}, root=3))
+    plain = service.node_tables("r", [ds], live)[0]
+    with pytest.raises(ValueError, match="no model is set: call set_model"):
+        service.node_tables("r", [ds], live, state)
+    mine = with_model(cal)
+    service.set_model(lm_head, mine)
+    t = service.node_tables("r", [ds], live, state)[0]
+    assert t.features.shape == (len(t.tokens), len(FEATURES) + 3)
+    assert np.array_equal(t.features[:, :len(FEATURES)], plain.features)
+    want = model_features(lm_head, state, t)
+    assert t.features[:, len(FEATURES):].tobytes() == want.tobytes()
+    first = t.depths == 1
+    assert want[first & (t.tokens < 9), 0].all() and not want[~first | (t.tokens == 9)].any()
+    assert np.exp(want[want[:, 0] > 0, 1]).sum() == pytest.approx(1.0) and want[:, 2].sum() == 1
+    assert t.scores.tobytes() == scores(mine, t).tobytes()
+    assert service.node_tables("r", [ds], live)[0].scores.tobytes() == plain.scores.tobytes()  # no state: as before
+    service.close()
+
+
+def test_the_model_terms_stack_on_a_calibration_with_a_known_answer():
+    """Acceptance drawn from 1.5 x the shipped logit + known model terms: the stacked fit recovers them, folded into
+    one with-model calibration whose logit is theirs (the token biases scaled with the rest); bad input is refused."""
+    base = Calibration.load()
+    rng = np.random.default_rng(5)
+    n = 60_000
+    x = np.zeros((n, len(FEATURES) + 3))
+    x[:, :len(FEATURES)] = rng.normal(size=(n, len(FEATURES))) * 0.3
+    x[:, len(FEATURES)] = rng.random(n) < 0.5
+    x[:, len(FEATURES) + 1] = -rng.exponential(size=n) * x[:, len(FEATURES)]
+    x[:, len(FEATURES) + 2] = (x[:, len(FEATURES) + 1] > -0.3) * x[:, len(FEATURES)]
+    tokens = rng.choice(base.token_bias.tokens[:20], size=n) if base.token_bias is not None else np.zeros(n, np.int64)
+    want = 1.5 * base.logits(x[:, :len(FEATURES)], tokens) + x[:, len(FEATURES):] @ np.array([0.3, 1.2, 0.8]) - 0.4
+    y = rng.random(n) < 1 / (1 + np.exp(-want))
+    cal = base.with_model_terms(x, y, tokens, meta={"what": "synthetic"})
+    assert cal.with_model and cal.meta["what"] == "synthetic"
+    assert np.allclose(cal.coef[len(FEATURES):], [0.3, 1.2, 0.8], atol=0.2)
+    assert np.corrcoef(cal.logits(x, tokens), want)[0, 1] > 0.995
+    with pytest.raises(ValueError, match="weighs the model features already"):
+        cal.with_model_terms(x, y, tokens)
+    with pytest.raises(ValueError, match=r"do not match \[rows, 29\]"):
+        base.with_model_terms(x[:, :-1], y, tokens)
+    path = str(DEFAULT_PATH)
+    assert Calibration.from_json(cal.to_json(), path).coef.tolist() == cal.coef.tolist()
+    partial_model = cal.to_json()
+    partial_model["features"], partial_model["coef"] = partial_model["features"][:-1], partial_model["coef"][:-1]
+    with pytest.raises(ValueError, match="some of the model features.*train-head"):
+        Calibration.from_json(partial_model, path)
 
 
 def test_fit_recovers_a_known_model():

@@ -805,3 +805,55 @@ def test_service_appends_its_outputs_and_drafts_from_the_layer(database_url, tok
         finally:
             layered.close()
             plain.close()
+
+
+def _with_model(cal, weights):
+    return type(cal)(np.concatenate([cal.coef, weights]), cal.intercept, cal.prior, sources=cal.sources,
+                     token_bias=cal.token_bias)
+
+
+def test_a_row_without_a_state_drafts_as_without_a_model(replica_source, eval_prompts):
+    """A drafter given a model drafts a row without a next-state estimate exactly as one without a model, and a row
+    with one by the model features: a state that points at a depth-1 token the union holds moves it first."""
+    from drafting.calibration import Calibration
+    from evaluation.calibrate import stored_suffixes
+
+    cal = Calibration.load()
+    alone = DraftingService(replica_source, vocab_size=VOCAB)
+    service = DraftingService(replica_source, vocab_size=VOCAB)
+    rng = np.random.default_rng(0)
+    lm_head = rng.normal(size=(VOCAB, 8)).astype(np.float32)
+    service.set_model(lm_head, _with_model(cal, (0.0, 0.0, 6.0)))  # the model's argmax decides
+    prompts = [p.token_ids for p in eval_prompts[:4]]
+    for i, p in enumerate(prompts):
+        alone.start_request(i, p)
+        service.start_request(i, p)
+    rows = list(range(len(prompts)))
+    want = [d.token_ids.tolist() for d in alone.step(rows, [8] * len(rows), chain=True).drafts]
+    states = np.zeros((len(rows), 8), np.float32)
+    got = service.step(rows, [8] * len(rows), chain=True, states=states, state_rows=np.zeros(len(rows), bool))
+    assert [d.token_ids.tolist() for d in got.drafts] == want
+    got = service.step(rows, [8] * len(rows), chain=True)
+    assert [d.token_ids.tolist() for d in got.drafts] == want
+    tables = [service.node_tables(i, stored_suffixes(replica_source, p[-8:])[:1], None)[0]
+              for i, p in zip(rows, prompts)]
+    picks = []
+    for n, t in enumerate(tables):  # point each row's state at its least likely depth-1 token
+        first = np.flatnonzero(t.depths == 1)
+        pick = int(t.tokens[first[np.argmin(t.scores[first])]]) if len(first) > 1 else int(t.tokens[first[0]])
+        states[n] = lm_head[pick] * 50
+        picks.append(pick)
+    got = service.step(rows, [8] * len(rows), chain=True, states=states)
+    assert [d.token_ids[0] for d in got.drafts] == picks
+    with pytest.raises(TypeError, match="C-ordered float32"):
+        service.step(rows, [8] * len(rows), states=states.astype(np.float64))
+    with pytest.raises(ValueError, match=r"one next-state estimate per row: \(4, 8\)"):
+        service.step(rows, [8] * len(rows), states=states[:2])
+    with pytest.raises(ValueError, match="no model is set"):
+        alone.step(rows, [8] * len(rows), states=states)
+    with pytest.raises(TypeError, match="C-ordered float32"):
+        service.set_model(lm_head.astype(np.float16), _with_model(cal, (0.5, 2.0, 1.0)))
+    with pytest.raises(ValueError, match="weighs no model features"):
+        service.set_model(lm_head, cal)
+    service.close()
+    alone.close()

@@ -28,6 +28,26 @@ def test_calibrate(database_url, chat_datastore, references, tmp_path):
     assert (tmp_path / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_train_head(database_url, chat_datastore, references, tmp_path):
+    """The head trains on the fit halves and a few ShareGPT tokens, its model terms stack on the calibration, its
+    report half is reported, and the file it writes loads and fits the target."""
+    from decoder.model import load_target
+    from drafting import DraftHead
+    from evaluation.features import target_weights
+
+    out = run_script("evaluation", "train-head", "--datastore", chat_datastore, "--code-datastore", chat_datastore,
+                     "--references", references, "--out", tmp_path / "head.npz", "--tokens", "3000", "--minutes",
+                     "0.1", "--hidden", "32", "--work", tmp_path / "work", url=database_url)
+    assert printed(out, r"features: [\d,]+ positions") and printed(out, r"wrote .*head.npz")
+    head = DraftHead.load(tmp_path / "head.npz")
+    report = head.meta["report"]
+    assert set(report) == {"spec_bench", "humaneval"}
+    assert all(0 <= r["top1_vocabulary"] <= 1 and r["positions"] > 0 for r in report.values())
+    assert head.calibration.with_model and head.meta["steps"] > 0
+    assert head.fits(target_weights(load_target(None, device="cpu"))[1].float().numpy())
+
+
 def test_choose_k(database_url, chat_datastore, references):
     out = run_script("evaluation", "choose-k", "--k", "2", "4", "--floors", "0.1", "--concurrency", "1", "8",
                      "--datastore", chat_datastore, "--code-datastore", chat_datastore, "--references", references,
@@ -66,7 +86,7 @@ def test_every_subcommand_answers_help_under_its_own_name(capsys):
     """Every command ``python -m evaluation`` names exists: its subcommands parse their own ``--help``."""
     from evaluation.cli import build_parser
 
-    for command in ("references", "calibrate", "choose-k"):
+    for command in ("references", "calibrate", "choose-k", "train-head"):
         with pytest.raises(SystemExit) as exit_:
             build_parser().parse_args([command, "--help"])
         assert exit_.value.code == 0 and f"python -m evaluation {command}" in capsys.readouterr().out

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crest_native import FEATURES, SOURCES
+from crest_native import FEATURES, MODEL_FEATURES, SOURCES
 from datastore.tree import Match, TokenTree
 from drafting.calibration import Calibration
 from drafting.draft import Draft, ScoreKind
@@ -91,6 +91,29 @@ def node_table(matches: Mapping[str, Match | None], prior: float = 1.0) -> NodeT
     x[:, COLUMN["agree"]] = np.maximum(sum(x[:, COLUMN[f"{s}_on"]] for s in SOURCES) - 1.0, 0.0)
     x[:, COLUMN["log_depth"]] = _elementwise(math.log, u.depths.astype(np.float64))
     return NodeTable(u.tokens, u.parents, u.depths, x)
+
+
+def model_features(lm_head: np.ndarray, state: np.ndarray, table: NodeTable) -> np.ndarray:
+    """``[N, len(MODEL_FEATURES)]``: per depth-1 node whose token is a row of ``lm_head`` (``[V, d]`` float32), 1, its
+    log-probability among those nodes under ``state`` (``[d]`` float32; logits summed in order, in float64) and
+    whether it is their argmax; zeros elsewhere (``csrc/scores.cpp``, ``model_features``)."""
+    out = np.zeros((len(table.tokens), len(MODEL_FEATURES)))
+    scored = [n for n in range(len(table.tokens)) if table.depths[n] == 1 and 0 <= table.tokens[n] < len(lm_head)]
+    for n in scored:
+        z = 0.0
+        for w, x in zip(lm_head[table.tokens[n]].tolist(), state.tolist()):
+            z += w * x
+        out[n, :2] = 1.0, z
+    if not scored:
+        return out
+    top = max(out[n, 1] for n in scored)
+    total = 0.0
+    for n in scored:
+        total += math.exp(out[n, 1] - top)
+    log_total = top + math.log(total)
+    for n in scored:
+        out[n, 1:] = out[n, 1] - log_total, float(out[n, 1] == top)
+    return out
 
 
 def conditional(cal: Calibration, features: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:

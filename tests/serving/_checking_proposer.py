@@ -45,4 +45,5 @@ class CheckingProposer(InstrumentedProposer):
                                     "argmax": int((self.lm_head @ state).argmax())})
 
     def stats(self) -> dict:
-        return super().stats() | {"checked": self.checked, "mismatches": self.mismatches}
+        return super().stats() | {"checked": self.checked, "mismatches": self.mismatches,
+                                   "head": self.head is not None, "head_steps": self.head_steps}

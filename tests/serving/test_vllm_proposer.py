@@ -161,7 +161,8 @@ def test_the_targets_state_reaches_the_proposer(ours, target):
     """Every step each row's last accepted hidden state reaches our proposer (:mod:`serving.model_state`, selected as
     vLLM's Medusa branch selects it): it equals the HF model's final-normed hidden state at the same position within
     fp32 tolerance, and the target's LM head, handed over by ``load_model``, maps it to the token the row sampled last
-    (every request of the round is greedy)."""
+    (every request of the round is greedy). The shipped draft head fits the target, so the proposer drafts with
+    its estimates (``head_steps``), and every output above stayed exact with them."""
     import torch
 
     kept = ours["preempted"]["states"]
@@ -174,3 +175,4 @@ def test_the_targets_state_reaches_the_proposer(ours, target):
         state = torch.tensor(rec["state"])
         assert torch.allclose(state, hf, rtol=1e-3, atol=1e-3), (state - hf).abs().max()
         assert rec["argmax"] == tokens[-1]
+    assert all(ours[name]["counts"]["head_steps"] > 0 for name in ("mixed", "preempted", "after_live"))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from datastore.shared import SharedDatastore
     from live import LiveCompactor
 
-COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches")  # the proposer's, summed over steps
+COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches", "head_steps")  # summed over steps
 
 
 def _counter(llm: LLM, name: str) -> float:

@@ -1,0 +1,140 @@
+"""A draft head over the target's own state: the next position's hidden state, estimated from the last accepted one.
+
+The target's final-normed hidden state ``f[t]`` at a row's last accepted token gave that row's bonus token ``x[t+1]``.
+The head maps ``(f[t], x[t+1])`` to ``f^[t+1]``, an estimate of the state whose LM-head logits give the token after the
+bonus: EAGLE's feature-level step (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
+Uncertainty", section 3.1), S4C's head 1 (He et al. 2025, section 3.1.1), as one residual MLP instead of a decoder
+layer. The native core reads ``f^`` against the LM-head rows of the union's depth-1 tokens only, never the vocabulary
+(``csrc/scores.hpp``, ``model_features``), and :attr:`DraftHead.calibration` weighs those model features beside the
+others. A head is trained per target model (``python -m evaluation train-head``); without one, drafts are exactly
+those of the calibration alone. numpy only: no torch is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .calibration import Calibration
+
+__all__ = ["DEFAULT_HEAD", "DraftHead"]
+
+DEFAULT_HEAD = Path(__file__).with_name("data") / "head.npz"
+"""The head shipped for the default target (SmolLM2-135M-Instruct), where one was trained and is small."""
+
+FORMAT = 1
+"""The head file's format version (:meth:`DraftHead.save`)."""
+_ARRAYS = ("up", "up_bias", "down", "down_bias", "state_gain", "token_gain")
+
+
+def row_norms(lm_head: np.ndarray, rows: int = 16) -> list[float]:
+    """The L2 norms of the LM head's first ``rows`` rows (what names the target in :attr:`DraftHead.target`)."""
+    return [float(v) for v in np.linalg.norm(np.asarray(lm_head[:rows], dtype=np.float64), axis=1)]
+
+
+def _rms(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """``f^ = f + down(silu(up([rms(f) * state_gain ; rms(E[x]) * token_gain])))``: the next state's estimate.
+
+    Attributes:
+        up: ``[2d, hidden]`` float32. up_bias: ``[hidden]``. down: ``[hidden, d]``. down_bias: ``[d]``.
+        state_gain / token_gain: ``[d]`` float32, the gains of the normed state and the normed token embedding.
+        calibration: the with-model calibration (:attr:`Calibration.with_model`) fitted with this head's estimates.
+        target: what it was trained for: ``{"vocab_size": V, "hidden_size": d, "model": spec, "row_norms": the L2
+            norms of the LM head's first 16 rows}`` (:meth:`fits`).
+        meta: how it was trained (positions, minutes, held-out figures).
+
+    Raises:
+        ValueError: when the shapes do not fit one width ``d``, or the calibration does not weigh the model features.
+    """
+
+    up: np.ndarray
+    up_bias: np.ndarray
+    down: np.ndarray
+    down_bias: np.ndarray
+    state_gain: np.ndarray
+    token_gain: np.ndarray
+    calibration: Calibration
+    target: dict
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _ARRAYS:
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.float32))
+        d, hidden = self.width, self.up.shape[1]
+        shapes = {"up": (2 * d, hidden), "up_bias": (hidden,), "down": (hidden, d), "down_bias": (d,),
+                  "state_gain": (d,), "token_gain": (d,)}
+        for name, shape in shapes.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"head {name} is {getattr(self, name).shape}, expected {shape} (width {d})")
+        if not self.calibration.with_model:
+            raise ValueError("a head's calibration must weigh the model features; refit it with python -m evaluation "
+                             "train-head")
+
+    @property
+    def width(self) -> int:
+        """The target's hidden size ``d``."""
+        return int(self.down.shape[1])
+
+    def next_states(self, states: np.ndarray, tokens: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """The next states' estimates.
+
+        Args:
+            states: ``[n, d]`` float32, each row's final-normed hidden state at its last accepted token.
+            tokens: ``[n]`` int64, each row's bonus token (the one ``states`` gave).
+            embedding: ``[V, d]`` float32, the target's token embedding.
+
+        Returns:
+            ``[n, d]`` float32, C order.
+        """
+        x = np.concatenate([_rms(states) * self.state_gain, _rms(embedding[tokens]) * self.token_gain], axis=1)
+        h = x @ self.up + self.up_bias
+        h *= 1.0 / (1.0 + np.exp(-h))  # silu
+        return np.ascontiguousarray(states + h @ self.down + self.down_bias, dtype=np.float32)
+
+    def fits(self, lm_head: np.ndarray) -> bool:
+        """Whether it was trained for the target whose LM head is ``lm_head`` (``[V, d]``): the same shape, and the
+        first rows' norms within 1% (a bf16 copy of the same weights fits)."""
+        norms = self.target.get("row_norms", [])
+        return (lm_head.shape == (self.target.get("vocab_size"), self.target.get("hidden_size")) and len(norms) > 0
+                and bool(np.allclose(row_norms(lm_head)[:len(norms)], norms, rtol=1e-2)))
+
+    def save(self, path: str | Path) -> None:
+        """Write it as one ``.npz`` (float16 weights; the calibration, target and meta as JSON)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        record = {"format": FORMAT, "calibration": self.calibration.to_json(), "target": self.target,
+                  "meta": self.meta}
+        with open(path, "wb") as f:
+            np.savez_compressed(f, record=np.array(json.dumps(record)),
+                                **{name: getattr(self, name).astype(np.float16) for name in _ARRAYS})
+
+    @classmethod
+    def load(cls, path: str | Path) -> DraftHead:
+        """Read a head written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: when the file is missing (train one: ``python -m evaluation train-head``).
+            ValueError: when it is not a head file of this format.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no draft head at {path}: train one with python -m evaluation train-head")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                record = json.loads(str(z["record"]))
+                arrays = {name: z[name].astype(np.float32) for name in _ARRAYS}
+        except (OSError, KeyError, ValueError) as e:
+            raise ValueError(f"{path} is not a draft head file ({e}); retrain it with python -m evaluation "
+                             "train-head") from e
+        if record.get("format") != FORMAT:
+            raise ValueError(f"{path} is a draft head of format {record.get('format')}, this package reads {FORMAT}; "
+                             "retrain it with python -m evaluation train-head")
+        return cls(**arrays, calibration=Calibration.from_json(record["calibration"], str(path)),
+                   target=record["target"], meta=record.get("meta", {}))

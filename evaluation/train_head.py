@@ -1,0 +1,179 @@
+"""``python -m evaluation train-head``: train the draft head (:class:`drafting.DraftHead`) for the default target on
+its own features, stack its model features on the calibration over the fit half, report on the report half, and
+write it.
+
+1. Features (:mod:`evaluation.features`, cached under ``CREST_CACHE``): the target run teacher-forced over the fit
+   halves' prompts with their greedy answers (its own outputs) and over ShareGPT openings (``--tokens``).
+2. The head, trained for ``--minutes`` (:mod:`evaluation.head_training`).
+3. Its calibration: ``--calibration`` (default: the shipped one) stacked with the model features
+   (:meth:`drafting.Calibration.with_model_terms`), fitted on the fit halves' node tables read with the head's
+   estimates, each set over its datastore, no live layer.
+4. The report halves: the head's top-1 against the target's greedy token over the vocabulary, and among the
+   union's depth-1 candidates where the union offers any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.options import float_in, int_in
+
+from .references import Reference, half, load_references
+
+__all__ = ["add_parser"]
+
+SETS = ("spec_bench", "humaneval")
+
+
+def add_parser(sub, parents: list) -> None:
+    """The ``train-head`` subcommand."""
+    ap = sub.add_parser("train-head", parents=parents, description=" ".join(__doc__.split("\n\n")[0].split()),
+                        help="train the draft head on the target's own features; stack it on the calibration.")
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: %(default)s).")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: %(default)s).")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="the calibration the model features are stacked on (default: the shipped one).")
+    ap.add_argument("--out", type=Path, default=Path("head.npz"),
+                    help="where the head goes (default: %(default)s; CREST_HEAD names the file a proposer reads; "
+                         "the shipped one is drafting/data/head.npz).")
+    ap.add_argument("--tokens", type=int_in(0), default=200_000,
+                    help="ShareGPT tokens the target is run over beside the fit halves (default: %(default)s, the "
+                         "shipped head's; about 300 a second on two CPU cores in fp32).")
+    ap.add_argument("--minutes", type=float_in(0.1), default=10.0, help="training time (default: %(default)s).")
+    ap.add_argument("--hidden", type=int_in(1), default=1024, help="the head's MLP width (default: %(default)s).")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="the feature sets' folder (default: <CREST_CACHE>/heads/<digest of what they hold>).")
+    ap.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Extract, train, stack, report, write."""
+    from tqdm import tqdm
+
+    from crest_native import MODEL_FEATURES
+    from datastore.connection import resolve_database_url
+    from decoder.model import load_target
+    from drafting import Calibration, DraftHead
+    from drafting.head import row_norms
+    from toolkit.tokenizer import cache_dir
+
+    from .contamination import require_clean
+    from .features import extract, target_weights
+    from .head_training import Pairs, TrainSettings, train_head
+
+    t0 = time.perf_counter()
+    target = load_target(None, device="cpu")
+    tok = target.tokenizer
+    refs = {name: load_references(name, args.references, tokenizer=tok) for name in SETS}
+    for name, store in zip(SETS, (args.datastore, args.code_datastore)):  # no corpus may hold a prompt fitted on
+        require_clean(resolve_database_url(None), store, name, [r.id for r in refs[name]])
+    fit = [r for name in SETS for r in half(refs[name], "fit")]
+    about = {"target": target.spec, "tokens": args.tokens, "fit": [r.id for r in fit]}
+    work = args.work or Path(cache_dir()) / "heads" / hashlib.sha256(json.dumps(about).encode()).hexdigest()[:16]
+    parts = {"fit": [_sequence(r) for r in fit], "sharegpt": _sharegpt(tok, args.tokens)}
+    with tqdm(total=sum(len(x) for seqs in parts.values() for x in seqs), desc="features", unit="token",
+              dynamic_ncols=True) as bar:
+        own, corpus = (extract(target, seqs, work / part, about={**about, "part": part}, progress=bar.update)
+                       for part, seqs in parts.items())
+    print(f"features: {len(own.tokens) + len(corpus.tokens):,} positions in {time.perf_counter() - t0:.0f} s")
+    embedding, lm = (w.float().contiguous() for w in target_weights(target))
+    pairs = Pairs.of([own, corpus])
+    module, steps = train_head(pairs, lm, embedding, TrainSettings(minutes=args.minutes, hidden=args.hidden),
+                               progress=lambda step, spent, loss: print(f"  step {step} ({spent:.0%}): {loss:.3f}"))
+    lm_np = np.ascontiguousarray(lm.numpy())
+    base = Calibration.load() if args.calibration is None else Calibration.load(args.calibration)
+    arrays = module.arrays()
+    target_info = {"vocab_size": int(lm.shape[0]), "hidden_size": int(lm.shape[1]), "model": target.spec,
+                   "row_norms": row_norms(lm_np)}
+    unfitted = Calibration(np.concatenate([base.coef, np.zeros(len(MODEL_FEATURES))]), base.intercept, base.prior,
+                           sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
+    draft = DraftHead(**arrays, calibration=unfitted, target=target_info)
+    known = {r.id: own.features[own.span(i)] for i, r in enumerate(fit)}  # the fit halves' features, extracted
+    states = partial(_states, draft, np.ascontiguousarray(embedding.numpy()), {}, target, known)
+    x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states)
+    cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
+    report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states) for name in SETS}
+    meta = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
+            "fit_prompts": len(fit), "report": report, "seconds": round(time.perf_counter() - t0)}
+    DraftHead(**arrays, calibration=cal, target=target_info, meta=meta).save(args.out)
+    print(json.dumps(report, indent=1))
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
+
+
+def _sequence(r: Reference) -> np.ndarray:
+    return np.asarray(list(r.prompt) + list(r.output), dtype=np.int32)
+
+
+def _sharegpt(tok, tokens: int) -> list[np.ndarray]:
+    """The first 512 tokens of ShareGPT's conversations, ``tokens`` in all (the corpus the default datastore holds)."""
+    from ingest.sources import iter_documents
+
+    from .features import first_tokens
+
+    if tokens == 0:
+        return []
+    _, batches = iter_documents("sharegpt", None, tokenizer=tok)
+    return first_tokens((text for b in batches for text in b.column(0).to_pylist()), tok, seq_len=512,
+                        max_tokens=tokens)
+
+
+def _states(head, embedding: np.ndarray, cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:
+    """The head's next-state estimate at output position ``pos`` of ``r``: from the target's state at the token
+    before the bonus token ``r.output[pos - 1]`` (``known``: extracted features by reference id; the others are
+    computed; the last reference's estimates are cached)."""
+    if r.id not in cache:
+        from .features import target_features
+
+        cache.clear()
+        f = known[r.id].astype(np.float32) if r.id in known else \
+            target_features(target, _sequence(r).tolist()).numpy()
+        cache[r.id] = head.next_states(f[:-1], _sequence(r)[1:].astype(np.int64), embedding)
+    return cache[r.id][len(r.prompt) + pos - 2]
+
+
+def _source(store: str, tok):
+    from datastore.shared import SharedDatastore
+    from drafting import DatastoreSource
+
+    return DatastoreSource(partial(SharedDatastore.open, store, tokenizer=tok), retry_s=0.5)
+
+
+def _tables(args, tok, refs: dict, cal, lm, states):
+    """``(features, accepted, tokens)`` of the nodes whose parent was accepted, over every set's ``refs``, each node
+    table read with the head's estimate (``cal``: a with-model calibration; the scores are not read)."""
+    from .calibrate import collect
+
+    parts = []
+    for name, store in zip(SETS, (args.datastore, args.code_datastore)):
+        source = _source(store, tok)
+        parts.append(collect(refs[name], source, calibration=cal, outputs_bytes=64 << 20, vocab_size=len(tok),
+                             desc=f"fit {name}", model=(lm, states))[:4])
+        source.close()
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[3] for p in parts]))
+
+
+def _report(args, tok, name: str, held: list[Reference], cal, lm, states) -> dict:
+    """The report half: top-1 among the union's depth-1 candidates (the positions where it offers any), and over the
+    vocabulary, against the target's greedy token."""
+    from .calibrate import collect
+
+    source = _source(args.datastore if name == "spec_bench" else args.code_datastore, tok)
+    x, y = collect(held, source, calibration=cal, outputs_bytes=64 << 20, vocab_size=len(tok), desc=f"report {name}",
+                   model=(lm, states))[:2]
+    source.close()
+    top = x[:, -1] == 1  # the head's argmax among a table's depth-1 candidates
+    right = total = 0
+    for r in held:
+        estimates = np.stack([states(r, pos) for pos in range(1, len(r.output))])
+        right += int((np.argmax(estimates @ lm.T, axis=1) == np.asarray(r.output[1:])).sum())
+        total += len(estimates)
+    return {"prompts": len(held), "top1_among_candidates": float(y[top].mean()), "tables": int(top.sum()),
+            "top1_vocabulary": right / max(total, 1), "positions": total}

@@ -1,0 +1,159 @@
+"""What the target's own state buys the chain: the union's depth-1 candidates ranked with a draft head's estimate of
+the next state, and with the true next state (the bound of any head).
+
+At every position of every saved greedy answer (as ``ranking_headroom.py``: the datastore's longest stored suffix,
+the request's own tokens, the output index of the requests before it; no live layer; nodes to ``--budget`` deep),
+each depth-1 node of the union gets the model features the native core computes with a next-state estimate
+(``crest_native.MODEL_FEATURES``: scored, log-probability among the depth-1 candidates, their argmax), from:
+
+- ``head``: the draft head ``--head`` (``python -m evaluation train-head``) applied to the target's state at the last
+  accepted token and the bonus token; scored with the head's own calibration (the shipped one stacked with the model
+  terms on the fit halves), as the drafter scores a row with a state;
+- ``true state``: the target's actual next state (a head that is never wrong about the state; its terms stacked on the
+  shipped calibration over the fit half): what no head can beat.
+
+The target's states come from the HF model run teacher-forced over each request's prompt and answer (fp32, the state
+vLLM hands the proposer; tests/serving/test_vllm_proposer.py). Reported on the report halves: how often the chain's
+first token is the target's, and the accept length of a lossless greedy run stepping through the chains of
+``--budget``, beside the shipped scores and the union's best.
+
+    python -m research.experiments.model_state_headroom --head head.npz [--sets spec_bench humaneval] [--budget 8]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._harness import RESULTS, parser
+from crest_native import MAX_BUDGET
+from toolkit.options import existing_path, int_in
+
+from . import ranking_headroom as rh
+
+
+def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """``[N, 3]``: the model features of ``p``'s nodes under next-state estimate ``state`` (``csrc/scores.cpp``'s
+    rule, in numpy: the research copy; tests/oracle/calibration.py is the oracle)."""
+    cols = np.zeros((len(p.tokens), 3))
+    first = np.flatnonzero((p.depths == 1) & (p.tokens < len(lm)))
+    if len(first):
+        z = lm[p.tokens[first]].astype(np.float64) @ state.astype(np.float64)
+        lp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+        cols[first] = np.column_stack([np.ones(len(first)), lp, z == z.max()])
+    return cols
+
+
+def stacked(cal, positions: list[rh.Position]):
+    """``cal`` stacked with the model terms, fitted on ``positions`` (nodes whose parent was accepted)."""
+    xs, ys, ts = [], [], []
+    for p in positions:
+        parent_ok = np.where(p.parents >= 0, p.ok[np.maximum(p.parents, 0)], True)
+        xs.append(p.x[parent_ok].astype(np.float64))
+        ys.append(p.ok[parent_ok])
+        ts.append(p.tokens[parent_ok])
+    return cal.with_model_terms(np.concatenate(xs), np.concatenate(ys), np.concatenate(ts))
+
+
+def ranked(held: list[rh.Position], requests: list[rh.Request], cal, budget: int) -> dict:
+    """The report half's chains under ``cal`` (on each position's features, model features included): the first
+    token's hit rate, accept length per position and by stepped replay."""
+    def conditional(p: rh.Position) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
+
+    _, ok = rh.chain_table(held, "refit", conditional, budget)
+    accepted = 1 + ok.sum(axis=1)
+    return {"first_right": float(ok[:, 0].mean()), "per_position": float(accepted.mean()),
+            "accept_length": rh.stepped(held, accepted, requests)["all"]}
+
+
+def run(args) -> dict:
+    from datastore.shared import SharedDatastore
+    from decoder.model import load_target
+    from drafting import Calibration, DatastoreSource, DraftHead
+    from evaluation.features import target_features, target_weights
+
+    target = load_target(None, device="cpu")
+    tok = target.tokenizer
+    embedding, lm = (np.ascontiguousarray(w.float().numpy()) for w in target_weights(target))
+    lm = np.asarray(lm, dtype=np.float32)
+    head = DraftHead.load(args.head)
+    shipped = Calibration.load()
+    report: dict = {"budget": args.budget, "head": str(args.head), "head_meta": head.meta, "streams": {}}
+    for name, store, requests in rh._sets(args):
+        requests = requests[:args.limit]
+        t0 = time.perf_counter()
+        source = DatastoreSource(partial(SharedDatastore.open, store, tokenizer=tok), retry_s=0.5)
+        positions = rh.collect(requests, source, budget=args.budget, decay=0.8, vocab_size=len(lm), desc=name)
+        source.close()
+        states = {}  # request -> [len, d] the target's states over its prompt and answer
+        for n, r in enumerate(requests):
+            states[n] = target_features(target, r.prompt + r.output).numpy()
+        out: dict = {"union": rh.first_tokens([p for p in positions if not requests[p.request].fit])}
+        for which in ("head", "true state"):
+            with_model = []
+            for p in positions:
+                r, f = requests[p.request], states[p.request]
+                t = len(r.prompt) + p.pos - 2  # the state that gave the bonus token r.output[p.pos - 1]
+                estimate = f[t + 1] if which == "true state" else \
+                    head.next_states(f[t][None], np.array([r.output[p.pos - 1]]), embedding)[0]
+                with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
+            fitted = [p for p in with_model if requests[p.request].fit]
+            held = [p for p in with_model if not requests[p.request].fit]
+            cal = head.calibration if which == "head" else stacked(shipped, fitted)
+            out[which] = ranked(held, requests, cal, args.budget)
+            first = [(p.ok[p.depths == 1], p.x[p.depths == 1, -2]) for p in held if (p.depths == 1).any()]
+            out[which]["argmax_right"] = sum(bool(ok[np.argmax(lp)]) for ok, lp in first) / len(held)
+        held = [p for p in positions if not requests[p.request].fit]
+        out["shipped"] = ranked([replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in held], requests,
+                                replace(shipped, coef=np.concatenate([shipped.coef, np.zeros(3)])), args.budget)
+        best = rh.chain_table(held, "union's best", None, args.budget)[1]
+        out["union's best"] = {"accept_length": rh.stepped(held, 1 + best.sum(axis=1), requests)["all"]}
+        out["seconds"] = time.perf_counter() - t0
+        report["streams"][name] = out
+        print_table(name, out)
+    return report
+
+
+def print_table(name: str, out: dict) -> None:
+    union, best = out["union"], out["union's best"]["accept_length"]
+    print(f"\n{name}: the union offers {union['offered']:.1f} first tokens; one is the target's at "
+          f"{union['any_right']:.1%} of positions. Union's best chain: {best:.3f}")
+    base = out["shipped"]["accept_length"]
+    print(f"{'ranker':12s} {'first token':>12s} {'argmax':>8s} {'accept':>8s} {'/shipped':>9s}")
+    for ranker in ("shipped", "head", "true state"):
+        row = out[ranker]
+        print(f"{ranker:12s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
+              f"{row['accept_length']:8.3f} {row['accept_length'] / base:8.3f}x")
+
+
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--head", type=existing_path, required=True,
+                    help="the draft head (python -m evaluation train-head).")
+    ap.add_argument("--sets", nargs="*", choices=("spec_bench", "humaneval"), default=["spec_bench", "humaneval"],
+                    help="evaluation sets (default: both).")
+    ap.add_argument("--datastore", default="sharegpt", help="Spec-Bench's datastore (default: sharegpt).")
+    ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
+    ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8, help="chain length in tokens (default: 8).")
+    ap.add_argument("--limit", type=int_in(1), default=None, help="replay only the first N requests of each set.")
+    ap.add_argument("--out", type=Path, default=RESULTS / "model_state_headroom.json",
+                    help="the report, JSON (default: results/model_state_headroom.json).")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    report = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
