@@ -84,3 +84,18 @@ def test_distill_curve(database_url, sharegpt_sample, references, tokenizer, tmp
                for r in rows)
     assert rows[2]["corpus_tokens"] > rows[0]["corpus_tokens"]  # the human corpus and the answers
     assert len(printed(out, r"(human|distilled)")) >= 7
+
+
+def test_model_state_headroom(database_url, chat_datastore, references, tmp_path):
+    """The shipped head and the true next state rank the report halves' unions: the true state's argmax among the
+    first tokens is the target's wherever the union holds it, and no ranker beats the union's best chain."""
+    out = run_script("research.experiments.model_state_headroom", "--head", "drafting/data/head.npz", "--datastore",
+                     chat_datastore, "--code-datastore", chat_datastore, "--references", references, "--out",
+                     tmp_path / "state.json", url=database_url)
+    report = json.loads((tmp_path / "state.json").read_text())
+    assert list(report["streams"]) == ["spec_bench", "humaneval"]
+    for name, got in report["streams"].items():
+        best = got["union's best"]["accept_length"]
+        assert all(1 <= got[r]["accept_length"] <= best + 1e-9 for r in ("shipped", "head", "true state")), name
+        assert got["true state"]["argmax_right"] == pytest.approx(got["union"]["any_right"], abs=0.02), name
+    assert len(printed(out, r"^(spec_bench|humaneval): the union offers [\d.]+ first tokens")) == 2
