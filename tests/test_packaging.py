@@ -36,12 +36,14 @@ def test_wheel_runs_outside_the_checkout(tmp_path, database_url, sharegpt_sample
                     "datastore/admin/migrations/versions/0001_registry.py",
                     "datastore/admin/migrations/versions/0002_reader_grants.py",
                     "datastore/admin/migrations/versions/0003_live_outputs.py", "drafting/data/calibration.json",
-                    "toolkit/data/smollm2/tokenizer.json.gz", "toolkit/data/eval/spec_bench/questions.jsonl",
+                    "drafting/data/head.npz", "toolkit/data/smollm2/tokenizer.json.gz",
+                    "toolkit/data/eval/spec_bench/questions.jsonl",
                     "ingest/__main__.py", "evaluation/__main__.py", "datastore/__main__.py", "live/__main__.py",
                     "serving/__main__.py"):
         assert shipped in names, shipped
     assert not any(n.startswith(("tests/", "benchmarks/", "research/", "csrc/")) for n in names)  # the product only
     assert not any(n.endswith(".safetensors") for n in names)  # no draft heads that draft in no engine
+    assert zipfile.ZipFile(wheel).getinfo("drafting/data/head.npz").file_size <= 8 * 10**6  # the head ships if small
     assert any(n.startswith("crest_native/_core") and n.endswith(".so") for n in names), "the native core is built"
     # no Python drafting core ships: the automata, the merge, the features, the scores and the cuts are native only
     # (their Python oracle is tests/oracle)
