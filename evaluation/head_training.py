@@ -15,13 +15,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from .features import FeatureSet
+
+if TYPE_CHECKING:
+    from drafting import DraftHead
 
 __all__ = ["HeadModule", "Pairs", "TrainSettings", "train_head"]
 
@@ -47,6 +50,18 @@ class HeadModule(nn.Module):
         """``f`` ``[n, d]`` float32, ``tokens`` ``[n]`` int64 -> ``[n, d]`` the next states' estimates."""
         x = torch.cat([self._rms(f) * self.state_gain, self._rms(self.embedding[tokens]) * self.token_gain], -1)
         return f + self.down(nn.functional.silu(self.up(x)))
+
+    @classmethod
+    def of(cls, head: DraftHead, embedding: torch.Tensor) -> HeadModule:
+        """``head``'s weights in torch, for an engine whose own threads are torch's (the same rule, checked equal to
+        :meth:`drafting.DraftHead.next_states` by tests/evaluation/test_head_training.py)."""
+        module = cls(embedding, int(head.up.shape[1]))
+        with torch.no_grad():
+            for param, value in ((module.up.weight, head.up.T), (module.up.bias, head.up_bias),
+                                 (module.down.weight, head.down.T), (module.down.bias, head.down_bias),
+                                 (module.state_gain, head.state_gain), (module.token_gain, head.token_gain)):
+                param.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+        return module.eval()
 
     def arrays(self) -> dict[str, Any]:
         """The weights as :class:`drafting.DraftHead` takes them (``up`` as ``[2d, hidden]``)."""

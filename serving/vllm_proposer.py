@@ -97,6 +97,7 @@ class CrestProposer:
         self.row_states: RowStates | None = None
         self.lm_head: torch.Tensor | None = None
         self.head: DraftHead | None = None
+        self._head_module: torch.nn.Module | None = None  # the head in torch (evaluation.head_training.HeadModule)
         self.head_steps = 0
         self._embedding: np.ndarray | None = None  # [vocab, hidden] float32, the target's token embedding
         self.settings = s = settings or Settings.from_env()
@@ -173,9 +174,13 @@ class CrestProposer:
             return
         self._embedding = lm_head if embedding.data_ptr() == self.lm_head.data_ptr() else \
             np.ascontiguousarray(embedding.detach().float().cpu().numpy())
+        import torch
+
+        from evaluation.head_training import HeadModule
         from toolkit.tokenizer import tokenizer_fingerprint
 
         self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)))
+        self._head_module = HeadModule.of(draft_head, torch.from_numpy(self._embedding))
         self.head = draft_head
 
     def observe_states(self, states: RowStates | None) -> None:
@@ -232,13 +237,18 @@ class CrestProposer:
     def _next_states(self, sampled_token_ids: list[list[int]], index: list[int] | None) -> np.ndarray | None:
         """``[rows drafted, hidden]`` float32: the head's next-state estimate of each drafted row, from this step's
         states (:attr:`row_states`, used once) and bonus tokens; ``None`` where none fit the drafted rows."""
+        import torch  # the engine's: present wherever row states are
+
         given, self.row_states = self.row_states, None
         rows = list(range(len(sampled_token_ids))) if index is None else index
-        if given is None or given.rows != rows or self.head is None or self._embedding is None:
+        if given is None or given.rows != rows or self._head_module is None:
             return None
-        bonus = np.array([sampled_token_ids[i][-1] for i in rows], dtype=np.int64)
+        bonus = torch.from_numpy(np.array([sampled_token_ids[i][-1] for i in rows], dtype=np.int64))
         self.head_steps += 1
-        return self.head.next_states(given.states.float().cpu().numpy(), bonus, self._embedding)
+        # in torch, on the engine's own threads: numpy's BLAS threads beside them slowed its forward pass threefold
+        # and took 0.9-3 ms a step (docs/drafter-quality.md section 9)
+        with torch.inference_mode():
+            return self._head_module(given.states.float().cpu(), bonus).numpy()
 
     def _budgets(self, rows: int) -> np.ndarray:
         """``[rows]`` int64, read only: each row's most draft tokens, ``k``. One shared array per batch size."""

@@ -27,6 +27,9 @@ def test_the_torch_twin_computes_the_numpy_head():
     want = module(f, tokens).detach().numpy()
     got = head.next_states(f.numpy(), tokens.numpy(), embedding.numpy())
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # and back: the head a proposer runs on the engine's torch threads
+        again = HeadModule.of(head, embedding)(f, tokens).numpy()
+    assert np.allclose(again, got, rtol=1e-4, atol=1e-4)
 
 
 def test_training_learns_a_next_state_that_the_token_decides():
