@@ -1,13 +1,11 @@
-"""A draft head over the target's own state: the next position's hidden state, estimated from the last accepted one.
+"""A draft head over the target's own state: its weights, the calibration that weighs its scores, and its file.
 
-The target's final-normed hidden state ``f[t]`` at a row's last accepted token gave that row's bonus token ``x[t+1]``.
-The head maps ``(f[t], x[t+1])`` to ``f^[t+1]``, an estimate of the state whose LM-head logits give the token after the
-bonus: EAGLE's feature-level step (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
-Uncertainty", section 3.1), S4C's head 1 (He et al. 2025, section 3.1.1), as one residual MLP instead of a decoder
-layer. The native core reads ``f^`` against the LM-head rows of the union's depth-1 tokens only, never the vocabulary
-(``csrc/scores.hpp``, ``model_features``), and :attr:`DraftHead.calibration` weighs those model features beside the
-others. A head is trained per target model (``python -m evaluation train-head``); without one, drafts are exactly
-those of the calibration alone. numpy only: no torch is loaded.
+The head maps a row's last accepted final-normed hidden state and its bonus token to the next position's state
+(EAGLE's feature-level step, Li et al. 2024, section 3.1; S4C's head 1, He et al. 2025, section 3.1.1); its forward is
+:class:`serving.head.HeadModule`, in torch, on the engine's threads. The native core reads that estimate against the
+LM-head rows of the union's depth-1 tokens only, never the vocabulary (``csrc/scores.hpp``, ``model_features``), and
+:attr:`DraftHead.calibration` weighs those model features beside the others. A head is trained per target model
+(``python -m evaluation train-head``); without one, drafts are exactly those of the calibration alone.
 """
 
 from __future__ import annotations
@@ -35,13 +33,10 @@ def row_norms(lm_head: np.ndarray, rows: int = 16) -> list[float]:
     return [float(v) for v in np.linalg.norm(np.asarray(lm_head[:rows], dtype=np.float64), axis=1)]
 
 
-def _rms(x: np.ndarray) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-
-
 @dataclass(frozen=True)
 class DraftHead:
-    """``f^ = f + down(silu(up([rms(f) * state_gain ; rms(E[x]) * token_gain])))``: the next state's estimate.
+    """A trained head: ``f^ = f + down(silu(up([rms(f) * state_gain ; rms(E[x]) * token_gain])))``
+    (:class:`serving.head.HeadModule` computes it).
 
     Attributes:
         up: ``[2d, hidden]`` float32. up_bias: ``[hidden]``. down: ``[hidden, d]``. down_bias: ``[d]``.
@@ -82,22 +77,6 @@ class DraftHead:
     def width(self) -> int:
         """The target's hidden size ``d``."""
         return int(self.down.shape[1])
-
-    def next_states(self, states: np.ndarray, tokens: np.ndarray, embedding: np.ndarray) -> np.ndarray:
-        """The next states' estimates.
-
-        Args:
-            states: ``[n, d]`` float32, each row's final-normed hidden state at its last accepted token.
-            tokens: ``[n]`` int64, each row's bonus token (the one ``states`` gave).
-            embedding: ``[V, d]`` float32, the target's token embedding.
-
-        Returns:
-            ``[n, d]`` float32, C order.
-        """
-        x = np.concatenate([_rms(states) * self.state_gain, _rms(embedding[tokens]) * self.token_gain], axis=1)
-        h = x @ self.up + self.up_bias
-        h *= 1.0 / (1.0 + np.exp(-h))  # silu
-        return np.ascontiguousarray(states + h @ self.down + self.down_bias, dtype=np.float32)
 
     def fits(self, lm_head: np.ndarray) -> bool:
         """Whether it was trained for the target whose LM head is ``lm_head`` (``[V, d]``): the same shape, and the

@@ -115,8 +115,6 @@ class DraftingService:
 
     open = classmethod(open_service)
 
-    # -- the request table --------------------------------------------------------------------------------------
-
     def start_request(self, req_id: RequestId, prompt_ids: TokenIds) -> None:
         """Start drafting for ``req_id`` from ``prompt_ids`` (the prompt, and any output already generated).
 
@@ -199,9 +197,9 @@ class DraftingService:
                 expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
                 scores discounted by what the engine accepted of its earlier drafts (``csrc/feedback.hpp``); ``None``:
                 not cut. Chains only.
-            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's next-state estimate
-                (:meth:`drafting.DraftHead.next_states`; :meth:`set_model` first; ``None``: none).
-                state_rows: ``[rows]`` bool, the rows whose estimate is valid (``None``: all).
+            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's next-state estimate, from a
+                draft head (:class:`drafting.DraftHead`; :meth:`set_model` first; ``None``: none).
+            state_rows: ``[rows]`` bool, the rows whose ``states`` are valid (``None``: all).
 
         Returns:
             A :class:`StepResult`: which requests followed, and the drafts when every one did.
@@ -254,15 +252,15 @@ class DraftingService:
         ``csrc/scores.hpp``). Rows without an estimate are scored as before.
 
         Raises:
-            TypeError / ValueError: for another LM head dtype or layout, an empty one, or a calibration without the
-                model features or with another prior. datastore.errors.ClosedError: after :meth:`close`.
+            TypeError / ValueError: for an LM head not float32 C order, or empty; a calibration without the model
+                features or with another prior. ClosedError: after :meth:`close`.
         """
         door.model(lm_head, calibration)
         term = calibration.token_bias
         with self._lock:
             self._check_open()
             self._core.set_model(lm_head, calibration.coef, calibration.intercept, calibration.prior,
-                                 None if term is None else term.tokens, None if term is None else term.bias)
+                                 *((None, None) if term is None else (term.tokens, term.bias)))
 
     def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
         """``requests`` as a :class:`Batch` whose handles are current."""

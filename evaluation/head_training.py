@@ -1,5 +1,5 @@
-"""Training a draft head (:class:`drafting.DraftHead`) on the target's own features: the torch twin of its numpy
-forward, and the loop.
+"""Training a draft head (:class:`drafting.DraftHead`) on the target's own features: the loop over
+:class:`serving.head.HeadModule`, the head's one forward.
 
 Each training pair is a position ``t`` of a feature set (:class:`evaluation.features.FeatureSet`) with a successor:
 the head reads ``f[t]`` and the token ``x[t+1]`` and is taught the target at ``t+1``: a softmax over the target's top-K
@@ -15,60 +15,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from serving.head import HeadModule
+
 from .features import FeatureSet
 
-if TYPE_CHECKING:
-    from drafting import DraftHead
-
-__all__ = ["HeadModule", "Pairs", "TrainSettings", "train_head"]
-
-
-class HeadModule(nn.Module):
-    """The head as torch computes it: ``f + down(silu(up([rms(f) * a ; rms(E[x]) * b])))``, the same arithmetic as
-    :meth:`drafting.DraftHead.next_states` (``down`` starts at zero: the head starts as the identity on ``f``)."""
-
-    def __init__(self, embedding: torch.Tensor, hidden: int) -> None:
-        super().__init__()
-        d = embedding.shape[1]
-        self.embedding = embedding  # [V, d] float32, frozen (not a parameter)
-        self.state_gain, self.token_gain = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
-        self.up, self.down = nn.Linear(2 * d, hidden), nn.Linear(hidden, d)
-        nn.init.zeros_(self.down.weight)
-        nn.init.zeros_(self.down.bias)
-
-    @staticmethod
-    def _rms(x: torch.Tensor) -> torch.Tensor:
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-    def forward(self, f: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``f`` ``[n, d]`` float32, ``tokens`` ``[n]`` int64 -> ``[n, d]`` the next states' estimates."""
-        x = torch.cat([self._rms(f) * self.state_gain, self._rms(self.embedding[tokens]) * self.token_gain], -1)
-        return f + self.down(nn.functional.silu(self.up(x)))
-
-    @classmethod
-    def of(cls, head: DraftHead, embedding: torch.Tensor) -> HeadModule:
-        """``head``'s weights in torch, for an engine whose own threads are torch's (the same rule, checked equal to
-        :meth:`drafting.DraftHead.next_states` by tests/evaluation/test_head_training.py)."""
-        module = cls(embedding, int(head.up.shape[1]))
-        with torch.no_grad():
-            for param, value in ((module.up.weight, head.up.T), (module.up.bias, head.up_bias),
-                                 (module.down.weight, head.down.T), (module.down.bias, head.down_bias),
-                                 (module.state_gain, head.state_gain), (module.token_gain, head.token_gain)):
-                param.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-        return module.eval()
-
-    def arrays(self) -> dict[str, Any]:
-        """The weights as :class:`drafting.DraftHead` takes them (``up`` as ``[2d, hidden]``)."""
-        def a(t: torch.Tensor) -> np.ndarray:
-            return t.detach().float().numpy().copy()
-        return {"up": a(self.up.weight.T), "up_bias": a(self.up.bias), "down": a(self.down.weight.T),
-                "down_bias": a(self.down.bias), "state_gain": a(self.state_gain), "token_gain": a(self.token_gain)}
+__all__ = ["Pairs", "TrainSettings", "train_head"]
 
 
 @dataclass(frozen=True)

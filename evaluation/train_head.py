@@ -94,9 +94,8 @@ def run(args: argparse.Namespace) -> None:
                    "row_norms": row_norms(lm_np)}
     unfitted = Calibration(np.concatenate([base.coef, np.zeros(len(MODEL_FEATURES))]), base.intercept, base.prior,
                            sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
-    draft = DraftHead(**arrays, calibration=unfitted, target=target_info)
     known = {r.id: own.features[own.span(i)] for i, r in enumerate(fit)}  # the fit halves' features, extracted
-    states = partial(_states, draft, np.ascontiguousarray(embedding.numpy()), {}, target, known)
+    states = partial(_states, module.eval(), {}, target, known)
     x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states)
     cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
     report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states) for name in SETS}
@@ -124,17 +123,20 @@ def _sharegpt(tok, tokens: int) -> list[np.ndarray]:
                         max_tokens=tokens)
 
 
-def _states(head, embedding: np.ndarray, cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:
+def _states(head, cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:
     """The head's next-state estimate at output position ``pos`` of ``r``: from the target's state at the token
     before the bonus token ``r.output[pos - 1]`` (``known``: extracted features by reference id; the others are
     computed; the last reference's estimates are cached)."""
     if r.id not in cache:
+        import torch
+
         from .features import target_features
 
         cache.clear()
         f = known[r.id].astype(np.float32) if r.id in known else \
             target_features(target, _sequence(r).tolist()).numpy()
-        cache[r.id] = head.next_states(f[:-1], _sequence(r)[1:].astype(np.int64), embedding)
+        with torch.inference_mode():
+            cache[r.id] = head(torch.from_numpy(f[:-1]), torch.from_numpy(_sequence(r)[1:].astype(np.int64))).numpy()
     return cache[r.id][len(r.prompt) + pos - 2]
 
 

@@ -97,7 +97,7 @@ class CrestProposer:
         self.row_states: RowStates | None = None
         self.lm_head: torch.Tensor | None = None
         self.head: DraftHead | None = None
-        self._head_module: torch.nn.Module | None = None  # the head in torch (evaluation.head_training.HeadModule)
+        self._head_module: torch.nn.Module | None = None  # the head's forward (serving.head.HeadModule)
         self.head_steps = 0
         self._embedding: np.ndarray | None = None  # [vocab, hidden] float32, the target's token embedding
         self.settings = s = settings or Settings.from_env()
@@ -176,8 +176,9 @@ class CrestProposer:
             np.ascontiguousarray(embedding.detach().float().cpu().numpy())
         import torch
 
-        from evaluation.head_training import HeadModule
         from toolkit.tokenizer import tokenizer_fingerprint
+
+        from .head import HeadModule
 
         self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)))
         self._head_module = HeadModule.of(draft_head, torch.from_numpy(self._embedding))

@@ -73,16 +73,21 @@ def ranked(held: list[rh.Position], requests: list[rh.Request], cal, budget: int
 
 
 def run(args) -> dict:
+    import torch
+
     from datastore.shared import SharedDatastore
     from decoder.model import load_target
     from drafting import Calibration, DatastoreSource, DraftHead
     from evaluation.features import target_features, target_weights
+    from serving.head import HeadModule
 
     target = load_target(None, device="cpu")
     tok = target.tokenizer
     embedding, lm = (np.ascontiguousarray(w.float().numpy()) for w in target_weights(target))
+
     lm = np.asarray(lm, dtype=np.float32)
     head = DraftHead.load(args.head)
+    forward = HeadModule.of(head, torch.from_numpy(embedding))
     shipped = Calibration.load()
     report: dict = {"budget": args.budget, "head": str(args.head), "head_meta": head.meta, "streams": {}}
     for name, store, requests in rh._sets(args):
@@ -101,7 +106,7 @@ def run(args) -> dict:
                 r, f = requests[p.request], states[p.request]
                 t = len(r.prompt) + p.pos - 2  # the state that gave the bonus token r.output[p.pos - 1]
                 estimate = f[t + 1] if which == "true state" else \
-                    head.next_states(f[t][None], np.array([r.output[p.pos - 1]]), embedding)[0]
+                    forward(torch.from_numpy(f[t][None]), torch.tensor([r.output[p.pos - 1]])).detach().numpy()[0]
                 with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
             fitted = [p for p in with_model if requests[p.request].fit]
             held = [p for p in with_model if not requests[p.request].fit]
