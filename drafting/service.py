@@ -174,8 +174,6 @@ class DraftingService:
         handles.setflags(write=False)
         return handles
 
-    # -- the step -------------------------------------------------------------------------------------------------
-
     def step(self, requests: Sequence[RequestId] | Batch, budgets: np.ndarray | Sequence[int], *,
              tokens: Sequence[TokenIds] | EngineRows | None = None, chain: bool = False,
              min_score: float | None = None, curve: CostCurve | None = None, states: np.ndarray | None = None,
@@ -230,6 +228,14 @@ class DraftingService:
             given[2] = min_score if min_score is None or type(min_score) is float else UNSET
         if curve is not given[3]:
             b.curve = given[3] = curve if curve is None or type(curve) is Curve else door.curve(curve)
+        self._set_rows(batch, tokens, states, state_rows)
+        made = self._draft(batch, start)
+        return StepResult(made.followed, made if made.drafted else None)
+
+    def _set_rows(self, batch: Batch, tokens: Sequence[TokenIds] | EngineRows | None, states: np.ndarray | None,
+                  state_rows: np.ndarray | None) -> None:
+        """:meth:`step`'s per-row inputs, set on ``batch`` where they changed since its last step."""
+        b, given = batch.native, batch.given
         if tokens is not given[4]:
             if type(tokens) is EngineRows:  # views of the engine's arrays: kept
                 b.rows, b.appended, b.counts = tokens, None, None
@@ -242,8 +248,6 @@ class DraftingService:
             b.states, b.has_state = (None, None) if states is None else \
                 door.states(states, state_rows, len(batch.ids), self._core.model_width)
             given[5] = None if states is None else UNSET
-        made = self._draft(batch, start)
-        return StepResult(made.followed, made if made.drafted else None)
 
     def set_model(self, lm_head: np.ndarray, calibration: Calibration) -> None:
         """From now on a row given a next-state estimate (:meth:`step`'s ``states``) has its depth-1 tokens read
@@ -320,8 +324,6 @@ class DraftingService:
         return InvalidContext(f"the row of request {batch.ids[made.bad]!r} holds token id {made.bad_id} after its "
                               "tokens, outside the vocabulary; pass the engine's ids (and its model's vocab_size); "
                               "nothing was followed")
-
-    # -- the rest -------------------------------------------------------------------------------------------------
 
     def learn_outputs(self, outputs: Sequence[TokenIds]) -> int:
         """Put outputs finished elsewhere in this process's output index, as if its own requests had generated them:
@@ -431,8 +433,6 @@ class DraftingService:
             return self._requests[key]
         except KeyError:
             raise KeyError(f"request {key!r} is not active; start_request it first") from None
-
-    # -- os.fork ----------------------------------------------------------------------------------------------
 
     def _hold(self) -> None:
         """Before a fork: wait for a call in flight on another thread, so the child inherits a consistent table."""

@@ -181,7 +181,7 @@ def extract(target: TargetModel, sequences: Sequence[np.ndarray], folder: str | 
     out = {name: np.lib.format.open_memmap(folder / f"{name}.npy", mode=mode, dtype=dtype, shape=shape)
            for name, (shape, dtype) in shapes.items()}
     np.save(folder / "offsets.npy", offsets)
-    lm_head = target_weights(target)[1].float().cpu()
+    lm_head = target_weights(target)[1].cpu()  # the target's dtype: its own logits
     for i in range(done, len(sequences)):
         s, e = int(offsets[i]), int(offsets[i + 1])
         feats = target_features(target, sequences[i].tolist())
@@ -222,13 +222,14 @@ def first_tokens(texts: Iterable[str], tokenizer, *, seq_len: int, max_tokens: i
 
 @torch.no_grad()
 def top_tokens(g: torch.Tensor, weight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` most likely tokens of each row of ``g`` ``[n, d]`` through the LM head ``weight`` ``[V, d]``, and
-    their softmax probabilities: ``ids [n, k]`` int64 and ``probs [n, k]`` float32, most likely first."""
+    """The ``k`` most likely tokens of each row of ``g`` ``[n, d]`` through the LM head ``weight`` ``[V, d]`` (the
+    product in ``weight``'s dtype), and their softmax probabilities: ``ids [n, k]`` int64 and ``probs [n, k]``
+    float32, most likely first."""
     n = g.shape[0]
     ids, probs = torch.empty((n, k), dtype=torch.long), torch.empty((n, k), dtype=torch.float32)
     for s in range(0, n, CHUNK_ROWS):
         e = min(n, s + CHUNK_ROWS)
-        z = g[s:e].float() @ weight.T.float()
+        z = (g[s:e].to(weight.dtype) @ weight.T).float()
         top = z.topk(k, dim=-1)
         ids[s:e] = top.indices
         probs[s:e] = (top.values - torch.logsumexp(z, dim=-1, keepdim=True)).exp()
