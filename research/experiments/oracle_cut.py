@@ -28,7 +28,7 @@ __all__ = ["OracleCutProposer"]
 
 SETS = ("spec_bench", "humaneval")
 """The sets whose saved greedy references (128 new tokens) the bound cuts by."""
-METHOD = f"custom:{__name__}.OracleCutProposer"
+METHOD = "custom:research.experiments.oracle_cut.OracleCutProposer"  # its import path, also when run as __main__
 
 
 class OracleCutProposer(InstrumentedProposer):
