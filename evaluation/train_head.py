@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> None:
     cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
     report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states) for name in SETS}
     meta = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
-            "dtype": args.dtype,
-            "fit_prompts": len(fit), "report": report, "seconds": round(time.perf_counter() - t0)}
+            "dtype": args.dtype, "fit_prompts": len(fit), "report": report, "seconds": round(time.perf_counter() - t0)}
     DraftHead(**arrays, calibration=cal, target=target_info, meta=meta).save(args.out)
     print(json.dumps(report, indent=1))
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")

@@ -99,7 +99,6 @@ class CrestProposer:
         self.head: DraftHead | None = None
         self._head_module: torch.nn.Module | None = None  # the head's forward (serving.head.HeadModule)
         self.head_steps = 0
-        self._embedding: np.ndarray | None = None  # [vocab, hidden] float32, the target's token embedding
         self.settings = s = settings or Settings.from_env()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -172,16 +171,17 @@ class CrestProposer:
         if embedding is None or tuple(embedding.shape) != lm_head.shape:
             log.warning("the target's token embedding is not where the proposer looks; drafting without its state")
             return
-        self._embedding = lm_head if embedding.data_ptr() == self.lm_head.data_ptr() else \
-            np.ascontiguousarray(embedding.detach().float().cpu().numpy())
         import torch
 
         from toolkit.tokenizer import tokenizer_fingerprint
 
         from .head import HeadModule
 
+        # [vocab, hidden] float32: the LM head's copy where the two are tied, else the engine's own rows
+        rows = torch.from_numpy(lm_head) if embedding.data_ptr() == self.lm_head.data_ptr() else \
+            embedding.detach().float().cpu().contiguous()
         self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)))
-        self._head_module = HeadModule.of(draft_head, torch.from_numpy(self._embedding))
+        self._head_module = HeadModule.of(draft_head, rows)
         self.head = draft_head
 
     def observe_states(self, states: RowStates | None) -> None:

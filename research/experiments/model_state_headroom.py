@@ -84,7 +84,6 @@ def run(args) -> dict:
     target = load_target(None, device="cpu")
     tok = target.tokenizer
     embedding, lm = (np.ascontiguousarray(w.float().numpy()) for w in target_weights(target))
-
     lm = np.asarray(lm, dtype=np.float32)
     head = DraftHead.load(args.head)
     forward = HeadModule.of(head, torch.from_numpy(embedding))
