@@ -3,7 +3,8 @@
 - :class:`Core` holds the merged drafter's request table; :meth:`Core.step` follows a :class:`Batch` of requests and
   drafts it in one call, its datastore trees read from host-local replicas (:class:`Replica`) or given by a round trip
   (:class:`Trees`), and answers a :class:`Step`; :class:`Options` are its settings (:data:`DEFAULTS`),
-  :class:`EngineRows` an engine's rows, :class:`Curve` a step-cost curve, :data:`MAX_BUDGET` the limit on a budget;
+  :class:`EngineRows` an engine's rows, :class:`Curve` a step-cost curve, :data:`MAX_BUDGET` the limit on a budget,
+  :class:`Head` a draft head the core reads a row's state through (:meth:`Core.set_model`);
 - :class:`Replica` maps a host-local replica (``docs/replica-format.md``), :class:`ReplicaWriter` writes one,
   :class:`ReplicaError` (an ``OSError``) names what is wrong with one;
 - :func:`blob_header`, :func:`parse_blob` and :func:`parse_tree_payload` read token-tree blobs
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "MAX_BUDGET",
+__all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "Head", "MAX_BUDGET",
            "MODEL_FEATURES", "NodeTable", "Options", "OutputsInfo", "Replica", "ReplicaError", "ReplicaWriter",
            "SOURCES", "Step", "Trees", "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob",
            "parse_tree_payload", "tree_cut"]
@@ -39,6 +40,7 @@ try:
         Core,
         Curve,
         EngineRows,
+        Head,
         NodeTable,
         Options,
         OutputsInfo,

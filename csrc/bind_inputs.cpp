@@ -1,5 +1,6 @@
-// Python bindings of a step's input value types (crest_native.Curve, EngineRows, Trees), each checked when it is made
-// (csrc/bindings.hpp; the step itself is bound in csrc/module.cpp).
+// Python bindings of a step's input value types (crest_native.Curve, EngineRows, Trees) and of the draft head a core
+// reads states through (crest_native.Head), each checked when it is made (csrc/bindings.hpp; the step itself is bound
+// in csrc/module.cpp).
 #include "bindings.hpp"
 
 namespace crest_bind {
@@ -48,7 +49,47 @@ void trees_init(Trees* self, nb::list stored, nb::list live, nb::list delta) {
   }
 }
 
+void head_init(HeadHandle* self, In2D<float> up, In1D<float> up_bias, In2D<float> down, In1D<float> down_bias,
+               In1D<float> state_gain, In1D<float> token_gain, nb::handle embedding) {
+  In2D<float> e;
+  if (!nb::try_cast(embedding, e, false))
+    throw nb::type_error("embedding must be the target's [vocab, d] float32 token embedding (C order, not copied)");
+  auto h = std::make_shared<crest::Head>();
+  h->d = down.shape(1), h->hidden = down.shape(0);
+  if (up.shape(0) != 2 * h->d || up.shape(1) != h->hidden)
+    throw nb::value_error("the head's up is [2d, hidden] and its down [hidden, d]: retrain the head");
+  const auto copy = [](const auto& a) { return std::vector<float>(a.data(), a.data() + a.size()); };
+  h->up = copy(up), h->up_bias = copy(up_bias), h->down = copy(down), h->down_bias = copy(down_bias);
+  h->state_gain = copy(state_gain), h->token_gain = copy(token_gain);
+  if (e.shape(1) != h->d) throw nb::value_error("the embedding's width differs from the head's: train a head for this model");
+  h->embedding = e.data(), h->vocab = e.shape(0);
+  h->pack();
+  new (self) HeadHandle{std::move(h), nb::borrow(embedding)};
+}
+
+nb::ndarray<nb::numpy, float, nb::ndim<2>> head_estimates(const HeadHandle& self, In2D<float> states,
+                                                           In1D<uint32_t> tokens) {
+  const crest::Head& h = *self.head;
+  const std::size_t n = states.shape(0);
+  if (states.shape(1) != h.d || tokens.shape(0) != n)
+    throw nb::value_error("pass states [n, d] of the head's width and one bonus token per state");
+  for (std::size_t i = 0; i < n; ++i)
+    if (tokens.data()[i] >= h.vocab) throw nb::value_error("a bonus token is outside the embedding's vocabulary");
+  auto* out = new std::vector<float>(n * h.d);
+  std::vector<float> scratch;
+  h.forward(states.data(), tokens.data(), n, out->data(), scratch);
+  nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return {out->data(), {n, h.d}, owner};
+}
+
 void bind_inputs(nb::module_& m) {
+  nb::class_<HeadHandle>(m, "Head")
+      .def("__init__", &head_init, "up"_a, "up_bias"_a, "down"_a, "down_bias"_a, "state_gain"_a, "token_gain"_a,
+           "embedding"_a)
+      .def("estimates", &head_estimates, "states"_a, "tokens"_a)
+      .def_prop_ro("width", [](const HeadHandle& h) { return h.head->d; })
+      .def_prop_ro("hidden", [](const HeadHandle& h) { return h.head->hidden; })
+      .def_prop_ro_static("avx2", [](nb::handle) { return crest::head_uses_avx2(); });
   nb::class_<Curve>(m, "Curve")
       .def("__init__", &curve_init, "tokens"_a, "seconds"_a, "tail"_a, "draft_s"_a = 0.0)
       .def_ro("tokens", &Curve::tokens).def_ro("seconds", &Curve::seconds)

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <memory>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -52,6 +53,13 @@ struct Curve {
   In1D<double> tokens, seconds;
   double tail, draft_s;
   crest::StepCurve view() const { return {tokens.data(), seconds.data(), tokens.shape(0), tail, draft_s}; }
+};
+
+// A draft head (crest_native.Head): its weights, copied into the core's float32 arrays, and the token embedding it
+// reads, borrowed and held here.
+struct HeadHandle {
+  std::shared_ptr<crest::Head> head;
+  nb::object embedding;
 };
 
 // An engine's rows (drafting.EngineRows): their ids and counts as the engine holds them, not copied.

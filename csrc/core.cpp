@@ -232,7 +232,7 @@ std::string outside(const char* what, std::size_t i, int64_t value, const std::s
 
 }  // namespace
 
-void Core::set_model(Calibration with_model, ModelView view) {
+void Core::set_model(Calibration with_model, ModelView view, std::shared_ptr<const Head> head) {
   if (static_cast<int>(with_model.coef.size()) != kNumFeatures + kNumModelFeatures)
     throw std::invalid_argument("the with-model calibration has " + std::to_string(with_model.coef.size()) +
                                 " weights; the features and the model features are " +
@@ -241,14 +241,44 @@ void Core::set_model(Calibration with_model, ModelView view) {
     throw std::invalid_argument("the with-model calibration's prior differs from the core's: fit both on one prior");
   if (!view.lm_head || view.vocab < 1 || view.d < 1) throw std::invalid_argument("the LM head is empty");
   check_token_bias(with_model);
+  if (head) {
+    head->check();
+    if (head->d != view.d)
+      throw std::invalid_argument("the head's width is " + std::to_string(head->d) + ", the LM head's " +
+                                  std::to_string(view.d) + ": train a head for this model");
+  }
   with_model_ = std::move(with_model);
   model_ = view;
+  head_ = std::move(head);
+}
+
+void Core::estimate(const std::vector<Handle>& handles, const float* states, const uint8_t* has_state) {
+  z_.at.assign(handles.size(), -1);
+  if (!states || !head_) return;
+  const std::size_t d = model_.d;
+  z_.bonus.clear();
+  z_.head_in.clear();
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    const Request* r = find(handles[i]);
+    if (!has_state[i] || !r || r->tokens.empty()) continue;
+    z_.at[i] = static_cast<int64_t>(z_.bonus.size());
+    z_.bonus.push_back(r->tokens.back() < head_->vocab ? r->tokens.back() : 0);
+    z_.head_in.insert(z_.head_in.end(), states + i * d, states + (i + 1) * d);
+  }
+  z_.estimates.resize(z_.head_in.size());
+  if (!z_.bonus.empty()) head_->forward(z_.head_in.data(), z_.bonus.data(), z_.bonus.size(), z_.estimates.data(), z_.head);
+}
+
+const float* Core::estimate_of(std::size_t i, const float* states) const {
+  if (!states) return nullptr;
+  if (!head_) return states + i * model_.d;
+  return z_.at[i] >= 0 ? z_.estimates.data() + static_cast<std::size_t>(z_.at[i]) * model_.d : nullptr;
 }
 
 void Core::check(const StepInput& in) const {
   const std::size_t pairs = in.handles.size();
   if (in.states && !model_.lm_head)
-    throw std::invalid_argument("next-state estimates were given to a core without a model: call set_model first");
+    throw std::invalid_argument("states were given to a core without a model: call set_model first");
   if (in.budgets.size() != pairs)
     throw std::invalid_argument(std::to_string(in.budgets.size()) + " budgets for " + std::to_string(pairs) +
                                 " requests; pass one budget per request");
@@ -397,6 +427,7 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>&
                  bool chain, double min_score, std::vector<Drafted>& out, const float* states,
                  const uint8_t* has_state) {
   out.resize(handles.size());
+  estimate(handles, states, has_state);
   for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
     const Request* r = find(handles[i]);
     if (r && fitting(*r, budgets[i]) > 0) retrieval.prefetch(i, r->tokens.data(), r->tokens.size());
@@ -408,7 +439,7 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>&
     if (const int budget = fitting(*r, budgets[i]); budget > 0) {
       if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
         return false;
-      const float* state = states && has_state[i] ? states + i * model_.d : nullptr;
+      const float* state = states && has_state[i] ? estimate_of(i, states) : nullptr;
       draft_one(*r, z_.retrieved, budget, chain, min_score, state, out[i]);
     }
     r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
@@ -464,9 +495,14 @@ void Core::plan(const std::vector<Handle>& handles, const std::vector<int64_t>& 
 
 void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out, const float* state) {
   if (state && !model_.lm_head)
-    throw std::invalid_argument("a next-state estimate was given to a core without a model: call set_model first");
+    throw std::invalid_argument("a state was given to a core without a model: call set_model first");
   Request* r = find(h);
   if (!r) throw std::out_of_range("request handle " + std::to_string(h) + " is not active");
+  if (state && head_) {  // read as a step reads the row's state: through the head
+    const uint8_t has = 1;
+    estimate({h}, state, &has);
+    state = estimate_of(0, state);
+  }
   gather(*r, given, options_.match_nodes);
   out.clear();
   const std::size_t count = options_.sources[kDatastore] ? given.candidates.size() : 0;

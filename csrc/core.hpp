@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "automaton.hpp"
@@ -22,6 +23,7 @@
 #include "features.hpp"
 #include "feedback.hpp"
 #include "goodput.hpp"
+#include "head.hpp"
 #include "merge.hpp"
 #include "output_index.hpp"
 #include "replica.hpp"
@@ -145,7 +147,8 @@ struct StepInput {
   const uint32_t* appended = nullptr;  // with counts: [sum(counts)] tokens
   const int64_t* counts = nullptr;     // [pairs]
   uint64_t key_limit = uint64_t{1} << 32;  // a plan asks only for tokens after the last id of at least this
-  // [pairs, d] float32: each pair's next-state estimate (Core::set_model; nullptr: none), read where has_state[i]
+  // [pairs, d] float32: each pair's state (Core::set_model: its head's input, or the next-state estimate itself where
+  // the core has no head; nullptr: none), read where has_state[i]
   const float* states = nullptr;
   const uint8_t* has_state = nullptr;  // [pairs]
 };
@@ -168,11 +171,14 @@ class Core {
  public:
   Core(Calibration calibration, Options options);
 
-  // The target's LM head ([vocab, d] float32, borrowed: the caller keeps it alive while the core lives) and the
+  // The target's LM head ([vocab, d] float32, borrowed: the caller keeps it alive while the core lives), the
   // calibration that weighs the model features beside the others (kNumFeatures + kNumModelFeatures weights, the same
-  // prior). A row given a next-state estimate is scored with it; any other row with the core's calibration, as
-  // before. Throws std::invalid_argument for another number of weights or prior, or an empty head.
-  void set_model(Calibration with_model, ModelView view);
+  // prior), and the draft head (head.hpp; nullptr: none). A row given a state is scored with it: with a head, the state
+  // is the target's at the row's last accepted token and the head's estimate from it and the row's last token (its
+  // bonus token) is read; without one, the state given is read as the next-state estimate itself. Any other row is
+  // scored with the core's calibration, as before. Throws std::invalid_argument for another number of weights or
+  // prior, an empty LM head, or a head of another width or a malformed one.
+  void set_model(Calibration with_model, ModelView view, std::shared_ptr<const Head> head = nullptr);
   std::size_t model_width() const { return model_.lm_head ? model_.d : 0; }  // d, or 0 without a model
 
   Handle start(const uint32_t* prompt, std::size_t n);
@@ -217,7 +223,7 @@ class Core {
   void plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
             uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const;
   // The node table of every candidate (or of none) of one active request, as a step would merge it; given a
-  // next-state estimate `state` ([d]: a model is set), its features are followed by the model features
+  // state `state` ([d]: a model is set; read as a step reads a row's, through the head where there is one), its features are followed by the model features
   // ([size, kNumFeatures + kNumModelFeatures]) and scored with the with-model calibration.
   void tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out, const float* state = nullptr);
 
@@ -249,6 +255,10 @@ class Core {
   void check(const StepInput& in) const;
   bool follow(const StepInput& in, StepOutput& out);
   bool score_candidate(const SourceTree* candidate, int max_depth, const float* state);
+  // The next-state estimates of a step's pairs that have a state (the head's, in one pass over its weights; the states
+  // themselves without a head): the estimate of pair i, or nullptr.
+  void estimate(const std::vector<Handle>& handles, const float* states, const uint8_t* has_state);
+  const float* estimate_of(std::size_t i, const float* states) const;
   void cut(bool chain, int budget, double min_score, Drafted& out);
   void draft_one(Request& r, const Retrieved& in, int budget, bool chain, double min_score, const float* state,
                  Drafted& out);
@@ -261,6 +271,9 @@ class Core {
     ChildMap children;
     Union merged;
     std::vector<double> x, score, model;  // model: the model features (with a state)
+    std::vector<float> head_in, estimates, head;  // the head's inputs and estimates [rows with a state, d]; its scratch
+    std::vector<uint32_t> bonus;          // their bonus tokens
+    std::vector<int64_t> at;              // each pair's row in estimates (-1: none)
     std::vector<uint8_t> has_kids;
     CutScratch cut;
     std::vector<int32_t> picked, picked_parents;
@@ -278,6 +291,7 @@ class Core {
   Scratch z_;
   Calibration calibration_, with_model_;
   ModelView model_;
+  std::shared_ptr<const Head> head_;
   Options options_;
   OutputIndex outputs_;
   Verdicts verdicts_;  // every request's, decayed: where a new request's ratio starts

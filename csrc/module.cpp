@@ -181,7 +181,7 @@ std::vector<NodeTable> core_tables(crest::Core& c, int64_t handle, Trees& trees,
   const float* at = nullptr;
   if (!state.is_none()) {
     auto s = nb::cast<In1D<float>>(state, false);
-    if (s.shape(0) != c.model_width()) throw nb::value_error("pass a next-state estimate of the model's width");
+    if (s.shape(0) != c.model_width()) throw nb::value_error("pass a state of the model's width");
     at = s.data();
   }
   std::vector<crest::NodeTable> tables;
@@ -254,11 +254,12 @@ void bind_core(nb::module_& m) {
       .def("tables", &core_tables, "handle"_a, "trees"_a, "state"_a.none() = nb::none())
       .def("set_model",  // the LM head is kept alive with the core, read in place
            [](crest::Core& c, In2D<float> lm_head, In1D<double> coef, double intercept, double prior, nb::object ids,
-              nb::object bias) {
+              nb::object bias, const HeadHandle* head) {
              c.set_model(calibration_of(coef, intercept, prior, ids, bias),
-                         {lm_head.data(), lm_head.shape(0), lm_head.shape(1)});
+                         {lm_head.data(), lm_head.shape(0), lm_head.shape(1)}, head ? head->head : nullptr);
            }, "lm_head"_a.noconvert(), "coef"_a, "intercept"_a, "prior"_a, "token_ids"_a.none() = nb::none(),
-           "token_bias"_a.none() = nb::none(), nb::keep_alive<1, 2>())
+           "token_bias"_a.none() = nb::none(), "head"_a.none() = nb::none(), nb::keep_alive<1, 2>(),
+           nb::keep_alive<1, 8>())
       .def_prop_ro("model_width", &crest::Core::model_width)
       .def("active", &crest::Core::active, "handle"_a)
       .def("acceptance", &crest::Core::acceptance, "handle"_a)

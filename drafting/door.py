@@ -170,7 +170,7 @@ def token_lists(values: object, rows: int, vocab_size: int) -> tuple[np.ndarray,
 
 
 def states(values: object, rows_mask: object, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """A step's next-state estimates (:meth:`drafting.DraftingService.step`'s ``states``) and the rows that have one.
+    """A step's states (:meth:`drafting.DraftingService.step`'s ``states``) and the rows that have one.
 
     Args:
         values: ``[rows, width]`` float32, C order (read in place). rows_mask: ``[rows]`` bool, or None (every row).
@@ -185,7 +185,7 @@ def states(values: object, rows_mask: object, rows: int, width: int) -> tuple[np
         raise TypeError("states must be a C-ordered float32 numpy array [rows, hidden_size] (np.ascontiguousarray("
                         "x, dtype=np.float32))")
     if values.shape != (rows, width):
-        raise ValueError(f"states is {values.shape}; pass one next-state estimate per row: ({rows}, {width})")
+        raise ValueError(f"states is {values.shape}; pass one state per row: ({rows}, {width})")
     if rows_mask is None:
         return values, np.ones(rows, dtype=np.bool_)
     if type(rows_mask) is not np.ndarray or rows_mask.dtype != np.bool_ or rows_mask.shape != (rows,):

@@ -1,11 +1,13 @@
 """A draft head over the target's own state: its weights, the calibration that weighs its scores, and its file.
 
 The head maps a row's last accepted final-normed hidden state and its bonus token to the next position's state
-(EAGLE's feature-level step, Li et al. 2024, section 3.1; S4C's head 1, He et al. 2025, section 3.1.1); its forward is
-:class:`serving.head.HeadModule`, in torch, on the engine's threads. The native core reads that estimate against the
-LM-head rows of the union's depth-1 tokens only, never the vocabulary (``csrc/scores.hpp``, ``model_features``), and
-:attr:`DraftHead.calibration` weighs those model features beside the others. A head is trained per target model
-(``python -m evaluation train-head``); without one, drafts are exactly those of the calibration alone.
+(EAGLE's feature-level step, Li et al. 2024, section 3.1; S4C's head 1, He et al. 2025, section 3.1.1). In the step the
+native core runs it (:meth:`DraftHead.native`, ``csrc/head.hpp``: every row of a step in one pass over the weights, on
+the step's own thread) and reads its estimate against the LM-head rows of the union's depth-1 tokens only, never the
+vocabulary (``csrc/scores.hpp``, ``model_features``); :attr:`DraftHead.calibration` weighs those model features beside
+the others. The trainer's forward, with autograd, is :class:`evaluation.head_module.HeadModule` (torch). A head is
+trained per target model (``python -m evaluation train-head``); without one, drafts are exactly those of the
+calibration alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+import crest_native
 
 from .calibration import Calibration
 
@@ -36,7 +40,7 @@ def row_norms(lm_head: np.ndarray, rows: int = 16) -> list[float]:
 @dataclass(frozen=True)
 class DraftHead:
     """A trained head: ``f^ = f + down(silu(up([rms(f) * state_gain ; rms(E[x]) * token_gain])))``
-    (:class:`serving.head.HeadModule` computes it).
+    (``csrc/head.hpp`` computes it in the step: :meth:`native`).
 
     Attributes:
         up: ``[2d, hidden]`` float32. up_bias: ``[hidden]``. down: ``[hidden, d]``. down_bias: ``[d]``.
@@ -84,6 +88,17 @@ class DraftHead:
         norms = self.target.get("row_norms", [])
         return (lm_head.shape == (self.target.get("vocab_size"), self.target.get("hidden_size")) and len(norms) > 0
                 and bool(np.allclose(row_norms(lm_head)[:len(norms)], norms, rtol=1e-2)))
+
+    def native(self, embedding: np.ndarray) -> crest_native.Head:
+        """The head as the native core runs it (:meth:`drafting.DraftingService.set_model`'s ``head``): its weights
+        copied, ``embedding`` (the target's ``[vocab, d]`` float32 token embedding, C order) read in place and kept
+        alive by it. ``Head.estimates(states [n, d] float32, tokens [n] uint32)`` gives ``[n, d]`` float32.
+
+        Raises:
+            TypeError: for an embedding that is no C-ordered float32 array. ValueError: for one of another width.
+        """
+        return crest_native.Head(self.up, self.up_bias, self.down, self.down_bias, self.state_gain, self.token_gain,
+                                 embedding)
 
     def save(self, path: str | Path) -> None:
         """Write it as one ``.npz`` (float16 weights; the calibration, target and meta as JSON)."""

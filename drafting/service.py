@@ -195,8 +195,10 @@ class DraftingService:
                 expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
                 scores discounted by what the engine accepted of its earlier drafts (``csrc/feedback.hpp``); ``None``:
                 not cut. Chains only.
-            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's next-state estimate, from a
-                draft head (:class:`drafting.DraftHead`; :meth:`set_model` first; ``None``: none).
+            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's state (:meth:`set_model`
+                first): with a head, the target's final-normed hidden state at the row's last accepted token, which
+                the core's head reads with the row's last token (its bonus token); without one, the next-state
+                estimate itself (``None``: none).
             state_rows: ``[rows]`` bool, the rows whose ``states`` are valid (``None``: all).
 
         Returns:
@@ -249,22 +251,28 @@ class DraftingService:
                 door.states(states, state_rows, len(batch.ids), self._core.model_width)
             given[5] = None if states is None else UNSET
 
-    def set_model(self, lm_head: np.ndarray, calibration: Calibration) -> None:
-        """From now on a row given a next-state estimate (:meth:`step`'s ``states``) has its depth-1 tokens read
-        against ``lm_head`` ``[vocab, hidden_size]`` (float32, C order; read in place, kept alive by the drafter) and
-        is scored with ``calibration``, a with-model one of the drafter's prior (a :class:`drafting.DraftHead`'s;
-        ``csrc/scores.hpp``). Rows without an estimate are scored as before.
+    def set_model(self, lm_head: np.ndarray, calibration: Calibration,
+                  head: crest_native.Head | None = None) -> None:
+        """From now on a row given a state (:meth:`step`'s ``states``) has its depth-1 tokens read against
+        ``lm_head`` ``[vocab, hidden_size]`` (float32, C order; read in place, kept alive by the drafter) and is
+        scored with ``calibration``, a with-model one of the drafter's prior (a :class:`drafting.DraftHead`'s;
+        ``csrc/scores.hpp``). Rows without a state are scored as before.
+
+        Args:
+            lm_head: the target's LM head. calibration: the with-model calibration.
+            head: the draft head the core reads each state through, in the step (:meth:`drafting.DraftHead.native`;
+                ``csrc/head.hpp``); ``None``: a state given is the next-state estimate itself.
 
         Raises:
             TypeError / ValueError: for an LM head not float32 C order, or empty; a calibration without the model
-                features or with another prior. ClosedError: after :meth:`close`.
+                features or with another prior; a head of another width. ClosedError: after :meth:`close`.
         """
         door.model(lm_head, calibration)
         term = calibration.token_bias
         with self._lock:
             self._check_open()
             self._core.set_model(lm_head, calibration.coef, calibration.intercept, calibration.prior,
-                                 *((None, None) if term is None else (term.tokens, term.bias)))
+                                 *((None, None) if term is None else (term.tokens, term.bias)), head)
 
     def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
         """``requests`` as a :class:`Batch` whose handles are current."""
@@ -369,8 +377,9 @@ class DraftingService:
         """The merged node table of each datastore candidate (or of none) of active request ``req_id``, with its
         features (``[N, len(FEATURES)]`` float64) and scores exactly as a step merges them: what fitting the
         calibration reads (``python -m evaluation calibrate``; CREST, the calibrated acceptance probability).
-        Given ``state`` (``[hidden_size]`` float32, a next-state estimate; :meth:`set_model` first), the model
-        features follow (``[N, len(FEATURES) + len(MODEL_FEATURES)]``), scored as a step with that state scores.
+        Given ``state`` (``[hidden_size]`` float32, read as :meth:`step` reads a row's; :meth:`set_model` first),
+        the model features follow (``[N, len(FEATURES) + len(MODEL_FEATURES)]``), scored as a step with that state
+        scores.
 
         Raises:
             KeyError: when ``req_id`` is not active. ValueError / TypeError: for a state without a model, or of

@@ -69,9 +69,10 @@ def collect(refs: list[Reference], source, *, calibration, outputs_bytes: int, v
             features). outputs_bytes / vocab_size: the drafter's. stride: every stride-th position.
         live: ``reference -> DatastoreSource`` of the live layer that request sees (``None``: none).
         desc: the progress bar's label. candidates: ``longest`` (the longest stored suffix's union only) or ``all``.
-        model: ``(lm_head, states)``: the tables are read with each position's next-state estimate, ``states(r,
-            pos)`` (``[d]`` float32), against ``lm_head`` (``[V, d]`` float32), their features followed by the model
-            features; ``calibration`` must then weigh them (``None``: plain tables).
+        model: ``(lm_head, states, head)``: the tables are read with each position's state, ``states(r, pos)``
+            (``[d]`` float32), through ``head`` (a :class:`crest_native.Head`, as a step reads a row's state; ``None``:
+            the state is the next-state estimate itself), against ``lm_head`` (``[V, d]`` float32), their features
+            followed by the model features; ``calibration`` must then weigh them (``None``: plain tables).
     """
     from tqdm import tqdm
 
@@ -84,7 +85,7 @@ def collect(refs: list[Reference], source, *, calibration, outputs_bytes: int, v
     drafter = DraftingService(None, vocab_size=vocab_size, calibration=plain, outputs_bytes=outputs_bytes,
                               sources=calibration.sources)
     if model is not None:
-        drafter.set_model(model[0], calibration)
+        drafter.set_model(model[0], calibration, model[2])
     for r in tqdm(refs, desc=desc, unit="reference", dynamic_ncols=True):
         layer = None if live is None else live(r)
         seq = list(r.prompt) + r.output[:1]

@@ -1,5 +1,5 @@
 """Training a draft head (:class:`drafting.DraftHead`) on the target's own features: the loop over
-:class:`serving.head.HeadModule`, the head's one forward.
+:class:`evaluation.head_module.HeadModule`, the head's forward in torch.
 
 Each training pair is a position ``t`` of a feature set (:class:`evaluation.features.FeatureSet`) with a successor:
 the head reads ``f[t]`` and the token ``x[t+1]`` and is taught the target at ``t+1``: a softmax over the target's top-K
@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from serving.head import HeadModule
-
 from .features import FeatureSet
+from .head_module import HeadModule
 
 __all__ = ["Pairs", "TrainSettings", "train_head"]
 

@@ -103,10 +103,13 @@ def run(args: argparse.Namespace) -> None:
                            sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
     # the fit halves' features, where they were extracted in float32
     known = {r.id: own.features[own.span(i)] for i, r in enumerate(fit)} if teacher is target else {}
-    states = partial(_states, module.eval(), {}, target, known)
-    x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states)
+    states = partial(_states, {}, target, known)
+    # read as a step reads a row's state: through the native head, over the target's own embedding
+    head = DraftHead(**arrays, calibration=unfitted, target=target_info).native(
+        np.ascontiguousarray(embedding.numpy()))
+    x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states, head)
     cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
-    report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states) for name in SETS}
+    report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states, head) for name in SETS}
     meta = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
             "dtype": args.dtype, "fit_prompts": len(fit), "report": report, "seconds": round(time.perf_counter() - t0)}
     DraftHead(**arrays, calibration=cal, target=target_info, meta=meta).save(args.out)
@@ -131,20 +134,16 @@ def _sharegpt(tok, tokens: int) -> list[np.ndarray]:
                         max_tokens=tokens)
 
 
-def _states(head, cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:
-    """The head's next-state estimate at output position ``pos`` of ``r``: from the target's state at the token
-    before the bonus token ``r.output[pos - 1]`` (``known``: extracted features by reference id; the others are
-    computed; the last reference's estimates are cached)."""
+def _states(cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:
+    """The target's state that gave output position ``pos - 1`` of ``r`` (its bonus token ``r.output[pos - 1]``), as the
+    engine hands it to the proposer: ``[d]`` float32 (``known``: extracted features by reference id; the others are
+    computed; the last reference's are cached)."""
     if r.id not in cache:
-        import torch
-
         from .features import target_features
 
         cache.clear()
-        f = known[r.id].astype(np.float32) if r.id in known else \
+        cache[r.id] = np.ascontiguousarray(known[r.id], dtype=np.float32) if r.id in known else \
             target_features(target, _sequence(r).tolist()).numpy()
-        with torch.inference_mode():
-            cache[r.id] = head(torch.from_numpy(f[:-1]), torch.from_numpy(_sequence(r)[1:].astype(np.int64))).numpy()
     return cache[r.id][len(r.prompt) + pos - 2]
 
 
@@ -155,7 +154,7 @@ def _source(store: str, tok):
     return DatastoreSource(partial(SharedDatastore.open, store, tokenizer=tok), retry_s=0.5)
 
 
-def _tables(args, tok, refs: dict, cal, lm, states):
+def _tables(args, tok, refs: dict, cal, lm, states, head):
     """``(features, accepted, tokens)`` of the nodes whose parent was accepted, over every set's ``refs``, each node
     table read with the head's estimate (``cal``: a with-model calibration; the scores are not read)."""
     from .calibrate import collect
@@ -164,25 +163,26 @@ def _tables(args, tok, refs: dict, cal, lm, states):
     for name, store in zip(SETS, (args.datastore, args.code_datastore)):
         source = _source(store, tok)
         parts.append(collect(refs[name], source, calibration=cal, outputs_bytes=64 << 20, vocab_size=len(tok),
-                             desc=f"fit {name}", model=(lm, states))[:4])
+                             desc=f"fit {name}", model=(lm, states, head))[:4])
         source.close()
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
             np.concatenate([p[3] for p in parts]))
 
 
-def _report(args, tok, name: str, held: list[Reference], cal, lm, states) -> dict:
+def _report(args, tok, name: str, held: list[Reference], cal, lm, states, head) -> dict:
     """The report half: top-1 among the union's depth-1 candidates (the positions where it offers any), and over the
     vocabulary, against the target's greedy token."""
     from .calibrate import collect
 
     source = _source(args.datastore if name == "spec_bench" else args.code_datastore, tok)
     x, y = collect(held, source, calibration=cal, outputs_bytes=64 << 20, vocab_size=len(tok), desc=f"report {name}",
-                   model=(lm, states))[:2]
+                   model=(lm, states, head))[:2]
     source.close()
     top = x[:, -1] == 1  # the head's argmax among a table's depth-1 candidates
     right = total = 0
     for r in held:
-        estimates = np.stack([states(r, pos) for pos in range(1, len(r.output))])
+        estimates = head.estimates(np.stack([states(r, pos) for pos in range(1, len(r.output))]),
+                                   np.asarray(r.output[:-1], dtype=np.uint32))
         right += int((np.argmax(estimates @ lm.T, axis=1) == np.asarray(r.output[1:])).sum())
         total += len(estimates)
     return {"prompts": len(held), "top1_among_candidates": float(y[top].mean()), "tables": int(top.sum()),

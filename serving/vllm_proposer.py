@@ -76,7 +76,8 @@ class CrestProposer:
         lm_head: ``[vocab, hidden]`` the target's LM-head rows (tied to its embedding where the model ties them), from
             ``load_model``; ``None`` before it or where the model has none.
         head: the draft head that scores each row's depth-1 tokens by the target's state (``CREST_HEAD``;
-            :class:`drafting.DraftHead`), set by ``load_model``; ``None``: none (the calibration alone).
+            :class:`drafting.DraftHead`; the core runs it), set by ``load_model``; ``None``: none (the calibration
+            alone).
             head_steps: the steps drafted with the head's estimates.
         on_step: called after every ``propose`` with its :class:`ProposeRecord` (``None``: nothing; the benchmarks'
             per-step figures).
@@ -97,7 +98,6 @@ class CrestProposer:
         self.row_states: RowStates | None = None
         self.lm_head: torch.Tensor | None = None
         self.head: DraftHead | None = None
-        self._head_module: torch.nn.Module | None = None  # the head's forward (serving.head.HeadModule)
         self.head_steps = 0
         self.settings = s = settings or Settings.from_env()
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
@@ -171,17 +171,13 @@ class CrestProposer:
         if embedding is None or tuple(embedding.shape) != lm_head.shape:
             log.warning("the target's token embedding is not where the proposer looks; drafting without its state")
             return
-        import torch
-
         from toolkit.tokenizer import tokenizer_fingerprint
 
-        from .head import HeadModule
-
         # [vocab, hidden] float32: the LM head's copy where the two are tied, else the engine's own rows
-        rows = torch.from_numpy(lm_head) if embedding.data_ptr() == self.lm_head.data_ptr() else \
-            embedding.detach().float().cpu().contiguous()
-        self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)))
-        self._head_module = HeadModule.of(draft_head, rows)
+        rows = lm_head if embedding.data_ptr() == self.lm_head.data_ptr() else \
+            np.ascontiguousarray(embedding.detach().float().cpu().numpy())
+        self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)),
+                               draft_head.native(rows))
         self.head = draft_head
 
     def observe_states(self, states: RowStates | None) -> None:
@@ -215,7 +211,7 @@ class CrestProposer:
             adaptive = self.settings.adaptive
             if adaptive and self.cost.probe():  # a step without drafts, timed: the curve's draft_s
                 budgets = np.zeros(len(budgets), np.int64)
-            states = None if self.head is None else self._next_states(sampled_token_ids, index)
+            states = None if self.head is None else self._row_states(rows, index)
             _, chains = self.rows.propose(index, token_ids_cpu, num_tokens_no_spec, budgets,
                                           curve=self.cost.curve if adaptive else None,  # the service's min_score
                                           states=states)
@@ -235,21 +231,16 @@ class CrestProposer:
             self.on_step(ProposeRecord(rows, self.timer.now() - start, chains, observed))
         return out
 
-    def _next_states(self, sampled_token_ids: list[list[int]], index: list[int] | None) -> np.ndarray | None:
-        """``[rows drafted, hidden]`` float32: the head's next-state estimate of each drafted row, from this step's
-        states (:attr:`row_states`, used once) and bonus tokens; ``None`` where none fit the drafted rows."""
-        import torch  # the engine's: present wherever row states are
-
+    def _row_states(self, rows: int, index: list[int] | None) -> np.ndarray | None:
+        """``[rows drafted, hidden]`` float32: each drafted row's last accepted state (:attr:`row_states`, used once),
+        which the core's head reads with the row's bonus token; ``None`` where none fit the drafted rows (of the
+        batch's ``rows``, ``index``: as :meth:`propose`'s)."""
         given, self.row_states = self.row_states, None
-        rows = list(range(len(sampled_token_ids))) if index is None else index
-        if given is None or given.rows != rows or self._head_module is None:
+        if given is None or given.rows != (list(range(rows)) if index is None else index):
             return None
-        bonus = torch.from_numpy(np.array([sampled_token_ids[i][-1] for i in rows], dtype=np.int64))
         self.head_steps += 1
-        # in torch, on the engine's own threads: numpy's BLAS threads beside them slowed its forward pass threefold
-        # and took 0.9-3 ms a step (docs/drafter-quality.md section 9)
-        with torch.inference_mode():
-            return self._head_module(given.states.float().cpu(), bonus).numpy()
+        # a view of the engine's tensor where it is float32 on the CPU: the head runs in the core, on this thread
+        return np.ascontiguousarray(given.states.float().cpu().numpy())
 
     def _budgets(self, rows: int) -> np.ndarray:
         """``[rows]`` int64, read only: each row's most draft tokens, ``k``. One shared array per batch size."""

@@ -79,7 +79,7 @@ def run(args) -> dict:
     from decoder.model import load_target
     from drafting import Calibration, DatastoreSource, DraftHead
     from evaluation.features import target_features, target_weights
-    from serving.head import HeadModule
+    from evaluation.head_module import HeadModule
 
     target = load_target(None, device="cpu")
     tok = target.tokenizer

@@ -1,5 +1,5 @@
-"""The draft head (:class:`drafting.DraftHead`): its file round trip, the errors that name the fix, and which target's
-LM head it fits."""
+"""The draft head (:class:`drafting.DraftHead`): its file round trip, the errors that name the fix, which target's LM
+head it fits, and its native forward (``csrc/head.cpp``) against the oracle (``tests/oracle/head.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from crest_native import MODEL_FEATURES
 from drafting import Calibration, DraftHead
 from drafting.head import row_norms
+from oracle.head import estimates
 
 D, HIDDEN, V = 8, 12, 40
 
@@ -56,3 +57,40 @@ def test_a_bad_head_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"head up_bias is \(5,\), expected \(12,\)"):
         DraftHead(h.up, h.up_bias[:5], h.down, h.down_bias, h.state_gain, h.token_gain, h.calibration, h.target)
     assert len(h.calibration.coef) == len(Calibration.load().coef) + len(MODEL_FEATURES)
+
+
+@pytest.mark.parametrize(("d", "hidden", "rows"), [(D, HIDDEN, 1), (576, 1024, 8), (13, 7, 3)])
+def test_the_native_forward_computes_the_oracle(d, hidden, rows):
+    """At the default target's widths and at widths no vector unit divides (the kernels' tails), a batch of rows in
+    one pass: the oracle's values within float32 rounding; each row as it would be alone."""
+    rng = np.random.default_rng(d)
+    shapes = {"up": (2 * d, hidden), "up_bias": (hidden,), "down": (hidden, d), "down_bias": (d,), "state_gain": (d,),
+              "token_gain": (d,)}
+    arrays: dict[str, Any] = {name: (rng.normal(size=shape) / np.sqrt(shape[0])).astype(np.float32)
+                              for name, shape in shapes.items()}
+    h = DraftHead(**arrays, calibration=calibration(), target={})
+    embedding = rng.normal(size=(V, d)).astype(np.float32)
+    f = (rng.normal(size=(rows, d)) * 5).astype(np.float32)
+    tokens = rng.integers(0, V, rows).astype(np.uint32)
+    native = h.native(embedding)
+    got = native.estimates(f, tokens)
+    assert got.dtype == np.float32 and got.shape == (rows, d) and native.width == d
+    want = estimates(h, f, tokens, embedding)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert not np.allclose(want, f, atol=1e-2)  # the MLP moved the state: a forward that skipped it would fail
+    alone = np.concatenate([native.estimates(f[i:i + 1], tokens[i:i + 1]) for i in range(rows)])
+    assert np.array_equal(alone, got)
+
+
+def test_the_native_head_refuses_what_does_not_fit():
+    lm_head = np.ones((V, D), np.float32)
+    h = head(lm_head)
+    with pytest.raises(TypeError, match="embedding must be the target's"):
+        h.native(lm_head.astype(np.float64))
+    with pytest.raises(ValueError, match="embedding's width differs"):
+        h.native(np.ones((V, D + 1), np.float32))
+    native = h.native(lm_head)
+    with pytest.raises(ValueError, match="outside the embedding's vocabulary"):
+        native.estimates(np.ones((1, D), np.float32), np.array([V], np.uint32))
+    with pytest.raises(ValueError, match="one bonus token per state"):
+        native.estimates(np.ones((2, D), np.float32), np.array([1], np.uint32))

@@ -274,6 +274,7 @@ def test_a_prepared_batch_is_read_again_once_requests_start_or_stop(replica_sour
         service.step(batch, budgets, chain=True)
     service.close()
     alone.close()
+
     with pytest.raises(ClosedError):
         service.step(batch, budgets, chain=True)
 
@@ -307,6 +308,7 @@ def test_a_prepared_batch_sees_each_steps_arguments_however_they_are_passed(repl
     assert service.tokens(0).tolist() == seq
     service.close()
     alone.close()
+
 
 
 STEADY_BAD: list[tuple[Any, type[BaseException], str]] = [  # (the step's rows spoilt, error, what it names)
@@ -847,7 +849,7 @@ def test_a_row_without_a_state_drafts_as_without_a_model(replica_source, eval_pr
     assert [d.token_ids[0] for d in got.drafts] == picks
     with pytest.raises(TypeError, match="C-ordered float32"):
         service.step(rows, [8] * len(rows), states=states.astype(np.float64))
-    with pytest.raises(ValueError, match=rf"one next-state estimate per row: \({len(rows)}, 8\)"):
+    with pytest.raises(ValueError, match=rf"one state per row: \({len(rows)}, 8\)"):
         service.step(rows, [8] * len(rows), states=states[:2])
     with pytest.raises(ValueError, match="no model is set"):
         alone.step(rows, [8] * len(rows), states=states)
@@ -857,3 +859,47 @@ def test_a_row_without_a_state_drafts_as_without_a_model(replica_source, eval_pr
         service.set_model(lm_head, cal)
     service.close()
     alone.close()
+
+
+def test_a_head_in_the_core_reads_each_state_with_the_rows_bonus_token(replica_source, eval_prompts):
+    """A drafter given a draft head drafts from each row's state exactly as one without a head drafts from the head's
+    estimate of that state and the row's last token (the core's forward is the one :meth:`crest_native.Head.estimates`
+    runs), in a step and in a node table; a head of another width is refused."""
+    from drafting import DraftHead
+    from drafting.calibration import Calibration
+    from evaluation.calibrate import stored_suffixes
+
+    rng = np.random.default_rng(1)
+    d, hidden = 8, 12
+    lm_head = rng.normal(size=(VOCAB, d)).astype(np.float32)
+    shapes = {"up": (2 * d, hidden), "up_bias": (hidden,), "down": (hidden, d), "down_bias": (d,),
+              "state_gain": (d,), "token_gain": (d,)}
+    cal = _with_model(Calibration.load(), (0.0, 0.5, 3.0))
+    arrays: dict[str, Any] = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    draft_head = DraftHead(**arrays, calibration=cal, target={})
+    head = draft_head.native(lm_head)  # tied: the embedding is the LM head
+    with_head = DraftingService(replica_source, vocab_size=VOCAB)
+    estimated = DraftingService(replica_source, vocab_size=VOCAB)
+    with_head.set_model(lm_head, cal, head)
+    estimated.set_model(lm_head, cal)
+    prompts = [p.token_ids for p in eval_prompts[:6]]
+    for i, p in enumerate(prompts):
+        with_head.start_request(i, p)
+        estimated.start_request(i, p)
+    rows = list(range(len(prompts)))
+    states = (rng.normal(size=(len(rows), d)) * 4).astype(np.float32)
+    estimates = head.estimates(states, np.array([p[-1] for p in prompts], np.uint32))
+    assert not np.allclose(estimates, states)
+    got = with_head.step(rows, [8] * len(rows), chain=True, states=states)
+    want = estimated.step(rows, [8] * len(rows), chain=True, states=estimates)
+    assert [g.token_ids.tolist() for g in got.drafts] == [w.token_ids.tolist() for w in want.drafts]
+    assert [g.scores.tobytes() for g in got.drafts] == [w.scores.tobytes() for w in want.drafts]
+    for i, p in zip(rows, prompts):
+        cands = stored_suffixes(replica_source, p[-8:])[:1]
+        a = with_head.node_tables(i, cands, None, states[i])[0]
+        b = estimated.node_tables(i, cands, None, estimates[i])[0]
+        assert a.features.tobytes() == b.features.tobytes()
+    with pytest.raises(ValueError, match="head's width is 8, the LM head's 4"):
+        with_head.set_model(np.ascontiguousarray(lm_head[:, :4]), cal, head)
+    with_head.close()
+    estimated.close()

@@ -1,5 +1,6 @@
-"""The draft head's forward (:class:`serving.head.HeadModule`) against its numpy reference, for a trained head read
-back from its file and for one being trained."""
+"""The trainer's forward of the draft head (:class:`evaluation.head_module.HeadModule`) against its oracle
+(``tests/oracle/head.py``, which the native forward is also checked against: tests/drafting/test_head.py), for a
+trained head read back from its file and for one being trained."""
 
 from __future__ import annotations
 
@@ -9,21 +10,10 @@ import numpy as np
 import torch
 
 from drafting import Calibration, DraftHead
-from serving.head import HeadModule
+from evaluation.head_module import HeadModule
+from oracle.head import estimates as reference
 
 V, D, HIDDEN = 64, 16, 24
-
-
-def reference(head: DraftHead, f: np.ndarray, tokens: np.ndarray, embedding: np.ndarray) -> np.ndarray:
-    """The oracle: ``f + down(silu(up([rms(f) * state_gain ; rms(E[x]) * token_gain])))`` in float64 numpy."""
-    def rms(x: np.ndarray) -> np.ndarray:
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-
-    f64 = f.astype(np.float64)
-    x = np.concatenate([rms(f64) * head.state_gain, rms(embedding[tokens].astype(np.float64)) * head.token_gain], 1)
-    h = x @ head.up + head.up_bias
-    h = h / (1.0 + np.exp(-h))
-    return f64 + h @ head.down + head.down_bias
 
 
 def with_model(cal: Calibration) -> Calibration:

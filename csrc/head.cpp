@@ -1,0 +1,154 @@
+#include "head.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CREST_X86 1
+#endif
+
+namespace crest {
+
+namespace {
+
+// y[r, :m] += sum_i x[r, i] * w[i, :m] for r < n, the weights packed in panels of kCols columns (pack): each panel is
+// read once for every kRows rows of the batch, its products summed in registers.
+void accumulate_plain(const float* x, std::size_t k, const float* panels, std::size_t m, std::size_t n, float* y) {
+  float acc[kCols];
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t p = 0; p * kCols < m; ++p) {
+      const float* w = panels + p * k * kCols;
+      std::fill(acc, acc + kCols, 0.0f);
+      for (std::size_t i = 0; i < k; ++i) {
+        const float a = x[r * k + i];
+        for (std::size_t c = 0; c < kCols; ++c) acc[c] += a * w[i * kCols + c];
+      }
+      const std::size_t cols = std::min(kCols, m - p * kCols);
+      for (std::size_t c = 0; c < cols; ++c) y[r * m + p * kCols + c] += acc[c];
+    }
+}
+
+#ifdef CREST_X86
+template <int R>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, std::size_t k, const float* w, float* out) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < k; ++i) {
+    const __m256 w0 = _mm256_loadu_ps(w + i * kCols), w1 = _mm256_loadu_ps(w + i * kCols + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * k + i);
+      acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + r * kCols, acc[r][0]);
+    _mm256_storeu_ps(out + r * kCols + 8, acc[r][1]);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void accumulate_avx2(const float* x, std::size_t k, const float* panels,
+                                                         std::size_t m, std::size_t n, float* y) {
+  alignas(32) float tile[kRows * kCols];
+  for (std::size_t p = 0; p * kCols < m; ++p) {  // each panel from memory once, then from the cache for every rows
+    const float* w = panels + p * k * kCols;
+    for (std::size_t r0 = 0; r0 < n; r0 += kRows) {
+      const std::size_t rows = std::min(kRows, n - r0);
+      const float* xr = x + r0 * k;
+      switch (rows) {
+        case 1: tile_avx2<1>(xr, k, w, tile); break;
+        case 2: tile_avx2<2>(xr, k, w, tile); break;
+        case 3: tile_avx2<3>(xr, k, w, tile); break;
+        default: tile_avx2<4>(xr, k, w, tile); break;
+      }
+      const std::size_t cols = std::min(kCols, m - p * kCols);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) y[(r0 + r) * m + p * kCols + c] += tile[r * kCols + c];
+    }
+  }
+}
+#endif
+
+bool detect_avx2() {
+#ifdef CREST_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+const bool kAvx2 = detect_avx2();
+
+void accumulate(const float* x, std::size_t k, const float* w, std::size_t m, std::size_t n, float* y) {
+#ifdef CREST_X86
+  if (kAvx2) return accumulate_avx2(x, k, w, m, n, y);
+#endif
+  accumulate_plain(x, k, w, m, n, y);
+}
+
+// out[:d] = v / sqrt(mean(v^2) + 1e-6) * gain
+void rms_gain(const float* v, const float* gain, std::size_t d, float* out) {
+  double sum = 0.0;
+  for (std::size_t j = 0; j < d; ++j) sum += static_cast<double>(v[j]) * v[j];
+  const float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(d) + 1e-6));
+  for (std::size_t j = 0; j < d; ++j) out[j] = v[j] * inv * gain[j];
+}
+
+}  // namespace
+
+bool head_uses_avx2() { return kAvx2; }
+
+std::vector<float> pack_panels(const std::vector<float>& w, std::size_t k, std::size_t m) {
+  const std::size_t panels = (m + kCols - 1) / kCols;
+  std::vector<float> out(panels * k * kCols, 0.0f);
+  for (std::size_t p = 0; p < panels; ++p)
+    for (std::size_t i = 0; i < k; ++i)
+      for (std::size_t c = 0; c < kCols && p * kCols + c < m; ++c) out[(p * k + i) * kCols + c] = w[i * m + p * kCols + c];
+  return out;
+}
+
+void Head::pack() {
+  check();
+  up_panels = pack_panels(up, 2 * d, hidden);
+  down_panels = pack_panels(down, hidden, d);
+}
+
+void Head::check() const {
+  const auto need = [](const std::vector<float>& v, std::size_t size, const char* name) {
+    if (v.size() != size)
+      throw std::invalid_argument(std::string("the head's ") + name + " holds " + std::to_string(v.size()) +
+                                  " values, expected " + std::to_string(size) + "; retrain the head");
+  };
+  if (d == 0 || hidden == 0) throw std::invalid_argument("the head is empty; retrain it");
+  need(up, 2 * d * hidden, "up");
+  need(up_bias, hidden, "up_bias");
+  need(down, hidden * d, "down");
+  need(down_bias, d, "down_bias");
+  need(state_gain, d, "state_gain");
+  need(token_gain, d, "token_gain");
+  if (!embedding || vocab == 0) throw std::invalid_argument("the head's token embedding is empty");
+}
+
+void Head::forward(const float* states, const uint32_t* tokens, std::size_t n, float* out,
+                   std::vector<float>& scratch) const {
+  const std::size_t in = 2 * d;
+  scratch.resize(n * (in + hidden));
+  float* x = scratch.data();       // [n, 2d]: the normed state and token, gained
+  float* h = x + n * in;           // [n, hidden]
+  for (std::size_t r = 0; r < n; ++r) {
+    rms_gain(states + r * d, state_gain.data(), d, x + r * in);
+    rms_gain(embedding + static_cast<std::size_t>(tokens[r]) * d, token_gain.data(), d, x + r * in + d);
+    std::copy(up_bias.begin(), up_bias.end(), h + r * hidden);
+  }
+  accumulate(x, in, up_panels.data(), hidden, n, h);
+  for (std::size_t i = 0; i < n * hidden; ++i) h[i] = h[i] / (1.0f + std::exp(-h[i]));  // silu
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t j = 0; j < d; ++j) out[r * d + j] = states[r * d + j] + down_bias[j];
+  accumulate(h, hidden, down_panels.data(), d, n, out);
+}
+
+}  // namespace crest

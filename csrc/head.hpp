@@ -1,0 +1,51 @@
+// The draft head's forward in the step (issue 69): from a row's final-normed hidden state at its last accepted token
+// and its bonus token, an estimate of the next position's state, which scores.hpp's model features read against the
+// LM head. EAGLE's feature-level step (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature
+// Uncertainty", section 3.1) as one residual MLP:
+//
+//   f^ = f + down^T silu(up^T [rms(f) * state_gain ; rms(E[x]) * token_gain] + up_bias) + down_bias
+//
+// with rms(v) = v / sqrt(mean(v^2) + 1e-6). The weights are trained in torch (serving.head.HeadModule, whose
+// autograd the trainer needs) and held here, float32, packed in panels of columns; the core runs it on the step's own
+// thread, every kRows rows of a step in one pass over the weights, their products summed in registers, with AVX2 and
+// FMA where the CPU has them. Its oracle is tests/serving/test_head.py's
+// float64 numpy reference, within float32 rounding (the FMA path rounds once where the plain one rounds twice).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace crest {
+
+constexpr std::size_t kCols = 16;  // a weight panel's columns (two AVX2 vectors)
+constexpr std::size_t kRows = 4;   // rows of the batch summed against a panel at once
+
+struct Head {
+  std::size_t d = 0, hidden = 0;
+  std::vector<float> up;       // [2d, hidden] row-major
+  std::vector<float> up_bias;  // [hidden]
+  std::vector<float> down;     // [hidden, d] row-major
+  std::vector<float> down_bias, state_gain, token_gain;  // [d] each
+  const float* embedding = nullptr;  // [vocab, d] the target's token embedding, borrowed
+  std::size_t vocab = 0;
+  // up and down, packed for the forward (pack): panels of kCols columns, each [rows, kCols] contiguous, zero-padded
+  std::vector<float> up_panels, down_panels;
+
+  // Checks the head (check), then packs up and down into their panels: once, before the first forward.
+  void pack();
+
+  // Throws std::invalid_argument when the arrays do not fit one width d and one hidden width, or the embedding is
+  // empty.
+  void check() const;
+
+  // The estimates of n rows: states [n, d] (row i's state), tokens [n] (its bonus token, < vocab), out [n, d].
+  // scratch is resized as needed (kept by the caller between steps: no allocation in a steady step).
+  void forward(const float* states, const uint32_t* tokens, std::size_t n, float* out,
+               std::vector<float>& scratch) const;
+};
+
+// Whether the forward runs its AVX2 and FMA kernel on this CPU (else the portable one).
+bool head_uses_avx2();
+
+}  // namespace crest
