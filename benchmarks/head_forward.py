@@ -61,11 +61,14 @@ def main(argv: list[str] | None = None) -> None:
         tokens = rng.integers(0, len(embedding), rows).astype(np.uint32)
         ft, tt = torch.from_numpy(f), torch.from_numpy(tokens.astype(np.int64))
 
-        def run_torch() -> None:
+        def run_native(f=f, tokens=tokens) -> None:
+            native.estimates(f, tokens)
+
+        def run_torch(ft=ft, tt=tt) -> None:
             with torch.inference_mode():
                 module(ft, tt).numpy()
 
-        a = _timed(lambda: native.estimates(f, tokens), args.calls, flush)
+        a = _timed(run_native, args.calls, flush)
         b = _timed(run_torch, args.calls, flush)
         print(f"{rows:5d} {np.median(a):11.3f} {np.percentile(a, 99):8.3f} {np.median(a) / rows:8.4f} "
               f"{np.median(b):10.3f} {np.percentile(b, 99):8.3f} {np.median(b) / rows:8.4f}")
