@@ -16,7 +16,7 @@ import numpy as np
 
 from toolkit.options import existing_path, int_in
 
-from ._harness import parser
+from ._harness import finish, parser
 
 
 def _timed(call, calls: int, flush: np.ndarray | None) -> np.ndarray:
@@ -30,14 +30,8 @@ def _timed(call, calls: int, flush: np.ndarray | None) -> np.ndarray:
     return out * 1e3
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = parser(__doc__, refs=False)
-    ap.add_argument("--head", type=existing_path, default=None, help="a head file (default: the shipped one).")
-    ap.add_argument("--rows", type=int_in(1), nargs="+", default=[1, 8, 32], help="rows a step (default: 1 8 32).")
-    ap.add_argument("--calls", type=int_in(10), default=2000, help="calls timed per figure (default: 2000).")
-    ap.add_argument("--flush-mb", type=int_in(0), default=0, help="MiB read between two calls (default: 0).")
-    args = ap.parse_args(argv)
-
+def measure(args) -> dict:
+    """Time both forwards at each of ``args.rows``."""
     import torch
 
     import crest_native
@@ -52,10 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     native, module = head.native(embedding), HeadModule.of(head, torch.from_numpy(embedding))
     flush = np.ones(args.flush_mb * 2**18, np.float32) if args.flush_mb else None
     rng = np.random.default_rng(0)
-    print(f"head {head.width} -> {head.up.shape[1]} -> {head.width}; native kernel: "
-          f"{'AVX2+FMA' if crest_native.Head.avx2 else 'portable'}; torch threads {torch.get_num_threads()}; "
-          f"flush {args.flush_mb} MiB")
-    print(f"{'rows':>5s} {'native p50':>11s} {'p99':>8s} {'/row':>8s} {'torch p50':>10s} {'p99':>8s} {'/row':>8s}")
+    doc: dict = {"width": head.width, "hidden": int(head.up.shape[1]), "flush_mb": args.flush_mb,
+                 "kernel": "AVX2+FMA" if crest_native.Head.avx2 else "portable",
+                 "torch_threads": torch.get_num_threads(), "rows": []}
     for rows in args.rows:
         f = (rng.normal(size=(rows, head.width)) * 3).astype(np.float32)
         tokens = rng.integers(0, len(embedding), rows).astype(np.uint32)
@@ -68,10 +61,31 @@ def main(argv: list[str] | None = None) -> None:
             with torch.inference_mode():
                 module(ft, tt).numpy()
 
-        a = _timed(run_native, args.calls, flush)
-        b = _timed(run_torch, args.calls, flush)
-        print(f"{rows:5d} {np.median(a):11.3f} {np.percentile(a, 99):8.3f} {np.median(a) / rows:8.4f} "
-              f"{np.median(b):10.3f} {np.percentile(b, 99):8.3f} {np.median(b) / rows:8.4f}")
+        times = {"native": _timed(run_native, args.calls, flush), "torch": _timed(run_torch, args.calls, flush)}
+        figures = {name: {"p50_ms": float(np.median(t)), "p99_ms": float(np.percentile(t, 99))}
+                   for name, t in times.items()}
+        doc["rows"].append({"rows": rows, **figures})
+    return doc
+
+
+def report(doc: dict) -> None:
+    print(f"head {doc['width']} -> {doc['hidden']} -> {doc['width']}; native kernel: {doc['kernel']}; torch threads "
+          f"{doc['torch_threads']}; flush {doc['flush_mb']} MiB")
+    print(f"{'rows':>5s} {'native p50':>11s} {'p99':>8s} {'/row':>8s} {'torch p50':>10s} {'p99':>8s} {'/row':>8s}")
+    for r in doc["rows"]:
+        a, b, n = r["native"], r["torch"], r["rows"]
+        print(f"{n:5d} {a['p50_ms']:11.3f} {a['p99_ms']:8.3f} {a['p50_ms'] / n:8.4f} "
+              f"{b['p50_ms']:10.3f} {b['p99_ms']:8.3f} {b['p50_ms'] / n:8.4f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, out="head_forward.json", refs=False)
+    ap.add_argument("--head", type=existing_path, default=None, help="a head file (default: the shipped one).")
+    ap.add_argument("--rows", type=int_in(1), nargs="+", default=[1, 8, 32], help="rows a step (default: 1 8 32).")
+    ap.add_argument("--calls", type=int_in(10), default=2000, help="calls timed per figure (default: 2000).")
+    ap.add_argument("--flush-mb", type=int_in(0), default=0, help="MiB read between two calls (default: 0).")
+    args = ap.parse_args(argv)
+    finish(args, lambda: measure(args), report, "rows")
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ def run(args) -> dict:
     tok = target.tokenizer
     refs = {name: load_references(name, args.references, tokenizer=tok) for name in SETS}
     fit = [r for name in SETS for r in half(refs[name], "fit")]
-    work = Path(cache_dir()) / "head_context" / f"{args.tokens}-{args.dtype}"
+    work = args.work or Path(cache_dir()) / "head_context" / f"{args.tokens}-{args.dtype}"
     parts = {"fit": [_sequence(r) for r in fit], "sharegpt": _sharegpt(tok, args.tokens)}
     about = {"target": target.spec, "tokens": args.tokens, "fit": [r.id for r in fit], "dtype": args.dtype}
     sets = [extract(teacher, seqs, work / part, about={**about, "part": part}) for part, seqs in parts.items()]
@@ -225,6 +225,8 @@ def build_parser():
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
                     help="the target's dtype for the training features (default: bfloat16).")
     ap.add_argument("--skip-mlp", action="store_true", help="train no head of the shipped form.")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="the feature sets' folder (default: <CREST_CACHE>/head_context/<tokens>-<dtype>).")
     ap.add_argument("--save", type=Path, default=None, help="a folder to save the context heads' weights in.")
     ap.add_argument("--out", type=Path, default=RESULTS / "head_context.json",
                     help="the report, JSON (default: results/head_context.json).")

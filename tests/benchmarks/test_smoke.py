@@ -142,6 +142,14 @@ def test_proposer_step(database_url, chat_datastore, references):
     assert all(int(m[3]) > 0 and float(m[4]) > 0 and float(m[5]) >= 1 for m in rows)
 
 
+def test_head_forward(tmp_path):
+    out = _run("head_forward", "--rows", "1", "3", "--calls", "10", "--flush-mb", "1", "--out", tmp_path / "h.json",
+               url="")
+    rows = printed(out, r"^ +(\d+) +([\d.]+) +[\d.]+ +[\d.]+ +([\d.]+) +[\d.]+ +[\d.]+$")
+    assert [m[1] for m in rows] == ["1", "3"] and all(float(m[2]) > 0 and float(m[3]) > 0 for m in rows)
+    assert [r["rows"] for r in json.loads((tmp_path / "h.json").read_text())["rows"]] == [1, 3]
+
+
 @pytest.mark.slow
 def test_replica_memory(database_url, chat_datastore, references):
     out = _run("replica_memory", "--processes", "2", "--datastores", "sharegpt", "--datastore", chat_datastore,

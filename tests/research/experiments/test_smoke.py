@@ -99,3 +99,15 @@ def test_model_state_headroom(database_url, chat_datastore, references, tmp_path
         assert all(1 <= got[r]["accept_length"] <= best + 1e-9 for r in ("shipped", "head", "true state")), name
         assert got["true state"]["argmax_right"] == pytest.approx(got["union"]["any_right"], abs=0.02), name
     assert len(printed(out, r"^(spec_bench|humaneval): the union offers [\d.]+ first tokens")) == 2
+
+
+def test_head_context(database_url, references, tmp_path):
+    out = run_script("research.experiments.head_context", "--references", references, "--minutes", "0.1", "--windows",
+                     "1", "2", "--tokens", "600", "--segment", "16", "--work", tmp_path / "work", "--out",
+                     tmp_path / "hc.json", url=database_url)
+    assert printed(out, r"features: [\d,]+ positions")
+    heads = json.loads((tmp_path / "hc.json").read_text())["heads"]
+    assert list(heads) == ["mlp (shipped form)", "context W=1", "context W=2"]
+    sets = ("spec_bench", "humaneval")
+    assert all(0 <= row[s] <= 1 and row["steps"] > 0 for row in heads.values() for s in sets)
+    assert all(0 <= heads[h][f"{s} decode only"] <= 1 for h in ("context W=1", "context W=2") for s in sets)
