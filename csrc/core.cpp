@@ -260,9 +260,11 @@ void Core::estimate(const std::vector<Handle>& handles, const float* states, con
   z_.head_in.clear();
   for (std::size_t i = 0; i < handles.size(); ++i) {
     const Request* r = find(handles[i]);
-    if (!has_state[i] || !r || r->tokens.empty()) continue;
+    // a row whose last token has no embedding row (an engine vocabulary wider than the head's) is scored without
+    // an estimate, as a row without a state
+    if (!has_state[i] || !r || r->tokens.empty() || r->tokens.back() >= head_->vocab) continue;
     z_.at[i] = static_cast<int64_t>(z_.bonus.size());
-    z_.bonus.push_back(r->tokens.back() < head_->vocab ? r->tokens.back() : 0);
+    z_.bonus.push_back(r->tokens.back());
     z_.head_in.insert(z_.head_in.end(), states + i * d, states + (i + 1) * d);
   }
   z_.estimates.resize(z_.head_in.size());
@@ -502,6 +504,9 @@ void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out,
     const uint8_t has = 1;
     estimate({h}, state, &has);
     state = estimate_of(0, state);
+    if (!state)
+      throw std::invalid_argument("the request's last token has no row in the head's embedding: pass the embedding of "
+                                  "the vocabulary the request's tokens come from");
   }
   gather(*r, given, options_.match_nodes);
   out.clear();

@@ -175,7 +175,8 @@ class Core {
   // calibration that weighs the model features beside the others (kNumFeatures + kNumModelFeatures weights, the same
   // prior), and the draft head (head.hpp; nullptr: none). A row given a state is scored with it: with a head, the state
   // is the target's at the row's last accepted token and the head's estimate from it and the row's last token (its
-  // bonus token) is read; without one, the state given is read as the next-state estimate itself. Any other row is
+  // bonus token) is read (a row whose last token has no row in the head's embedding is scored as one without a
+  // state); without one, the state given is read as the next-state estimate itself. Any other row is
   // scored with the core's calibration, as before. Throws std::invalid_argument for another number of weights or
   // prior, an empty LM head, or a head of another width or a malformed one.
   void set_model(Calibration with_model, ModelView view, std::shared_ptr<const Head> head = nullptr);

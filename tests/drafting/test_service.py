@@ -901,5 +901,13 @@ def test_a_head_in_the_core_reads_each_state_with_the_rows_bonus_token(replica_s
         assert a.features.tobytes() == b.features.tobytes()
     with pytest.raises(ValueError, match="head's width is 8, the LM head's 4"):
         with_head.set_model(np.ascontiguousarray(lm_head[:, :4]), cal, head)
+    # a head whose embedding holds no row for a row's last token: that row is drafted as one without a state
+    assert all(p[-1] > 0 for p in prompts)
+    with_head.set_model(lm_head, cal, draft_head.native(np.ascontiguousarray(lm_head[:1])))
+    got = with_head.step(rows, [8] * len(rows), chain=True, states=states)
+    want = estimated.step(rows, [8] * len(rows), chain=True)
+    assert [g.token_ids.tolist() for g in got.drafts] == [w.token_ids.tolist() for w in want.drafts]
+    with pytest.raises(ValueError, match="no row in the head's embedding"):
+        with_head.node_tables(0, stored_suffixes(replica_source, prompts[0][-8:])[:1], None, states[0])
     with_head.close()
     estimated.close()
