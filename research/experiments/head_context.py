@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks._harness import RESULTS, parser
+from benchmarks._harness import finish, parser
 from toolkit.options import float_in, int_in
 
 
@@ -216,7 +216,7 @@ def run(args) -> dict:
 
 
 def build_parser():
-    ap = parser(__doc__)
+    ap = parser(__doc__, out="head_context.json")
     ap.add_argument("--minutes", type=float_in(0.1), default=8.0, help="training minutes per head (default: 8).")
     ap.add_argument("--windows", type=int_in(1), nargs="+", default=[1, 16],
                     help="context windows to train (default: 1 16).")
@@ -228,17 +228,21 @@ def build_parser():
     ap.add_argument("--work", type=Path, default=None,
                     help="the feature sets' folder (default: <CREST_CACHE>/head_context/<tokens>-<dtype>).")
     ap.add_argument("--save", type=Path, default=None, help="a folder to save the context heads' weights in.")
-    ap.add_argument("--out", type=Path, default=RESULTS / "head_context.json",
-                    help="the report, JSON (default: results/head_context.json).")
     return ap
+
+
+def print_table(report: dict) -> None:
+    """Each head's top-1 over the vocabulary, per set."""
+    print(f"{'head':<20s} {'steps':>6s} {'spec_bench':>11s} {'humaneval':>10s}  decode only")
+    for name, row in report["heads"].items():
+        only = " / ".join(f"{row[f'{s} decode only']:.1%}" for s in ("spec_bench", "humaneval")
+                          if f"{s} decode only" in row)
+        print(f"{name:<20s} {row['steps']:6d} {row['spec_bench']:11.1%} {row['humaneval']:10.1%}  {only}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    report = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(json.dumps(report, indent=1))
+    finish(args, lambda: run(args), print_table, "heads")
 
 
 if __name__ == "__main__":
