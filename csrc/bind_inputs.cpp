@@ -86,7 +86,7 @@ void bind_inputs(nb::module_& m) {
   nb::class_<HeadHandle>(m, "Head")
       .def("__init__", &head_init, "up"_a, "up_bias"_a, "down"_a, "down_bias"_a, "state_gain"_a, "token_gain"_a,
            "embedding"_a)
-      .def("estimates", &head_estimates, "states"_a, "tokens"_a)
+      .def("estimates", &head_estimates, "states"_a.noconvert(), "tokens"_a.noconvert())  // float32, uint32: no copy
       .def_prop_ro("width", [](const HeadHandle& h) { return h.head->d; })
       .def_prop_ro("hidden", [](const HeadHandle& h) { return h.head->hidden; })
       .def_prop_ro_static("avx2", [](nb::handle) { return crest::head_uses_avx2(); });

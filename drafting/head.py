@@ -13,6 +13,7 @@ calibration alone.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,7 +125,7 @@ class DraftHead:
             with np.load(path, allow_pickle=False) as z:
                 record = json.loads(str(z["record"]))
                 arrays = {name: z[name].astype(np.float32) for name in _ARRAYS}
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:  # a truncated file is no zip
             raise ValueError(f"{path} is not a draft head file ({e}); retrain it with python -m evaluation "
                              "train-head") from e
         if record.get("format") != FORMAT:

@@ -48,6 +48,11 @@ def test_a_bad_head_is_refused_naming_the_fix(tmp_path):
     lm_head = np.ones((V, D), np.float32)
     with pytest.raises(FileNotFoundError, match="python -m evaluation train-head"):
         DraftHead.load(tmp_path / "none.npz")
+    h0 = head(np.ones((V, D), np.float32))
+    h0.save(tmp_path / "whole.npz")
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:200])  # a truncated file
+    with pytest.raises(ValueError, match="not a draft head file.*train-head"):
+        DraftHead.load(tmp_path / "cut.npz")
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
     with pytest.raises(ValueError, match="not a draft head file.*train-head"):
         DraftHead.load(tmp_path / "other.npz")
@@ -94,3 +99,7 @@ def test_the_native_head_refuses_what_does_not_fit():
         native.estimates(np.ones((1, D), np.float32), np.array([V], np.uint32))
     with pytest.raises(ValueError, match="one bonus token per state"):
         native.estimates(np.ones((2, D), np.float32), np.array([1], np.uint32))
+    with pytest.raises(TypeError):  # float32 states and uint32 tokens only: nothing is converted
+        native.estimates(np.ones((1, D), np.float64), np.array([1], np.uint32))
+    with pytest.raises(TypeError):
+        native.estimates(np.ones((1, D), np.float32), np.array([-1], np.int64))
