@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -14,17 +15,17 @@ namespace crest {
 
 namespace {
 
-// y[r, :m] += sum_i x[r, i] * w[i, :m] for r < n, the weights packed in panels of kCols columns (pack): each panel is
-// read once for every kRows rows of the batch, its products summed in registers.
-void accumulate_plain(const float* x, std::size_t k, const float* panels, std::size_t m, std::size_t n, float* y) {
+// y[r, :m] += sum_i x[r, i] * w[i, :m] for r < n, the weights packed in binary16 panels of kCols columns (pack):
+// each panel is read once for every kRows rows of the batch, its products summed in float32 registers.
+void accumulate_plain(const float* x, std::size_t k, const uint16_t* panels, std::size_t m, std::size_t n, float* y) {
   float acc[kCols];
   for (std::size_t r = 0; r < n; ++r)
     for (std::size_t p = 0; p * kCols < m; ++p) {
-      const float* w = panels + p * k * kCols;
+      const uint16_t* w = panels + p * k * kCols;
       std::fill(acc, acc + kCols, 0.0f);
       for (std::size_t i = 0; i < k; ++i) {
         const float a = x[r * k + i];
-        for (std::size_t c = 0; c < kCols; ++c) acc[c] += a * w[i * kCols + c];
+        for (std::size_t c = 0; c < kCols; ++c) acc[c] += a * from_half(w[i * kCols + c]);
       }
       const std::size_t cols = std::min(kCols, m - p * kCols);
       for (std::size_t c = 0; c < cols; ++c) y[r * m + p * kCols + c] += acc[c];
@@ -33,11 +34,12 @@ void accumulate_plain(const float* x, std::size_t k, const float* panels, std::s
 
 #ifdef CREST_X86
 template <int R>
-__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, std::size_t k, const float* w, float* out) {
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const float* x, std::size_t k, const uint16_t* w, float* out) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (std::size_t i = 0; i < k; ++i) {
-    const __m256 w0 = _mm256_loadu_ps(w + i * kCols), w1 = _mm256_loadu_ps(w + i * kCols + 8);
+  for (std::size_t i = 0; i < k; ++i) {  // a panel row: 16 halves, widened to two vectors of 8 floats
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i * kCols)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i * kCols + 8)));
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * k + i);
       acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
@@ -50,11 +52,11 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, std::size_t k
   }
 }
 
-__attribute__((target("avx2,fma"))) void accumulate_avx2(const float* x, std::size_t k, const float* panels,
-                                                         std::size_t m, std::size_t n, float* y) {
+__attribute__((target("avx2,fma,f16c"))) void accumulate_avx2(const float* x, std::size_t k, const uint16_t* panels,
+                                                              std::size_t m, std::size_t n, float* y) {
   alignas(32) float tile[kRows * kCols];
   for (std::size_t p = 0; p * kCols < m; ++p) {  // each panel from memory once, then from the cache for every rows
-    const float* w = panels + p * k * kCols;
+    const uint16_t* w = panels + p * k * kCols;
     for (std::size_t r0 = 0; r0 < n; r0 += kRows) {
       const std::size_t rows = std::min(kRows, n - r0);
       const float* xr = x + r0 * k;
@@ -75,7 +77,7 @@ __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* x, std::si
 bool detect_avx2() {
 #ifdef CREST_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif
@@ -83,7 +85,7 @@ bool detect_avx2() {
 
 const bool kAvx2 = detect_avx2();
 
-void accumulate(const float* x, std::size_t k, const float* w, std::size_t m, std::size_t n, float* y) {
+void accumulate(const float* x, std::size_t k, const uint16_t* w, std::size_t m, std::size_t n, float* y) {
 #ifdef CREST_X86
   if (kAvx2) return accumulate_avx2(x, k, w, m, n, y);
 #endif
@@ -102,12 +104,48 @@ void rms_gain(const float* v, const float* gain, std::size_t d, float* out) {
 
 bool head_uses_avx2() { return kAvx2; }
 
-std::vector<float> pack_panels(const std::vector<float>& w, std::size_t k, std::size_t m) {
+uint16_t to_half(float value) {
+  uint32_t f;
+  std::memcpy(&f, &value, sizeof f);
+  const uint32_t sign = (f >> 16) & 0x8000u, bits = f & 0x7fffffffu;
+  if (bits >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (bits > 0x7f800000u ? 0x200u : 0u));
+  if (bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: infinity
+  if (bits < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), rounded to nearest even
+    if (bits < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t mant = (bits & 0x7fffffu) | 0x800000u, shift = 126u - (bits >> 23);  // 14..24
+    const uint32_t half = mant >> shift, rest = mant & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
+    return static_cast<uint16_t>(sign | (half + (rest > mid || (rest == mid && (half & 1u)))));
+  }
+  const uint32_t half = ((bits - 0x38000000u) >> 13), rest = bits & 0x1fffu;  // rebias the exponent, keep 10 bits
+  return static_cast<uint16_t>(sign | (half + (rest > 0x1000u || (rest == 0x1000u && (half & 1u)))));
+}
+
+float from_half(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16, exp = (half >> 10) & 0x1fu, mant = half & 0x3ffu;
+  uint32_t f;
+  if (exp == 0x1fu) {
+    f = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    f = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    f = sign;
+  } else {  // subnormal: normalise
+    uint32_t e = 113u, m = mant;
+    while (!(m & 0x400u)) m <<= 1, --e;
+    f = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float out;
+  std::memcpy(&out, &f, sizeof out);
+  return out;
+}
+
+std::vector<uint16_t> pack_panels(const std::vector<float>& w, std::size_t k, std::size_t m) {
   const std::size_t panels = (m + kCols - 1) / kCols;
-  std::vector<float> out(panels * k * kCols, 0.0f);
+  std::vector<uint16_t> out(panels * k * kCols, 0);
   for (std::size_t p = 0; p < panels; ++p)
     for (std::size_t i = 0; i < k; ++i)
-      for (std::size_t c = 0; c < kCols && p * kCols + c < m; ++c) out[(p * k + i) * kCols + c] = w[i * m + p * kCols + c];
+      for (std::size_t c = 0; c < kCols && p * kCols + c < m; ++c)
+        out[(p * k + i) * kCols + c] = to_half(w[i * m + p * kCols + c]);
   return out;
 }
 

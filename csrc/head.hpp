@@ -5,11 +5,13 @@
 //
 //   f^ = f + down^T silu(up^T [rms(f) * state_gain ; rms(E[x]) * token_gain] + up_bias) + down_bias
 //
-// with rms(v) = v / sqrt(mean(v^2) + 1e-6). The weights are trained in torch (serving.head.HeadModule, whose
-// autograd the trainer needs) and held here, float32, packed in panels of columns; the core runs it on the step's own
-// thread, every kRows rows of a step in one pass over the weights, their products summed in registers, with AVX2 and
-// FMA where the CPU has them. Its oracle is tests/serving/test_head.py's
-// float64 numpy reference, within float32 rounding (the FMA path rounds once where the plain one rounds twice).
+// with rms(v) = v / sqrt(mean(v^2) + 1e-6). The weights are trained in torch (evaluation.head_module.HeadModule, whose
+// autograd the trainer needs) and held here packed in panels of columns, up and down in half precision (IEEE
+// binary16, as the head's file stores them: a head loaded from its file computes exactly what float32 panels would,
+// from half the memory an engine's forward pass has flushed from the caches); the core runs it on the step's own
+// thread, every kRows rows of a step in one pass over the weights, their products summed in float32 registers, with
+// AVX2, FMA and F16C where the CPU has them. Its oracle is tests/oracle/head.py's float64 numpy reference over the
+// half-precision weights, within float32 rounding (the FMA path rounds once where the plain one rounds twice).
 #pragma once
 
 #include <cstddef>
@@ -29,8 +31,9 @@ struct Head {
   std::vector<float> down_bias, state_gain, token_gain;  // [d] each
   const float* embedding = nullptr;  // [vocab, d] the target's token embedding, borrowed
   std::size_t vocab = 0;
-  // up and down, packed for the forward (pack): panels of kCols columns, each [rows, kCols] contiguous, zero-padded
-  std::vector<float> up_panels, down_panels;
+  // up and down, packed for the forward (pack): panels of kCols columns, each [rows, kCols] contiguous, zero-padded,
+  // in binary16 (each weight rounded to nearest, ties to even)
+  std::vector<uint16_t> up_panels, down_panels;
 
   // Checks the head (check), then packs up and down into their panels: once, before the first forward.
   void pack();
@@ -45,7 +48,12 @@ struct Head {
                std::vector<float>& scratch) const;
 };
 
-// Whether the forward runs its AVX2 and FMA kernel on this CPU (else the portable one).
+// Whether the forward runs its AVX2, FMA and F16C kernel on this CPU (else the portable one).
 bool head_uses_avx2();
+
+// IEEE binary16 <-> float32: to_half rounds to nearest, ties to even (overflow to infinity, NaN kept NaN); from_half is
+// exact.
+uint16_t to_half(float value);
+float from_half(uint16_t half);
 
 }  // namespace crest

@@ -23,14 +23,15 @@ import crest_native
 
 from .calibration import Calibration
 
-__all__ = ["DEFAULT_HEAD", "DraftHead"]
+__all__ = ["DEFAULT_HEAD", "WEIGHTS", "DraftHead", "row_norms"]
 
 DEFAULT_HEAD = Path(__file__).with_name("data") / "head.npz"
 """The head shipped for the default target (SmolLM2-135M-Instruct), where one was trained and is small."""
 
 FORMAT = 1
 """The head file's format version (:meth:`DraftHead.save`)."""
-_ARRAYS = ("up", "up_bias", "down", "down_bias", "state_gain", "token_gain")
+WEIGHTS = ("up", "up_bias", "down", "down_bias", "state_gain", "token_gain")
+"""The names of a head's weight arrays, as :class:`DraftHead` takes them and its file holds them."""
 
 
 def row_norms(lm_head: np.ndarray, rows: int = 16) -> list[float]:
@@ -66,7 +67,7 @@ class DraftHead:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in _ARRAYS:
+        for name in WEIGHTS:
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.float32))
         d, hidden = self.width, self.up.shape[1]
         shapes = {"up": (2 * d, hidden), "up_bias": (hidden,), "down": (hidden, d), "down_bias": (d,),
@@ -92,7 +93,8 @@ class DraftHead:
 
     def native(self, embedding: np.ndarray) -> crest_native.Head:
         """The head as the native core runs it (:meth:`drafting.DraftingService.set_model`'s ``head``): its weights
-        copied, ``embedding`` (the target's ``[vocab, d]`` float32 token embedding, C order) read in place and kept
+        copied (``up`` and ``down`` rounded to float16, as its file stores them: a head read from its file runs
+        exactly), ``embedding`` (the target's ``[vocab, d]`` float32 token embedding, C order) read in place and kept
         alive by it. ``Head.estimates(states [n, d] float32, tokens [n] uint32)`` gives ``[n, d]`` float32.
 
         Raises:
@@ -108,7 +110,7 @@ class DraftHead:
                   "meta": self.meta}
         with open(path, "wb") as f:
             np.savez_compressed(f, record=np.array(json.dumps(record)),
-                                **{name: getattr(self, name).astype(np.float16) for name in _ARRAYS})
+                                **{name: getattr(self, name).astype(np.float16) for name in WEIGHTS})
 
     @classmethod
     def load(cls, path: str | Path) -> DraftHead:
@@ -124,7 +126,7 @@ class DraftHead:
         try:
             with np.load(path, allow_pickle=False) as z:
                 record = json.loads(str(z["record"]))
-                arrays = {name: z[name].astype(np.float32) for name in _ARRAYS}
+                arrays = {name: z[name].astype(np.float32) for name in WEIGHTS}
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:  # a truncated file is no zip
             raise ValueError(f"{path} is not a draft head file ({e}); retrain it with python -m evaluation "
                              "train-head") from e
