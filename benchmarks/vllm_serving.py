@@ -53,6 +53,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -651,7 +652,8 @@ def measure(args) -> dict:
     for c, rnd, (m, variant) in schedule(runs, args.concurrency, args.repeats):
         label = m + variant_label(variant)
         suffix = f"_r{rnd}" if args.repeats > 1 else ""
-        out = args.out.with_name(f"{args.out.stem}_{label.replace(',', '_').replace(':', '_')}_c{c}{suffix}.json")
+        safe = re.sub(r"[^A-Za-z0-9._=\[\]-]", "_", label)  # a variant's value may be a path
+        out = args.out.with_name(f"{args.out.stem}_{safe}_c{c}{suffix}.json")
         if args.resume and out.exists():
             results.append(json.loads(out.read_text()))
             continue
