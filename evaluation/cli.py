@@ -4,7 +4,9 @@
 - ``calibrate``: the calibrated node scores, fitted on the fit half, reported on the other
 (:mod:`evaluation.calibrate`);
 - ``choose-k``: the proposer's ``k`` and probability floor, by replay (:mod:`evaluation.choose_k`);
-- ``train-head``: the draft head over the target's own state, and its calibration (:mod:`evaluation.train_head`).
+- ``train-head``: the draft head over the target's own state, and its calibration (:mod:`evaluation.train_head`);
+- ``head-pack``: what a GPU machine trains the head from at scale (:mod:`evaluation.head_pack`,
+  ``evaluation/head_gpu.py``).
 
 Each reads the saved references (``--references``) and refuses a datastore whose corpus holds a prompt it scores.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import calibrate, choose_k, greedy, train_head
+from . import calibrate, choose_k, greedy, head_pack, train_head
 from .references import REFERENCES
 
 __all__ = ["build_parser", "main"]
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the saved greedy references (default: %(default)s).")
     p = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n\n")[0].split("``: ")[1])
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (greedy, calibrate, choose_k, train_head):
+    for module in (greedy, calibrate, choose_k, train_head, head_pack):
         module.add_parser(sub, [references])
     return p
 

@@ -7,18 +7,20 @@ feature-level step (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethin
 3.1), S4C's head 1 (He et al. 2025, section 3.1.1), as one residual MLP instead of a decoder layer. The trainer
 (:mod:`evaluation.head_training`) fits it with autograd; in the step the native core runs the same forward
 (:meth:`drafting.DraftHead.native`, ``csrc/head.hpp``), both checked against ``tests/oracle/head.py``. The weights and
-their calibration are a :class:`drafting.DraftHead`. Needs torch (the ``hf`` extra).
+their calibration are a :class:`drafting.DraftHead`. Needs torch (the ``hf`` extra); imports nothing of the project,
+so that ``evaluation/head_gpu.py`` runs it on a GPU machine without the project installed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from drafting import DraftHead
+if TYPE_CHECKING:  # a type only: the GPU trainer (evaluation/head_gpu.py) runs this file without the project installed
+    from drafting import DraftHead
 
 __all__ = ["HeadModule"]
 
@@ -74,6 +76,6 @@ class HeadModule(nn.Module):
     def arrays(self) -> dict[str, Any]:
         """The weights as :class:`drafting.DraftHead` takes them (``up`` as ``[2d, hidden]``)."""
         def a(t: torch.Tensor) -> np.ndarray:
-            return t.detach().float().numpy().copy()
+            return t.detach().float().cpu().numpy().copy()
         return {"up": a(self.up.weight.T), "up_bias": a(self.up.bias), "down": a(self.down.weight.T),
                 "down_bias": a(self.down.bias), "state_gain": a(self.state_gain), "token_gain": a(self.token_gain)}

@@ -12,6 +12,9 @@ write it.
    Steps 3 and 4 read the target in float32, as an engine serving it in float32 does.
 4. The report halves: the head's top-1 against the target's greedy token over the vocabulary, and among the
    union's depth-1 candidates where the union offers any.
+
+With ``--weights``, steps 1 and 2 are skipped: the head's weights come from a file, such as one the GPU trainer
+wrote (``evaluation/head_gpu.py``, on ``python -m evaluation head-pack``'s pack), and steps 3 and 4 run here.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from .references import Reference, half, load_references
 __all__ = ["add_parser"]
 
 SETS = ("spec_bench", "humaneval")
+TRAINING = {"tokens": 200_000, "minutes": 10.0, "dtype": "float32", "hidden": 1024, "work": None}
+"""The options of training here, with their defaults: ``--weights`` takes none of them."""
 
 
 def add_parser(sub, parents: list) -> None:
@@ -45,42 +50,113 @@ def add_parser(sub, parents: list) -> None:
     ap.add_argument("--out", type=Path, default=Path("head.npz"),
                     help="where the head goes (default: %(default)s; CREST_HEAD names the file a proposer reads; "
                          "the shipped one is drafting/data/head.npz).")
-    ap.add_argument("--tokens", type=int_in(0), default=200_000,
-                    help="ShareGPT tokens the target is run over beside the fit halves (default: %(default)s, the "
-                         "shipped head's; about 300 a second on two CPU cores in fp32).")
-    ap.add_argument("--minutes", type=float_in(0.1), default=10.0, help="training time (default: %(default)s).")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+    ap.add_argument("--tokens", type=int_in(0), default=TRAINING["tokens"],
+                    help="ShareGPT tokens the target is run over beside the fit halves (default: %(default)s; about "
+                         "300 a second on two CPU cores in fp32).")
+    ap.add_argument("--minutes", type=float_in(0.1), default=TRAINING["minutes"],
+                    help="training time (default: %(default)s).")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=TRAINING["dtype"],
                     help="the target's dtype while it computes the training features (default: %(default)s; bfloat16 "
                          "ran 1.8x faster on an AMD EPYC with bf16 units; the features are kept in float16 either "
                          "way). The calibration and the report read it in float32.")
-    ap.add_argument("--hidden", type=int_in(1), default=1024, help="the head's MLP width (default: %(default)s).")
+    ap.add_argument("--hidden", type=int_in(1), default=TRAINING["hidden"],
+                    help="the head's MLP width (default: %(default)s).")
+    ap.add_argument("--weights", type=Path, default=None,
+                    help="a trained head's weights (.npz: up, up_bias, down, down_bias, state_gain, token_gain, as "
+                         "evaluation/head_gpu.py writes them; its run.json beside it is kept in the head's record): "
+                         "no features are extracted and nothing is trained here (the training options are refused).")
     ap.add_argument("--work", type=Path, default=None,
                     help="the feature sets' folder (default: <CREST_CACHE>/heads/<digest of what they hold>).")
     ap.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    """Extract, train, stack, report, write."""
-    from tqdm import tqdm
+    """Extract and train (or read ``--weights``), stack, report, write.
 
+    Raises:
+        ValueError: for ``--weights`` with a training option, or weights that do not fit the target.
+        FileNotFoundError: for ``--weights`` that does not exist.
+    """
+    given = [f"--{k}" for k, v in TRAINING.items() if getattr(args, k) != v]
+    if args.weights is not None and given:
+        raise ValueError(f"--weights takes a head trained elsewhere, {' '.join(given)} trains one here; drop one")
+    if args.weights is not None and not args.weights.is_file():
+        raise FileNotFoundError(f"--weights {args.weights} does not exist; pass the head_<width>.npz "
+                                "evaluation/head_gpu.py wrote")
     from crest_native import MODEL_FEATURES
     from datastore.connection import resolve_database_url
     from decoder.model import load_target
     from drafting import Calibration, DraftHead
     from drafting.head import row_norms
-    from toolkit.tokenizer import cache_dir
 
     from .contamination import require_clean
-    from .features import extract, target_weights
-    from .head_training import Pairs, TrainSettings, train_head
+    from .features import target_weights
 
     t0 = time.perf_counter()
     target = load_target(None, device="cpu")
-    teacher = target if args.dtype == "float32" else load_target(None, device="cpu", dtype=args.dtype)
     tok = target.tokenizer
     refs = {name: load_references(name, args.references, tokenizer=tok) for name in SETS}
     for name, store in zip(SETS, (args.datastore, args.code_datastore)):  # no corpus may hold a prompt fitted on
         require_clean(resolve_database_url(None), store, name, [r.id for r in refs[name]])
+    embedding, lm = (w.float().contiguous() for w in target_weights(target))
+    if args.weights is not None:
+        arrays, trained = _weights(args.weights, embedding.shape[1])
+        known: dict = {}
+    else:
+        arrays, trained, known = _train(args, target, refs, embedding, lm, t0)
+    lm_np = np.ascontiguousarray(lm.numpy())
+    base = Calibration.load() if args.calibration is None else Calibration.load(args.calibration)
+    target_info = {"vocab_size": int(lm.shape[0]), "hidden_size": int(lm.shape[1]), "model": target.spec,
+                   "row_norms": row_norms(lm_np)}
+    unfitted = Calibration(np.concatenate([base.coef, np.zeros(len(MODEL_FEATURES))]), base.intercept, base.prior,
+                           sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
+    states = partial(_states, {}, target, known)
+    # read as a step reads a row's state: through the native head, over the target's own embedding
+    head = DraftHead(**arrays, calibration=unfitted, target=target_info).native(
+        np.ascontiguousarray(embedding.numpy()))
+    x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states, head)
+    cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
+    report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states, head) for name in SETS}
+    meta = {**trained, "report": report, "seconds": round(time.perf_counter() - t0)}
+    DraftHead(**arrays, calibration=cal, target=target_info, meta=meta).save(args.out)
+    print(json.dumps(report, indent=1))
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
+
+
+def _weights(path: Path, d: int) -> tuple[dict, dict]:
+    """A trained head's arrays from ``path`` (float32), and what is known of its training (``run.json`` beside it).
+
+    Raises:
+        ValueError: when the file lacks an array, or its widths are not the target's ``d``.
+    """
+    from drafting.head import WEIGHTS
+
+    with np.load(path) as z:
+        missing = [k for k in WEIGHTS if k not in z.files]
+        if missing:
+            raise ValueError(f"--weights {path} lacks {', '.join(missing)}; pass a file evaluation/head_gpu.py wrote")
+        arrays = {k: np.ascontiguousarray(z[k], dtype=np.float32) for k in WEIGHTS}
+    if arrays["up"].shape[0] != 2 * d or arrays["down"].shape[1] != d:
+        raise ValueError(f"--weights {path}: up is {arrays['up'].shape} and down {arrays['down'].shape}, not "
+                         f"[{2 * d}, hidden] and [hidden, {d}] for this target; train it for this target")
+    run_json = path.parent / "run.json"
+    trained = {"weights": path.name, "trained": json.loads(run_json.read_text()) if run_json.exists() else None}
+    return arrays, trained
+
+
+def _train(args, target, refs: dict, embedding, lm, t0: float) -> tuple[dict, dict, dict]:
+    """Features, then the head trained on this CPU: its arrays, what is known of its training, and the fit
+    halves' float32 features by reference id (where they were extracted in float32)."""
+    from tqdm import tqdm
+
+    from decoder.model import load_target
+    from toolkit.tokenizer import cache_dir
+
+    from .features import extract
+    from .head_training import Pairs, TrainSettings, train_head
+
+    teacher = target if args.dtype == "float32" else load_target(None, device="cpu", dtype=args.dtype)
+    tok = target.tokenizer
     fit = [r for name in SETS for r in half(refs[name], "fit")]
     about = {"target": target.spec, "tokens": args.tokens, "fit": [r.id for r in fit], "dtype": args.dtype}
     work = args.work or Path(cache_dir()) / "heads" / hashlib.sha256(json.dumps(about).encode()).hexdigest()[:16]
@@ -90,31 +166,13 @@ def run(args: argparse.Namespace) -> None:
         own, corpus = (extract(teacher, seqs, work / part, about={**about, "part": part}, progress=bar.update)
                        for part, seqs in parts.items())
     print(f"features: {len(own.tokens) + len(corpus.tokens):,} positions in {time.perf_counter() - t0:.0f} s")
-    embedding, lm = (w.float().contiguous() for w in target_weights(target))
     pairs = Pairs.of([own, corpus])
     module, steps = train_head(pairs, lm, embedding, TrainSettings(minutes=args.minutes, hidden=args.hidden),
                                progress=lambda step, spent, loss: print(f"  step {step} ({spent:.0%}): {loss:.3f}"))
-    lm_np = np.ascontiguousarray(lm.numpy())
-    base = Calibration.load() if args.calibration is None else Calibration.load(args.calibration)
-    arrays = module.arrays()
-    target_info = {"vocab_size": int(lm.shape[0]), "hidden_size": int(lm.shape[1]), "model": target.spec,
-                   "row_norms": row_norms(lm_np)}
-    unfitted = Calibration(np.concatenate([base.coef, np.zeros(len(MODEL_FEATURES))]), base.intercept, base.prior,
-                           sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
-    # the fit halves' features, where they were extracted in float32
     known = {r.id: own.features[own.span(i)] for i, r in enumerate(fit)} if teacher is target else {}
-    states = partial(_states, {}, target, known)
-    # read as a step reads a row's state: through the native head, over the target's own embedding
-    head = DraftHead(**arrays, calibration=unfitted, target=target_info).native(
-        np.ascontiguousarray(embedding.numpy()))
-    x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states, head)
-    cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
-    report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states, head) for name in SETS}
-    meta = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
-            "dtype": args.dtype, "fit_prompts": len(fit), "report": report, "seconds": round(time.perf_counter() - t0)}
-    DraftHead(**arrays, calibration=cal, target=target_info, meta=meta).save(args.out)
-    print(json.dumps(report, indent=1))
-    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
+    trained = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
+               "dtype": args.dtype, "fit_prompts": len(fit)}
+    return module.arrays(), trained, known
 
 
 def _sequence(r: Reference) -> np.ndarray:

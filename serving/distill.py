@@ -36,7 +36,7 @@ from toolkit.options import float_in, int_in
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
 
-__all__ = ["Prompt", "build_parser", "main", "opening", "read_conversations", "read_prompts"]
+__all__ = ["Prompt", "build_parser", "main", "opening", "read_conversations", "read_prompts", "rendered_prompts"]
 
 
 @dataclass(frozen=True)
@@ -218,38 +218,59 @@ class _Run:
     skipped: Counter = field(default_factory=Counter)
 
 
-def _todo(args, tokenizer, items, run: _Run) -> list[tuple[Prompt, list[int]]]:
-    """The prompts this run answers, rendered: read, deduplicated, not yet answered, screened against ``items``
-    (:func:`ingest.contamination.screen_items`), short enough."""
-    from ingest.contamination import screen_documents
-    from toolkit.tokenizer import render_chat
+def rendered_prompts(paths: list[Path], tokenizer, items, skipped: Counter, *, max_tokens: int,
+                     limit: int | None = None, done: frozenset[str] | set[str] = frozenset(),
+                     chat_field: str | None = None) -> list[tuple[Prompt, list[int]]]:
+    """The openings of ``paths`` (:func:`read_prompts`), rendered with the target's chat template and tokenized: each
+    prompt once, none in ``done`` (keys answered already), none the screen flags against ``items``
+    (:func:`ingest.contamination.screen_items`), none of more than ``max_tokens`` tokens; at most ``limit`` (reading
+    stops there). Each one left out is counted in ``skipped`` by reason.
 
-    done = answered(args.out)
+    Raises:
+        ingest.errors.SourceError: when a path does not exist or nothing matches.
+    """
     seen: set[str] = set()
     fresh: list[Prompt] = []
-    for prompt in read_prompts(args.path, run.skipped, args.chat_field):
+    todo: list[tuple[Prompt, list[int]]] = []
+    for prompt in read_prompts(paths, skipped, chat_field):
         if prompt.key in done:
-            run.skipped["answered in --out already"] += 1
+            skipped["answered in --out already"] += 1
         elif prompt.key in seen:
-            run.skipped["repeat"] += 1
+            skipped["repeat"] += 1
         else:
             seen.add(prompt.key)
             fresh.append(prompt)
+        if len(fresh) == _SCREENED_AT_ONCE:
+            todo += _screened(fresh, tokenizer, items, skipped, max_tokens)
+            fresh = []
+            if limit is not None and len(todo) >= limit:
+                break
+    todo += _screened(fresh, tokenizer, items, skipped, max_tokens)
+    return todo if limit is None else todo[:limit]
+
+
+_SCREENED_AT_ONCE = 1024
+
+
+def _screened(fresh: list[Prompt], tokenizer, items, skipped: Counter, max_tokens: int
+              ) -> list[tuple[Prompt, list[int]]]:
+    """``fresh`` without the prompts the screen flags or that render longer than ``max_tokens``, rendered."""
+    from ingest.contamination import screen_documents
+    from toolkit.tokenizer import render_chat
+
     flags = screen_documents([np.asarray(tokenizer(p.user_text, add_special_tokens=False)["input_ids"], np.int64)
                               for p in fresh], items)
-    todo = []
+    kept = []
     for prompt, flag in zip(fresh, flags):
         ids = tokenizer(render_chat(tokenizer, list(prompt.messages), add_generation_prompt=True),
                         add_special_tokens=False)["input_ids"]
         if flag is not None:
-            run.skipped["contaminated (evaluation sets)"] += 1
-        elif len(ids) + args.max_new_tokens > args.max_model_len:
-            run.skipped["too long for --max-model-len"] += 1
+            skipped["contaminated (evaluation sets)"] += 1
+        elif len(ids) > max_tokens:
+            skipped["too long"] += 1
         else:
-            todo.append((prompt, ids))
-        if args.limit is not None and len(todo) == args.limit:
-            break
-    return todo
+            kept.append((prompt, ids))
+    return kept
 
 
 def _distill(args, todo: list[tuple[Prompt, list[int]]], tokenizer, items, run: _Run) -> None:
@@ -316,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     run = _Run()
     try:
         items = screen_items(tokenizer, args.data_dir)
-        todo = _todo(args, tokenizer, items, run)
+        todo = rendered_prompts(args.path, tokenizer, items, run.skipped, max_tokens=args.max_model_len -
+                                args.max_new_tokens, limit=args.limit, done=answered(args.out),
+                                chat_field=args.chat_field)
     except (SourceError, ValueError, FileNotFoundError) as exc:
         error(str(exc))
         return EXIT_USAGE

@@ -98,7 +98,7 @@ def test_every_default_is_what_help_says():
     """Each subcommand parsed with no options: every default a help text states is the value the option gets, and
     no subcommand's defaults leak into another's (``evaluation bench`` drafts with ``merged``)."""
     required = {"drop": ["x"], "grant-reader": ["r"], "revoke-reader": ["r"], "grant-appender": ["r"],
-                "stats": ["--name", "x"], "replica": ["--name", "x"]}
+                "stats": ["--name", "x"], "replica": ["--name", "x"], "head-pack": ["--out", "x"]}
     checked = 0
     for cli, parser in _parsers().items():
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -86,7 +86,7 @@ def test_every_subcommand_answers_help_under_its_own_name(capsys):
     """Every command ``python -m evaluation`` names exists: its subcommands parse their own ``--help``."""
     from evaluation.cli import build_parser
 
-    for command in ("references", "calibrate", "choose-k", "train-head"):
+    for command in ("references", "calibrate", "choose-k", "train-head", "head-pack"):
         with pytest.raises(SystemExit) as exit_:
             build_parser().parse_args([command, "--help"])
         assert exit_.value.code == 0 and f"python -m evaluation {command}" in capsys.readouterr().out

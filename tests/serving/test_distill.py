@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import zstandard
 
 from ingest.contamination import screen_items
-from serving.distill import Prompt, _Run, _todo, answered, append_chunk, build_parser, read_prompts
+from serving.distill import Prompt, answered, append_chunk, read_prompts, rendered_prompts
 from support import run_module
 from toolkit.eval_sets import screened_texts
 
@@ -45,22 +44,18 @@ def _write_sources(folder: Path) -> list[Path]:
     return [openai, sharegpt, prompts]
 
 
-def _args(tmp_path: Path, paths: list[Path], *extra: str) -> Namespace:
-    return build_parser().parse_args(["--path", *map(str, paths), "--out", str(tmp_path / "out.jsonl.zst"), *extra])
-
-
 def test_prompts_from_every_chat_format_deduplicated_screened_and_resumed(tmp_path, tokenizer):
     paths = _write_sources(tmp_path)
     skipped: Counter = Counter()
     got = [p.messages for p in read_prompts(paths, skipped)]
     assert got[0] == (SYSTEM, {"role": "user", "content": "Name a prime."})  # the opening only, system turn kept
     assert skipped == {"no user turn first": 1}
-    run = _Run()
     items = screen_items(tokenizer)
-    todo = _todo(_args(tmp_path, paths), tokenizer, items, run)
+    counted: Counter = Counter()
+    todo = rendered_prompts(paths, tokenizer, items, counted, max_tokens=4096)
     users = [p.user_text for p, _ in todo]
     assert users == ["Name a prime.", "Why is the sky blue?", "Write a haiku about rain.", "Count to three."]
-    assert run.skipped == {"no user turn first": 1, "repeat": 2, "contaminated (evaluation sets)": 1}
+    assert counted == {"no user turn first": 1, "repeat": 2, "contaminated (evaluation sets)": 1}
     first, ids = todo[0]
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")  # rendered with the generation prompt
     # two answered already (two frames, one per chunk): a rerun skips them
@@ -70,9 +65,13 @@ def test_prompts_from_every_chat_format_deduplicated_screened_and_resumed(tmp_pa
     append_chunk(tmp_path / "out.jsonl.zst", [json.dumps({"messages": [*second.messages, {"role": "assistant",
                                                                                          "content": "Rain."}]})])
     assert answered(tmp_path / "out.jsonl.zst") == {first.key, second.key}
-    run = _Run()
-    rest = _todo(_args(tmp_path, paths, "--limit", "1"), tokenizer, items, run)
-    assert [p.user_text for p, _ in rest] == ["Why is the sky blue?"] and run.skipped["answered in --out already"] == 2
+    counted = Counter()
+    rest = rendered_prompts(paths, tokenizer, items, counted, max_tokens=4096, limit=1,
+                            done=answered(tmp_path / "out.jsonl.zst"))
+    assert [p.user_text for p, _ in rest] == ["Why is the sky blue?"] and counted["answered in --out already"] == 2
+    counted = Counter()
+    short = rendered_prompts(paths, tokenizer, items, counted, max_tokens=len(ids) - 1)
+    assert len(short) < len(todo) and counted["too long"] == len(todo) - len(short)
 
 
 def test_an_out_file_of_something_else_is_refused(tmp_path, capsys):
