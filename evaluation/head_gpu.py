@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import math
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,13 +83,19 @@ def load_pack(pack: Path, part_folders: list[Path]) -> dict:
     (in ``pack`` or ``part_folders``) when it was split to travel.
 
     Raises:
-        FileNotFoundError: when a file the record names is in none of the folders.
+        FileNotFoundError: when the pack, or a file the record names, is in none of the folders.
+        ValueError: when the pack's record or arrays are cut off or corrupt, or the GGUF is not the one packed.
     """
-    record = json.loads((pack / "pack.json").read_text())
-    gguf = pack / record["gguf"]
+    try:
+        record = json.loads((pack / "pack.json").read_text())
+        gguf = pack / record["gguf"]
+        parts, digest = list(record["gguf_parts"]), str(record["gguf_sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{pack / 'pack.json'} is cut off or corrupt ({exc!r}); write the pack again with "
+                         "python -m evaluation head-pack") from exc
     if not gguf.exists():
         found = []
-        for part in record["gguf_parts"]:
+        for part in parts:
             where = [folder / part for folder in [pack, *part_folders] if (folder / part).exists()]
             if not where:
                 raise FileNotFoundError(f"{part}: a part of the target's GGUF is in none of {pack}, "
@@ -98,9 +106,20 @@ def load_pack(pack: Path, part_folders: list[Path]) -> dict:
         with open(partial, "wb") as out:
             for path in found:
                 out.write(path.read_bytes())
+        if hashlib.sha256(partial.read_bytes()).hexdigest() != digest:  # kept out of the pack: a rerun rebuilds it
+            partial.unlink()
+            raise ValueError(f"the parts {', '.join(map(str, found))} do not make the target's GGUF (its SHA-256 "
+                             "differs): one is cut off or corrupt; copy them again")
         partial.replace(gguf)
-    with np.load(pack / "data.npz") as arrays:
-        return {"record": record, "gguf": gguf, **{k: arrays[k] for k in arrays.files}}
+    elif hashlib.sha256(gguf.read_bytes()).hexdigest() != digest:
+        raise ValueError(f"{gguf} is not the target's GGUF (its SHA-256 differs); delete it, and the next run puts it "
+                         "together from its parts")
+    try:
+        with np.load(pack / "data.npz", allow_pickle=False) as arrays:
+            return {"record": record, "gguf": gguf, **{k: arrays[k] for k in arrays.files}}
+    except (EOFError, ValueError, zipfile.BadZipFile) as exc:  # a truncated file is no zip
+        raise ValueError(f"{pack / 'data.npz'} is cut off or corrupt ({exc}); write the pack again with "
+                         "python -m evaluation head-pack") from exc
 
 
 def _split(tokens: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
@@ -314,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: as argparse does for bad options.
         FileNotFoundError: when ``--pack`` lacks its files, or a part of the GGUF is in no folder.
+        ValueError: when the pack's files are cut off or corrupt.
     """
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pack", type=Path, required=True, help="the folder `python -m evaluation head-pack` wrote.")
@@ -386,6 +406,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except FileNotFoundError as exc:  # a pack or a part that is not where it was named
+    except (FileNotFoundError, ValueError) as exc:  # a pack or a part missing, cut off or corrupt
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

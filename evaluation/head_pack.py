@@ -1,7 +1,8 @@
 """``python -m evaluation head-pack``: what a GPU machine needs to train the draft head at scale
 (``evaluation/head_gpu.py``), in one folder that travels without the project.
 
-- ``pack.json``: the record (the target, the GGUF's name and parts, the end-of-sequence and padding ids, counts).
+- ``pack.json``: the record (the target, the GGUF's name, parts and SHA-256, the end-of-sequence and padding ids,
+  counts).
 - ``data.npz``: ``prompt_tokens`` ``[P]`` uint16 with ``prompt_offsets`` ``[prompts + 1]`` int64 (ShareGPT's
   openings, rendered with the target's chat template, each once, screened against the evaluation sets,
   :func:`serving.distill.rendered_prompts`); ``fit_tokens`` / ``fit_offsets`` (the fit halves' prompts with their
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"the target {src.spec} is not a GGUF; the GPU trainer reads the default target's GGUF")
     parts = _split(Path(src.path) / src.gguf_file, args.out, args.split_mib)
     eos = sorted(target.eos_token_ids)
-    record = {"target": target.spec, "gguf": "model.gguf", "gguf_parts": parts, "eos": eos,
+    record = {"target": target.spec, "gguf": "model.gguf", "gguf_parts": parts,
+              "gguf_sha256": hashlib.sha256((Path(src.path) / src.gguf_file).read_bytes()).hexdigest(), "eos": eos,
               "pad": int(getattr(tok, "pad_token_id", None) or eos[0]), "prompts": len(prompts),
               "prompt_tokens": int(sum(len(p) for p in prompts)), "fit_sequences": len(fit),
               "fit_tokens": int(sum(len(s) for s in fit)), "skipped": dict(skipped)}

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import time
+import zipfile
 from functools import partial
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> None:
     if args.weights is not None and not args.weights.is_file():
         raise FileNotFoundError(f"--weights {args.weights} does not exist; pass the head_<width>.npz "
                                 "evaluation/head_gpu.py wrote")
+    given_head = _weights(args.weights) if args.weights is not None else None  # read before the target loads
     from crest_native import MODEL_FEATURES
     from datastore.connection import resolve_database_url
     from decoder.model import load_target
@@ -99,8 +101,9 @@ def run(args: argparse.Namespace) -> None:
     for name, store in zip(SETS, (args.datastore, args.code_datastore)):  # no corpus may hold a prompt fitted on
         require_clean(resolve_database_url(None), store, name, [r.id for r in refs[name]])
     embedding, lm = (w.float().contiguous() for w in target_weights(target))
-    if args.weights is not None:
-        arrays, trained = _weights(args.weights, embedding.shape[1])
+    if given_head is not None:
+        arrays, trained = given_head
+        _fits(arrays, embedding.shape[1], args.weights)
         known: dict = {}
     else:
         arrays, trained, known = _train(args, target, refs, embedding, lm, t0)
@@ -123,25 +126,33 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
 
 
-def _weights(path: Path, d: int) -> tuple[dict, dict]:
+def _weights(path: Path) -> tuple[dict, dict]:
     """A trained head's arrays from ``path`` (float32), and what is known of its training (``run.json`` beside it).
 
     Raises:
-        ValueError: when the file lacks an array, or its widths are not the target's ``d``.
+        ValueError: when the file is cut off or corrupt, or lacks an array.
     """
     from drafting.head import WEIGHTS
 
-    with np.load(path) as z:
-        missing = [k for k in WEIGHTS if k not in z.files]
-        if missing:
-            raise ValueError(f"--weights {path} lacks {', '.join(missing)}; pass a file evaluation/head_gpu.py wrote")
-        arrays = {k: np.ascontiguousarray(z[k], dtype=np.float32) for k in WEIGHTS}
-    if arrays["up"].shape[0] != 2 * d or arrays["down"].shape[1] != d:
-        raise ValueError(f"--weights {path}: up is {arrays['up'].shape} and down {arrays['down'].shape}, not "
-                         f"[{2 * d}, hidden] and [hidden, {d}] for this target; train it for this target")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: np.ascontiguousarray(z[k], dtype=np.float32) for k in WEIGHTS if k in z.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # a truncated file is no zip
+        raise ValueError(f"--weights {path} is cut off or corrupt ({exc}); copy it again from where "
+                         "evaluation/head_gpu.py wrote it") from exc
+    missing = [k for k in WEIGHTS if k not in arrays]
+    if missing:
+        raise ValueError(f"--weights {path} lacks {', '.join(missing)}; pass a file evaluation/head_gpu.py wrote")
     run_json = path.parent / "run.json"
     trained = {"weights": path.name, "trained": json.loads(run_json.read_text()) if run_json.exists() else None}
     return arrays, trained
+
+
+def _fits(arrays: dict, d: int, path: Path) -> None:
+    """Raises ValueError when the head's widths are not the target's ``d``."""
+    if arrays["up"].shape[0] != 2 * d or arrays["down"].shape[1] != d:
+        raise ValueError(f"--weights {path}: up is {arrays['up'].shape} and down {arrays['down'].shape}, not "
+                         f"[{2 * d}, hidden] and [hidden, {d}] for this target; train it for this target")
 
 
 def _train(args, target, refs: dict, embedding, lm, t0: float) -> tuple[dict, dict, dict]:

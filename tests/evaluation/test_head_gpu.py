@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,14 @@ def test_pack_then_runner_then_weights(database_url, chat_datastore, references,
     first.mkdir()
     os.replace(pack / "model.gguf.0", first / "model.gguf.0")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cut = tmp_path / "cut"  # the pack with its second part cut short in transfer: refused before anything loads
+    shutil.copytree(pack, cut)
+    (cut / "model.gguf.1").write_bytes((pack / "model.gguf.1").read_bytes()[:1000])
+    refused = subprocess.run([sys.executable, "evaluation/head_gpu.py", "--pack", str(cut), "--parts", str(first),
+                              "--out", str(tmp_path / "no"), "--device", "cpu"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "do not make the target's GGUF" in refused.stderr
+    assert not (cut / "model.gguf").exists() and not (tmp_path / "no" / "head_1024.npz").exists()
     proc = subprocess.run([sys.executable, "evaluation/head_gpu.py", "--pack", str(pack), "--parts", str(first),
                            "--out", str(out), "--device", "cpu", "--generate-minutes", "0.01", "--new-tokens", "4",
                            "--train-minutes", "0.01", "--batch", "16", "--hidden", "16"],
@@ -63,18 +72,22 @@ def test_pack_then_runner_then_weights(database_url, chat_datastore, references,
 
 
 def test_weights_of_another_shape_or_file_are_refused(tmp_path):
-    from evaluation.train_head import _weights
+    from evaluation.train_head import _fits, _weights
 
     np.savez(tmp_path / "half.npz", up=np.zeros((1152, 8), np.float32))
     with pytest.raises(ValueError, match="lacks up_bias.*head_gpu.py"):
-        _weights(tmp_path / "half.npz", 576)
+        _weights(tmp_path / "half.npz")
     arrays: dict = {"up": np.zeros((1152, 8)), "up_bias": np.zeros(8), "down": np.zeros((8, 576)),
               "down_bias": np.zeros(576), "state_gain": np.ones(576), "token_gain": np.ones(576)}
     np.savez(tmp_path / "head.npz", **arrays)
+    got, trained = _weights(tmp_path / "head.npz")
     with pytest.raises(ValueError, match=r"not \[1024, hidden\] and \[hidden, 512\] for this target"):
-        _weights(tmp_path / "head.npz", 512)
-    got, trained = _weights(tmp_path / "head.npz", 576)
+        _fits(got, 512, tmp_path / "head.npz")
+    _fits(got, 576, tmp_path / "head.npz")
     assert got["up"].dtype == np.float32 and trained == {"weights": "head.npz", "trained": None}
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "head.npz").read_bytes()[:300])  # a transfer cut short
+    with pytest.raises(ValueError, match="cut.npz is cut off or corrupt"):
+        _weights(tmp_path / "cut.npz")
 
 
 def test_weights_with_a_training_option_are_refused(tmp_path):
