@@ -59,11 +59,11 @@ void head_init(HeadHandle* self, In2D<float> up, In1D<float> up_bias, In2D<float
   if (up.shape(0) != 2 * h->d || up.shape(1) != h->hidden)
     throw nb::value_error("the head's up is [2d, hidden] and its down [hidden, d]: retrain the head");
   const auto copy = [](const auto& a) { return std::vector<float>(a.data(), a.data() + a.size()); };
-  h->up = copy(up), h->up_bias = copy(up_bias), h->down = copy(down), h->down_bias = copy(down_bias);
+  h->up_bias = copy(up_bias), h->down_bias = copy(down_bias);
   h->state_gain = copy(state_gain), h->token_gain = copy(token_gain);
   if (e.shape(1) != h->d) throw nb::value_error("the embedding's width differs from the head's: train a head for this model");
   h->embedding = e.data(), h->vocab = e.shape(0);
-  h->pack();
+  h->pack(up.data(), down.data());  // half-precision panels: the float32 arrays are not kept
   new (self) HeadHandle{std::move(h), nb::borrow(embedding)};
 }
 

@@ -9,9 +9,12 @@
 // autograd the trainer needs) and held here packed in panels of columns, up and down in half precision (IEEE
 // binary16, as the head's file stores them: a head loaded from its file computes exactly what float32 panels would,
 // from half the memory an engine's forward pass has flushed from the caches); the core runs it on the step's own
-// thread, every kRows rows of a step in one pass over the weights, their products summed in float32 registers, with
-// AVX2, FMA and F16C where the CPU has them. Its oracle is tests/oracle/head.py's float64 numpy reference over the
-// half-precision weights, within float32 rounding (the FMA path rounds once where the plain one rounds twice).
+// thread, their products summed in float32 registers, with AVX2, FMA and F16C where the CPU has them. A tile sums
+// up to kRows rows against up to 4 panels at once (1 row x 4 panels, 2 x 2, or 4 x 1: eight independent sums in flight
+// at any batch size, where one row against one panel waited on each FMA), each column summed over its panel's rows in
+// order, so a row's estimate is the same bits whatever rows share its step. Its oracle is tests/oracle/head.py's
+// float64 numpy reference over the half-precision weights, within float32 rounding (the FMA path rounds once where
+// the plain one rounds twice).
 #pragma once
 
 #include <cstddef>
@@ -25,18 +28,17 @@ constexpr std::size_t kRows = 4;   // rows of the batch summed against a panel a
 
 struct Head {
   std::size_t d = 0, hidden = 0;
-  std::vector<float> up;       // [2d, hidden] row-major
   std::vector<float> up_bias;  // [hidden]
-  std::vector<float> down;     // [hidden, d] row-major
   std::vector<float> down_bias, state_gain, token_gain;  // [d] each
   const float* embedding = nullptr;  // [vocab, d] the target's token embedding, borrowed
   std::size_t vocab = 0;
-  // up and down, packed for the forward (pack): panels of kCols columns, each [rows, kCols] contiguous, zero-padded,
-  // in binary16 (each weight rounded to nearest, ties to even)
+  // up [2d, hidden] and down [hidden, d], packed for the forward (pack): panels of kCols columns, each [rows, kCols]
+  // contiguous, zero-padded, in binary16 (each weight rounded to nearest, ties to even); the only copy the core holds
   std::vector<uint16_t> up_panels, down_panels;
 
-  // Checks the head (check), then packs up and down into their panels: once, before the first forward.
-  void pack();
+  // Packs up ([2d, hidden] row-major float32) and down ([hidden, d]) into their panels (d and hidden set; neither array
+  // is kept), then checks the head (check): once, before the first forward.
+  void pack(const float* up, const float* down);
 
   // Throws std::invalid_argument when the arrays do not fit one width d and one hidden width, or the embedding is
   // empty.

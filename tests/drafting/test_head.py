@@ -64,10 +64,12 @@ def test_a_bad_head_is_refused_naming_the_fix(tmp_path):
     assert len(h.calibration.coef) == len(Calibration.load().coef) + len(MODEL_FEATURES)
 
 
-@pytest.mark.parametrize(("d", "hidden", "rows"), [(D, HIDDEN, 1), (576, 1024, 8), (13, 7, 3)])
+@pytest.mark.parametrize(("d", "hidden", "rows"), [(D, HIDDEN, 1), (576, 1024, 8), (13, 7, 3), (40, 90, 1),
+                                                  (40, 90, 7), (33, 70, 6)])
 def test_the_native_forward_computes_the_oracle(d, hidden, rows):
-    """At the default target's widths and at widths no vector unit divides (the kernels' tails), a batch of rows in
-    one pass: the oracle's values within float32 rounding; each row as it would be alone."""
+    """At the default target's widths and at widths no vector unit divides (the kernels' tails; 6 and 5 panels: every
+    tile shape, rows against 4, 2 and 1 panels), a batch of rows in one pass: the oracle's values within float32
+    rounding; each row as it would be alone."""
     rng = np.random.default_rng(d)
     shapes = {"up": (2 * d, hidden), "up_bias": (hidden,), "down": (hidden, d), "down_bias": (d,), "state_gain": (d,),
               "token_gain": (d,)}
