@@ -17,7 +17,14 @@ vLLM hands the proposer; tests/serving/test_vllm_proposer.py). Reported on the r
 first token is the target's, and the accept length of a lossless greedy run stepping through the chains of
 ``--budget``, beside the shipped scores and the union's best.
 
+Then the same chains under a cut, as ``ranking_headroom.py`` prices them: each ranker's chains cut at the fixed path
+score (of its ``CUTS``) that runs fastest on the fit half, and the report half stepped through on the simulated engine
+of ``cut_simulation.py`` (``--rows`` rows a step). Beside them ``perfect cut``, the shipped chain trimmed to its
+accepted tokens (vLLM's ``oracle-cut``): how much of that bound's lead the head's depth-1 ranking takes, and how much
+the true state would.
+
     python -m research.experiments.model_state_headroom --head head.npz [--sets spec_bench humaneval] [--budget 8]
+        [--rows 8]
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from crest_native import MAX_BUDGET
 from toolkit.options import existing_path, int_in
 
 from . import ranking_headroom as rh
+from .cut_simulation import engine_clock, engine_options
 
 
 def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray) -> np.ndarray:
@@ -60,16 +68,32 @@ def stacked(cal, positions: list[rh.Position]):
     return cal.with_model_terms(np.concatenate(xs), np.concatenate(ys), np.concatenate(ts))
 
 
-def ranked(held: list[rh.Position], requests: list[rh.Request], cal, budget: int) -> dict:
+def ranked(fitted: list[rh.Position], held: list[rh.Position], requests: list[rh.Request], cal, args) -> dict:
     """The report half's chains under ``cal`` (on each position's features, model features included): the first
-    token's hit rate, accept length per position and by stepped replay."""
+    token's hit rate, accept length per position and by stepped replay; and under the cut chosen on the fit half
+    (:func:`under_cut`)."""
     def conditional(p: rh.Position) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
 
-    _, ok = rh.chain_table(held, "refit", conditional, budget)
-    accepted = 1 + ok.sum(axis=1)
-    return {"first_right": float(ok[:, 0].mean()), "per_position": float(accepted.mean()),
-            "accept_length": rh.stepped(held, accepted, requests)["all"]}
+    table = rh.chain_table(held, "refit", conditional, args.budget)
+    accepted = 1 + table[1].sum(axis=1)
+    return {"first_right": float(table[1][:, 0].mean()), "per_position": float(accepted.mean()),
+            "accept_length": rh.stepped(held, accepted, requests)["all"],
+            "cut": under_cut(rh.chain_table(fitted, "refit", conditional, args.budget), table, fitted, held, requests,
+                             args)}
+
+
+def under_cut(fit_table, table, fitted: list[rh.Position], held: list[rh.Position], requests: list[rh.Request],
+              args) -> dict:
+    """Chains (``rh.chain_table``'s, of the fit half and of the report half) cut at the fixed path score of
+    ``rh.CUTS`` that runs fastest on the fit half (``None`` for ``fit_table``: no cut, the perfect cut's), the report
+    half stepped through on the simulated engine: its cut, tok/s, accept length and draft tokens per row-step."""
+    clock = engine_clock(args)
+    best = 1.0 if fit_table is None else \
+        max(rh.CUTS, key=lambda c: rh.cut_run(fitted, fit_table, c, requests, True).rate(clock, args.rows))
+    got = rh.cut_run(held, table, best, requests, False)
+    return {"cut": best, "tok_s": got.rate(clock, args.rows), "accept_length": got.tokens / got.steps,
+            "drafted_per_step": got.drafted / got.steps}
 
 
 def run(args) -> dict:
@@ -110,12 +134,17 @@ def run(args) -> dict:
             fitted = [p for p in with_model if requests[p.request].fit]
             held = [p for p in with_model if not requests[p.request].fit]
             cal = head.calibration if which == "head" else stacked(shipped, fitted)
-            out[which] = ranked(held, requests, cal, args.budget)
+            out[which] = ranked(fitted, held, requests, cal, args)
             first = [(p.ok[p.depths == 1], p.x[p.depths == 1, -2]) for p in held if (p.depths == 1).any()]
             out[which]["argmax_right"] = sum(bool(ok[np.argmax(lp)]) for ok, lp in first) / len(held)
-        held = [p for p in positions if not requests[p.request].fit]
-        out["shipped"] = ranked([replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in held], requests,
-                                replace(shipped, coef=np.concatenate([shipped.coef, np.zeros(3)])), args.budget)
+        fitted = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
+                  if requests[p.request].fit]
+        held = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
+                if not requests[p.request].fit]
+        out["shipped"] = ranked(fitted, held, requests,
+                                replace(shipped, coef=np.concatenate([shipped.coef, np.zeros(3)])), args)
+        perfect = rh.chain_table(held, rh.PERFECT, None, args.budget)
+        out[rh.PERFECT] = {"cut": under_cut(None, perfect, fitted, held, requests, args)}
         best = rh.chain_table(held, "union's best", None, args.budget)[1]
         out["union's best"] = {"accept_length": rh.stepped(held, 1 + best.sum(axis=1), requests)["all"]}
         out["seconds"] = time.perf_counter() - t0
@@ -134,6 +163,13 @@ def print_table(name: str, out: dict) -> None:
         row = out[ranker]
         print(f"{ranker:12s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
               f"{row['accept_length']:8.3f} {row['accept_length'] / base:8.3f}x")
+    cut = out["shipped"]["cut"]["tok_s"]
+    print("under a cut (the simulated engine; each ranker's cut chosen on the fit half)")
+    print(f"{'ranker':12s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
+    for ranker in ("shipped", "head", "true state", rh.PERFECT):
+        row = out[ranker]["cut"]
+        print(f"{ranker:12s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / cut:8.3f}x "
+              f"{row['accept_length']:7.3f} {row['drafted_per_step']:8.2f}")
 
 
 def build_parser():
@@ -146,6 +182,10 @@ def build_parser():
     ap.add_argument("--code-datastore", default="code", help="HumanEval's datastore (default: code).")
     ap.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=8, help="chain length in tokens (default: 8).")
     ap.add_argument("--limit", type=int_in(1), default=None, help="replay only the first N requests of each set.")
+    ap.add_argument("--rows", type=int_in(1), default=8,
+                    help="rows a step in the cut's simulated engine (default: 8; cut_simulation.py's engine options "
+                         "price a step).")
+    engine_options(ap)
     ap.add_argument("--out", type=Path, default=RESULTS / "model_state_headroom.json",
                     help="the report, JSON (default: results/model_state_headroom.json).")
     return ap
