@@ -53,7 +53,8 @@ class DraftHead:
         meta: how it was trained (positions, minutes, held-out figures).
 
     Raises:
-        ValueError: when the shapes do not fit one width ``d``, or the calibration does not weigh the model features.
+        ValueError: when the shapes do not fit one width ``d``, a weight is not finite (``up`` and ``down`` in float16,
+            as the core holds them), or the calibration does not weigh the model features.
     """
 
     up: np.ndarray
@@ -75,6 +76,14 @@ class DraftHead:
         for name, shape in shapes.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(f"head {name} is {getattr(self, name).shape}, expected {shape} (width {d})")
+        for name in WEIGHTS:  # up and down as the core holds them: in float16 (csrc/head.hpp)
+            half = name in ("up", "down")
+            with np.errstate(over="ignore"):  # beyond float16's range is infinite: refused below
+                held = getattr(self, name).astype(np.float16) if half else getattr(self, name)
+            if not np.isfinite(held).all():
+                raise ValueError(f"head {name} holds values that are not finite{' in float16' if half else ''}; the "
+                                 "file is damaged or the training diverged: copy it again or retrain it with python -m "
+                                 "evaluation train-head")
         if not self.calibration.with_model:
             raise ValueError("a head's calibration must weigh the model features; refit it with python -m evaluation "
                              "train-head")
@@ -124,7 +133,8 @@ class DraftHead:
         if not path.exists():
             raise FileNotFoundError(f"no draft head at {path}: train one with python -m evaluation train-head")
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # the file opened here: numpy leaks the one it opens when a truncated file is no zip
+            with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
                 record = json.loads(str(z["record"]))
                 arrays = {name: z[name].astype(np.float32) for name in WEIGHTS}
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:  # a truncated file is no zip

@@ -135,7 +135,7 @@ def _weights(path: Path) -> tuple[dict, dict]:
     from drafting.head import WEIGHTS
 
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:  # numpy leaks a file it opens and fails on
             arrays = {k: np.ascontiguousarray(z[k], dtype=np.float32) for k in WEIGHTS if k in z.files}
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:  # a truncated file is no zip
         raise ValueError(f"--weights {path} is cut off or corrupt ({exc}); copy it again from where "

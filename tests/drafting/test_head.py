@@ -61,6 +61,12 @@ def test_a_bad_head_is_refused_naming_the_fix(tmp_path):
         DraftHead(h.up, h.up_bias, h.down, h.down_bias, h.state_gain, h.token_gain, Calibration.load(), h.target)
     with pytest.raises(ValueError, match=r"head up_bias is \(5,\), expected \(12,\)"):
         DraftHead(h.up, h.up_bias[:5], h.down, h.down_bias, h.state_gain, h.token_gain, h.calibration, h.target)
+    with pytest.raises(ValueError, match="head down_bias holds values that are not finite;.*copy it again"):
+        DraftHead(h.up, h.up_bias, h.down, np.full_like(h.down_bias, np.nan), h.state_gain, h.token_gain,
+                  h.calibration, h.target)
+    with pytest.raises(ValueError, match="head up holds values that are not finite in float16"):  # 1e5: inf in float16
+        DraftHead(np.full_like(h.up, 1e5), h.up_bias, h.down, h.down_bias, h.state_gain, h.token_gain, h.calibration,
+                  h.target)
     assert len(h.calibration.coef) == len(Calibration.load().coef) + len(MODEL_FEATURES)
 
 
