@@ -9,6 +9,8 @@ each depth-1 node of the union gets the model features the native core computes 
 - ``head``: the draft head ``--head`` (``python -m evaluation train-head``) applied to the target's state at the last
   accepted token and the bonus token; scored with the head's own calibration (the shipped one stacked with the model
   terms on the fit halves), as the drafter scores a row with a state;
+- ``head, depth 2``: the same, and the head applied again to its own estimate and the chain's first token, whose
+  children get the model features from that second estimate (stacked once more on the fit half);
 - ``true state``: the target's actual next state (a head that is never wrong about the state; its terms stacked on the
   shipped calibration over the fit half): what no head can beat.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -39,17 +41,22 @@ import numpy as np
 
 from benchmarks._harness import RESULTS, parser
 from crest_native import MAX_BUDGET
+from drafting import Calibration
 from toolkit.options import existing_path, int_in
 
 from . import ranking_headroom as rh
 from .cut_simulation import engine_clock, engine_options
 
+DEPTH2 = "head, depth 2"  # the head applied again to its own estimate, for the first token's children
 
-def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray) -> np.ndarray:
+
+def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
     """``[N, 3]``: the model features of ``p``'s nodes under next-state estimate ``state`` (``csrc/scores.cpp``'s
-    rule, in numpy: the research copy; tests/oracle/calibration.py is the oracle)."""
+    rule, in numpy: the research copy; tests/oracle/calibration.py is the oracle), over its depth-1 nodes (or
+    ``nodes``: siblings, read against ``state`` as the depth-1 nodes are)."""
     cols = np.zeros((len(p.tokens), 3))
-    first = np.flatnonzero((p.depths == 1) & (p.tokens < len(lm)))
+    at = np.flatnonzero(p.depths == 1) if nodes is None else nodes
+    first = at[p.tokens[at] < len(lm)]
     if len(first):
         z = lm[p.tokens[first]].astype(np.float64) @ state.astype(np.float64)
         lp = z - z.max() - np.log(np.exp(z - z.max()).sum())
@@ -66,6 +73,50 @@ def stacked(cal, positions: list[rh.Position]):
         ys.append(p.ok[parent_ok])
         ts.append(p.tokens[parent_ok])
     return cal.with_model_terms(np.concatenate(xs), np.concatenate(ys), np.concatenate(ts))
+
+
+@dataclass(frozen=True)
+class SecondDepth:
+    """A with-model calibration stacked once more: its logit (over all but the last 3 columns) and the depth-2 model
+    features (the last 3), weighed by a logistic model fitted on the fit half's nodes whose parent was accepted."""
+    base: Calibration
+    weights: np.ndarray  # [4]: the base logit's, then the three features'
+    intercept: float
+
+    @classmethod
+    def fit(cls, base, positions: list[rh.Position]) -> SecondDepth:
+        from sklearn.linear_model import LogisticRegression
+
+        xs, ys, ts = [], [], []
+        for p in positions:
+            parent_ok = np.where(p.parents >= 0, p.ok[np.maximum(p.parents, 0)], True)
+            xs.append(p.x[parent_ok])
+            ys.append(p.ok[parent_ok])
+            ts.append(p.tokens[parent_ok])
+        x, tokens = np.concatenate(xs).astype(np.float64), np.concatenate(ts)
+        logit = base.logits(x[:, :-3], tokens)
+        model = LogisticRegression(C=1.0, max_iter=2000).fit(np.column_stack([logit, x[:, -3:]]), np.concatenate(ys))
+        return cls(base, model.coef_[0].copy(), float(model.intercept_[0]))
+
+    def logits(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self.intercept + np.column_stack([self.base.logits(x[:, :-3], tokens), x[:, -3:]]) @ self.weights
+
+
+def second_depth(with_model: list[rh.Position], estimates: list[np.ndarray], cal, step, lm: np.ndarray
+                 ) -> list[rh.Position]:
+    """Each position with the depth-2 model features: the head (``step(estimate, token) -> estimate``) applied again
+    to its own depth-1 estimate and the chain's first token under ``cal``, read against that token's children."""
+    out = []
+    for p, estimate in zip(with_model, estimates):
+        cols = np.zeros((len(p.tokens), 3))
+        if len(p.parents):
+            conditional = 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
+            first = int(rh.best_chain(p, rh.path_scores(p, conditional))[0])
+            kids = np.flatnonzero(p.parents == first)
+            if len(kids):
+                cols = model_columns(p, lm, step(estimate, int(p.tokens[first])), kids)
+        out.append(replace(p, x=np.hstack([p.x, cols])))
+    return out
 
 
 def ranked(fitted: list[rh.Position], held: list[rh.Position], requests: list[rh.Request], cal, args) -> dict:
@@ -123,13 +174,16 @@ def run(args) -> dict:
         for n, r in enumerate(requests):
             states[n] = target_features(target, r.prompt + r.output).numpy()
         out: dict = {"union": rh.first_tokens([p for p in positions if not requests[p.request].fit])}
+        def step(state: np.ndarray, token: int) -> np.ndarray:
+            return forward(torch.from_numpy(state[None]), torch.tensor([token])).detach().numpy()[0]
+
         for which in ("head", "true state"):
-            with_model = []
+            with_model, estimates = [], []
             for p in positions:
                 r, f = requests[p.request], states[p.request]
                 t = len(r.prompt) + p.pos - 2  # the state that gave the bonus token r.output[p.pos - 1]
-                estimate = f[t + 1] if which == "true state" else \
-                    forward(torch.from_numpy(f[t][None]), torch.tensor([r.output[p.pos - 1]])).detach().numpy()[0]
+                estimate = f[t + 1] if which == "true state" else step(f[t], r.output[p.pos - 1])
+                estimates.append(estimate)
                 with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
             fitted = [p for p in with_model if requests[p.request].fit]
             held = [p for p in with_model if not requests[p.request].fit]
@@ -137,6 +191,11 @@ def run(args) -> dict:
             out[which] = ranked(fitted, held, requests, cal, args)
             first = [(p.ok[p.depths == 1], p.x[p.depths == 1, -2]) for p in held if (p.depths == 1).any()]
             out[which]["argmax_right"] = sum(bool(ok[np.argmax(lp)]) for ok, lp in first) / len(held)
+            if which == "head":  # the head once more, on its own estimate: the depth-2 nodes of the first token
+                deeper = second_depth(with_model, estimates, cal, step, lm)
+                fit2 = [p for p in deeper if requests[p.request].fit]
+                out[DEPTH2] = ranked(fit2, [p for p in deeper if not requests[p.request].fit], requests,
+                                     SecondDepth.fit(cal, fit2), args)
         fitted = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
                   if requests[p.request].fit]
         held = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
@@ -158,17 +217,17 @@ def print_table(name: str, out: dict) -> None:
     print(f"\n{name}: the union offers {union['offered']:.1f} first tokens; one is the target's at "
           f"{union['any_right']:.1%} of positions. Union's best chain: {best:.3f}")
     base = out["shipped"]["accept_length"]
-    print(f"{'ranker':12s} {'first token':>12s} {'argmax':>8s} {'accept':>8s} {'/shipped':>9s}")
-    for ranker in ("shipped", "head", "true state"):
+    print(f"{'ranker':14s} {'first token':>12s} {'argmax':>8s} {'accept':>8s} {'/shipped':>9s}")
+    for ranker in ("shipped", "head", DEPTH2, "true state"):
         row = out[ranker]
-        print(f"{ranker:12s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
+        print(f"{ranker:14s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
               f"{row['accept_length']:8.3f} {row['accept_length'] / base:8.3f}x")
     cut = out["shipped"]["cut"]["tok_s"]
     print("under a cut (the simulated engine; each ranker's cut chosen on the fit half)")
-    print(f"{'ranker':12s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
-    for ranker in ("shipped", "head", "true state", rh.PERFECT):
+    print(f"{'ranker':14s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
+    for ranker in ("shipped", "head", DEPTH2, "true state", rh.PERFECT):
         row = out[ranker]["cut"]
-        print(f"{ranker:12s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / cut:8.3f}x "
+        print(f"{ranker:14s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / cut:8.3f}x "
               f"{row['accept_length']:7.3f} {row['drafted_per_step']:8.2f}")
 
 

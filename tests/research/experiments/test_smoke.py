@@ -98,10 +98,11 @@ def test_model_state_headroom(database_url, chat_datastore, references, tmp_path
     assert list(report["streams"]) == ["spec_bench", "humaneval"]
     for name, got in report["streams"].items():
         best = got["union's best"]["accept_length"]
-        assert all(1 <= got[r]["accept_length"] <= best + 1e-9 for r in ("shipped", "head", "true state")), name
+        assert all(1 <= got[r]["accept_length"] <= best + 1e-9
+                   for r in ("shipped", "head", "head, depth 2", "true state")), name
         assert got["true state"]["argmax_right"] == pytest.approx(got["union"]["any_right"], abs=0.02), name
         assert all(got[r]["cut"]["cut"] in CUTS and got[r]["cut"]["tok_s"] > 0
-                   for r in ("shipped", "head", "true state")), name
+                   for r in ("shipped", "head", "head, depth 2", "true state")), name
         perfect = got["perfect cut"]["cut"]
         assert perfect["accept_length"] == pytest.approx(got["shipped"]["accept_length"], rel=0.01), name
     assert len(printed(out, r"^(spec_bench|humaneval): the union offers [\d.]+ first tokens")) == 2
