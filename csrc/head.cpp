@@ -175,6 +175,9 @@ float from_half(uint16_t half) {
   return out;
 }
 
+namespace {
+
+// w [k, m] row-major in panels of kCols columns, each [k, kCols] contiguous, zero-padded, in binary16.
 std::vector<uint16_t> pack_panels(const float* w, std::size_t k, std::size_t m) {
   const std::size_t panels = (m + kCols - 1) / kCols;
   std::vector<uint16_t> out(panels * k * kCols, 0);
@@ -184,6 +187,8 @@ std::vector<uint16_t> pack_panels(const float* w, std::size_t k, std::size_t m) 
         out[(p * k + i) * kCols + c] = to_half(w[i * m + p * kCols + c]);
   return out;
 }
+
+}  // namespace
 
 void Head::pack(const float* up, const float* down) {
   up_panels = pack_panels(up, 2 * d, hidden);

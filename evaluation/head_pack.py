@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -79,10 +78,10 @@ def run(args: argparse.Namespace) -> None:
     src = resolve_model(None)
     if src.gguf_file is None:
         raise ValueError(f"the target {src.spec} is not a GGUF; the GPU trainer reads the default target's GGUF")
-    parts = _split(Path(src.path) / src.gguf_file, args.out, args.split_mib)
+    parts, digest = _split(Path(src.path) / src.gguf_file, args.out, args.split_mib)
     eos = sorted(target.eos_token_ids)
     record = {"target": target.spec, "gguf": "model.gguf", "gguf_parts": parts,
-              "gguf_sha256": hashlib.sha256((Path(src.path) / src.gguf_file).read_bytes()).hexdigest(), "eos": eos,
+              "gguf_sha256": digest, "eos": eos,
               "pad": int(getattr(tok, "pad_token_id", None) or eos[0]), "prompts": len(prompts),
               "prompt_tokens": int(sum(len(p) for p in prompts)), "fit_sequences": len(fit),
               "fit_tokens": int(sum(len(s) for s in fit)), "skipped": dict(skipped)}
@@ -98,14 +97,15 @@ def _flat(name: str, seqs: list, dtype) -> dict[str, np.ndarray]:
     return {f"{name}_tokens": tokens.astype(dtype), f"{name}_offsets": np.concatenate([[0], np.cumsum(lengths)])}
 
 
-def _split(gguf: Path, out: Path, mib: int | None) -> list[str]:
-    """``gguf`` copied into ``out`` as parts of at most ``mib`` MiB; their names, in order."""
-    if mib is None:
-        shutil.copyfile(gguf, out / "model.gguf.0")
-        return ["model.gguf.0"]
+def _split(gguf: Path, out: Path, mib: int | None) -> tuple[list[str], str]:
+    """``gguf`` copied into ``out`` as parts of at most ``mib`` MiB (``None``: one part), read once: the parts' names,
+    in order, and the GGUF's SHA-256 (hex)."""
+    size = max(gguf.stat().st_size, 1) if mib is None else mib << 20
+    digest = hashlib.sha256()
     names: list[str] = []
     with open(gguf, "rb") as src:
-        while chunk := src.read(mib << 20):
+        while chunk := src.read(size):
+            digest.update(chunk)
             names.append(f"model.gguf.{len(names)}")
             (out / names[-1]).write_bytes(chunk)
-    return names
+    return names, digest.hexdigest()

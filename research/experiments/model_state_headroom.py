@@ -64,15 +64,31 @@ def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray, nodes: np.n
     return cols
 
 
-def stacked(cal, positions: list[rh.Position]):
-    """``cal`` stacked with the model terms, fitted on ``positions`` (nodes whose parent was accepted)."""
+def parent_accepted(positions: list[rh.Position]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nodes of ``positions`` whose parent was accepted (what a conditional model is fitted on): their features
+    ``[rows, columns]`` float64, whether each was accepted ``[rows]`` and their tokens ``[rows]``."""
     xs, ys, ts = [], [], []
     for p in positions:
         parent_ok = np.where(p.parents >= 0, p.ok[np.maximum(p.parents, 0)], True)
-        xs.append(p.x[parent_ok].astype(np.float64))
+        xs.append(p.x[parent_ok])
         ys.append(p.ok[parent_ok])
         ts.append(p.tokens[parent_ok])
-    return cal.with_model_terms(np.concatenate(xs), np.concatenate(ys), np.concatenate(ts))
+    return np.concatenate(xs).astype(np.float64), np.concatenate(ys), np.concatenate(ts)
+
+
+def stacked(cal, positions: list[rh.Position]):
+    """``cal`` stacked with the model terms, fitted on ``positions`` (nodes whose parent was accepted)."""
+    return cal.with_model_terms(*parent_accepted(positions))
+
+
+def conditional(cal, p: rh.Position) -> np.ndarray:
+    """``[N]``: each node's probability of acceptance given its parent's, under ``cal``."""
+    return 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
+
+
+def halves(positions: list[rh.Position], requests: list[rh.Request]) -> tuple[list[rh.Position], list[rh.Position]]:
+    """``positions`` split by their request's half: ``(fit, report)``."""
+    return ([p for p in positions if requests[p.request].fit], [p for p in positions if not requests[p.request].fit])
 
 
 @dataclass(frozen=True)
@@ -87,15 +103,9 @@ class SecondDepth:
     def fit(cls, base, positions: list[rh.Position]) -> SecondDepth:
         from sklearn.linear_model import LogisticRegression
 
-        xs, ys, ts = [], [], []
-        for p in positions:
-            parent_ok = np.where(p.parents >= 0, p.ok[np.maximum(p.parents, 0)], True)
-            xs.append(p.x[parent_ok])
-            ys.append(p.ok[parent_ok])
-            ts.append(p.tokens[parent_ok])
-        x, tokens = np.concatenate(xs).astype(np.float64), np.concatenate(ts)
+        x, accepted, tokens = parent_accepted(positions)
         logit = base.logits(x[:, :-3], tokens)
-        model = LogisticRegression(C=1.0, max_iter=2000).fit(np.column_stack([logit, x[:, -3:]]), np.concatenate(ys))
+        model = LogisticRegression(C=1.0, max_iter=2000).fit(np.column_stack([logit, x[:, -3:]]), accepted)
         return cls(base, model.coef_[0].copy(), float(model.intercept_[0]))
 
     def logits(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -110,8 +120,7 @@ def second_depth(with_model: list[rh.Position], estimates: list[np.ndarray], cal
     for p, estimate in zip(with_model, estimates):
         cols = np.zeros((len(p.tokens), 3))
         if len(p.parents):
-            conditional = 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
-            first = int(rh.best_chain(p, rh.path_scores(p, conditional))[0])
+            first = int(rh.best_chain(p, rh.path_scores(p, conditional(cal, p)))[0])
             kids = np.flatnonzero(p.parents == first)
             if len(kids):
                 cols = model_columns(p, lm, step(estimate, int(p.tokens[first])), kids)
@@ -123,14 +132,12 @@ def ranked(fitted: list[rh.Position], held: list[rh.Position], requests: list[rh
     """The report half's chains under ``cal`` (on each position's features, model features included): the first
     token's hit rate, accept length per position and by stepped replay; and under the cut chosen on the fit half
     (:func:`under_cut`)."""
-    def conditional(p: rh.Position) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-cal.logits(p.x.astype(np.float64), p.tokens)))
-
-    table = rh.chain_table(held, "refit", conditional, args.budget)
+    scores = partial(conditional, cal)
+    table = rh.chain_table(held, "refit", scores, args.budget)
     accepted = 1 + table[1].sum(axis=1)
     return {"first_right": float(table[1][:, 0].mean()), "per_position": float(accepted.mean()),
             "accept_length": rh.stepped(held, accepted, requests)["all"],
-            "cut": under_cut(rh.chain_table(fitted, "refit", conditional, args.budget), table, fitted, held, requests,
+            "cut": under_cut(rh.chain_table(fitted, "refit", scores, args.budget), table, fitted, held, requests,
                              args)}
 
 
@@ -164,6 +171,11 @@ def run(args) -> dict:
     forward = HeadModule.of(head, torch.from_numpy(embedding))
     shipped = Calibration.load()
     report: dict = {"budget": args.budget, "head": str(args.head), "head_meta": head.meta, "streams": {}}
+
+    def step(state: np.ndarray, token: int) -> np.ndarray:
+        """The head's next-state estimate from ``state`` ``[d]`` and ``token``."""
+        return forward(torch.from_numpy(state[None]), torch.tensor([token])).detach().numpy()[0]
+
     for name, store, requests in rh._sets(args):
         requests = requests[:args.limit]
         t0 = time.perf_counter()
@@ -173,10 +185,7 @@ def run(args) -> dict:
         states = {}  # request -> [len, d] the target's states over its prompt and answer
         for n, r in enumerate(requests):
             states[n] = target_features(target, r.prompt + r.output).numpy()
-        out: dict = {"union": rh.first_tokens([p for p in positions if not requests[p.request].fit])}
-        def step(state: np.ndarray, token: int) -> np.ndarray:
-            return forward(torch.from_numpy(state[None]), torch.tensor([token])).detach().numpy()[0]
-
+        out: dict = {"union": rh.first_tokens(halves(positions, requests)[1])}
         for which in ("head", "true state"):
             with_model, estimates = [], []
             for p in positions:
@@ -185,21 +194,15 @@ def run(args) -> dict:
                 estimate = f[t + 1] if which == "true state" else step(f[t], r.output[p.pos - 1])
                 estimates.append(estimate)
                 with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
-            fitted = [p for p in with_model if requests[p.request].fit]
-            held = [p for p in with_model if not requests[p.request].fit]
+            fitted, held = halves(with_model, requests)
             cal = head.calibration if which == "head" else stacked(shipped, fitted)
             out[which] = ranked(fitted, held, requests, cal, args)
             first = [(p.ok[p.depths == 1], p.x[p.depths == 1, -2]) for p in held if (p.depths == 1).any()]
             out[which]["argmax_right"] = sum(bool(ok[np.argmax(lp)]) for ok, lp in first) / len(held)
             if which == "head":  # the head once more, on its own estimate: the depth-2 nodes of the first token
-                deeper = second_depth(with_model, estimates, cal, step, lm)
-                fit2 = [p for p in deeper if requests[p.request].fit]
-                out[DEPTH2] = ranked(fit2, [p for p in deeper if not requests[p.request].fit], requests,
-                                     SecondDepth.fit(cal, fit2), args)
-        fitted = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
-                  if requests[p.request].fit]
-        held = [replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions
-                if not requests[p.request].fit]
+                fit2, held2 = halves(second_depth(with_model, estimates, cal, step, lm), requests)
+                out[DEPTH2] = ranked(fit2, held2, requests, SecondDepth.fit(cal, fit2), args)
+        fitted, held = halves([replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions], requests)
         out["shipped"] = ranked(fitted, held, requests,
                                 replace(shipped, coef=np.concatenate([shipped.coef, np.zeros(3)])), args)
         perfect = rh.chain_table(held, rh.PERFECT, None, args.budget)
