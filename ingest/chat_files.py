@@ -127,6 +127,8 @@ def json_array_items(file: Path, stream: io.BufferedIOBase, fields: tuple[str, .
         for record in ijson.items(tail, "item"):
             records += 1
             yield ChatItem(record, fields)
+    except GeneratorExit:  # closed part-way (a reader that stopped early), perhaps as the interpreter exits: the
+        raise  # clauses below read module globals that may be gone by then
     except ijson.IncompleteJSONError as exc:
         yield ChatItem(note=truncation_note(tail.tail(), tail.size, exc))
     except ijson.JSONError as exc:

@@ -35,6 +35,19 @@ def test_truncated_sharegpt_recovers_every_complete_record(sharegpt_sample, toke
     assert texts[0].startswith("<|im_start|>system\n")  # flattened with the target's chat template
 
 
+def test_a_reader_that_stops_early_leaves_no_noise_at_exit():
+    """A process that reads one batch of the packaged ShareGPT and exits with the reader still open prints nothing:
+    the streaming parser's generator is closed at exit without touching what the interpreter has torn down."""
+    import subprocess
+    import sys
+
+    code = ("from toolkit import load_tokenizer\nfrom ingest.sources import iter_documents\n"
+            "_, batches = iter_documents('sharegpt', None, tokenizer=load_tokenizer())\nnext(iter(batches))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+
+
 def test_packaged_corpus_is_found():
     assert default_sharegpt_path().stat().st_size > 100_000_000
 
