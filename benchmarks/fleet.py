@@ -32,6 +32,14 @@ Methods (``--methods``):
 - ``ours-nolive``: the same without the live layer;
 - ``ours-human``: ``ours`` on the human-corpus datastore alone.
 
+**The target's state** (``--head FILE``): ours' processes draft as vLLM's proposer does with a draft head
+(:class:`drafting.DraftHead`; issue 69): each step hands the drafter the target's final-normed state at the row's last
+accepted token, taken from the target run teacher-forced over each request's prompt and answer (fp32, as vLLM hands it;
+cached in ``--dir``). The shipped head (``drafting/data/head.npz``) cannot be scored here: it was trained on the
+target's answers to every packaged ShareGPT opening, today's among them. A head from ``python -m evaluation
+train-head`` can: it reads the fit halves and the first ``--tokens`` of ShareGPT's conversations (yesterday's). A head
+whose record shows the GPU trainer (``evaluation/head_gpu.py``: every opening) is refused.
+
 Report: accept length (tokens per verification step, bonus included) per method and K; by quarter of the stream (the
 restart falls between the second and the third); by kind of prompt: ``repeat`` (its text equals an earlier prompt's,
 yesterday's or today's), ``template`` (its first 40 characters do), ``new``, ``follow-up``; for ours, which sources'
@@ -39,7 +47,7 @@ trees held the accepted draft tokens (:attr:`drafting.Draft.sources`: the datast
 tokens, the process's output index).
 
     python -m benchmarks.fleet prepare     # split, distill, today's answers, both builds (cached)
-    python -m benchmarks.fleet run [--k 1 2 4 8] [--budget 8] [--form chain]
+    python -m benchmarks.fleet run [--k 1 2 4 8] [--budget 8] [--form chain] [--head FILE]
     python -m benchmarks.fleet table       # the last run's tables again
     python -m benchmarks.fleet plot        # accept length over the stream (docs/img/fleet.png)
 """
@@ -55,14 +63,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crest_native import MAX_BUDGET
-from toolkit.options import float_in, int_in
+from toolkit.options import existing_path, float_in, int_in
 
 from ._harness import RESULTS, saved
+
+if TYPE_CHECKING:
+    from drafting import DraftHead
 
 DIR = RESULTS / "fleet"
 METHODS = ("suffix", "suffix-warm", "ngram", "ours", "ours-unshared", "ours-nolive", "ours-human")
@@ -281,8 +294,55 @@ def _distilled_tokens(folder: Path) -> list[np.ndarray]:
                 for line in f if line.strip()]
 
 
-def _drafter(method: str, args, warm: list[np.ndarray]):
-    """One process's drafter (built in the worker, after the fork)."""
+@dataclass(frozen=True)
+class Model:
+    """What ours' processes read the target's state with (``--head``)."""
+
+    head: DraftHead
+    lm_head: np.ndarray  # [vocab, d] float32, C order: the target's LM head
+    embedding: np.ndarray | None  # [vocab, d] float32, C order: its token embedding (None: tied to the LM head)
+    states: list[np.ndarray]  # per request of the stream: [prompt + answer, d] float32, the target's states
+
+
+def _model(args, stream: list[dict]) -> Model | None:
+    """``--head`` and the target's states over every request's prompt and answer (computed once, cached in
+    ``--dir``/states); ``None`` without ``--head``."""
+    if args.head is None:
+        return None
+    from tqdm import tqdm
+
+    from decoder import load_target
+    from drafting import DraftHead
+    from evaluation.features import reference_states, target_fingerprint, target_weights
+
+    head = DraftHead.load(args.head)
+    trained = head.meta.get("trained", {})
+    if "sharegpt_tokens" not in trained:
+        raise SystemExit(f"error: --head {args.head} was not trained by `python -m evaluation train-head` on this CPU: "
+                         "one trained on ShareGPT openings (evaluation/head_gpu.py, the shipped head) saw today's "
+                         "answers; train one here (it reads the fit halves and ShareGPT's first conversations)")
+    target = load_target(None, device="cpu")
+    embedding, lm_head = target_weights(target)
+    tied = embedding.data_ptr() == lm_head.data_ptr()
+    lm = np.ascontiguousarray(lm_head.float().numpy())
+    if not head.fits(lm):
+        raise SystemExit(f"error: --head {args.head} was trained for another model; train one for "
+                         f"{target.spec} with `python -m evaluation train-head`")
+    print(f"the head read {trained['sharegpt_tokens']:,} tokens of ShareGPT's first conversations (yesterday's) "
+          "beside the fit halves", flush=True)
+    fingerprint, folder, seen = target_fingerprint(target), args.dir / "states", {}
+    states = []
+    for r in tqdm(stream, desc="the target's states", unit="request"):
+        ids = tuple(r["prompt_ids"] + r["output_ids"])
+        if ids not in seen:  # a repeated prompt reads the same array
+            seen[ids] = reference_states(target, ids, folder, fingerprint)
+        states.append(seen[ids])
+    return Model(head, lm, None if tied else np.ascontiguousarray(embedding.float().numpy()), states)
+
+
+def _drafter(method: str, args, warm: list[np.ndarray], model: Model | None):
+    """One process's drafter (built in the worker, after the fork); ours reads the target's state through ``model``'s
+    head where one is given."""
     from drafting import DraftingService
     from toolkit import load_tokenizer
 
@@ -312,6 +372,11 @@ def _drafter(method: str, args, warm: list[np.ndarray]):
     writer = LiveWriter(name, origin=f"fleet-{os.getpid()}") if live else None
     compactor = LiveCompactor(name) if live else None
     service = DraftingService(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
+    if model is not None:
+        from toolkit.tokenizer import tokenizer_fingerprint
+
+        service.set_model(model.lm_head, model.head.calibration.for_tokenizer(tokenizer_fingerprint(tok)),
+                          model.head.native(model.lm_head if model.embedding is None else model.embedding))
     if writer is not None and method != "ours-unshared":
         from live import LiveOutputs, OutputFeed
 
@@ -349,20 +414,22 @@ class Attributed:
         return made
 
 
-def _worker(method: str, args, warm, inbox, results) -> None:
+def _worker(method: str, args, warm, model: Model | None, inbox, results) -> None:
     """One decoder process: replays the requests it is sent, in order, until ``None``; then ``None`` on ``results``
     (after ``("error", traceback)`` when it failed). Each result is ``(index, tokens, steps, {sources bitmask:
-    accepted draft tokens})``."""
+    accepted draft tokens})``. With ``model``, ours' steps read each request's states (inherited by the fork)."""
     import traceback
 
     from evaluation.simulate import replay
 
     try:
-        service = Attributed(_drafter(method, args, warm))
+        model = model if method.startswith("ours") else None
+        service = Attributed(_drafter(method, args, warm, model))
         while (msg := inbox.get()) is not None:
             i, prompt, output = msg
             service.held.clear()
-            res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain")
+            res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain",
+                         states=None if model is None else model.states[i])
             results.put((i, len(res.output_ids) - 1, len(res.steps), dict(service.held)))
         service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
     except Exception:  # reported to the parent, which stops the run naming it
@@ -392,9 +459,10 @@ def _start_live(name: str, yesterday: list[np.ndarray]) -> None:
         compact_live(name, database_url=url)
 
 
-def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int, int, dict]]:
+def fleet(method: str, k: int, stream: list[dict], args, warm, model: Model | None = None
+          ) -> list[tuple[int, int, dict]]:
     """Replay ``stream`` on ``k`` processes of ``method``; every process restarts at the midpoint. Returns ``(tokens,
-    steps, {sources bitmask: accepted draft tokens})`` per request."""
+    steps, {sources bitmask: accepted draft tokens})`` per request. ``model``: ours reads the target's state."""
     if method in LIVE:
         _start_live(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both",
                     warm if args.live_start == "yesterday" else [])
@@ -406,7 +474,8 @@ def fleet(method: str, k: int, stream: list[dict], args, warm) -> list[tuple[int
     half = len(stream) // 2
     for part in (range(0, half), range(half, len(stream))):
         inboxes = [ctx.Queue() for _ in range(k)]
-        procs = [ctx.Process(target=_worker, args=(method, args, warm, q, results), daemon=True) for q in inboxes]
+        procs = [ctx.Process(target=_worker, args=(method, args, warm, model, q, results),
+                             daemon=True) for q in inboxes]
         for p in procs:
             p.start()
         t0 = time.monotonic()
@@ -474,12 +543,14 @@ def run(args) -> None:
                          "first")
     kinds = [r["kind"] for r in stream]
     warm = _distilled_tokens(args.dir) if {"suffix-warm", *LIVE} & set(args.methods) else []
+    model = _model(args, stream) if any(m.startswith("ours") for m in args.methods) else None
     rows = []
     cells = [(m, k) for k in args.k for m in args.methods]
     for method, k in tqdm(cells, desc="fleet runs", unit="run"):
         t0 = time.perf_counter()
-        got = fleet(method, k, stream, args, warm)
+        got = fleet(method, k, stream, args, warm, model)
         rows.append({"method": method, "k": k, "budget": args.budget, "form": args.form, "requests": len(stream),
+                     "head": str(args.head) if model is not None and method.startswith("ours") else None,
                      "live_start": args.live_start if method in LIVE else None,
                      "interval_s": args.interval if method in LIVE else 0.0, "seconds": time.perf_counter() - t0,
                      **summary(got, kinds)})
@@ -499,6 +570,9 @@ def print_tables(out: dict) -> None:
     w = max(12, *map(len, methods))
     print(f"accept length, {rows[0]['form']} of {rows[0]['budget']}, {rows[0]['requests']} requests "
           f"(kinds: {out['meta']['kinds_scored']})")
+    heads = {r["head"] for r in rows if r.get("head")}
+    if heads:
+        print(f"ours read the target's state through the draft head {', '.join(sorted(heads))}")
     print(f"{'method':<{w}} " + " ".join(f"{'K=' + str(k):>7}" for k in ks))
     for m in methods:
         print(f"{m:<{w}} " + " ".join(f"{at[(m, k)]['accept_length']:>7.3f}" if (m, k) in at else f"{'-':>7}"
@@ -591,6 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "fleet's layer keeps overnight; the same answers suffix-warm's trees are warmed with), or "
                         "nothing (default: yesterday).")
     g.add_argument("--seed", type=int_in(0), default=0, help="the balancer's draw (default: 0).")
+    g.add_argument("--head", type=existing_path, default=None,
+                   help="ours reads the target's state through this draft head (a `python -m evaluation train-head` "
+                        "file; the shipped head saw today's answers: module docstring). Default: none.")
     g.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N of today's openings.")
     g.add_argument("--out", type=Path, default=None, help="the results (default: DIR/fleet.json).")
     g = ap.add_argument_group("plot")

@@ -190,6 +190,29 @@ def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
     refused("table", "fleet.json holds no rows", "fleet run")
 
 
+def _head_from_here(path) -> None:
+    """The shipped head's weights in a file whose record says ``train-head`` made it here (as the fleet requires)."""
+    from drafting import DraftHead
+    from drafting.head import DEFAULT_HEAD, WEIGHTS
+
+    shipped = DraftHead.load(DEFAULT_HEAD)
+    DraftHead(**{w: getattr(shipped, w) for w in WEIGHTS}, calibration=shipped.calibration, target=shipped.target,
+              meta={"trained": {"sharegpt_tokens": 0}}).save(path)
+
+
+def test_fleet_refuses_a_head_that_saw_today(tmp_path):
+    """The shipped head was trained on the answers to every ShareGPT opening, today's among them: refused, naming the
+    head to train instead."""
+    from drafting.head import DEFAULT_HEAD
+
+    (tmp_path / "today.json").write_text(json.dumps({"meta": {}, "stream": [
+        {"id": "today-0", "kind": "new", "text": "hi", "prompt_ids": [1, 2, 3], "output_ids": [4, 5]}]}))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
+                           "ours", "--head", str(DEFAULT_HEAD)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "saw today's answers" in proc.stderr, proc.stderr[-2000:]
+    assert "python -m evaluation train-head" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_fleet(database_url, sharegpt_sample, tmp_path):
     """``prepare`` on a slice of the ShareGPT sample (answers by our own greedy loop, 8 tokens each; the openings and
@@ -206,10 +229,17 @@ def test_fleet(database_url, sharegpt_sample, tmp_path):
         assert printed(out, f"built {name}-both")
         out = _run("fleet", "run", "--k", "2", "--methods", *methods, "--interval", "0.05", "--dir", folder,
                    "--name", name, url=database_url)
+        _head_from_here(tmp_path / "head.npz")  # ours with the target's state: the states computed, then read
+        headed = _run("fleet", "run", "--k", "2", "--methods", "ours", "--head", tmp_path / "head.npz", "--interval",
+                      "0.05", "--dir", folder, "--name", name, "--out", tmp_path / "head.json", url=database_url)
     finally:
         drop_datastores(database_url, f"{name}-human", f"{name}-both")
+    assert printed(headed, "ours read the target's state through the draft head")
+    rows = json.loads((tmp_path / "head.json").read_text())["rows"]
+    assert [(r["method"], r["head"]) for r in rows] == [("ours", str(tmp_path / "head.npz"))]
+    assert rows[0]["accept_length"] >= 1 and len(list((folder / "states").glob("*.npy"))) > 0
     saved = json.loads((folder / "fleet.json").read_text())
-    assert [(r["method"], r["k"]) for r in saved["rows"]] == [(m, 2) for m in methods]
+    assert [(r["method"], r["k"], r["head"]) for r in saved["rows"]] == [(m, 2, None) for m in methods]
     assert all(r["accept_length"] >= 1 and len(r["by_quarter"]) == 4 for r in saved["rows"])
     assert sum(saved["meta"]["kinds_scored"].values()) == saved["rows"][0]["requests"] > 0
     assert saved["meta"]["kinds_scored"]["follow-up"] > 0 and saved["meta"]["follow_gap"] == 4
