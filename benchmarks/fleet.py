@@ -263,7 +263,7 @@ def prepare(args) -> None:
     if args.engine == "vllm" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # vLLM's CPU settings, from the start
         from serving.server import cpu_env
 
-        os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env(in_process=True))
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], cpu_env(in_process=True))
     args.dir.mkdir(parents=True, exist_ok=True)
     meta = _split(args)
     follow = meta["kinds"].get("follow-up", 0)
@@ -638,7 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--name", default="fleet", help="prefix of the two datastores built (default: fleet: fleet-human, "
                                                     "fleet-both).")
     g = ap.add_argument_group("prepare")
-    g.add_argument("--path", type=Path, default=None, help="the conversations (default: the packaged ShareGPT).")
+    g.add_argument("--path", type=existing_path, default=None,
+                   help="the conversations (default: the packaged ShareGPT).")
     g.add_argument("--yesterday", type=int_in(1), default=4000, help="conversations of yesterday (default: 4000).")
     g.add_argument("--today", type=int_in(1), default=600, help="conversations of today (default: 600).")
     g.add_argument("--distill", type=int_in(0), default=1000,

@@ -190,6 +190,18 @@ def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
     refused("table", "fleet.json holds no rows", "fleet run")
 
 
+def test_fleet_prepare_restarts_with_the_cpu_settings_as_a_module(tmp_path):
+    """``prepare`` restarts itself with vLLM's CPU settings before anything reads (``python -m benchmarks.fleet`` again,
+    its package intact); there, a stream larger than the corpus is refused naming the options to lower."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "prepare", "--dir", str(tmp_path), "--yesterday",
+                           "1000000"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and "fewer than --yesterday 1000000" in proc.stderr, proc.stderr[-2000:]
+    assert "lower them" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def _head_from_here(path) -> None:
     """The shipped head's weights in a file whose record says ``train-head`` made it here (as the fleet requires)."""
     from drafting import DraftHead
