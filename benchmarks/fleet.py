@@ -318,9 +318,10 @@ def _model(args, stream: list[dict]) -> Model | None:
     head = DraftHead.load(args.head)
     trained = head.meta.get("trained", {})
     if "sharegpt_tokens" not in trained:
-        raise SystemExit(f"error: --head {args.head} was not trained by `python -m evaluation train-head` on this CPU: "
-                         "one trained on ShareGPT openings (evaluation/head_gpu.py, the shipped head) saw today's "
-                         "answers; train one here (it reads the fit halves and ShareGPT's first conversations)")
+        raise SystemExit(f"error: --head {args.head} records no training by `python -m evaluation train-head` (a head "
+                         "trained on ShareGPT's openings by evaluation/head_gpu.py, as the shipped one, saw today's "
+                         "answers): train one with `python -m evaluation train-head`, which reads the fit halves and "
+                         "ShareGPT's first conversations")
     target = load_target(None, device="cpu")
     embedding, lm_head = target_weights(target)
     tied = embedding.data_ptr() == lm_head.data_ptr()
