@@ -3,7 +3,8 @@ its own features, stack its model features on the calibration over the fit half,
 write it.
 
 1. Features (:mod:`evaluation.features`, cached under ``CREST_CACHE``): the target run teacher-forced over the fit
-   halves' prompts with their greedy answers (its own outputs) and over ShareGPT openings (``--tokens``), in
+   halves' prompts with their greedy answers (its own outputs), over ShareGPT's first conversations (``--tokens``)
+   and over the target's own answers to other prompts (``--distilled``: ``python -m serving distill``'s files), in
    ``--dtype``.
 2. The head, trained for ``--minutes`` (:mod:`evaluation.head_training`).
 3. Its calibration: ``--calibration`` (default: the shipped one) stacked with the model features
@@ -29,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.options import float_in, int_in
+from toolkit.options import existing_path, float_in, int_in
 
 from .references import Reference, half, load_references
 
 __all__ = ["add_parser"]
 
 SETS = ("spec_bench", "humaneval")
-TRAINING = {"tokens": 200_000, "minutes": 10.0, "dtype": "float32", "hidden": 1024, "work": None}
+TRAINING = {"tokens": 200_000, "distilled": None, "minutes": 10.0, "dtype": "float32", "hidden": 1024, "work": None}
 """The options of training here, with their defaults: ``--weights`` takes none of them."""
 
 
@@ -54,6 +55,11 @@ def add_parser(sub, parents: list) -> None:
     ap.add_argument("--tokens", type=int_in(0), default=TRAINING["tokens"],
                     help="ShareGPT tokens the target is run over beside the fit halves (default: %(default)s; about "
                          "300 a second on two CPU cores in fp32).")
+    ap.add_argument("--distilled", type=existing_path, nargs="+", default=TRAINING["distilled"],
+                    help="the target's own answers to train on beside the rest: `python -m serving distill`'s files "
+                         "(or any chat file, read as `ingest build --source chat` reads it), each conversation "
+                         "rendered with the chat template, its first 1,024 tokens (default: none). No evaluation "
+                         "prompt may be among them: `serving distill` screens its prompts against the sets.")
     ap.add_argument("--minutes", type=float_in(0.1), default=TRAINING["minutes"],
                     help="training time (default: %(default)s).")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=TRAINING["dtype"],
@@ -172,16 +178,26 @@ def _train(args, target, refs: dict, embedding, lm, t0: float) -> tuple[dict, di
     about = {"target": target.spec, "tokens": args.tokens, "fit": [r.id for r in fit], "dtype": args.dtype}
     work = args.work or Path(cache_dir()) / "heads" / hashlib.sha256(json.dumps(about).encode()).hexdigest()[:16]
     parts = {"fit": [_sequence(r) for r in fit], "sharegpt": _sharegpt(tok, args.tokens)}
+    abouts = {part: {**about, "part": part} for part in parts}
+    folders = {part: work / part for part in parts}
+    if args.distilled:  # a folder of its own, named by the files: the other parts' features are kept across choices
+        files = [[str(p.resolve()), p.stat().st_size] for p in args.distilled]
+        parts["distilled"] = _distilled(tok, args.distilled)
+        abouts["distilled"] = {**about, "part": "distilled", "files": files}
+        folders["distilled"] = work / f"distilled-{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
     with tqdm(total=sum(len(x) for seqs in parts.values() for x in seqs), desc="features", unit="token",
               dynamic_ncols=True) as bar:
-        own, corpus = (extract(teacher, seqs, work / part, about={**about, "part": part}, progress=bar.update)
-                       for part, seqs in parts.items())
-    print(f"features: {len(own.tokens) + len(corpus.tokens):,} positions in {time.perf_counter() - t0:.0f} s")
-    pairs = Pairs.of([own, corpus])
+        sets = {part: extract(teacher, seqs, folders[part], about=abouts[part], progress=bar.update)
+                for part, seqs in parts.items()}
+    print(f"features: {sum(len(fs.tokens) for fs in sets.values()):,} positions in {time.perf_counter() - t0:.0f} s")
+    own = sets["fit"]
+    pairs = Pairs.of(list(sets.values()))
     module, steps = train_head(pairs, lm, embedding, TrainSettings(minutes=args.minutes, hidden=args.hidden),
                                progress=lambda step, spent, loss: print(f"  step {step} ({spent:.0%}): {loss:.3f}"))
     known = {r.id: own.features[own.span(i)] for i, r in enumerate(fit)} if teacher is target else {}
     trained = {"positions": len(pairs), "steps": steps, "minutes": args.minutes, "sharegpt_tokens": args.tokens,
+               "distilled": [str(p) for p in args.distilled or []],
+               "distilled_tokens": len(sets["distilled"].tokens) if "distilled" in sets else 0,
                "dtype": args.dtype, "fit_prompts": len(fit)}
     return module.arrays(), trained, known
 
@@ -201,6 +217,18 @@ def _sharegpt(tok, tokens: int) -> list[np.ndarray]:
     _, batches = iter_documents("sharegpt", None, tokenizer=tok)
     return first_tokens((text for b in batches for text in b.column(0).to_pylist()), tok, seq_len=512,
                         max_tokens=tokens)
+
+
+def _distilled(tok, paths: list[Path]) -> list[np.ndarray]:
+    """The target's own answers: each conversation of ``paths`` rendered with the chat template, as ``ingest build
+    --source chat`` reads it, its first 1,024 tokens."""
+    from ingest.sources import iter_documents
+
+    from .features import first_tokens
+
+    _, batches = iter_documents("chat", tuple(paths), tokenizer=tok)
+    return first_tokens((text for b in batches for text in b.column(0).to_pylist()), tok, seq_len=1024,
+                        max_tokens=1 << 62)
 
 
 def _states(cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:

@@ -30,21 +30,32 @@ def test_calibrate(database_url, chat_datastore, references, tmp_path):
 
 @pytest.mark.slow
 def test_train_head(database_url, chat_datastore, references, tmp_path):
-    """The head trains on the fit halves and a few ShareGPT tokens (their features in bfloat16), its model terms stack
-    on the calibration, its report half is reported, and the file it writes loads and fits the target."""
+    """The head trains on the fit halves, a few ShareGPT tokens and two distilled answers (their features in
+    bfloat16), its model terms stack on the calibration, its report half is reported, and the file it writes loads and
+    fits the target."""
+    import json
+
     from decoder.model import load_target
     from drafting import DraftHead
     from evaluation.features import target_weights
 
+    answers = tmp_path / "distilled.jsonl"
+    answers.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
+                                                                                         "content": a}]}) + "\n"
+                               for q, a in (("Name three primary colours.", "Red, yellow and blue are the three."),
+                                            ("What is 2 + 2?", "2 + 2 equals 4, a small sum."))))
     out = run_script("evaluation", "train-head", "--datastore", chat_datastore, "--code-datastore", chat_datastore,
                      "--references", references, "--out", tmp_path / "head.npz", "--tokens", "3000", "--minutes",
-                     "0.1", "--hidden", "32", "--dtype", "bfloat16", "--work", tmp_path / "work", url=database_url)
+                     "0.1", "--hidden", "32", "--dtype", "bfloat16", "--work", tmp_path / "work", "--distilled",
+                     answers, url=database_url)
     assert printed(out, r"features: [\d,]+ positions") and printed(out, r"wrote .*head.npz")
+    assert len(list((tmp_path / "work").glob("distilled-*/features.npy"))) == 1
     head = DraftHead.load(tmp_path / "head.npz")
     report = head.meta["report"]
     assert set(report) == {"spec_bench", "humaneval"}
     assert all(0 <= r["top1_vocabulary"] <= 1 and r["positions"] > 0 for r in report.values())
     assert head.calibration.with_model and head.meta["steps"] > 0 and head.meta["dtype"] == "bfloat16"
+    assert head.meta["distilled"] == [str(answers)] and head.meta["distilled_tokens"] > 40
     assert head.fits(target_weights(load_target(None, device="cpu"))[1].float().numpy())
 
 
