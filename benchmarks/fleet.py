@@ -37,8 +37,9 @@ Methods (``--methods``):
 accepted token, taken from the target run teacher-forced over each request's prompt and answer (fp32, as vLLM hands it;
 cached in ``--dir``). The shipped head (``drafting/data/head.npz``) cannot be scored here: it was trained on the
 target's answers to every packaged ShareGPT opening, today's among them. A head from ``python -m evaluation
-train-head`` can: it reads the fit halves and the first ``--tokens`` of ShareGPT's conversations (yesterday's). A head
-whose record shows the GPU trainer (``evaluation/head_gpu.py``: every opening) is refused.
+train-head`` can: it reads the fit halves, the first ``--tokens`` of ShareGPT's conversations (yesterday's) and, with
+``--distilled`` ``DIR/distilled.jsonl.zst``, yesterday's distilled answers. A head whose record shows the GPU trainer
+(``evaluation/head_gpu.py``: every opening) or other distilled answers is refused.
 
 Report: accept length (tokens per verification step, bonus included) per method and K; by quarter of the stream (the
 restart falls between the second and the third); by kind of prompt: ``repeat`` (its text equals an earlier prompt's,
@@ -316,12 +317,16 @@ def _model(args, stream: list[dict]) -> Model | None:
     from evaluation.features import reference_states, target_fingerprint, target_weights
 
     head = DraftHead.load(args.head)
-    trained = head.meta.get("trained", {})
+    trained, ours = head.meta, (args.dir / "distilled.jsonl.zst").resolve()
     if "sharegpt_tokens" not in trained:
         raise SystemExit(f"error: --head {args.head} records no training by `python -m evaluation train-head` (a head "
                          "trained on ShareGPT's openings by evaluation/head_gpu.py, as the shipped one, saw today's "
                          "answers): train one with `python -m evaluation train-head`, which reads the fit halves and "
                          "ShareGPT's first conversations")
+    other = [f for f in trained.get("distilled", []) if Path(f).resolve() != ours]
+    if other:
+        raise SystemExit(f"error: --head {args.head} was trained on the answers in {', '.join(other)}, which may hold "
+                         f"today's: train it with `--distilled {ours}` (yesterday's) or none")
     target = load_target(None, device="cpu")
     embedding, lm_head = target_weights(target)
     tied = embedding.data_ptr() == lm_head.data_ptr()
@@ -329,8 +334,8 @@ def _model(args, stream: list[dict]) -> Model | None:
     if not head.fits(lm):
         raise SystemExit(f"error: --head {args.head} was trained for another model; train one for "
                          f"{target.spec} with `python -m evaluation train-head`")
-    print(f"the head read {trained['sharegpt_tokens']:,} tokens of ShareGPT's first conversations (yesterday's) "
-          "beside the fit halves", flush=True)
+    print(f"the head read {trained['sharegpt_tokens']:,} tokens of ShareGPT's first conversations (yesterday's) and "
+          f"{trained.get('distilled_tokens', 0):,} of yesterday's distilled answers beside the fit halves", flush=True)
     fingerprint, folder, seen = target_fingerprint(target), args.dir / "states", {}
     states = []
     for r in tqdm(stream, desc="the target's states", unit="request"):

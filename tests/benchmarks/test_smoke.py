@@ -202,14 +202,15 @@ def test_fleet_prepare_restarts_with_the_cpu_settings_as_a_module(tmp_path):
     assert "lower them" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def _head_from_here(path) -> None:
-    """The shipped head's weights in a file whose record says ``train-head`` made it here (as the fleet requires)."""
+def _head_from_here(path, distilled: tuple[str, ...] = ()) -> None:
+    """The shipped head's weights in a file whose record says ``train-head`` made it here (as the fleet requires), on
+    the ``distilled`` answer files."""
     from drafting import DraftHead
     from drafting.head import DEFAULT_HEAD, WEIGHTS
 
     shipped = DraftHead.load(DEFAULT_HEAD)
     DraftHead(**{w: getattr(shipped, w) for w in WEIGHTS}, calibration=shipped.calibration, target=shipped.target,
-              meta={"trained": {"sharegpt_tokens": 0}}).save(path)
+              meta={"sharegpt_tokens": 0, "distilled": list(distilled)}).save(path)
 
 
 def test_fleet_refuses_a_head_that_saw_today(tmp_path):
@@ -223,6 +224,12 @@ def test_fleet_refuses_a_head_that_saw_today(tmp_path):
                            "ours", "--head", str(DEFAULT_HEAD)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "saw today's answers" in proc.stderr, proc.stderr[-2000:]
     assert "python -m evaluation train-head" in proc.stderr and "Traceback" not in proc.stderr
+    _head_from_here(tmp_path / "head.npz", (str(tmp_path / "all.jsonl"),))  # trained here on other answers: refused
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
+                           "ours", "--head", str(tmp_path / "head.npz")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "all.jsonl, which may hold today's" in proc.stderr, proc.stderr[-2000:]
+    assert f"--distilled {(tmp_path / 'distilled.jsonl.zst').resolve()}" in proc.stderr
 
 
 @pytest.mark.slow
