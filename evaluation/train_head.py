@@ -221,14 +221,25 @@ def _sharegpt(tok, tokens: int) -> list[np.ndarray]:
 
 def _distilled(tok, paths: list[Path]) -> list[np.ndarray]:
     """The target's own answers: each conversation of ``paths`` rendered with the chat template, as ``ingest build
-    --source chat`` reads it, its first 1,024 tokens."""
+    --source chat`` reads it, its first 1,024 tokens.
+
+    Raises:
+        ValueError: when one holds an evaluation item (the screen of :func:`ingest.contamination.screen_documents`).
+    """
+    from ingest.contamination import screen_documents, screen_items
     from ingest.sources import iter_documents
 
     from .features import first_tokens
 
     _, batches = iter_documents("chat", tuple(paths), tokenizer=tok)
-    return first_tokens((text for b in batches for text in b.column(0).to_pylist()), tok, seq_len=1024,
-                        max_tokens=1 << 62)
+    out = first_tokens((text for b in batches for text in b.column(0).to_pylist()), tok, seq_len=1024,
+                       max_tokens=1 << 62)
+    flagged = [f for f in screen_documents(out, screen_items(tok)) if f is not None]
+    if flagged:
+        raise ValueError(f"--distilled holds {len(flagged)} conversations with an evaluation item ({flagged[0]} the "
+                         "first): the head would be reported on what it trained on; leave them out (`python -m "
+                         "serving distill` screens its prompts)")
+    return out
 
 
 def _states(cache: dict, target, known: dict, r: Reference, pos: int) -> np.ndarray:

@@ -101,3 +101,22 @@ def test_every_subcommand_answers_help_under_its_own_name(capsys):
         with pytest.raises(SystemExit) as exit_:
             build_parser().parse_args([command, "--help"])
         assert exit_.value.code == 0 and f"python -m evaluation {command}" in capsys.readouterr().out
+
+
+def test_train_head_refuses_distilled_answers_that_hold_an_evaluation_item(tokenizer, tmp_path):
+    """A conversation of ``--distilled`` holding a Spec-Bench question is refused before anything is extracted, naming
+    the item; the clean one beside it alone passes."""
+    import json
+
+    from evaluation.train_head import _distilled
+    from ingest.contamination import screened_texts
+
+    item, question = screened_texts()["spec_bench"][3]
+    clean = {"messages": [{"role": "user", "content": "Name three primary colours."},
+                          {"role": "assistant", "content": "Red, yellow and blue are the three."}]}
+    (tmp_path / "clean.jsonl").write_text(json.dumps(clean) + "\n")
+    assert len(_distilled(tokenizer, [tmp_path / "clean.jsonl"])) == 1
+    leaked = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "An answer."}]}
+    (tmp_path / "leaked.jsonl").write_text(json.dumps(leaked) + "\n")
+    with pytest.raises(ValueError, match=f"1 conversations with an evaluation item \\(spec_bench/{item}"):
+        _distilled(tokenizer, [tmp_path / "clean.jsonl", tmp_path / "leaked.jsonl"])
