@@ -279,13 +279,14 @@ class LookupClient(ABC):
         another thread, such as the swap listener, followed it between ``op`` reading the builds and this refresh)."""
         for attempt in (0, 1):
             self._raise_fault()
-            info, live = self.info, self.live
+            info, live, delta = self.info, self.live, self.delta
             out = op(info)
             if out is not None:
                 return out
             if attempt == 1:
                 break
-            followed = self.refresh() or (self.info.id, _id(self.live)) != (info.id, _id(live))  # raises if dropped
+            followed = self.refresh() or \
+                (self.info.id, _id(self.live), _id(self.delta)) != (info.id, _id(live), _id(delta))  # raises if dropped
             if not followed:
                 raise LookupFailed(f"a tree table of datastore {info.name!r} is missing although its build "
                                    f"{info.id} is ready; rebuild it")

@@ -164,3 +164,45 @@ def test_a_swap_followed_by_another_thread_mid_lookup_is_no_fault(database_url, 
             return info.id
 
         assert client._retrying(op) == second
+
+
+def test_a_delta_swap_followed_by_another_thread_mid_lookup_is_no_fault(database_url, tokenizer, real_stream,
+                                                                       live_ds):
+    """The same race on the live layer's delta, which each process of a fleet compacts every few seconds
+    (benchmarks/fleet.py at K = 4: "a tree table ... is missing although its build ... is ready" as each process
+    started, then drafting without the datastore a while): the lookup's first try finds the old delta gone and follows
+    the new one before reporting a table missing."""
+    from datastore.layers import live_name
+    from ingest.tokens import SEPARATOR
+    from live.compaction import compact_delta, compact_live
+    from live.writer import LiveWriter
+
+    docs = [d[d != SEPARATOR].tolist() for d in np.split(real_stream, np.flatnonzero(real_stream == SEPARATOR))]
+    docs = [d for d in docs if len(d) > 8][:18]
+
+    def appended(part) -> None:
+        writer = LiveWriter(live_ds, database_url, origin="test")
+        assert all(writer.append(d) for d in part)
+        writer.close(timeout=60)
+
+    appended(docs[:10])
+    compact_live(live_ds, top_t=500, database_url=database_url)
+    appended(docs[10:14])
+    compact_delta(live_ds, top_t=500, database_url=database_url)
+    layer = live_name(live_ds)
+    with SharedDatastore.open(layer, tokenizer=tokenizer, database_url=database_url, live=layer, listen=False,
+                              replicas=False) as client:
+        old = client.delta
+        assert old is not None
+        appended(docs[14:18])
+        new = compact_delta(live_ds, top_t=500, database_url=database_url).build
+        assert new is not None
+
+        def op(info):
+            assert client.delta is not None
+            if client.delta.id == old.id:
+                client.refresh()  # another thread follows the new delta meanwhile
+                return None  # this try's delta table is gone
+            return client.delta.id
+
+        assert client._retrying(op) == new.build_id
