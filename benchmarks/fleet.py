@@ -316,7 +316,10 @@ def _model(args, stream: list[dict]) -> Model | None:
     from drafting import DraftHead
     from evaluation.features import reference_states, target_fingerprint, target_weights
 
-    head = DraftHead.load(args.head)
+    try:
+        head = DraftHead.load(args.head)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: --head: {exc}") from None
     trained, ours = head.meta, (args.dir / "distilled.jsonl.zst").resolve()
     if "sharegpt_tokens" not in trained:
         raise SystemExit(f"error: --head {args.head} records no training by `python -m evaluation train-head` (a head "

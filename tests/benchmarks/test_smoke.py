@@ -224,6 +224,10 @@ def test_fleet_refuses_a_head_that_saw_today(tmp_path):
                            "ours", "--head", str(DEFAULT_HEAD)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "saw today's answers" in proc.stderr, proc.stderr[-2000:]
     assert "python -m evaluation train-head" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
+                           "ours", "--head", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "is not a draft head file" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
     _head_from_here(tmp_path / "head.npz", (str(tmp_path / "all.jsonl"),))  # trained here on other answers: refused
     proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
                            "ours", "--head", str(tmp_path / "head.npz")], cwd=REPO, capture_output=True, text=True,
