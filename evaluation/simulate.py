@@ -57,7 +57,7 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
 
     Raises:
         ValueError: when ``reference`` is empty, ``budget < 0``, or ``states`` is not a float32 matrix with a row for
-            every position but the last.
+            every position but the last, or is given with an empty prompt.
     """
     if len(reference) == 0:
         raise ValueError("reference is empty: save the plain-greedy output first")
@@ -65,11 +65,11 @@ def replay(drafter: Drafter, prompt_ids: Sequence[int], reference: Sequence[int]
         raise ValueError(f"budget={budget}: must be >= 0")
     given = len(prompt_ids) + len(reference) - 1
     if states is not None and (type(states) is not np.ndarray or states.dtype != np.float32 or states.ndim != 2
-                               or len(states) < given or not states.flags.c_contiguous):
+                               or len(states) < given or not states.flags.c_contiguous or len(prompt_ids) == 0):
         shape = getattr(states, "shape", None)
-        raise ValueError(f"states {type(states).__name__} of shape {shape}: pass a C-order float32 array of "
-                         f"[>= {given}, hidden_size], the target's state at every position of the prompt and the "
-                         "reference (evaluation.features.reference_states)")
+        raise ValueError(f"states {type(states).__name__} of shape {shape} for a prompt of {len(prompt_ids)} tokens: "
+                         f"pass a C-order float32 array of [>= {given}, hidden_size], the target's state at every "
+                         "position of a non-empty prompt and the reference (evaluation.features.reference_states)")
     ref = np.asarray(reference, dtype=np.int64)
     result = GenerationResult([int(t) for t in ref])
     pos = 1  # the prefill committed reference[0]

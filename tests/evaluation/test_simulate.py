@@ -74,11 +74,11 @@ def test_each_step_reads_the_state_that_gave_its_bonus_token(target, tokenizer, 
     assert differs > 0  # the state changed some chain
 
 
-@pytest.mark.parametrize("bad", ["float64", "short", "flat", "fortran"])
+@pytest.mark.parametrize("bad", ["float64", "short", "flat", "fortran", "no prompt"])
 def test_malformed_states_are_refused(lm_head, bad):
-    prompt, ref = [1, 2, 3, 4], [5, 6, 7]
-    states = np.zeros((len(prompt) + len(ref), lm_head.shape[1]), np.float32)
+    prompt, ref = ([] if bad == "no prompt" else [1, 2, 3, 4]), [5, 6, 7]
+    states = np.zeros((7, lm_head.shape[1]), np.float32)
     states = {"float64": states.astype(np.float64), "short": states[:4], "flat": states[0],
-              "fortran": np.asfortranarray(states[:, :8])}[bad]
+              "fortran": np.asfortranarray(states[:, :8]), "no prompt": states}[bad]
     with pytest.raises(ValueError, match="reference_states"):
         replay(DraftingService(None, vocab_size=len(lm_head)), prompt, ref, 8, chain=True, states=states)
