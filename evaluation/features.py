@@ -84,8 +84,12 @@ def reference_states(target: TargetModel, token_ids: Sequence[int], folder: str 
     ids = np.asarray(token_ids, dtype=np.int64)
     key = hashlib.sha256(f"{fingerprint}-{target.dtype}".encode() + ids.tobytes()).hexdigest()[:24]
     path = folder / f"{key}.npy"
-    if path.exists():
+    try:
         return np.load(path)
+    except FileNotFoundError:
+        pass  # not computed yet
+    except (OSError, ValueError, EOFError):  # cut off or corrupt (written whole, so damaged from outside): again
+        path.unlink()
     states = target_features(target, ids.tolist()).numpy()
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{key}.tmp{os.getpid()}.npy"

@@ -82,3 +82,14 @@ def test_malformed_states_are_refused(lm_head, bad):
               "fortran": np.asfortranarray(states[:, :8]), "no prompt": states}[bad]
     with pytest.raises(ValueError, match="reference_states"):
         replay(DraftingService(None, vocab_size=len(lm_head)), prompt, ref, 8, chain=True, states=states)
+
+
+def test_a_damaged_cached_state_file_is_computed_again(target, tmp_path):
+    """The states replay reads (:func:`evaluation.features.reference_states`) come from a cache; a cached file cut off
+    or corrupted is computed again, to the same values, not raised."""
+    ids = [1, 2, 3, 4, 5, 6]
+    first = reference_states(target, ids, tmp_path)
+    (cached,) = tmp_path.glob("*.npy")
+    for damage in (cached.read_bytes()[:100], b"not an array"):
+        cached.write_bytes(damage)
+        assert np.array_equal(reference_states(target, ids, tmp_path), first)
