@@ -172,14 +172,20 @@ def test_service_step(database_url, chat_datastore, references):
     assert all(len(d) == 1 for d in digests.values())  # the replica drafts bit for bit what the round trip drafts
 
 
+def _fleet_refused(*args: object, env: dict | None = None) -> str:
+    """``python -m benchmarks.fleet ARGS`` exits 1 with a one-line error, no traceback; returns its stderr."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return proc.stderr
+
+
 def test_fleet_refuses_a_run_before_its_prepare(tmp_path):
     """``run``, ``table`` and ``plot`` on a folder ``prepare`` never wrote, or whose file is cut short: one line naming
     the file and the command to run."""
     def refused(step: str, named: str, remedy: str) -> None:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", step, "--dir", str(tmp_path)],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 1 and named in proc.stderr and remedy in proc.stderr, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
+        stderr = _fleet_refused(step, "--dir", tmp_path)
+        assert named in stderr and remedy in stderr, stderr[-2000:]
 
     for step, missing, fix in (("run", "today.json", "fleet prepare"), ("table", "fleet.json", "fleet run"),
                                ("plot", "fleet.json", "fleet run")):
@@ -196,10 +202,8 @@ def test_fleet_prepare_restarts_with_the_cpu_settings_as_a_module(tmp_path):
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "prepare", "--dir", str(tmp_path), "--yesterday",
-                           "1000000"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 1 and "fewer than --yesterday 1000000" in proc.stderr, proc.stderr[-2000:]
-    assert "lower them" in proc.stderr and "Traceback" not in proc.stderr
+    stderr = _fleet_refused("prepare", "--dir", tmp_path, "--yesterday", "1000000", env=env)
+    assert "fewer than --yesterday 1000000" in stderr and "lower them" in stderr, stderr[-2000:]
 
 
 def _head_from_here(path, distilled: tuple[str, ...] = ()) -> None:
@@ -220,20 +224,14 @@ def test_fleet_refuses_a_head_that_saw_today(tmp_path):
 
     (tmp_path / "today.json").write_text(json.dumps({"meta": {}, "stream": [
         {"id": "today-0", "kind": "new", "text": "hi", "prompt_ids": [1, 2, 3], "output_ids": [4, 5]}]}))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
-                           "ours", "--head", str(DEFAULT_HEAD)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "saw today's answers" in proc.stderr, proc.stderr[-2000:]
-    assert "python -m evaluation train-head" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
-                           "ours", "--head", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "is not a draft head file" in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+    stderr = _fleet_refused("run", "--dir", tmp_path, "--methods", "ours", "--head", DEFAULT_HEAD)
+    assert "saw today's answers" in stderr and "python -m evaluation train-head" in stderr, stderr[-2000:]
+    stderr = _fleet_refused("run", "--dir", tmp_path, "--methods", "ours", "--head", tmp_path)
+    assert "is not a draft head file" in stderr, stderr[-2000:]
     _head_from_here(tmp_path / "head.npz", (str(tmp_path / "all.jsonl"),))  # trained here on other answers: refused
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "run", "--dir", str(tmp_path), "--methods",
-                           "ours", "--head", str(tmp_path / "head.npz")], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 1 and "all.jsonl, which may hold today's" in proc.stderr, proc.stderr[-2000:]
-    assert f"--distilled {(tmp_path / 'distilled.jsonl.zst').resolve()}" in proc.stderr
+    stderr = _fleet_refused("run", "--dir", tmp_path, "--methods", "ours", "--head", tmp_path / "head.npz")
+    assert "all.jsonl, which may hold today's" in stderr, stderr[-2000:]
+    assert f"--distilled {(tmp_path / 'distilled.jsonl.zst').resolve()}" in stderr
 
 
 @pytest.mark.slow
