@@ -288,8 +288,9 @@ class LookupClient(ABC):
             followed = self.refresh() or \
                 (self.info.id, _id(self.live), _id(self.delta)) != (info.id, _id(live), _id(delta))  # raises if dropped
             if not followed:
-                raise LookupFailed(f"a tree table of datastore {info.name!r} is missing although its build "
-                                   f"{info.id} is ready; rebuild it")
+                read = ", ".join(f"{b.name!r} (build {b.id}, table {b.table})" for b in (info, live, delta) if b)
+                raise LookupFailed(f"a tree table the lookup reads is missing although its build is ready: one of "
+                                   f"{read}; rebuild that datastore")
         raise DatastoreNotFound(f"datastore {self.info.name!r} keeps being replaced; try again")
 
     def _decode(self, info: DatastoreInfo, key: bytes, blob: bytes) -> Match | None:

@@ -3,16 +3,19 @@ batch, a byte-bounded cache, build swaps followed as they are notified, and many
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import numpy as np
+import psycopg
 import pytest
+from psycopg import sql
 
 from datastore import Datastore
 from datastore.admin.catalog import drop_datastore
 from datastore.cache import TreeCache
-from datastore.errors import DatastoreNotFound
+from datastore.errors import DatastoreNotFound, LookupFailed
 from datastore.shared import SharedDatastore
 from drafting import DatastoreSource
 from support import build_small
@@ -206,3 +209,17 @@ def test_a_delta_swap_followed_by_another_thread_mid_lookup_is_no_fault(database
             return client.delta.id
 
         assert client._retrying(op) == new.build_id
+
+
+def test_a_table_missing_outside_a_swap_names_the_builds_read(database_url, tokenizer, sharegpt_sample, ds_name):
+    """A tree table dropped by hand while its build stays ready (no swap to follow) fails the lookup with an error
+    naming each build the lookup reads and its table, not the main build alone."""
+    build_small(database_url, ds_name, sharegpt_sample)
+    with SharedDatastore.open(ds_name, tokenizer=tokenizer, database_url=database_url, listen=False,
+                              replicas=False) as client:
+        info = client.info
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(info.table)))
+        named = re.escape(f"{ds_name!r} (build {info.id}, table {info.table}); rebuild")
+        with pytest.raises(LookupFailed, match=named):
+            client.lookup([1, 2, 3])
