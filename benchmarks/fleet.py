@@ -300,8 +300,8 @@ class Model:
     """What ours' processes read the target's state with (``--head``)."""
 
     head: DraftHead
-    lm_head: np.ndarray  # [vocab, d] float32, C order: the target's LM head
-    embedding: np.ndarray | None  # [vocab, d] float32, C order: its token embedding (None: tied to the LM head)
+    embedding: np.ndarray  # [vocab, d] float32, C order: the target's token embedding (the LM head's array if tied)
+    lm_head: np.ndarray  # [vocab, d] float32, C order: its LM head
     states: list[np.ndarray]  # per request of the stream: [prompt + answer, d] float32, the target's states
 
 
@@ -314,6 +314,7 @@ def _model(args, stream: list[dict]) -> Model | None:
 
     from decoder import load_target
     from drafting import DraftHead
+    from drafting.head import target_rows
     from evaluation.features import reference_states, target_fingerprint, target_weights
 
     try:
@@ -331,9 +332,7 @@ def _model(args, stream: list[dict]) -> Model | None:
         raise SystemExit(f"error: --head {args.head} was trained on the answers in {', '.join(other)}, which may hold "
                          f"today's: train it with `--distilled {ours}` (yesterday's) or none")
     target = load_target(None, device="cpu")
-    embedding, lm_head = target_weights(target)
-    tied = embedding.data_ptr() == lm_head.data_ptr()
-    lm = np.ascontiguousarray(lm_head.float().numpy())
+    embedding, lm = target_rows(*target_weights(target))
     if not head.fits(lm):
         raise SystemExit(f"error: --head {args.head} was trained for another model; train one for "
                          f"{target.spec} with `python -m evaluation train-head`")
@@ -346,7 +345,7 @@ def _model(args, stream: list[dict]) -> Model | None:
         if ids not in seen:  # a repeated prompt reads the same array
             seen[ids] = reference_states(target, ids, folder, fingerprint)
         states.append(seen[ids])
-    return Model(head, lm, None if tied else np.ascontiguousarray(embedding.float().numpy()), states)
+    return Model(head, embedding, lm, states)
 
 
 def _drafter(method: str, args, warm: list[np.ndarray], model: Model | None):
@@ -384,8 +383,7 @@ def _drafter(method: str, args, warm: list[np.ndarray], model: Model | None):
     if model is not None:
         from toolkit.tokenizer import tokenizer_fingerprint
 
-        service.set_model(model.lm_head, model.head.calibration.for_tokenizer(tokenizer_fingerprint(tok)),
-                          model.head.native(model.lm_head if model.embedding is None else model.embedding))
+        service.set_head(model.head, model.embedding, model.lm_head, tokenizer_fingerprint(tok))
     if writer is not None and method != "ours-unshared":
         from live import LiveOutputs, OutputFeed
 

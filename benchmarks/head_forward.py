@@ -37,12 +37,12 @@ def measure(args) -> dict:
     import crest_native
     from decoder.model import load_target
     from drafting import DraftHead
-    from drafting.head import DEFAULT_HEAD
+    from drafting.head import DEFAULT_HEAD, target_rows
     from evaluation.features import target_weights
     from evaluation.head_module import HeadModule
 
     head = DraftHead.load(Path(args.head) if args.head else DEFAULT_HEAD)
-    embedding = np.ascontiguousarray(target_weights(load_target(None, device="cpu"))[0].float().numpy())
+    embedding = target_rows(*target_weights(load_target(None, device="cpu")))[0]
     native, module = head.native(embedding), HeadModule.of(head, torch.from_numpy(embedding))
     flush = np.ones(args.flush_mb * 2**18, np.float32) if args.flush_mb else None
     rng = np.random.default_rng(0)

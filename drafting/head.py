@@ -16,6 +16,7 @@ import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,7 +24,10 @@ import crest_native
 
 from .calibration import Calibration
 
-__all__ = ["DEFAULT_HEAD", "WEIGHTS", "DraftHead", "row_norms"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEFAULT_HEAD", "WEIGHTS", "DraftHead", "row_norms", "target_rows"]
 
 DEFAULT_HEAD = Path(__file__).with_name("data") / "head.npz"
 """The head shipped for the default target (SmolLM2-135M-Instruct), where one was trained and is small."""
@@ -37,6 +41,23 @@ WEIGHTS = ("up", "up_bias", "down", "down_bias", "state_gain", "token_gain")
 def row_norms(lm_head: np.ndarray, rows: int = 16) -> list[float]:
     """The L2 norms of the LM head's first ``rows`` rows (what names the target in :attr:`DraftHead.target`)."""
     return [float(v) for v in np.linalg.norm(np.asarray(lm_head[:rows], dtype=np.float64), axis=1)]
+
+
+def target_rows(embedding: torch.Tensor, lm_head: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The target's token embedding and LM head as the drafter reads them (:meth:`DraftHead.native`,
+    :meth:`drafting.DraftingService.set_model`): ``(embedding, lm_head)``, each ``[vocab, d]`` float32 in C order,
+    from torch tensors of any float dtype on any device. Where the model ties them (the two tensors share storage)
+    both are one array, copied once.
+
+    Raises:
+        ValueError: when the two are not ``[vocab, d]`` of one shape.
+    """
+    if embedding.dim() != 2 or tuple(embedding.shape) != tuple(lm_head.shape):
+        raise ValueError(f"the target's embedding {tuple(embedding.shape)} and LM head {tuple(lm_head.shape)} must "
+                         "both be [vocab, d]")
+    lm = np.ascontiguousarray(lm_head.detach().float().cpu().numpy())
+    tied = embedding.data_ptr() == lm_head.data_ptr()
+    return (lm if tied else np.ascontiguousarray(embedding.detach().float().cpu().numpy())), lm
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from . import door
 from .calibration import RETRIEVAL_SOURCES, Calibration
 from .door import RequestId
 from .draft import CostCurve, ScoreKind
+from .head import DraftHead
 from .native import core_options, native_core
 from .opening import open_service
 from .retrieval import DatastoreTrees, native_tree
@@ -273,6 +274,22 @@ class DraftingService:
             self._check_open()
             self._core.set_model(lm_head, calibration.coef, calibration.intercept, calibration.prior,
                                  *((None, None) if term is None else (term.tokens, term.bias)), head)
+
+    def set_head(self, head: DraftHead, embedding: np.ndarray, lm_head: np.ndarray, tokenizer: str) -> None:
+        """From now on a row given a state is read through ``head``: :meth:`set_model` with ``head``'s calibration for
+        the tokenizer whose fingerprint is ``tokenizer`` (:func:`toolkit.tokenizer.tokenizer_fingerprint`; a token
+        term fitted for another tokenizer is dropped, :meth:`drafting.Calibration.for_tokenizer`) and its native form
+        over ``embedding``.
+
+        Args:
+            head: a head trained for this target (check :meth:`drafting.DraftHead.fits` first).
+            embedding / lm_head: the target's ``[vocab, d]`` float32 C-ordered rows, read in place
+                (:func:`drafting.head.target_rows`; one array where the model ties them).
+
+        Raises:
+            TypeError / ValueError: as :meth:`set_model` and :meth:`drafting.DraftHead.native` raise.
+        """
+        self.set_model(lm_head, head.calibration.for_tokenizer(tokenizer), head.native(embedding))
 
     def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
         """``requests`` as a :class:`Batch` whose handles are current."""

@@ -91,11 +91,13 @@ def run(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--weights {args.weights} does not exist; pass the head_<width>.npz "
                                 "evaluation/head_gpu.py wrote")
     given_head = _weights(args.weights) if args.weights is not None else None  # read before the target loads
+    import torch
+
     from crest_native import MODEL_FEATURES
     from datastore.connection import resolve_database_url
     from decoder.model import load_target
     from drafting import Calibration, DraftHead
-    from drafting.head import row_norms
+    from drafting.head import row_norms, target_rows
 
     from .contamination import require_clean
     from .features import target_weights
@@ -106,14 +108,14 @@ def run(args: argparse.Namespace) -> None:
     refs = {name: load_references(name, args.references, tokenizer=tok) for name in SETS}
     for name, store in zip(SETS, (args.datastore, args.code_datastore)):  # no corpus may hold a prompt fitted on
         require_clean(resolve_database_url(None), store, name, [r.id for r in refs[name]])
-    embedding, lm = (w.float().contiguous() for w in target_weights(target))
+    embedding_np, lm_np = target_rows(*target_weights(target))  # [vocab, d] float32, one array where tied
+    embedding, lm = torch.from_numpy(embedding_np), torch.from_numpy(lm_np)  # the trainer's views of the same memory
     if given_head is not None:
         arrays, trained = given_head
         _fits(arrays, embedding.shape[1], args.weights)
         known: dict = {}
     else:
         arrays, trained, known = _train(args, target, refs, embedding, lm, t0)
-    lm_np = np.ascontiguousarray(lm.numpy())
     base = Calibration.load() if args.calibration is None else Calibration.load(args.calibration)
     target_info = {"vocab_size": int(lm.shape[0]), "hidden_size": int(lm.shape[1]), "model": target.spec,
                    "row_norms": row_norms(lm_np)}
@@ -121,8 +123,7 @@ def run(args: argparse.Namespace) -> None:
                            sources=base.sources, token_bias=base.token_bias)  # the model features weigh nothing yet
     states = partial(_states, {}, target, known)
     # read as a step reads a row's state: through the native head, over the target's own embedding
-    head = DraftHead(**arrays, calibration=unfitted, target=target_info).native(
-        np.ascontiguousarray(embedding.numpy()))
+    head = DraftHead(**arrays, calibration=unfitted, target=target_info).native(embedding_np)
     x, y, toks = _tables(args, tok, {name: half(refs[name], "fit") for name in SETS}, unfitted, lm_np, states, head)
     cal = base.with_model_terms(x, y, toks, meta={"model_terms": {"fit_rows": int(len(y)), "sets": list(SETS)}})
     report = {name: _report(args, tok, name, half(refs[name], "report"), cal, lm_np, states, head) for name in SETS}

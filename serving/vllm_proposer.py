@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from drafting import Calibration, ChainDrafts, DraftHead, DraftingService
-from drafting.head import DEFAULT_HEAD
+from drafting.head import DEFAULT_HEAD, target_rows
 from live import Anytime, CompactionPolicy, EngineGate, LiveCompactor, OutputFeed, WhenEngineIdle
 from toolkit.settings import Settings
 
@@ -160,24 +160,22 @@ class CrestProposer:
         if self.lm_head is None or choice == "off" or (choice is None and not DEFAULT_HEAD.exists()):
             return
         draft_head = DraftHead.load(DEFAULT_HEAD if choice is None else choice)
-        lm_head = np.ascontiguousarray(self.lm_head.detach().float().cpu().numpy())
+        embedding = _embedding_rows(model)
+        found = embedding is not None and tuple(embedding.shape) == tuple(self.lm_head.shape)
+        # [vocab, hidden] float32 each, one array where the model ties them (the LM head's alone where none is found)
+        rows, lm_head = target_rows(embedding if embedding is not None and found else self.lm_head, self.lm_head)
         if not draft_head.fits(lm_head):
             if choice is not None:
                 raise ValueError(f"CREST_HEAD={choice} was trained for another model; train one for this model with "
                                  "python -m evaluation train-head, or set CREST_HEAD=off")
             log.info("the shipped draft head was trained for another model; drafting without the target's state")
             return
-        embedding = _embedding_rows(model)
-        if embedding is None or tuple(embedding.shape) != lm_head.shape:
+        if not found:
             log.warning("the target's token embedding is not where the proposer looks; drafting without its state")
             return
         from toolkit.tokenizer import tokenizer_fingerprint
 
-        # [vocab, hidden] float32: the LM head's copy where the two are tied, else the engine's own rows
-        rows = lm_head if embedding.data_ptr() == self.lm_head.data_ptr() else \
-            np.ascontiguousarray(embedding.detach().float().cpu().numpy())
-        self.service.set_model(lm_head, draft_head.calibration.for_tokenizer(tokenizer_fingerprint(self._tokenizer)),
-                               draft_head.native(rows))
+        self.service.set_head(draft_head, rows, lm_head, tokenizer_fingerprint(self._tokenizer))
         self.head = draft_head
 
     def observe_states(self, states: RowStates | None) -> None:

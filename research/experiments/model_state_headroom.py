@@ -160,13 +160,13 @@ def run(args) -> dict:
     from datastore.shared import SharedDatastore
     from decoder.model import load_target
     from drafting import Calibration, DatastoreSource, DraftHead
+    from drafting.head import target_rows
     from evaluation.features import target_features, target_weights
     from evaluation.head_module import HeadModule
 
     target = load_target(None, device="cpu")
     tok = target.tokenizer
-    embedding, lm = (np.ascontiguousarray(w.float().numpy()) for w in target_weights(target))
-    lm = np.asarray(lm, dtype=np.float32)
+    embedding, lm = target_rows(*target_weights(target))
     head = DraftHead.load(args.head)
     forward = HeadModule.of(head, torch.from_numpy(embedding))
     shipped = Calibration.load()

@@ -10,7 +10,7 @@ import pytest
 
 from crest_native import MODEL_FEATURES
 from drafting import Calibration, DraftHead
-from drafting.head import row_norms
+from drafting.head import row_norms, target_rows
 from oracle.head import estimates
 
 D, HIDDEN, V = 8, 12, 40
@@ -115,3 +115,20 @@ def test_the_native_head_refuses_what_does_not_fit():
         native.estimates(np.ones((1, D), np.float64), np.array([1], np.uint32))
     with pytest.raises(TypeError):
         native.estimates(np.ones((1, D), np.float32), np.array([-1], np.int64))
+
+
+def test_target_rows_are_float32_rows_shared_where_the_model_ties_them():
+    """A tied target's embedding and LM head are one float32 array (copied once); untied ones are two, each the
+    tensor's values; rows of another shape are refused."""
+    torch = pytest.importorskip("torch")
+    weight = torch.randn(6, 4, dtype=torch.bfloat16)
+    embedding, lm_head = target_rows(weight, weight)
+    assert embedding is lm_head and lm_head.dtype == np.float32 and lm_head.flags.c_contiguous
+    np.testing.assert_array_equal(lm_head, weight.float().numpy())
+    other = torch.randn(6, 4)
+    embedding, lm_head = target_rows(other, weight.t().contiguous().t())  # an LM head not in C order
+    assert embedding is not lm_head and lm_head.flags.c_contiguous
+    np.testing.assert_array_equal(embedding, other.numpy())
+    np.testing.assert_array_equal(lm_head, weight.float().numpy())
+    with pytest.raises(ValueError, match=r"\[vocab, d\]"):
+        target_rows(other, torch.randn(6, 5))

@@ -9,7 +9,7 @@ import pytest
 
 from decoder import greedy_generate
 from drafting import DraftHead, DraftingService
-from drafting.head import DEFAULT_HEAD
+from drafting.head import DEFAULT_HEAD, target_rows
 from evaluation.features import reference_states, target_weights
 from evaluation.simulate import replay
 from toolkit.tokenizer import tokenizer_fingerprint
@@ -45,7 +45,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def lm_head(target) -> np.ndarray:
-    return np.ascontiguousarray(target_weights(target)[1].float().numpy())
+    return target_rows(*target_weights(target))[1]
 
 
 def test_each_step_reads_the_state_that_gave_its_bonus_token(target, tokenizer, eval_prompts, lm_head, tmp_path):
@@ -53,7 +53,7 @@ def test_each_step_reads_the_state_that_gave_its_bonus_token(target, tokenizer, 
     the state is the one vLLM hands over. The replay stays lossless, and the head's scores take part in the drafts."""
     head = DraftHead.load(DEFAULT_HEAD)
     service = DraftingService(None, vocab_size=len(lm_head))
-    service.set_model(lm_head, head.calibration.for_tokenizer(tokenizer_fingerprint(tokenizer)), head.native(lm_head))
+    service.set_head(head, lm_head, lm_head, tokenizer_fingerprint(tokenizer))  # SmolLM2 ties the two
     plain = DraftingService(None, vocab_size=len(lm_head))
     differs = 0
     for p in eval_prompts:
