@@ -12,7 +12,10 @@ each depth-1 node of the union gets the model features the native core computes 
 - ``head, depth 2``: the same, and the head applied again to its own estimate and the chain's first token, whose
   children get the model features from that second estimate (stacked once more on the fit half);
 - ``true state``: the target's actual next state (a head that is never wrong about the state; its terms stacked on the
-  shipped calibration over the fit half): what no head can beat.
+  shipped calibration over the fit half): what no head can beat at depth 1;
+- ``true state, depth 2``: the same, and the first token's children read against the target's actual state after that
+  token where it is the target's (else against the head's step from the true state and that token; those children are
+  rejected anyway): the bound of a head that also steps to depth 2, such as one trained on its own estimates.
 
 The target's states come from the HF model run teacher-forced over each request's prompt and answer (fp32, the state
 vLLM hands the proposer; tests/serving/test_vllm_proposer.py). Reported on the report halves: how often the chain's
@@ -48,6 +51,8 @@ from . import ranking_headroom as rh
 from .cut_simulation import engine_clock, engine_options
 
 DEPTH2 = "head, depth 2"  # the head applied again to its own estimate, for the first token's children
+TRUE2 = "true state, depth 2"  # the target's actual states at depths 1 and 2
+RANKERS = ("shipped", "head", DEPTH2, "true state", TRUE2)
 
 
 def model_columns(p: rh.Position, lm: np.ndarray, state: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
@@ -114,18 +119,27 @@ class SecondDepth:
 
 def second_depth(with_model: list[rh.Position], estimates: list[np.ndarray], cal, step, lm: np.ndarray
                  ) -> list[rh.Position]:
-    """Each position with the depth-2 model features: the head (``step(estimate, token) -> estimate``) applied again
-    to its own depth-1 estimate and the chain's first token under ``cal``, read against that token's children."""
+    """Each position with the depth-2 model features: the state after the chain's first token under ``cal``
+    (``step(i, estimate, token) -> state`` for position ``i``, from its depth-1 ``estimate``), read against that
+    token's children."""
     out = []
-    for p, estimate in zip(with_model, estimates):
+    for i, (p, estimate) in enumerate(zip(with_model, estimates)):
         cols = np.zeros((len(p.tokens), 3))
         if len(p.parents):
             first = int(rh.best_chain(p, rh.path_scores(p, conditional(cal, p)))[0])
             kids = np.flatnonzero(p.parents == first)
             if len(kids):
-                cols = model_columns(p, lm, step(estimate, int(p.tokens[first])), kids)
+                cols = model_columns(p, lm, step(i, estimate, int(p.tokens[first])), kids)
         out.append(replace(p, x=np.hstack([p.x, cols])))
     return out
+
+
+def stepped_truly(truths: list[tuple[int, np.ndarray | None]], step, i: int, estimate: np.ndarray, token: int
+                  ) -> np.ndarray:
+    """The state after ``token`` at position ``i``: the target's own (``truths[i]``: the target's token there and its
+    state after it) where ``token`` is the target's, else the head's ``step`` from ``estimate``."""
+    right, state = truths[i]
+    return state if token == right and state is not None else step(estimate, token)
 
 
 def ranked(fitted: list[rh.Position], held: list[rh.Position], requests: list[rh.Request], cal, args) -> dict:
@@ -187,10 +201,11 @@ def run(args) -> dict:
             states[n] = target_features(target, r.prompt + r.output).numpy()
         out: dict = {"union": rh.first_tokens(halves(positions, requests)[1])}
         for which in ("head", "true state"):
-            with_model, estimates = [], []
+            with_model, estimates, at = [], [], []
             for p in positions:
                 r, f = requests[p.request], states[p.request]
                 t = len(r.prompt) + p.pos - 2  # the state that gave the bonus token r.output[p.pos - 1]
+                at.append(t)
                 estimate = f[t + 1] if which == "true state" else step(f[t], r.output[p.pos - 1])
                 estimates.append(estimate)
                 with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
@@ -200,8 +215,15 @@ def run(args) -> dict:
             first = [(p.ok[p.depths == 1], p.x[p.depths == 1, -2]) for p in held if (p.depths == 1).any()]
             out[which]["argmax_right"] = sum(bool(ok[np.argmax(lp)]) for ok, lp in first) / len(held)
             if which == "head":  # the head once more, on its own estimate: the depth-2 nodes of the first token
-                fit2, held2 = halves(second_depth(with_model, estimates, cal, step, lm), requests)
+                again = second_depth(with_model, estimates, cal, lambda i, e, token: step(e, token), lm)
+                fit2, held2 = halves(again, requests)
                 out[DEPTH2] = ranked(fit2, held2, requests, SecondDepth.fit(cal, fit2), args)
+            else:  # the target's state after the first token, where that token is the target's
+                truths = [(requests[p.request].output[p.pos], states[p.request][t + 2])
+                          if p.pos < len(requests[p.request].output) else (-1, None) for p, t in zip(positions, at)]
+                true_step = partial(stepped_truly, truths, step)
+                fit2, held2 = halves(second_depth(with_model, estimates, cal, true_step, lm), requests)
+                out[TRUE2] = ranked(fit2, held2, requests, SecondDepth.fit(cal, fit2), args)
         fitted, held = halves([replace(p, x=np.hstack([p.x, np.zeros((len(p.x), 3))])) for p in positions], requests)
         out["shipped"] = ranked(fitted, held, requests,
                                 replace(shipped, coef=np.concatenate([shipped.coef, np.zeros(3)])), args)
@@ -220,17 +242,17 @@ def print_table(name: str, out: dict) -> None:
     print(f"\n{name}: the union offers {union['offered']:.1f} first tokens; one is the target's at "
           f"{union['any_right']:.1%} of positions. Union's best chain: {best:.3f}")
     base = out["shipped"]["accept_length"]
-    print(f"{'ranker':14s} {'first token':>12s} {'argmax':>8s} {'accept':>8s} {'/shipped':>9s}")
-    for ranker in ("shipped", "head", DEPTH2, "true state"):
+    print(f"{'ranker':20s} {'first token':>12s} {'argmax':>8s} {'accept':>8s} {'/shipped':>9s}")
+    for ranker in RANKERS:
         row = out[ranker]
-        print(f"{ranker:14s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
+        print(f"{ranker:20s} {row['first_right']:12.1%} {row.get('argmax_right', float('nan')):8.1%} "
               f"{row['accept_length']:8.3f} {row['accept_length'] / base:8.3f}x")
     cut = out["shipped"]["cut"]["tok_s"]
     print("under a cut (the simulated engine; each ranker's cut chosen on the fit half)")
-    print(f"{'ranker':14s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
-    for ranker in ("shipped", "head", DEPTH2, "true state", rh.PERFECT):
+    print(f"{'ranker':20s} {'cut':>5s} {'tok/s':>7s} {'/shipped':>9s} {'accept':>7s} {'drafted':>8s}")
+    for ranker in (*RANKERS, rh.PERFECT):
         row = out[ranker]["cut"]
-        print(f"{ranker:14s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / cut:8.3f}x "
+        print(f"{ranker:20s} {row['cut']:5.2f} {row['tok_s']:7.1f} {row['tok_s'] / cut:8.3f}x "
               f"{row['accept_length']:7.3f} {row['drafted_per_step']:8.2f}")
 
 
