@@ -54,7 +54,8 @@ def target_rows(embedding: torch.Tensor, lm_head: torch.Tensor) -> tuple[np.ndar
     """
     if embedding.dim() != 2 or tuple(embedding.shape) != tuple(lm_head.shape):
         raise ValueError(f"the target's embedding {tuple(embedding.shape)} and LM head {tuple(lm_head.shape)} must "
-                         "both be [vocab, d]")
+                         "both be [vocab, d]: pass the weights of its get_input_embeddings() and "
+                         "get_output_embeddings()")
     lm = np.ascontiguousarray(lm_head.detach().float().cpu().numpy())
     tied = embedding.data_ptr() == lm_head.data_ptr()
     return (lm if tied else np.ascontiguousarray(embedding.detach().float().cpu().numpy())), lm
