@@ -201,11 +201,10 @@ def run(args) -> dict:
             states[n] = target_features(target, r.prompt + r.output).numpy()
         out: dict = {"union": rh.first_tokens(halves(positions, requests)[1])}
         for which in ("head", "true state"):
-            with_model, estimates, at = [], [], []
+            with_model, estimates = [], []
             for p in positions:
                 r, f = requests[p.request], states[p.request]
                 t = len(r.prompt) + p.pos - 2  # the state that gave the bonus token r.output[p.pos - 1]
-                at.append(t)
                 estimate = f[t + 1] if which == "true state" else step(f[t], r.output[p.pos - 1])
                 estimates.append(estimate)
                 with_model.append(replace(p, x=np.hstack([p.x, model_columns(p, lm, estimate)])))
@@ -219,8 +218,9 @@ def run(args) -> dict:
                 fit2, held2 = halves(again, requests)
                 out[DEPTH2] = ranked(fit2, held2, requests, SecondDepth.fit(cal, fit2), args)
             else:  # the target's state after the first token, where that token is the target's
-                truths = [(requests[p.request].output[p.pos], states[p.request][t + 2])
-                          if p.pos < len(requests[p.request].output) else (-1, None) for p, t in zip(positions, at)]
+                truths = [(r.output[p.pos], states[p.request][len(r.prompt) + p.pos])  # the state after that token
+                          if p.pos < len(r.output) else (-1, None)
+                          for p, r in ((p, requests[p.request]) for p in positions)]
                 true_step = partial(stepped_truly, truths, step)
                 fit2, held2 = halves(second_depth(with_model, estimates, cal, true_step, lm), requests)
                 out[TRUE2] = ranked(fit2, held2, requests, SecondDepth.fit(cal, fit2), args)
