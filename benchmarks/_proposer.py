@@ -42,6 +42,7 @@ class InstrumentedProposer(CrestProposer):
         self.cost_log: deque = deque(maxlen=STEP_TIMES_KEPT)
         self._core_s = 0.0
         self._rows = 0
+        self.by_id_steps = 0  # the steps stepped by request id (our plugin's runner hook), not by the rows' tokens
         self.on_step = self._record
         InstrumentedProposer._last = weakref.ref(self)
 
@@ -57,6 +58,7 @@ class InstrumentedProposer(CrestProposer):
         self.native.append(core - self._core_s)
         self._core_s = core
         self.steps += 1
+        self.by_id_steps += step.by_id
         if step.observed is not None:  # the timed step was the one after the previous call: its rows
             self.cost_log.append((self._rows, *step.observed))
         self._rows = step.rows
@@ -78,8 +80,9 @@ class InstrumentedProposer(CrestProposer):
         steps drafted from the replicas, tokens proposed, the cuts, the step-cost fit, the rows followed, faults, the
         output index and the datastore client's figures."""
         st, merged = self.service.stats, self.service.retrieval.stats
-        lookups = self.service.retrieval.lookups
+        lookups = self.service.catalog.shared
         client = lookups.client if lookups is not None else None
+        rows = self.edge.rows
         times = np.asarray(self.times) * 1e3
         service = np.asarray(st.step_times) * 1e3
         native = np.asarray(self.native) * 1e3
@@ -96,7 +99,9 @@ class InstrumentedProposer(CrestProposer):
                 "cut_mean": float(np.mean(self.cuts)) if self.cuts else 0.0,
                 "cut_p90": float(np.percentile(self.cuts, 90)) if self.cuts else 0.0,
                 "cost_steps": self.cost.observed, "step_cost": _cost(self.cost.curve),
-                "rows_started": self.rows.started, "rows_moved": self.rows.moved, "rows_stopped": self.rows.stopped,
+                "by_id_steps": self.by_id_steps, "rows_resynced": self.edge.engine.resynced,
+                "rows_started": rows.started if rows else 0, "rows_moved": rows.moved if rows else 0,
+                "rows_stopped": rows.stopped if rows else 0,
                 "faults": dict(lookups.faults) if lookups is not None else {},
                 "outputs": self.service.outputs_info(),
                 "datastore": client.stats() if isinstance(client, LookupClient) else None}

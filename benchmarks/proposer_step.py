@@ -50,17 +50,25 @@ def agreed(chain: list[int], continuation: list[int]) -> list[int]:
 
 
 def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flush: np.ndarray | None = None,
-        step: Callable[[int, int], None] | None = None) -> dict:
+        step: Callable[[int, int], None] | None = None, by_id: bool = True) -> dict:
     """Serve ``refs`` ``concurrency`` at a time through ``proposer.propose``; returns the call times (s), the accept
     length, the steps (calls), the rows' steps, the tokens the rows took (accepted draft tokens and bonus tokens), and
     the draft tokens proposed and accepted. ``flush``: an array read through between two calls (``None``: none).
     ``step``: called after each step with the rows it verified and their tokens (sampled and draft), as an engine's
-    forward pass would take them (``None``: nothing)."""
+    forward pass would take them (``None``: nothing). ``by_id``: each call is handed the step by request id first, as
+    our plugin's runner hook hands it (:meth:`serving.vllm_proposer.CrestProposer.observe`; timed with the call);
+    else the proposer keys the rows by their tokens, as without the plugin."""
+    from serving.runner_hook import EngineView
+
     tokens = np.zeros((concurrency, MAX_MODEL_LEN), np.int32)
     lengths = np.zeros(concurrency, np.int32)
     queue = list(refs)
     rows: list[list | None] = [None] * concurrency  # per row: [reference output, position]
     sampled: list[list[int]] = [[] for _ in range(concurrency)]
+    ids = [""] * concurrency  # each row's request id, as vLLM's input_batch.req_ids holds them
+    finished: set[str] = set()
+    told: set[str] = set()
+    made = iter(range(1 << 62))
 
     def fill(i: int) -> None:
         prompt, out = queue.pop(0)
@@ -68,6 +76,9 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
         lengths[i] = len(prompt) + 1
         rows[i] = [out, 1]
         sampled[i] = out[:1]
+        if ids[i]:
+            finished.add(ids[i])
+        ids[i] = f"req-{next(made)}"
 
     for i in range(min(concurrency, len(queue))):
         fill(i)
@@ -76,6 +87,9 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
         if flush is not None:
             flush.sum()
         t = time.perf_counter()
+        if by_id:
+            proposer.observe(EngineView(list(ids), sampled, tokens, lengths, finished, lambda _: None, None, told))
+            finished = set()
         drafts = proposer.propose(sampled, lengths, tokens)
         times.append(time.perf_counter() - t)
         verified = [(i, len(drafts[i])) for i, row in enumerate(rows) if row is not None]
@@ -119,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cut to a step-cost curve fitted on the calls' spacing, as in an engine (CREST_ADAPTIVE=1), "
                          "so the curve's refits are timed too; the flush (--flush-mb) is then the step's cost, flat "
                          "in its tokens, so the cut is not the engine's (default: the fixed cut).")
+    ap.add_argument("--by-rows", action="store_true",
+                    help="key the rows by their tokens, as the proposer does where our vLLM plugin is not loaded "
+                         "(default: the step handed over by request id, as the plugin hands it).")
     ap.add_argument("--flush-mb", type=int_in(0), default=0, metavar="MIB",
                     help="MiB read between two calls, as a forward pass streams the weights (default: 0; SmolLM2-135M "
                          "fp32 in vLLM: 540).")
@@ -137,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = str(export_checkpoint())
     flush = np.ones((args.flush_mb << 20) // 8) if args.flush_mb else None
     print(f"k {args.k}, datastore {args.datastore}, {'round trip' if args.no_replica else 'replica'}, "
+          f"{'rows keyed by their tokens' if args.by_rows else 'by request id'}, "
           f"{'adaptive' if args.adaptive else 'fixed'} cut, "
           f"{args.flush_mb} MiB read between calls; ms per call")
     print(f"{'set':<11} {'conc':>4} {'steps':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7} {'accept':>6}")
@@ -149,16 +167,16 @@ def main(argv: list[str] | None = None) -> None:
             settings = replace(env, datastore=args.datastore, live=False, adaptive=args.adaptive,
                                replicas="off" if args.no_replica else env.replicas)
             proposer = CrestProposer(_config(args.k, checkpoint, len(tok)), settings)
-            lookups = proposer.service.retrieval.lookups
+            lookups = proposer.service.catalog.shared
             client = lookups.client if lookups is not None else None
             if isinstance(client, SharedDatastore) and client.replicas is not None:
                 client.replicas.wait_ready(600)
-            run(proposer, refs[:max(c, 8)], c)  # warm-up: the pool's connections, the page cache
-            res = run(proposer, refs, c, flush)
+            run(proposer, refs[:max(c, 8)], c, by_id=not args.by_rows)  # warm-up: connections, the page cache
+            res = run(proposer, refs, c, flush, by_id=not args.by_rows)
             ms = np.asarray(res["times"]) * 1e3
             print(f"{name:<11} {c:>4} {res['steps']:>6} {np.median(ms):>7.3f} {np.percentile(ms, 90):>7.3f} "
                   f"{np.percentile(ms, 99):>7.3f} {ms.mean():>7.3f} {res['accept']:>6.2f}", flush=True)
-            proposer.service.close()
+            proposer.close()
 
 
 if __name__ == "__main__":

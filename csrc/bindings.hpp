@@ -64,8 +64,10 @@ struct HeadHandle {
 
 // An engine's rows (drafting.EngineRows): their ids and counts as the engine holds them, not copied.
 struct Rows {
-  nb::ndarray<nb::ndim<2>, nb::c_contig, nb::device::cpu> ids;
-  nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu> lengths;
+  using Ids = nb::ndarray<nb::ro, nb::ndim<2>, nb::c_contig, nb::device::cpu>;  // read only: writeable or not
+  using Counts = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  Ids ids;
+  Counts lengths;
   nb::object index;  // In1D<int64_t> or None
   int64_t limit;
 };
@@ -85,6 +87,14 @@ struct Trees {
     return {nb::cast<int>(t[0]), tokens.back().data(), parents.back().data(), counts.back().data(),
             tokens.back().shape(0), nb::cast<uint64_t>(t[4])};
   }
+};
+
+// The host-local replicas of each datastore set a step reads (crest_native.StoreSets): per set, its datastores' (a
+// request's own, then the shared one), its live layer's and its delta's, each a Replica or None; held while a step
+// reads them.
+struct StoreSets {
+  std::vector<crest::StoreSet> sets;
+  nb::list held;
 };
 
 void bind_options(nb::module_& m);

@@ -11,33 +11,37 @@ namespace crest {
 
 // -- retrieval strategies ------------------------------------------------------------------------------------------
 
-StoredTrees::StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch)
-    : stores_{datastore, live, delta}, scratch_(scratch) {}
+StoredTrees::StoredTrees(const StoreSet* sets, std::size_t num_sets, StoredScratch* scratch)
+    : sets_(sets), num_sets_(num_sets), scratch_(scratch) {}
 
-bool StoredTrees::retrieve(std::size_t, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) {
+bool StoredTrees::retrieve(std::size_t, SetId set, const uint32_t* tokens, std::size_t n, bool back_off,
+                           Retrieved& out) {
   out.candidates.clear();
   out.live = out.delta = SourceTree{};
-  for (int k = 0; k < 3; ++k) {  // the datastore's candidates (every stored suffix when backing off), the live matches
-    if (!stores_[k]) continue;
+  if (set < 0 || static_cast<std::size_t>(set) >= num_sets_) return true;  // a set without stores: none
+  const Replica* const* stores = sets_[set].stores;
+  for (int k = 0; k < kStoreKinds; ++k) {  // the datastores' candidates (every stored suffix when backing off), live
+    if (!stores[k]) continue;
     std::size_t found = 0;
     std::vector<Tree>& trees = scratch_->trees[k];
-    if (!stored_suffixes(*stores_[k], tokens, n, k == 0 && back_off, trees, lengths_, found, scratch_->record)) {
-      damaged = k;
+    if (!stored_suffixes(*stores[k], tokens, n, k < 2 && back_off, trees, lengths_, found, scratch_->record)) {
+      damaged = set * kStoreKinds + k;
       return false;
     }
     for (std::size_t j = 0; j < found; ++j) {
       SourceTree tree = SourceTree::of(trees[j], lengths_[j]);
-      if (k == 0)
+      if (k < 2)
         out.candidates.push_back(tree);
       else
-        (k == 1 ? out.live : out.delta) = tree;
+        (k == 2 ? out.live : out.delta) = tree;
     }
   }
   return true;
 }
 
-void StoredTrees::prefetch(std::size_t, const uint32_t* tokens, std::size_t n) {
-  for (const Replica* store : stores_)
+void StoredTrees::prefetch(std::size_t, SetId set, const uint32_t* tokens, std::size_t n) {
+  if (set < 0 || static_cast<std::size_t>(set) >= num_sets_) return;
+  for (const Replica* store : sets_[set].stores)
     if (store) store->prefetch(tokens, n);
 }
 
@@ -88,7 +92,7 @@ int Core::fitting(const Request& r, int64_t budget) const {
   return static_cast<int>(std::clamp<int64_t>(room, 0, std::max<int64_t>(budget, 0)));
 }
 
-Handle Core::start(const uint32_t* prompt, std::size_t n) {
+Handle Core::start(const uint32_t* prompt, std::size_t n, SetId set) {
   uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
@@ -100,14 +104,24 @@ Handle Core::start(const uint32_t* prompt, std::size_t n) {
   Request& r = slots_[slot];
   r.generation = (r.generation + 1) & 0x7FFFFFFF;
   r.active = true;
-  r.tokens.assign(prompt, prompt + n);
-  r.prompt_len = n;
-  r.automaton = Automaton();
-  r.automaton.extend(prompt, n);
-  r.outputs_match = OutputMatch{};
-  r.last.clear();
+  r.set = set;
+  reset(r, prompt, n);
   r.verdicts = Verdicts{};
   return static_cast<Handle>(static_cast<uint64_t>(r.generation) << 32 | slot);
+}
+
+void Core::reset(Request& r, const uint32_t* tokens, std::size_t n) {
+  r.tokens.assign(tokens, tokens + n);
+  r.prompt_len = n;
+  r.automaton = Automaton();
+  r.automaton.extend(tokens, n);
+  r.outputs_match = OutputMatch{};
+  r.last.clear();
+}
+
+SetId Core::set_of(Handle h) const {
+  const Request* r = find(h);
+  return r ? r->set : -1;
 }
 
 void Core::append(Request& r, const uint32_t* tokens, std::size_t n) {
@@ -149,7 +163,11 @@ int64_t Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_
     const auto row = static_cast<std::size_t>(index[i]);
     const uint64_t slot = static_cast<uint64_t>(handles[i]) & 0xFFFFFFFFULL;
     const Request* r = find(handles[i]);
-    if (row_taken[row] || !r || request_taken[slot]) continue;
+    if (!r) {  // stopped meanwhile: nothing to follow, and an empty draft
+      followed[i] = 1;
+      continue;
+    }
+    if (row_taken[row] || request_taken[slot]) continue;
     const T* at = rows + row * width;
     const auto n = static_cast<std::size_t>(lengths[row]);
     if (r->tokens.size() > n || !starts_with(at, r->tokens)) continue;
@@ -162,8 +180,9 @@ int64_t Core::follow_rows(const Handle* handles, const T* rows, std::size_t num_
     followed[i] = row_taken[row] = request_taken[slot] = 1;
   }
   for (std::size_t i = 0; i < pairs; ++i) {  // then each followed request takes its row's new ids
-    if (!followed[i]) continue;
-    Request& r = *find(handles[i]);
+    Request* found = followed[i] ? find(handles[i]) : nullptr;
+    if (!found) continue;
+    Request& r = *found;
     const T* at = rows + static_cast<std::size_t>(index[i]) * width;
     const auto n = static_cast<std::size_t>(lengths[index[i]]);
     const std::size_t have = r.tokens.size();
@@ -277,35 +296,56 @@ const float* Core::estimate_of(std::size_t i, const float* states) const {
   return z_.at[i] >= 0 ? z_.estimates.data() + static_cast<std::size_t>(z_.at[i]) * model_.d : nullptr;
 }
 
-void Core::check(const StepInput& in) const {
-  const std::size_t pairs = in.handles.size();
-  if (in.states && !model_.lm_head)
+void Core::check_draft(std::size_t pairs, const std::vector<int64_t>& budgets, bool chain, const StepCurve* curve,
+                       const float* states, const uint8_t* has_state) const {
+  if (states && !model_.lm_head)
     throw std::invalid_argument("states were given to a core without a model: call set_model first");
-  if (in.budgets.size() != pairs)
-    throw std::invalid_argument(std::to_string(in.budgets.size()) + " budgets for " + std::to_string(pairs) +
+  if (budgets.size() != pairs)
+    throw std::invalid_argument(std::to_string(budgets.size()) + " budgets for " + std::to_string(pairs) +
                                 " requests; pass one budget per request");
   for (std::size_t i = 0; i < pairs; ++i)
-    if (in.budgets[i] < 0 || in.budgets[i] > kMaxBudget)
-      throw std::invalid_argument(outside("budgets", i, in.budgets[i], "0.." + std::to_string(kMaxBudget),
+    if (budgets[i] < 0 || budgets[i] > kMaxBudget)
+      throw std::invalid_argument(outside("budgets", i, budgets[i], "0.." + std::to_string(kMaxBudget),
                                           "pass the draft nodes to verify (0: none)"));
-  if (in.curve && !in.chain) throw std::invalid_argument("a step-cost curve cuts chains only: pass chain=True");
-  const EngineRows* e = in.rows;
-  if (!e) return;
-  const std::size_t rows = e->num_rows;
-  if (!e->index && pairs > rows)
+  if (curve && !chain) throw std::invalid_argument("a step-cost curve cuts chains only: pass chain=True");
+  if (states) {
+    const std::size_t d = model_.d;
+    for (std::size_t i = 0; i < pairs; ++i) {
+      if (!has_state[i]) continue;
+      uint32_t all_ones = 0;  // a float whose exponent bits are all ones is NaN or inf
+      for (const float* x = states + i * d; x != states + (i + 1) * d; ++x) {
+        uint32_t bits;
+        std::memcpy(&bits, x, sizeof bits);
+        all_ones |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+      }
+      if (all_ones)
+        throw std::invalid_argument("states[" + std::to_string(i) + "] holds NaN or inf; pass the target's hidden "
+                                    "state of the row, or mark the row in state_rows as having none");
+    }
+  }
+}
+
+void Core::check_rows(const EngineRows& e, std::size_t pairs) const {
+  const std::size_t rows = e.num_rows;
+  if (!e.index && pairs > rows)
     throw std::invalid_argument("the engine's rows hold " + std::to_string(rows) + " rows for " +
                                 std::to_string(pairs) + " requests; pass one request per row, or the rows' index");
   for (std::size_t i = 0; i < pairs; ++i) {
-    const int64_t at = e->index ? e->index[i] : static_cast<int64_t>(i);
+    const int64_t at = e.index ? e.index[i] : static_cast<int64_t>(i);
     if (at < 0 || static_cast<std::size_t>(at) >= rows)
       throw std::invalid_argument(outside("index", i, at, "the " + std::to_string(rows) + " rows given",
                                           "pass row numbers of the engine's batch"));
-    const int64_t n = e->wide ? static_cast<const int64_t*>(e->lengths)[at] : static_cast<const int32_t*>(e->lengths)[at];
-    if (n < 0 || static_cast<std::size_t>(n) > e->width)
+    const int64_t n = e.wide ? static_cast<const int64_t*>(e.lengths)[at] : static_cast<const int32_t*>(e.lengths)[at];
+    if (n < 0 || static_cast<std::size_t>(n) > e.width)
       throw std::invalid_argument(outside("lengths", static_cast<std::size_t>(at), n,
-                                          "0.." + std::to_string(e->width) + " (the rows' columns)",
+                                          "0.." + std::to_string(e.width) + " (the rows' columns)",
                                           "pass each row's count of tokens"));
   }
+}
+
+void Core::check(const StepInput& in) const {
+  check_draft(in.handles.size(), in.budgets, in.chain, in.curve, in.states, in.has_state);
+  if (in.rows) check_rows(*in.rows, in.handles.size());
 }
 
 bool Core::follow(const StepInput& in, StepOutput& out) {
@@ -328,10 +368,8 @@ bool Core::follow(const StepInput& in, StepOutput& out) {
   } else if (in.counts) {
     const uint32_t* at = in.appended;
     for (std::size_t i = 0; i < pairs; ++i) {
-      Request* r = find(in.handles[i]);
-      if (r) append(*r, at, static_cast<std::size_t>(in.counts[i]));
-      out.followed[i] = r != nullptr;
-      at += in.counts[i];
+      if (Request* r = find(in.handles[i])) append(*r, at, static_cast<std::size_t>(in.counts[i]));
+      at += in.counts[i];  // a request stopped meanwhile follows nothing (followed: it drafts nothing)
     }
   }
   return out.bad < 0 && std::all_of(out.followed.begin(), out.followed.end(), [](uint8_t f) { return f != 0; });
@@ -341,20 +379,107 @@ void Core::step(const StepInput& in, Retrieval* retrieval, StepOutput& out) {
   check(in);
   out = StepOutput{};
   if (!follow(in, out)) return;
-  if (!retrieval) {
-    plan(in.handles, in.budgets, in.chain, kTailTokens, in.key_limit, out.back_off, out.tails);
-    out.planned = true;
-    return;
+  draft_step(in.handles, in.budgets, in.chain, in.min_score, in.curve, in.key_limit, in.states, in.has_state,
+             retrieval, out);
+}
+
+void Core::draft_step(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain,
+                      double min_score, const StepCurve* curve, uint64_t key_limit, const float* states,
+                      const uint8_t* has_state, Retrieval* retrieval, StepOutput& out) {
+  auto* given = dynamic_cast<GivenTrees*>(retrieval);
+  if (given) given->stale = false;
+  if (retrieval) {
+    for (Handle h : handles) out.inactive += !active(h);
+    out.drafted = draft(handles, budgets, *retrieval, chain, min_score, out.drafts, states, has_state);
   }
-  for (Handle h : in.handles) out.inactive += !active(h);
-  out.drafted = draft(in.handles, in.budgets, *retrieval, in.chain, in.min_score, out.drafts, in.states,
-                      in.has_state);
   if (!out.drafted) {
     out.drafts.clear();
-    out.damaged = retrieval->damaged;
+    out.inactive = 0;
+    out.damaged = retrieval ? retrieval->damaged : -1;
+    if (!retrieval || (given && given->stale)) {  // what a round trip must fetch, for each row's context now
+      plan(handles, budgets, chain, kTailTokens, key_limit, out.back_off, out.tails, out.counts, out.sets);
+      out.planned = true;
+    }
     return;
   }
-  if (in.curve) cut_to_curve(in.handles, *in.curve, out.drafts);
+  if (curve) cut_to_curve(handles, *curve, out.drafts);
+}
+
+namespace {
+
+// Whether row `at` of `e` holds ids in [0, limit) from column `from` on; the first that is not, in *bad.
+template <class T>
+bool ids_in_range(const T* at, std::size_t from, std::size_t n, int64_t limit, int64_t* bad) {
+  for (std::size_t k = from; k < n; ++k)
+    if (at[k] < 0 || static_cast<int64_t>(at[k]) >= limit) {
+      *bad = static_cast<int64_t>(at[k]);
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+void Core::engine_step(const EngineInput& in, Retrieval* retrieval, StepOutput& out) {
+  const std::size_t pairs = in.handles.size();
+  check_draft(pairs, in.budgets, in.chain, in.curve, in.states, in.has_state);
+  check_rows(in.rows, pairs);
+  for (std::size_t i = 0; i < pairs; ++i)
+    if (in.handles[i] == kStart && (!in.sets || in.sets[i] < 0))
+      throw std::invalid_argument("sets[" + std::to_string(i) + "] is not a datastore set; pass the set each new "
+                                  "request drafts from (>= 0)");
+  out = StepOutput{};
+  out.outputs.resize(in.stops.size());
+  for (std::size_t j = 0; j < in.stops.size(); ++j) stop(in.stops[j], out.outputs[j]);
+  const EngineRows& e = in.rows;
+  out.followed.assign(pairs, 1);
+  out.handles = in.handles;
+  std::vector<uint32_t>& next = z_.next;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    const auto row = static_cast<std::size_t>(e.index ? e.index[i] : static_cast<int64_t>(i));
+    const auto n = static_cast<std::size_t>(e.wide ? static_cast<const int64_t*>(e.lengths)[row]
+                                                   : static_cast<const int32_t*>(e.lengths)[row]);
+    Request* r = in.handles[i] == kStart ? nullptr : find(in.handles[i]);
+    if (!r && in.handles[i] != kStart) continue;  // stopped meanwhile: nothing to follow, an empty draft
+    std::size_t have = r ? r->tokens.size() : 0;
+    bool extends = r && have <= n;
+    if (extends && have > 0) {  // the row goes on from what the request holds (its last token checked: rows move)
+      const uint32_t last = r->tokens[have - 1];
+      extends = e.wide ? static_cast<const int64_t*>(e.rows)[row * e.width + have - 1] == static_cast<int64_t>(last)
+                       : static_cast<const int32_t*>(e.rows)[row * e.width + have - 1] == static_cast<int32_t>(last);
+    }
+    const std::size_t from = extends ? have : 0;
+    int64_t bad = 0;
+    const bool ok = e.wide ? ids_in_range(static_cast<const int64_t*>(e.rows) + row * e.width, from, n, e.limit, &bad)
+                           : ids_in_range(static_cast<const int32_t*>(e.rows) + row * e.width, from, n, e.limit, &bad);
+    if (!ok) {  // an id the model cannot mean: this pair follows nothing and drafts nothing, the others go on
+      out.followed[i] = 0;
+      if (out.bad < 0) out.bad = static_cast<int64_t>(i), out.bad_id = bad;
+      continue;
+    }
+    if (e.wide) {
+      const int64_t* at = static_cast<const int64_t*>(e.rows) + row * e.width;
+      next.assign(at + from, at + n);
+    } else {
+      const auto* at = reinterpret_cast<const uint32_t*>(static_cast<const int32_t*>(e.rows) + row * e.width);
+      next.assign(at + from, at + n);  // in [0, limit): checked above
+    }
+    if (!r) {
+      out.handles[i] = start(next.data(), next.size(), in.sets[i]);
+    } else if (!extends) {
+      reset(*r, next.data(), next.size());
+      ++out.resynced;
+    } else {
+      append(*r, next.data(), next.size());
+    }
+  }
+  std::vector<int64_t> budgets = in.budgets;
+  for (std::size_t i = 0; i < pairs; ++i)
+    if (!out.followed[i]) budgets[i] = 0;
+  const int64_t bad = out.bad, bad_id = out.bad_id;
+  draft_step(out.handles, budgets, in.chain, in.min_score, in.curve, in.key_limit, in.states, in.has_state, retrieval,
+             out);
+  out.bad = bad, out.bad_id = bad_id;
 }
 
 void Core::gather(Request& r, const Retrieved& in, int nodes) {
@@ -432,20 +557,21 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>&
   estimate(handles, states, has_state);
   for (std::size_t i = 0; i < handles.size(); ++i) {  // every row's first probes in flight before any is read
     const Request* r = find(handles[i]);
-    if (r && fitting(*r, budgets[i]) > 0) retrieval.prefetch(i, r->tokens.data(), r->tokens.size());
+    if (r && fitting(*r, budgets[i]) > 0) retrieval.prefetch(i, r->set, r->tokens.data(), r->tokens.size());
   }
   for (std::size_t i = 0; i < handles.size(); ++i) {
     Request* r = find(handles[i]);
     out[i].clear();
     if (!r) continue;  // stopped while its lookups ran: an empty draft
     if (const int budget = fitting(*r, budgets[i]); budget > 0) {
-      if (!retrieval.retrieve(i, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
+      if (!retrieval.retrieve(i, r->set, r->tokens.data(), r->tokens.size(), backs_off(budget, chain), z_.retrieved))
         return false;
       const float* state = states && has_state[i] ? estimate_of(i, states) : nullptr;
       draft_one(*r, z_.retrieved, budget, chain, min_score, state, out[i]);
     }
-    r->last = out[i];  // judged by its next tokens, before any cut to a step-cost curve (feedback.hpp)
   }
+  for (std::size_t i = 0; i < handles.size(); ++i)  // each draft handed out is judged by the request's next tokens,
+    if (Request* r = find(handles[i])) r->last = out[i];  // before any cut to a step-cost curve (feedback.hpp)
   return true;
 }
 
@@ -479,11 +605,15 @@ double Core::acceptance(Handle h) const {
 }
 
 void Core::plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
-                uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const {
+                uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails,
+                std::vector<uint64_t>& counts, std::vector<SetId>& sets) const {
   back_off.assign(handles.size(), 0);
   tails.assign(handles.size(), {});
+  counts.assign(handles.size(), 0);
+  sets.assign(handles.size(), -1);
   for (std::size_t i = 0; i < handles.size(); ++i) {
     const Request* r = find(handles[i]);
+    if (r) counts[i] = r->tokens.size(), sets[i] = r->set;
     const int budget = r ? fitting(*r, budgets[i]) : 0;
     if (budget <= 0) continue;
     back_off[i] = backs_off(budget, chain);

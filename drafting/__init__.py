@@ -2,8 +2,9 @@
 union of the datastore's tree, the live layer's, the request's own tokens and this process's finished outputs, every
 node scored by its calibrated acceptance probability) and the lifecycle every drafter shares (:class:`Drafter`).
 
-Public API: :class:`DraftingService` (:meth:`DraftingService.open` composes it for a datastore name), the
-:class:`Batch` an engine steps it with, the :class:`EngineRows` an engine's rows are followed by, the
+Public API: :class:`DraftingService` (:meth:`DraftingService.open` composes it for a datastore name) over its
+:class:`DatastoreCatalog` (the shared datastore and those a request names), the :class:`EngineBatch` an engine steps it
+with by request id, the :class:`Batch` an engine that gives no ids steps it with by its rows (:class:`EngineRows`), the
 :class:`StepResult` a step returns, its scorer :class:`Calibration`, the :class:`DraftHead` that
 estimates the target's next state for it, the fault-tolerant :class:`DatastoreSource` it
 draws on, the :class:`Draft` every drafter proposes (:class:`Drafts`, :class:`ChainDrafts`, its :class:`ScoreKind`),
@@ -14,12 +15,15 @@ a drafter written in Python. The accept rule of verification is in :mod:`draftin
 from crest_native import EngineRows
 
 from .calibration import Calibration
+from .catalog import DatastoreCatalog
 from .draft import ChainDrafts, CostCurve, Draft, Drafts, ScoreKind
+from .engine import EngineBatch
 from .head import DraftHead
 from .lifecycle import Drafter, TokenDrafter
 from .service import DraftingService
 from .source import DatastoreSource
 from .step import Batch, StepResult
 
-__all__ = ["Batch", "Calibration", "ChainDrafts", "CostCurve", "DatastoreSource", "Draft", "DraftHead", "Drafter",
-           "DraftingService", "Drafts", "EngineRows", "ScoreKind", "StepResult", "TokenDrafter"]
+__all__ = ["Batch", "Calibration", "ChainDrafts", "CostCurve", "DatastoreCatalog", "DatastoreSource", "Draft",
+           "DraftHead", "Drafter", "DraftingService", "Drafts", "EngineBatch", "EngineRows", "ScoreKind", "StepResult",
+           "TokenDrafter"]

@@ -21,8 +21,8 @@ from datastore.context import check_ids
 if TYPE_CHECKING:
     from .calibration import Calibration
 
-__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budgets", "chain", "curve", "engine_vocab", "min_score",
-           "request_id", "request_ids", "token_ids", "token_lists"]
+__all__ = ["ENGINE_ID_LIMIT", "MAX_BUDGET", "RequestId", "budgets", "chain", "curve", "datastore_choice",
+           "engine_vocab", "min_score", "request_id", "request_ids", "token_ids", "token_lists"]
 
 RequestId = int | str
 """How a request is keyed: an ``int`` in the 64-bit range or a ``str``."""
@@ -60,17 +60,23 @@ def request_ids(values: object) -> list[RequestId]:
 
 
 def budgets(values: object, rows: int) -> np.ndarray:
-    """A step's budgets, one per request: a 1-D integer numpy array (int64 is passed as it is) or a sequence of ints,
-    as ``[rows]`` int64. Their range, ``0..MAX_BUDGET``, is the native step's to check.
+    """A step's budgets, one per request: a 1-D integer numpy array or a sequence of ints, as ``[rows]`` int64 (a
+    C-ordered native int64 array is passed as it is; any other is copied). Their range, ``0..MAX_BUDGET``, is the
+    native step's to check; a value no int64 holds is refused here, by the same words.
 
     Raises:
-        TypeError: for anything else, naming ``budgets[i]``. ValueError: for another length than ``rows``.
+        TypeError: for anything else, naming ``budgets[i]``. ValueError: for another length than ``rows``, or a value
+            outside the int64 range.
     """
     if type(values) is np.ndarray:
         if values.ndim != 1 or values.dtype.kind not in "iu":
             raise TypeError(f"budgets is a {values.ndim}-D numpy array of {values.dtype}; pass 1-D integers, one per "
                             "request")
-        out = values if values.dtype == np.int64 else values.astype(np.int64)
+        if values.dtype.kind == "u" and values.dtype.itemsize == 8 and len(values) \
+                and int(values.max()) > _LARGEST - 1:
+            i = int(values.argmax())
+            raise ValueError(_outside(i, int(values[i])))
+        out = np.ascontiguousarray(values, dtype=np.int64)
     else:
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise TypeError(f"budgets is a {type(values).__name__}; pass a 1-D integer array or a list of ints")
@@ -78,10 +84,33 @@ def budgets(values: object, rows: int) -> np.ndarray:
             if type(v) is not int and (isinstance(v, bool) or not isinstance(v, Integral)):
                 raise TypeError(f"budgets[{i}] {v!r} is a {type(v).__name__}; a budget is an int in 0..{MAX_BUDGET} "
                                 "(draft nodes)")
+            if not _SMALLEST <= int(v) < _LARGEST:
+                raise ValueError(_outside(i, int(v)))
         out = np.array(values, dtype=np.int64)
     if len(out) != rows:
         raise ValueError(f"{len(out)} budgets for {rows} requests; pass one budget per request")
     return out
+
+
+def _outside(i: int, value: int) -> str:
+    """The words of a budget out of range (the native step's, ``crest::Core::step``)."""
+    return f"budgets[{i}] = {value} is outside 0..{MAX_BUDGET}; pass the draft nodes to verify (0: none)"
+
+
+def datastore_choice(datastore: object, shared: object) -> tuple[str | None, bool]:
+    """A request's datastores (:meth:`drafting.DraftingService.start_request`): a datastore name or ``None``, and
+    whether the shared datastore is on (a ``bool``).
+
+    Raises:
+        TypeError: for a name that is no str, or a ``shared`` that is no bool.
+    """
+    if datastore is not None and type(datastore) is not str:
+        raise TypeError(f"datastore={datastore!r} is a {type(datastore).__name__}; pass a datastore's name (a str) or "
+                        "None")
+    if type(shared) is not bool:
+        raise TypeError(f"shared={shared!r} is a {type(shared).__name__}; pass True (also draft from the shared "
+                        "datastore) or False")
+    return datastore, shared
 
 
 def min_score(value: object, what: str = "min_score") -> float:
@@ -120,7 +149,7 @@ def curve(value: object) -> Curve | None:
     """
     if value is None or type(value) is Curve:
         return value
-    raise TypeError(f"curve is a {type(value).__name__}; pass a drafting.CostCurve (serving.cost.StepCostModel.curve) "
+    raise TypeError(f"curve is a {type(value).__name__}; pass a drafting.CostCurve (drafting.cost.StepCostModel.curve) "
                     "or None")
 
 

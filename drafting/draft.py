@@ -181,7 +181,7 @@ class Draft:
 
 
 CostCurve: TypeAlias = Curve
-"""``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`serving.cost.StepCostModel`),
+"""``T(N)``: an engine step's seconds verifying ``N`` tokens, as measured (:class:`drafting.cost.StepCostModel`),
 ``CostCurve(tokens, seconds, tail, draft_s=0.0)``: interpolated between points, flat below the first, ``tail`` seconds
 per token past the last; plus ``draft_s`` once for a step that verifies any draft token (an engine's fixed work for
 speculation, such as vLLM's rejection sampler, which runs only in a step with drafts). What a step's chains are cut to

@@ -1,11 +1,13 @@
-"""Where a step's datastore trees come from, chosen each step (the native core's ``Retrieval`` strategy):
+"""Where a step's datastore trees come from, chosen each step (the native core's ``Retrieval`` strategy), for each row
+from the datastore set its request drafts from (:mod:`drafting.catalog`):
 
-- the host-local replicas (:mod:`datastore.replica`) once they are mapped: the native step probes them itself with
-  each request's own last tokens, with the GIL released, and nothing crosses back to Python but the drafts;
+- the host-local replicas (:mod:`datastore.replica`) once every set's are mapped: the native step probes them itself
+  with each request's own last tokens, with the GIL released, and nothing crosses back to Python but the drafts;
 - otherwise the round trip: the native step says what each row needs (its last tokens, whether it backs off), one
-  query fetches it (:meth:`datastore.lookup.LookupClient.retrieve_batch`, most answered by the client's cache), and a
-  second native call drafts from the trees given. A replica found damaged mid-step is dropped (one warning, written
-  again in the background) and the step is drafted by the round trip: the two give the same drafts, bit for bit.
+  query per datastore fetches it (:meth:`datastore.lookup.LookupClient.retrieve_batch`, most answered by the client's
+  cache), and a second native call drafts from the trees given. A replica found damaged mid-step is dropped (one
+  warning, written again in the background) and the step is drafted by the round trip: the two give the same drafts,
+  bit for bit.
 
 Every datastore fault drafts from the other sources (:class:`drafting.source.DatastoreSource`): output never changes.
 """
@@ -17,11 +19,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crest_native import Step, Trees
+from crest_native import Step, StoreSets, Trees
 from datastore.tree import Match
 from toolkit.forks import at_fork
 
-from .source import DatastoreSource
+from .catalog import DatastoreCatalog
 
 __all__ = ["DatastoreTrees", "RetrievalStats", "native_tree"]
 
@@ -57,18 +59,18 @@ class RetrievalStats:
 
 
 class DatastoreTrees:
-    """The datastore's side of a drafter's steps: the replicas to probe, or the round trip's trees, and the figures.
+    """The datastores' side of a drafter's steps: the replicas to probe, or the round trip's trees, and the figures.
 
     Args:
-        lookups: the datastore's fault-tolerant lookups, its live layer included when its client was opened with one
-            (``None``: every step drafts from the other sources only, a round trip that asks nothing).
+        catalog: the drafter's datastores (:class:`drafting.catalog.DatastoreCatalog`; a set without a datastore
+            drafts from the other sources only, a round trip that asks nothing).
 
     Attributes:
         stats: :class:`RetrievalStats`.
     """
 
-    def __init__(self, lookups: DatastoreSource | None) -> None:
-        self.lookups = lookups
+    def __init__(self, catalog: DatastoreCatalog) -> None:
+        self.catalog = catalog
         self.stats = RetrievalStats()
         self._lock = threading.Lock()
         at_fork(self, after_in_child=DatastoreTrees._forked)
@@ -77,12 +79,12 @@ class DatastoreTrees:
         """In a forked child: a fresh lock for the stats (another thread of the parent may have held it)."""
         self._lock = threading.Lock()
 
-    def stores(self):
-        """The replicas a step probes (``datastore.replica.Stores``), or ``None`` while they are not mapped (the step
-        plans a round trip instead). Costs no round trip."""
-        return self.lookups.stores() if self.lookups is not None else None
+    def stores(self) -> StoreSets | None:
+        """The replicas of every datastore set a step probes, or ``None`` while one is not mapped (the step plans a
+        round trip instead). Costs no round trip."""
+        return self.catalog.stores()
 
-    def drafted(self, made: Step, seconds: float, stores) -> bool:
+    def drafted(self, made: Step, seconds: float, stores: StoreSets) -> bool:
         """Count a native call that drafted from ``stores``; ``False`` when it found one damaged (dropped here: it is
         written again), and the step is to be drafted by the round trip."""
         with self._lock:
@@ -94,27 +96,37 @@ class DatastoreTrees:
                 self.stats.damaged += 1
         if made.drafted:
             return True
-        if self.lookups is not None:
-            self.lookups.replica_damaged(stores[made.damaged])
+        self.catalog.replica_damaged(stores, made.damaged)
         return False
 
     def fetch(self, plan: Step) -> Trees:
-        """The trees a planned step asks for (``plan.tails``, ``plan.back_off``), in one query, as the native core reads
-        them; no trees for a row that asks nothing or after a fault."""
+        """The trees a planned step asks for (``plan.tails``, ``plan.back_off``), one query per datastore of the rows'
+        sets, as the native core reads them (a row's candidates: its first datastore's, then its second's; its live
+        layer: its first's), each row checked against the context it was planned for (``plan.counts``); no trees for
+        a row that asks nothing or after a fault."""
         start = time.perf_counter()
         tails: Sequence[list[int]] = plan.tails
-        asked = [i for i, tail in enumerate(tails) if tail]
         rows = len(tails)
         stored: list[list] = [[] for _ in range(rows)]
         live: list = [None] * rows
         delta: list = [None] * rows
-        if self.lookups is not None and asked:
-            back_off = plan.back_off
-            found = self.lookups.retrieve_batch([tails[i] for i in asked], [bool(back_off[i]) for i in asked])
-            for i, got in zip(asked, found):
-                stored[i] = [native_tree(m) for m in got.candidates]
-                live[i], delta[i] = native_tree(got.live), native_tree(got.delta)
-        trees = Trees(stored, live, delta)
+        by_set: dict[int, list[int]] = {}
+        for i, (tail, set_id) in enumerate(zip(tails, plan.sets.tolist())):
+            if tail:
+                by_set.setdefault(set_id, []).append(i)
+        back_off = plan.back_off
+        for set_id, asked in by_set.items():
+            members = self.catalog.members(set_id)
+            flags = [bool(back_off[i]) for i in asked]
+            contexts = [tails[i] for i in asked]
+            for k, source in enumerate((members.first, members.second)):
+                if source is None:
+                    continue
+                for i, got in zip(asked, source.retrieve_batch(contexts, flags)):
+                    stored[i].extend(native_tree(m) for m in got.candidates)
+                    if k == 0:
+                        live[i], delta[i] = native_tree(got.live), native_tree(got.delta)
+        trees = Trees(stored, live, delta, plan.counts)
         with self._lock:
             self.stats.lookup_s += time.perf_counter() - start
         return trees
@@ -135,10 +147,9 @@ class DatastoreTrees:
             return {"lookup": self.stats.lookup_s, "merge": self.stats.core_s}
 
     def identity(self) -> dict | None:
-        """What the lookups serve (``None``: no datastore)."""
-        return None if self.lookups is None else self.lookups.identity()
+        """What the datastores serve (``None``: no datastore)."""
+        return self.catalog.identity()
 
     def close(self) -> None:
-        """Close the lookups."""
-        if self.lookups is not None:
-            self.lookups.close()
+        """Close the datastores."""
+        self.catalog.close()

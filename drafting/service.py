@@ -5,13 +5,21 @@ Shaped after ArcticInference's suffix decoding (https://github.com/snowflakedb/A
 :meth:`DraftingService.start_request` puts a prompt in the core, :meth:`DraftingService.step` follows each request's new
 tokens and drafts the batch (one native call once the replicas are mapped), :meth:`DraftingService.stop_request` ends a
 request (its output joins the output index and the live layer's writer), :meth:`DraftingService.close` ends the drafter.
-Each row's draft is the union of its sources (the datastore's tree of the context's longest stored n-gram, CREST §3,
-https://arxiv.org/abs/2408.04678; the live layer's; the request's own earlier match and the match in the finished
-outputs, SuffixDecoding's two trees, https://arxiv.org/abs/2411.04975, §3), every node scored by its calibrated
-acceptance probability (:mod:`drafting.calibration`).
+An engine steps its batch by request id through :meth:`DraftingService.engine_batch` (:class:`drafting.EngineBatch`:
+starting, following, stopping and drafting in one native call a step), or, where it gives no ids, by its rows' tokens
+(:meth:`DraftingService.batch`, :meth:`DraftingService.step_rows`). Each row's draft is the union of its sources (the
+datastore's tree of the context's longest stored n-gram, CREST §3, https://arxiv.org/abs/2408.04678, from each
+datastore of the set its request drafts from, :mod:`drafting.catalog`; the live layer's; the request's own earlier
+match and the match in the finished outputs, SuffixDecoding's two trees, https://arxiv.org/abs/2411.04975, §3), every
+node scored by its calibrated acceptance probability (:mod:`drafting.calibration`).
 
-Thread-safe (one lock guards the table and every native call, which releases the GIL; a request stopped while another
-thread drafts for it gets an empty draft) and fork-safe (``os.fork`` waits for a call in flight).
+Thread-safe (one lock guards the table and every native call, which releases the GIL) and fork-safe (``os.fork`` waits
+for a call in flight). What a caller sees while other threads call too: a step reads each request's state once, at its
+draft, and drafts it from lookups made for exactly that context (a round trip whose rows another thread followed
+meanwhile is looked up again, :data:`STALE_ROUNDS`); a request another thread follows during the step is drafted for
+the tokens it holds then; a request another thread stops during the step follows nothing and gets an empty draft, and
+only its row changes; every other row is what a single-threaded drafter drafts. :meth:`DraftingService.close` is final
+for every method, and nothing reopens a source or starts a thread after it.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import crest_native
-from crest_native import DEFAULTS, Curve, EngineRows, NodeTable
+from crest_native import DEFAULTS, EngineRows, NodeTable
 from datastore.context import TokenIds
 from datastore.errors import ClosedError, InvalidContext
 from datastore.tree import Match
@@ -32,18 +40,24 @@ from toolkit.forks import at_fork
 
 from . import door
 from .calibration import RETRIEVAL_SOURCES, Calibration
+from .catalog import DatastoreCatalog
 from .door import RequestId
 from .draft import CostCurve, ScoreKind
+from .engine import EngineBatch
 from .head import DraftHead
 from .native import core_options, native_core
 from .opening import open_service
 from .retrieval import DatastoreTrees, native_tree
 from .source import DatastoreSource
-from .step import UNSET, Batch, Closeable, OutputSink, ServiceStats, StepResult
+from .step import Batch, OutputSink, ServiceStats, StepResult
 
-__all__ = ["DraftingService"]
+__all__ = ["STALE_ROUNDS", "DraftingService"]
 
 log = logging.getLogger(__name__)
+
+STALE_ROUNDS = 4
+"""Round trips a step makes at most while other threads follow its requests between its lookups and its draft; the
+last one holds the drafter's table."""
 
 
 class DraftingService:
@@ -51,12 +65,13 @@ class DraftingService:
     from. :meth:`open` composes it for a datastore name.
 
     Args:
-        lookups: the datastore's fault-tolerant lookups, its live layer included when its client was opened with one
-            (``None``: drafts from the other sources only).
+        lookups: the datastores requests draft from (:class:`drafting.catalog.DatastoreCatalog`), or one shared
+            datastore's fault-tolerant lookups (its live layer included when its client was opened with one; a
+            catalog of it alone), or ``None``: drafts from the other sources only.
         vocab_size: token ids are checked to be below this where they enter (``len(tokenizer)``; an engine's model's
             vocabulary when it is larger), in ``1..2**32``.
-        key_vocab: the datastore's vocabulary: a round trip asks only for keys of ids below it (default: the
-            lookups', else ``vocab_size``).
+        key_vocab: the datastore's vocabulary: a round trip asks only for keys of ids below it (default: the shared
+            datastore's, else ``vocab_size``).
         calibration: the node scorer (default: the shipped parameters, :meth:`Calibration.load`).
         sources: the sources drafted from, of ``crest_native.SOURCES`` (default all four: ``ds``, ``live``, ``local``,
             ``outputs``).
@@ -69,12 +84,12 @@ class DraftingService:
             of the context (``None``: the core's default, chosen on the calibration's fit half).
         max_tokens: an engine's context length (vLLM's ``max_model_len``): each request's draft is cut to what fits
             beside its tokens and the bonus token (tokens + draft + 1 <= ``max_tokens``), in the core (0: no bound).
-        live_writer: each finished request's output is handed to it (:class:`live.LiveWriter`).
-        compactor: keeps the live layer compacted on its own (:class:`live.LiveCompactor`); closed with the drafter.
+        live_writer: each finished request's output is handed to it, under the name of its request's first datastore
+            (:class:`live.LiveWriter`); closed with the drafter.
 
     Attributes:
-        name: ``"merged"``. score_kind: probability. stats: :class:`ServiceStats`. retrieval: the datastore's side
-            (:class:`drafting.retrieval.DatastoreTrees`, its figures in ``retrieval.stats``).
+        name: ``"merged"``. score_kind: probability. stats: :class:`ServiceStats`. retrieval: the datastores' side
+            (:class:`drafting.retrieval.DatastoreTrees`, its figures in ``retrieval.stats``). catalog: the datastores.
 
     Raises:
         ValueError: when ``vocab_size`` is out of range, ``min_score`` is not a probability, a source is unknown or
@@ -85,11 +100,11 @@ class DraftingService:
     name = "merged"
     score_kind = ScoreKind.PROBABILITY
 
-    def __init__(self, lookups: DatastoreSource | None = None, *, vocab_size: int, key_vocab: int | None = None,
-                 calibration: Calibration | None = None, sources: Sequence[str] = RETRIEVAL_SOURCES,
-                 min_score: float = 0.0, outputs_bytes: int | None = None, back_off_min_budget: int | None = None,
-                 max_tokens: int = 0, live_writer: OutputSink | None = None,
-                 compactor: Closeable | None = None) -> None:
+    def __init__(self, lookups: DatastoreCatalog | DatastoreSource | None = None, *, vocab_size: int,
+                 key_vocab: int | None = None, calibration: Calibration | None = None,
+                 sources: Sequence[str] = RETRIEVAL_SOURCES, min_score: float = 0.0, outputs_bytes: int | None = None,
+                 back_off_min_budget: int | None = None, max_tokens: int = 0,
+                 live_writer: OutputSink | None = None) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 1 << 32:
             raise ValueError(f"vocab_size={vocab_size!r}: pass the tokenizer's vocabulary size (len(tokenizer)), an "
                              "int in 1..2**32")
@@ -103,9 +118,11 @@ class DraftingService:
                              f"{self.calibration.sources}); fit one with them: python -m evaluation calibrate")
         self.options = core_options(self.calibration, self.sources, outputs_bytes, back_off_min_budget, max_tokens)
         self._core = native_core(self.calibration, self.options)
-        self.retrieval = DatastoreTrees(lookups)
-        self.key_vocab = key_vocab or (lookups.vocab_size if lookups is not None else None) or vocab_size
-        self.live_writer, self.compactor = live_writer, compactor
+        self.catalog = lookups if isinstance(lookups, DatastoreCatalog) else DatastoreCatalog(lookups)
+        self.retrieval = DatastoreTrees(self.catalog)
+        shared = self.catalog.shared
+        self.key_vocab = key_vocab or (shared.vocab_size if shared is not None else None) or vocab_size
+        self.live_writer = live_writer
         self._requests: dict[RequestId, int] = {}  # request id -> its handle in the core
         self._generation = 0  # counts starts and stops: a Batch read before a change is read again
         self._lock = threading.Lock()
@@ -116,23 +133,33 @@ class DraftingService:
 
     open = classmethod(open_service)
 
-    def start_request(self, req_id: RequestId, prompt_ids: TokenIds) -> None:
+    # -- the lifecycle of a request ---------------------------------------------------------------------------------
+
+    def start_request(self, req_id: RequestId, prompt_ids: TokenIds, *, datastore: str | None = None,
+                      shared: bool = True) -> None:
         """Start drafting for ``req_id`` from ``prompt_ids`` (the prompt, and any output already generated).
 
         Args:
             req_id: an ``int`` (64-bit) or ``str``. prompt_ids: a list, tuple or 1-D integer array of token ids.
+            datastore: a datastore of the catalog's to draft from besides the shared one (``None``: the shared one
+                alone; a name the catalog cannot serve, or one still opening, drafts from the shared one,
+                :mod:`drafting.catalog`). shared: also draft from the shared datastore (with ``datastore``).
 
         Raises:
-            ValueError: when ``req_id`` is already active. TypeError: for a ``req_id`` that is no request id.
+            ValueError: when ``req_id`` is already active. TypeError: for a ``req_id`` that is no request id, a
+                ``datastore`` that is no str or a ``shared`` that is no bool.
             datastore.errors.InvalidContext: when ``prompt_ids`` is not a sequence of token ids of the vocabulary.
             datastore.errors.ClosedError: after :meth:`close`.
         """
         key, prompt = door.request_id(req_id), door.token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        name, on = door.datastore_choice(datastore, shared)
         with self._lock:
             self._check_open()
             if key in self._requests:
                 raise ValueError(f"request {key!r} is already active; stop_request it first")
-            self._requests[key] = self._core.start(prompt)
+            set_id = self.catalog.resolve(name, on)
+            self._requests[key] = self._core.start(prompt, set_id)
+            self.catalog.acquire(set_id)
             self._generation += 1
 
     def stop_request(self, req_id: RequestId) -> None:
@@ -149,21 +176,158 @@ class DraftingService:
             if handle is None:
                 return
             self._generation += 1
+            set_id = self._core.set_of(handle)
             output = self._core.stop(handle)
-        if self.live_writer is not None and len(output):
-            self.live_writer.append(output.tolist())
+            self.catalog.release(set_id)
+        self._hand_on(output, set_id)
 
-    def batch(self, req_ids: Sequence[RequestId]) -> Batch:
-        """``req_ids`` resolved for :meth:`step` (an engine's persistent batch, stepped again and again).
+    def _hand_on(self, output: np.ndarray, set_id: int) -> None:
+        """A finished request's output (of set ``set_id``) to the live layer's writer."""
+        if self.live_writer is not None and len(output):
+            self.live_writer.append(output.tolist(), self.catalog.members(set_id).name)
+
+    # -- the library's step -----------------------------------------------------------------------------------------
+
+    def step(self, requests: Sequence[RequestId], budgets: np.ndarray | Sequence[int], *,
+             tokens: Sequence[TokenIds] | None = None, chain: bool = False, min_score: float | None = None,
+             states: np.ndarray | None = None, state_rows: np.ndarray | None = None) -> StepResult:
+        """Follow each request's new tokens, then draft for each, ``budgets[i]`` nodes for request ``requests[i]``.
+
+        Args:
+            requests: ``[rows]`` active request ids.
+            budgets: ``[rows]`` ints, each in ``0..MAX_BUDGET`` (:data:`crest_native.MAX_BUDGET`; 0: no draft).
+            tokens: what each request committed since its last step (the target's accepted tokens and its bonus
+                token): a list of token ids per request (``None``: nothing new).
+            chain: each row's best path (at most ``budgets[i]`` tokens) instead of a tree (a ``bool``).
+            min_score: this step's cut, a probability: nodes whose acceptance probability is below it are not drafted
+                (``None``: the drafter's own).
+            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's state (:meth:`set_model`
+                first): with a head, the target's final-normed hidden state at the row's last accepted token, which
+                the core's head reads with the row's last token (its bonus token); without one, the next-state
+                estimate itself (``None``: none). Finite: a NaN or inf is refused.
+            state_rows: ``[rows]`` bool, the rows whose ``states`` are valid (``None``: all; only with ``states``).
+
+        Returns:
+            A :class:`StepResult`: the drafts (a request another thread stopped during the step: an empty one).
 
         Raises:
-            KeyError: when a request is not active. TypeError / ValueError: for an id that is no request id.
+            KeyError: when a request is not active. TypeError / ValueError: for a malformed argument, naming it (a
+                budget outside ``0..MAX_BUDGET``, states without :meth:`set_model`, of another shape or dtype, or not
+                finite; nothing followed, nothing drafted).
+            datastore.errors.InvalidContext: for a new token id outside the vocabulary (naming ``tokens[i]`` and the
+                id; nothing followed).
             datastore.errors.ClosedError: after :meth:`close`.
         """
-        ids = door.request_ids(req_ids)
+        start = time.perf_counter()
+        ids = door.request_ids(requests)
+        b = crest_native.Batch()
+        b.budgets = door.budgets(budgets, len(ids))
+        b.chain = door.chain(chain)
+        b.min_score = self.min_score if min_score is None else door.min_score(min_score)
+        if tokens is not None:
+            b.appended, b.counts = door.token_lists(tokens, len(ids), self.vocab_size)
+        self._set_states(b, states, state_rows, len(ids))
         with self._lock:
             self._check_open()
-            return Batch(ids, self._handles(ids), self._generation)
+            b.handles = self._handles(ids)
+        made = self._draft(b, start)
+        return StepResult(made.followed, made)
+
+    def _set_states(self, b: crest_native.Batch, states: np.ndarray | None, state_rows: np.ndarray | None,
+                    rows: int) -> None:
+        """``states`` and ``state_rows`` checked (:func:`drafting.door.states`) onto ``b``."""
+        if states is None:
+            if state_rows is not None:
+                raise TypeError("state_rows was given without states; pass the rows' states too, or neither")
+            return
+        b.states, b.has_state = door.states(states, state_rows, rows, self._core.model_width)
+
+    # -- an engine's rows, keyed by their tokens --------------------------------------------------------------------
+
+    def batch(self, req_ids: Sequence[RequestId], *, chain: bool = False, min_score: float | None = None) -> Batch:
+        """``req_ids`` resolved for :meth:`step_rows` (an engine's persistent batch, stepped again and again), with
+        the settings of every step of it: ``chain`` and ``min_score``, as :meth:`step` takes them.
+
+        Raises:
+            KeyError: when a request is not active. TypeError / ValueError: for an id that is no request id, or a
+                setting :meth:`step` refuses. datastore.errors.ClosedError: after :meth:`close`.
+        """
+        ids = door.request_ids(req_ids)
+        chained = door.chain(chain)
+        cut = self.min_score if min_score is None else door.min_score(min_score)
+        with self._lock:
+            self._check_open()
+            return Batch(self, ids, self._handles(ids), self._generation, chained, cut)
+
+    def step_rows(self, batch: Batch, budgets: np.ndarray | Sequence[int], rows: EngineRows, *,
+                  curve: CostCurve | None = None,
+                  states: np.ndarray | None = None, state_rows: np.ndarray | None = None) -> StepResult:
+        """Follow an engine's rows, then draft for each request of ``batch`` (its own settings), ``budgets[i]`` nodes
+        for request ``batch.ids[i]``: what an engine that gives no request ids steps (:class:`serving.RowTracker`).
+
+        Args:
+            batch: this drafter's :meth:`batch`.
+            budgets: ``[rows]`` int64 (or ints), as :meth:`step`'s.
+            rows: the engine's rows (:class:`drafting.EngineRows`, views of its arrays): a request whose tokens are
+                the first of its row takes the rest; one that is not follows nothing, and nothing is drafted.
+            curve: an engine's step-cost curve: the chains are cut to the batch's draft tokens that maximise its
+                expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
+                scores discounted by what the engine accepted of its earlier drafts (``csrc/feedback.hpp``); ``None``:
+                not cut. A batch of chains only.
+            states / state_rows: as :meth:`step`'s.
+
+        Returns:
+            A :class:`StepResult`: which requests followed their rows, and the drafts when every one did.
+
+        Raises:
+            ValueError: for a :class:`Batch` another drafter made. KeyError: when a request is not active.
+            TypeError / ValueError: for rows, counts or an index an engine cannot mean, a curve on a batch of trees,
+                or as :meth:`step` (nothing followed, nothing drafted).
+            datastore.errors.InvalidContext: for a new token id outside the vocabulary (naming the request and the
+                id; nothing followed). datastore.errors.ClosedError: after :meth:`close`.
+        """
+        start = time.perf_counter()
+        if type(batch) is not Batch:
+            raise TypeError(f"batch is a {type(batch).__name__}; pass a drafting.Batch of this drafter's batch()")
+        if type(rows) is not EngineRows:
+            raise TypeError(f"rows is a {type(rows).__name__}; pass a drafting.EngineRows of the engine's arrays")
+        if batch.drafter is not self:
+            raise ValueError(f"this Batch of requests {batch.ids[:3]!r}... was made by another drafter "
+                             f"({batch.drafter!r}); step a drafter with the batches its own batch() makes")
+        b = batch.native
+        b.budgets = budgets if type(budgets) is np.ndarray and budgets.dtype == np.int64 and budgets.ndim == 1 \
+            and budgets.flags.c_contiguous else door.budgets(budgets, len(batch.ids))
+        b.curve = door.curve(curve)
+        b.rows = rows
+        b.appended = b.counts = None
+        b.states = b.has_state = None
+        self._set_states(b, states, state_rows, len(batch.ids))
+        if batch.generation != self._generation:  # a request started or stopped since: its handles are read again
+            with self._lock:
+                self._check_open()
+                b.handles = self._handles(batch.ids)
+                batch.generation = self._generation
+        made = self._draft(b, start, batch.ids)
+        return StepResult(made.followed, made if made.drafted else None)
+
+    # -- an engine's batch, by request id ---------------------------------------------------------------------------
+
+    def engine_batch(self, *, vocab_size: int | None = None, chain: bool = True,
+                     min_score: float | None = None) -> EngineBatch:
+        """An engine's batch stepped by request id (:class:`drafting.EngineBatch`), with the settings of every step.
+
+        Args:
+            vocab_size: the engine model's vocabulary: its rows' ids must be below it (``None``: this drafter's).
+            chain / min_score: as :meth:`step` takes them.
+
+        Raises:
+            TypeError / ValueError: for a setting :meth:`step` refuses, naming it.
+        """
+        return EngineBatch(self, vocab_size=self.vocab_size if vocab_size is None else door.engine_vocab(vocab_size),
+                           chain=door.chain(chain), min_score=self.min_score if min_score is None else
+                           door.min_score(min_score))
+
+    # -- the native calls of a step ---------------------------------------------------------------------------------
 
     def _handles(self, ids: list[RequestId]) -> np.ndarray:
         """Under the lock: ``[len(ids)]`` int64, each request's handle (read only)."""
@@ -175,82 +339,79 @@ class DraftingService:
         handles.setflags(write=False)
         return handles
 
-    def step(self, requests: Sequence[RequestId] | Batch, budgets: np.ndarray | Sequence[int], *,
-             tokens: Sequence[TokenIds] | EngineRows | None = None, chain: bool = False,
-             min_score: float | None = None, curve: CostCurve | None = None, states: np.ndarray | None = None,
-             state_rows: np.ndarray | None = None) -> StepResult:
-        """Follow each request's new tokens, then draft for each, ``budgets[i]`` nodes for request ``requests[i]``.
+    def _draft(self, b: crest_native.Batch, start: float, ids: Sequence[RequestId] = ()) -> crest_native.Step:
+        """The native calls of a step begun at ``start``: follow and draft from the replicas, or follow and plan,
+        fetch, draft; the step counted in :attr:`stats` when it drafted.
 
-        Args:
-            requests: ``[rows]`` active request ids, or a :class:`Batch` (:meth:`batch`).
-            budgets: ``[rows]`` ints, each in ``0..MAX_BUDGET`` (:data:`crest_native.MAX_BUDGET`; 0: no draft); an
-                int64 array is passed as it is.
-            tokens: what each request committed since its last step (the target's accepted tokens and its bonus
-                token): a list of token ids per request, or an :class:`EngineRows` (each row's whole sequence in an
-                engine's arrays: a request whose tokens are the first of its row takes the rest, one that is not
-                follows nothing, and nothing is drafted); ``None``: nothing new.
-            chain: each row's best path (at most ``budgets[i]`` tokens) instead of a tree (a ``bool``).
-            min_score: this step's cut, a probability: nodes whose acceptance probability is below it are not drafted
-                (``None``: the drafter's own).
-            curve: an engine's step-cost curve: the chains are cut to the batch's draft tokens that maximise its
-                expected tokens per second (SmartSpec's goodput, :func:`crest_native.goodput_keep`), each request's
-                scores discounted by what the engine accepted of its earlier drafts (``csrc/feedback.hpp``); ``None``:
-                not cut. Chains only.
-            states: ``[rows, hidden_size]`` float32 (C order, read in place): each row's state (:meth:`set_model`
-                first): with a head, the target's final-normed hidden state at the row's last accepted token, which
-                the core's head reads with the row's last token (its bonus token); without one, the next-state
-                estimate itself (``None``: none).
-            state_rows: ``[rows]`` bool, the rows whose ``states`` are valid (``None``: all).
+        The round trip fetches outside the lock; a row whose request another thread followed meanwhile is not drafted
+        from trees looked up for its earlier context: the native step plans again, and the rows are fetched again (the
+        last of :data:`STALE_ROUNDS` rounds under the lock, so that a step always ends)."""
+        stores = self.retrieval.stores()
+        at = time.perf_counter()
+        made = self._call(b, stores, start)
+        if made.followed is None:
+            raise self._bad_id(ids, made)
+        if made.drafted:
+            self.retrieval.drafted(made, time.perf_counter() - at, stores)
+            return made
+        if not all(made.followed):
+            return made
+        b.rows = b.appended = b.counts = None  # followed: the calls that follow draft only
+        if stores is not None:
+            self.retrieval.drafted(made, time.perf_counter() - at, stores)  # a replica was damaged: counted, dropped
+            made = self._call(b, None, None)  # the round trip drafts the step
+        return self._round_trip(b, made, start)
 
-        Returns:
-            A :class:`StepResult`: which requests followed, and the drafts when every one did.
+    def _round_trip(self, b: crest_native.Batch, plan: crest_native.Step, start: float) -> crest_native.Step:
+        """Fetch what ``plan`` asks for and draft ``b`` from it (again while other threads follow its rows)."""
+        made = plan
+        for _ in range(STALE_ROUNDS - 1):
+            trees = self.retrieval.fetch(made)
+            at = time.perf_counter()
+            made = self._call(b, trees, start)
+            if made.drafted:
+                self.retrieval.drafted_given(made, time.perf_counter() - at)
+                return made
+        with self._lock:  # another thread keeps following a row of this batch: one round with the table held
+            self._check_open()
+            b.key_limit = self.key_vocab
+            made = self._core.step(b, None)
+            trees = self.retrieval.fetch(made)
+            at = time.perf_counter()
+            made = self._core.step(b, trees)
+            self._count(len(b.handles), made, start)
+        self.retrieval.drafted_given(made, time.perf_counter() - at)
+        return made
 
-        Raises:
-            KeyError: when a request is not active. TypeError / ValueError: for a malformed argument, naming it: a
-                budget outside ``0..MAX_BUDGET``, rows, counts or an index an engine cannot mean, a curve with
-                ``chain=False``, states without :meth:`set_model` or of another shape or dtype (nothing followed,
-                nothing drafted).
-            datastore.errors.InvalidContext: for a new token id outside the vocabulary (naming the request and the
-                id; nothing followed).
-            datastore.errors.ClosedError: after :meth:`close`.
-        """
-        start = time.perf_counter()
-        # the common case (an engine's persistent batch, arguments of the right types) checks each at once, inline
-        batch = requests if type(requests) is Batch and requests.generation == self._generation else \
-            self._batch_of(requests)
-        b, given = batch.native, batch.given  # what the last step set, kept where the native side reads it live
-        if budgets is not given[0]:
-            if type(budgets) is np.ndarray and budgets.dtype == np.int64:  # read in place: kept
-                b.budgets = given[0] = budgets
-            else:
-                b.budgets, given[0] = door.budgets(budgets, len(batch.ids)), UNSET
-        if chain is not given[1]:
-            b.chain = given[1] = chain if type(chain) is bool else door.chain(chain)
-        if min_score is not given[2]:
-            b.min_score = self.min_score if min_score is None else door.min_score(min_score)
-            given[2] = min_score if min_score is None or type(min_score) is float else UNSET
-        if curve is not given[3]:
-            b.curve = given[3] = curve if curve is None or type(curve) is Curve else door.curve(curve)
-        self._set_rows(batch, tokens, states, state_rows)
-        made = self._draft(batch, start)
-        return StepResult(made.followed, made if made.drafted else None)
+    def _call(self, b: crest_native.Batch, source, start: float | None) -> crest_native.Step:
+        """One native step under the lock; one that drafted is counted in :attr:`stats` (with the seconds since
+        ``start``; ``None``: not counted, the step is not over)."""
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            b.key_limit = self.key_vocab
+            made = self._core.step(b, source)
+            if made.drafted and start is not None:
+                self._count(len(b.handles), made, start)
+            return made
 
-    def _set_rows(self, batch: Batch, tokens: Sequence[TokenIds] | EngineRows | None, states: np.ndarray | None,
-                  state_rows: np.ndarray | None) -> None:
-        """:meth:`step`'s per-row inputs, set on ``batch`` where they changed since its last step."""
-        b, given = batch.native, batch.given
-        if tokens is not given[4]:
-            if type(tokens) is EngineRows:  # views of the engine's arrays: kept
-                b.rows, b.appended, b.counts = tokens, None, None
-                given[4] = tokens
-            else:
-                b.rows, given[4] = None, UNSET if tokens is not None else None
-                b.appended, b.counts = (None, None) if tokens is None else \
-                    door.token_lists(tokens, len(batch.ids), self.vocab_size)
-        if states is not given[5]:  # an array is set every step; None once
-            b.states, b.has_state = (None, None) if states is None else \
-                door.states(states, state_rows, len(batch.ids), self._core.model_width)
-            given[5] = None if states is None else UNSET
+    def _count(self, rows: int, made: crest_native.Step, start: float) -> None:
+        """Under the lock: count a step of ``rows`` begun at ``start`` that drafted, in :attr:`stats`."""
+        spent = time.perf_counter() - start
+        st = self.stats
+        st.steps += 1
+        st.drafts += rows
+        st.nodes += made.nodes
+        st.step_s += spent
+        st.step_times.append(spent)
+
+    def _bad_id(self, ids: Sequence[RequestId], made: crest_native.Step) -> InvalidContext:
+        """The error for request ``made.bad``'s new id outside the vocabulary (nothing was followed)."""
+        who = f"request {ids[made.bad]!r}" if made.bad < len(ids) else f"row {made.bad}"
+        return InvalidContext(f"the row of {who} holds token id {made.bad_id} after its tokens, outside the "
+                              "vocabulary; pass the engine's ids (and its model's vocab_size); nothing was followed")
+
+    # -- the target's state -----------------------------------------------------------------------------------------
 
     def set_model(self, lm_head: np.ndarray, calibration: Calibration,
                   head: crest_native.Head | None = None) -> None:
@@ -290,65 +451,6 @@ class DraftingService:
             TypeError / ValueError: as :meth:`set_model` and :meth:`drafting.DraftHead.native` raise.
         """
         self.set_model(lm_head, head.calibration.for_tokenizer(tokenizer), head.native(embedding))
-
-    def _batch_of(self, requests: Sequence[RequestId] | Batch) -> Batch:
-        """``requests`` as a :class:`Batch` whose handles are current."""
-        if isinstance(requests, Batch):
-            with self._lock:
-                self._check_open()
-                requests.native.handles = self._handles(requests.ids)
-                requests.generation = self._generation
-            return requests
-        return self.batch(requests)
-
-    def _draft(self, batch: Batch, start: float) -> crest_native.Step:
-        """The native calls of a step begun at ``start``: follow and draft from the replicas, or follow and plan,
-        fetch, draft; the step counted in :attr:`stats` when it drafted."""
-        b = batch.native
-        stores = self.retrieval.stores()
-        at = time.perf_counter()
-        made = self._call(b, stores, start)
-        if made.followed is None:
-            raise self._bad_id(batch, made)
-        if made.drafted:
-            self.retrieval.drafted(made, time.perf_counter() - at, stores)
-            return made
-        if not all(made.followed):
-            return made
-        b.rows = b.appended = b.counts = None  # followed: the calls that follow draft only
-        batch.given[4] = UNSET
-        if stores is not None:
-            self.retrieval.drafted(made, time.perf_counter() - at, stores)  # a replica was damaged: counted, dropped
-            made = self._call(b, None, None)  # the round trip drafts the step
-        trees = self.retrieval.fetch(made)
-        at = time.perf_counter()
-        made = self._call(b, trees, start)
-        self.retrieval.drafted_given(made, time.perf_counter() - at)
-        return made
-
-    def _call(self, b: crest_native.Batch, source, start: float | None) -> crest_native.Step:
-        """One native step under the lock; one that drafted is counted in :attr:`stats` (with the seconds since
-        ``start``; ``None``: not counted, the step is not over)."""
-        with self._lock:
-            if self._closed:
-                self._check_open()
-            b.key_limit = self.key_vocab
-            made = self._core.step(b, source)
-            if made.drafted and start is not None:
-                spent = time.perf_counter() - start
-                st = self.stats
-                st.steps += 1
-                st.drafts += len(b.handles)
-                st.nodes += made.nodes
-                st.step_s += spent
-                st.step_times.append(spent)
-            return made
-
-    def _bad_id(self, batch: Batch, made: crest_native.Step) -> InvalidContext:
-        """The error for request ``made.bad``'s new id outside the vocabulary (nothing was followed)."""
-        return InvalidContext(f"the row of request {batch.ids[made.bad]!r} holds token id {made.bad_id} after its "
-                              "tokens, outside the vocabulary; pass the engine's ids (and its model's vocab_size); "
-                              "nothing was followed")
 
     def learn_outputs(self, outputs: Sequence[TokenIds]) -> int:
         """Put outputs finished elsewhere in this process's output index, as if its own requests had generated them:
@@ -413,37 +515,53 @@ class DraftingService:
 
     @property
     def active_requests(self) -> frozenset:
-        """The ids of the requests started and not stopped."""
+        """The ids of the requests started and not stopped.
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`."""
         with self._lock:
+            self._check_open()
             return frozenset(self._requests)
 
     def outputs_info(self) -> dict:
         """This process's output index: ``outputs`` held, ``bytes`` (its size model, what ``outputs_bytes`` bounds),
-        ``allocated`` (what its arrays hold allocated), ``max_bytes``, ``evictions``."""
+        ``allocated`` (what its arrays hold allocated), ``max_bytes``, ``evictions``.
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`."""
         with self._lock:
+            self._check_open()
             info = self._core.outputs_info()
         return {k: getattr(info, k) for k in ("outputs", "bytes", "allocated", "max_bytes", "evictions")}
 
     def step_seconds(self) -> dict[str, float]:
-        """Seconds spent so far, by part of the step (:meth:`drafting.retrieval.DatastoreTrees.step_seconds`)."""
+        """Seconds spent so far, by part of the step (:meth:`drafting.retrieval.DatastoreTrees.step_seconds`).
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`."""
+        with self._lock:
+            self._check_open()
         return self.retrieval.step_seconds()
 
     def config(self) -> dict:
         """Everything that changes the drafts: the scorer, the sources and the core's settings, the cut and what the
-        lookups serve."""
+        lookups serve.
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close` (nothing is reopened)."""
+        with self._lock:
+            self._check_open()
         core = {k: getattr(self.options, k) for k in DEFAULTS if k != "sources"}
         return {"name": self.name, "calibration": self.calibration.digest(), "sources": list(self.sources),
                 "core": core, "min_score": self.min_score, "source": self.retrieval.identity()}
 
     def close(self) -> None:
-        """Release what the drafter opened (its lookups, its writer, its compactor, their threads), within about a
-        second; final: any later call raises :class:`datastore.errors.ClosedError` (a second ``close`` does nothing)."""
+        """Release what the drafter opened (its datastores, its writer, their threads), within about a second; final:
+        any later call raises :class:`datastore.errors.ClosedError` (a second ``close`` does nothing)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if self.compactor is not None:
-            self.compactor.close()
         self.retrieval.close()
         if self.live_writer is not None:
             self.live_writer.close()

@@ -11,6 +11,7 @@ step":
 - a corrupt or undecodable tree is served as absent by the client (one warning per client).
 
 In a forked child the parent's backend is left to the parent: the child opens its own on its first lookup.
+:meth:`DatastoreSource.close` is final: nothing reopens the backend after it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from datastore.context import TokenIds
-from datastore.errors import DatastoreError, DatastoreNotFound
+from datastore.errors import ClosedError, DatastoreError, DatastoreNotFound
 from datastore.lookup import Retrieval
 from datastore.tree import Match
 from toolkit.forks import at_fork
@@ -104,6 +105,7 @@ class DatastoreSource:
         self._degraded = False
         self._generation = 0  # close() abandons a reopen in flight (its backend is closed when it arrives)
         self._inherited: list[Retriever] = []  # a forked child's parent's backends: left alone, never closed
+        self._closed = False
         self._lock = threading.RLock()
         at_fork(self, after_in_child=DatastoreSource._forked)
         with self._lock:
@@ -142,8 +144,13 @@ class DatastoreSource:
         client.close()  # closed meanwhile: no pool or listener is left open behind close()
 
     def _client(self) -> Retriever | None:
-        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down."""
+        """The open backend, reopened once ``retry_s`` has passed since the last fault; ``None`` while down.
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`."""
         with self._lock:
+            if self._closed:
+                raise ClosedError("this datastore source was closed (close() is final); open a new one")
             if self.client is not None or time.monotonic() - self._down_at < self.retry_s:
                 return self.client
             if not self._background:
@@ -191,8 +198,8 @@ class DatastoreSource:
 
     def stores(self) -> Stores | None:
         """The host-local replicas of the builds the backend serves, when it keeps them and they are ready (the merged
-        drafter then drafts a step in one native call); ``None`` while the backend is down or they are not ready.
-        Costs no round trip, and never reopens a backend."""
+        drafter then drafts a step in one native call); ``None`` while the backend is down or they are not ready, or
+        after :meth:`close`. Costs no round trip, and never reopens a backend."""
         client = self.client
         return None if client is None else client.stores()
 
@@ -236,9 +243,12 @@ class DatastoreSource:
             client.close()
 
     def close(self) -> None:
-        """Close the backend, and abandon a reopen in flight (a later lookup reopens it: a source may serve several
-        drafters in turn; a :class:`drafting.DraftingService`'s ``close`` is final)."""
+        """Close the backend and abandon a reopen in flight; final: a later lookup, :meth:`identity` or
+        :attr:`vocab_size` raises :class:`datastore.errors.ClosedError`, :meth:`stores` answers ``None``, and nothing
+        reopens the backend (a second ``close`` does nothing). A lookup in flight ends on the closed backend (its
+        fault answers nothing)."""
         with self._lock:
+            self._closed = True
             self._generation += 1
         self._drop()
 

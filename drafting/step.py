@@ -1,7 +1,6 @@
 """What one batch step of the merged drafter takes and returns: the :class:`Batch` an engine's persistent batch is
-stepped with, the :class:`StepResult` a step returns (its drafts or chains), the drafter's cumulative
-:class:`ServiceStats`, and the protocols of the background work the drafter owns (the live layer's writer and its
-compactor)."""
+stepped with by its rows, the :class:`StepResult` a step returns (its drafts or chains), the drafter's cumulative
+:class:`ServiceStats`, and the protocol of where finished outputs go (the live layer's writer)."""
 
 from __future__ import annotations
 
@@ -18,10 +17,8 @@ import crest_native
 from .door import RequestId
 from .draft import ChainDrafts, Drafts, ScoreKind
 
-__all__ = ["STEP_TIMES_KEPT", "UNSET", "Batch", "Closeable", "OutputSink", "ServiceStats", "StepResult"]
+__all__ = ["STEP_TIMES_KEPT", "Batch", "OutputSink", "ServiceStats", "StepResult"]
 
-UNSET = object()
-"""What :attr:`Batch.given` holds for an argument that the next step sets again."""
 STEP_TIMES_KEPT = 10_000
 """Steps whose seconds :class:`ServiceStats` keeps one by one."""
 
@@ -29,19 +26,12 @@ STEP_TIMES_KEPT = 10_000
 class OutputSink(Protocol):
     """Where each finished request's output goes: the live layer's writer (:class:`live.LiveWriter`)."""
 
-    def append(self, tokens: Sequence[int]) -> bool:
-        """Take one output's token ids (enqueued: the step never waits); whether it was taken."""
+    def append(self, tokens: Sequence[int], name: str | None = None) -> bool:
+        """Take one output's token ids for datastore ``name``'s live layer (``None``: the sink's own; enqueued: the
+        step never waits); whether it was taken."""
 
     def close(self) -> None:
         """Flush what is pending and stop."""
-
-
-class Closeable(Protocol):
-    """Background work the drafter owns and stops with itself: the live layer's compactor
-    (:class:`live.LiveCompactor`)."""
-
-    def close(self) -> None:
-        """Stop (work in flight is abandoned safely)."""
 
 
 @dataclass
@@ -62,25 +52,27 @@ class ServiceStats:
 
 
 class Batch:
-    """A step's requests resolved once (:meth:`DraftingService.batch`): an engine's persistent batch is stepped with the
-    same object step after step, and its requests are looked up again only once some request started or stopped since.
-    One caller's: not shared between threads.
+    """An engine's persistent batch of requests resolved once (:meth:`DraftingService.batch`), with the settings of
+    every step of it, stepped by its rows (:meth:`DraftingService.step_rows`) step after step; its requests are looked
+    up again only once some request started or stopped since. One caller's: not shared between threads. It belongs to
+    the drafter that made it: any other refuses it.
 
     Attributes:
-        ids: ``[rows]`` the request of each row (read only).
+        ids: ``[rows]`` the request of each row (read only). drafter: the drafter that made it. chain / min_score: the
+            settings of its steps (:meth:`DraftingService.step`'s).
     """
 
-    __slots__ = ("generation", "given", "ids", "native")
+    __slots__ = ("chain", "drafter", "generation", "ids", "min_score", "native")
 
-    def __init__(self, ids: list[RequestId], handles: np.ndarray, generation: int) -> None:
+    def __init__(self, drafter: object, ids: list[RequestId], handles: np.ndarray, generation: int, chain: bool,
+                 min_score: float) -> None:
+        self.drafter = drafter
         self.ids = ids
         self.generation = generation  # the drafter's table as the handles were read
+        self.chain, self.min_score = chain, min_score
         self.native = crest_native.Batch()
         self.native.handles = handles
-        # what the last step set on the native batch, as the caller passed it (budgets, chain, min_score, curve,
-        # tokens, states), where the native side holds it or reads it in place (else UNSET): a step passing the same
-        # objects sets nothing again (setting a native attribute costs microseconds)
-        self.given: list = [UNSET] * 6
+        self.native.chain, self.native.min_score = chain, min_score
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -91,7 +83,8 @@ class StepResult:
 
     Attributes:
         followed: ``[rows]`` bools: whether each request followed (always true for token lists; for
-            :class:`EngineRows`, whether the request's tokens were the first of its row).
+            :class:`EngineRows`, whether the request's tokens were the first of its row; true for a request another
+            thread stopped during the step, which follows nothing and drafts nothing).
         drafted: whether the batch was drafted (every request followed).
     """
 

@@ -6,7 +6,9 @@
 - ``choose-k``: the proposer's ``k`` and probability floor, by replay (:mod:`evaluation.choose_k`);
 - ``train-head``: the draft head over the target's own state, and its calibration (:mod:`evaluation.train_head`);
 - ``head-pack``: what a GPU machine trains the head from at scale (:mod:`evaluation.head_pack`,
-  ``evaluation/head_gpu.py``).
+  ``evaluation/head_gpu.py``);
+- ``distill``: the target's own answers to a prompt set, a datastore's corpus before any traffic
+  (:mod:`evaluation.distill`).
 
 Each reads the saved references (``--references``) and refuses a datastore whose corpus holds a prompt it scores.
 """

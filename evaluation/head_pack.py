@@ -5,7 +5,7 @@
   counts).
 - ``data.npz``: ``prompt_tokens`` ``[P]`` uint16 with ``prompt_offsets`` ``[prompts + 1]`` int64 (ShareGPT's
   openings, rendered with the target's chat template, each once, screened against the evaluation sets,
-  :func:`serving.distill.rendered_prompts`); ``fit_tokens`` / ``fit_offsets`` (the fit halves' prompts with their
+  :func:`evaluation.distill.rendered_prompts`); ``fit_tokens`` / ``fit_offsets`` (the fit halves' prompts with their
   greedy references: the target's own float32 answers; the report halves never travel); ``check_ids`` ``[n]`` int64
   and ``check_states`` ``[n, d]`` float32 (the target's states over one fit sequence, float32 on this CPU: the GPU's
   target must match them before it trains).
@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> None:
         ValueError: when ``--out`` exists and is not empty.
     """
     from decoder.model import load_target
+    from evaluation.distill import rendered_prompts
     from ingest.contamination import screen_items
     from ingest.sources import default_sharegpt_path
-    from serving.distill import rendered_prompts
     from toolkit.tokenizer import resolve_model
 
     from .features import target_features

@@ -4,7 +4,7 @@ write it.
 
 1. Features (:mod:`evaluation.features`, cached under ``CREST_CACHE``): the target run teacher-forced over the fit
    halves' prompts with their greedy answers (its own outputs), over ShareGPT's first conversations (``--tokens``)
-   and over the target's own answers to other prompts (``--distilled``: ``python -m serving distill``'s files), in
+   and over the target's own answers to other prompts (``--distilled``: ``python -m evaluation distill``'s files), in
    ``--dtype``.
 2. The head, trained for ``--minutes`` (:mod:`evaluation.head_training`).
 3. Its calibration: ``--calibration`` (default: the shipped one) stacked with the model features
@@ -56,10 +56,10 @@ def add_parser(sub, parents: list) -> None:
                     help="ShareGPT tokens the target is run over beside the fit halves (default: %(default)s; about "
                          "300 a second on two CPU cores in fp32).")
     ap.add_argument("--distilled", type=existing_path, nargs="+", default=TRAINING["distilled"],
-                    help="the target's own answers to train on beside the rest: `python -m serving distill`'s files "
+                    help="the target's own answers to train on beside the rest: `python -m evaluation distill`'s files "
                          "(or any chat file, read as `ingest build --source chat` reads it), each conversation "
                          "rendered with the chat template, its first 1,024 tokens (default: none). No evaluation "
-                         "prompt may be among them: `serving distill` screens its prompts against the sets.")
+                         "prompt may be among them: `evaluation distill` screens its prompts against the sets.")
     ap.add_argument("--minutes", type=float_in(0.1), default=TRAINING["minutes"],
                     help="training time (default: %(default)s).")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=TRAINING["dtype"],
@@ -239,7 +239,7 @@ def _distilled(tok, paths: list[Path]) -> list[np.ndarray]:
     if flagged:
         raise ValueError(f"--distilled holds {len(flagged)} conversations with an evaluation item ({flagged[0]} the "
                          "first): the head would be reported on what it trained on; leave them out (`python -m "
-                         "serving distill` screens its prompts)")
+                         "evaluation distill` screens its prompts)")
     return out
 
 

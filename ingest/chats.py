@@ -129,7 +129,7 @@ class ChatMessages(NamedTuple):
 def chat_messages(record, fields: tuple[str, ...] = CHAT_FIELDS) -> ChatMessages:
     """One chat record's turns as ``{"role", "content"}`` messages: the one reading of every chat format (OpenAI
     ``messages``, ShareGPT ``conversations``; JSON Lines, JSON arrays, Parquet rows), which :func:`chat_document`
-    renders and ``python -m serving distill`` takes its prompts from.
+    renders and ``python -m evaluation distill`` takes its prompts from.
 
     Each turn is ``{"role", "content"}`` (content a string, a list of parts, or ``null``) or ShareGPT's
     ``{"from", "value"}``; roles go through one table (see the module docstring). Empty turns are dropped;

@@ -195,7 +195,7 @@ def screen_documents(documents: Sequence[np.ndarray], items: Mapping[str, Sequen
                      n: int = NGRAM, threshold: float = THRESHOLD) -> list[str | None]:
     """Screen each document alone (the same rule as :func:`screen_stream`, the share counted within the document):
     for each, ``"part/item"`` of the first evaluation item it holds at least ``threshold`` of, else ``None``. What
-    ``python -m serving distill`` skips a prompt for, before the target answers it.
+    ``python -m evaluation distill`` skips a prompt for, before the target answers it.
 
     Args:
         documents: token ids, each ``[len]`` integers below 2**32 (no separator token inside).

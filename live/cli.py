@@ -1,6 +1,7 @@
 """``python -m live compact``: fold decoders' finished outputs into the live layer ``NAME.live`` (or only the new ones
-into its delta, ``--delta``), once, e.g. from cron (:mod:`live.compaction`; drafting services run it on their own,
-:class:`live.LiveCompactor`). Needs the ``ingest`` extra.
+into its delta, ``--delta``), once, e.g. from cron (:mod:`live.compaction`). ``python -m live serve``: keep live layers
+compacted on their own (:class:`live.LiveCompactor`, one per datastore), beside the engines, until stopped
+(``python -m serving`` starts one beside vLLM). Needs the ``ingest`` extra.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 
 from toolkit.options import database_options, datastore_name, parse_count
 from toolkit.settings import DEFAULTS
@@ -50,20 +50,55 @@ def build_parser() -> argparse.ArgumentParser:
                         "beside at most one of the whole layer.")
     c.add_argument("--json", action="store_true", help="print the result as JSON.")
     c.add_argument("--quiet", action="store_true", help="no progress bars.")
-    c.add_argument("--exit-with-parent", action="store_true",
-                   help="stop (leaving the previous live build serving) once the process that started this one is "
-                        "gone (what a drafting service's compactor passes).")
+    v = sub.add_parser("serve", parents=[database_options()],
+                       help="keep live layers compacted, beside the engines that append to them, until stopped.",
+                       description="Compact the live layer of each NAME whenever it is due (CREST_COMPACT_OUTPUTS, "
+                                   "CREST_COMPACT_AFTER_S, CREST_COMPACT_GAP_S, CREST_COMPACT_FOLD_TOKENS, "
+                                   "CREST_LIVE_TOP_T, CREST_LIVE_MAX_BYTES), each compaction a child process at the "
+                                   "lowest CPU priority, until SIGTERM or SIGINT; at most one compaction of a layer at "
+                                   "a time across the fleet (a second serve of the same NAME waits its turn). "
+                                   "python -m serving starts one beside the engine (CREST_COMPACT=1); run it "
+                                   "yourself on any host that reaches the database (a host with a free core is best).")
+    v.add_argument("--name", type=datastore_name, action="append", metavar="NAME",
+                   help="a datastore whose live layer to compact; repeat for several (default: CREST_DATASTORE and "
+                        "CREST_DATASTORES).")
     return p
+
+
+def _serve(args) -> None:
+    """Run a compactor per datastore until SIGTERM or SIGINT (their compactions in flight are stopped: the previous
+    builds keep serving)."""
+    import signal
+    import threading
+
+    from toolkit.settings import Settings
+
+    from .compactor import LiveCompactor
+    from .policy import CompactionPolicy
+
+    s = Settings.from_env()
+    names = args.name or [s.datastore, *(s.datastores or ())]
+    policy = CompactionPolicy(outputs=s.compact_outputs, after_s=s.compact_after_s, gap_s=s.compact_gap_s,
+                              fold_tokens=s.compact_fold_tokens, top_t=s.live_top_t, max_bytes=s.live_max_bytes)
+    url = args.database_url or s.compact_url or s.database_url
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    compactors = [LiveCompactor(name, url, policy) for name in dict.fromkeys(names)]
+    print(f"compacting the live layers of {', '.join(c.name for c in compactors)} (SIGTERM or Ctrl-C stops)",
+          flush=True)
+    try:
+        stop.wait()
+    finally:
+        for compactor in compactors:
+            compactor.close()
 
 
 def _compact(args) -> None:
     from ingest.cli import peak_rss
-    from toolkit.children import exit_with_parent
 
     from .compaction import compact_delta, compact_live
 
-    if args.exit_with_parent:
-        exit_with_parent(os.getppid())
     compact = compact_delta if args.delta else compact_live
     result = compact(args.name, top_t=args.top_t, max_bytes=args.max_bytes, database_url=args.database_url,
                      progress=not args.quiet)
@@ -95,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         try:
-            require("duckdb", "ingest", "python -m live compact")
-            _compact(args)
+            require("duckdb", "ingest", f"python -m live {args.command}")
+            (_serve if args.command == "serve" else _compact)(args)
         except KeyboardInterrupt:
             error("interrupted: nothing half-built is visible; the previous live build still serves")
             return 130

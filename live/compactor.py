@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -261,8 +260,8 @@ class LiveCompactor:
     def _spawn(self, lane: _Lane) -> None:
         """Start ``python -m live compact`` (with the lane's flags) in a child process at idle priority."""
         p = self.policy
-        argv = [sys.executable, "-m", "live", "compact", "--name", self.name, *lane.flags, "--top-t",
-                str(p.top_t), "--max-bytes", str(p.max_bytes), "--json", "--quiet", "--exit-with-parent"]
+        args = ["compact", "--name", self.name, *lane.flags, "--top-t", str(p.top_t), "--max-bytes", str(p.max_bytes),
+                "--json", "--quiet"]
         env = dict(os.environ, DATABASE_URL=self.url)
         # the child's output files live with the lane until it is reaped (closed in _finished)
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
@@ -273,7 +272,7 @@ class LiveCompactor:
                 return
             lane.out, lane.err, lane.started, lane.t0, lane.killed_at = out, err, time.time(), time.perf_counter(), None
             lane.yielded = False
-            lane.child = spawn_idle(argv, env, out, err)
+            lane.child = spawn_idle("live", args, env, out, err)
 
     def _yield(self) -> None:
         """The engine stepped after an idle spell (from its thread): the compactions in flight are stopped, to be

@@ -51,7 +51,7 @@ class WhenEngineIdle:
     the compactor's.
 
     Args:
-        idle_s: seconds without a step that make the engine idle (> 0; the vLLM proposer's ``CREST_COMPACT_IDLE_S``).
+        idle_s: seconds without a step that make the engine idle (> 0).
         busy_cores: this process's CPU use, in cores, at or above which the engine counts as busy (> 0; default 0.5:
             a forward pass on vLLM-CPU takes every core, an idle engine almost none).
 

@@ -92,8 +92,10 @@ class LiveWriter:
         self._thread = threading.Thread(target=self._run, name="crest-live-writer", daemon=True)
         self._thread.start()
 
-    def append(self, tokens: Sequence[int]) -> bool:
-        """Enqueue one finished output (its generated tokens, not the prompt); returns whether it was kept."""
+    def append(self, tokens: Sequence[int], name: str | None = None) -> bool:
+        """Enqueue one finished output (its generated tokens, not the prompt) for datastore ``name``'s live layer
+        (``None``: this writer's ``name``: one writer serves every datastore a process drafts from); returns whether it
+        was kept."""
         if len(tokens) < self.min_tokens:
             self.dropped += 1
             return False
@@ -105,7 +107,7 @@ class LiveWriter:
             self._pending_bytes += len(blob)
             self.appended += 1
             self._idle.clear()
-        self._queue.put(blob)
+        self._queue.put((self.name if name is None else name, blob))
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -140,8 +142,8 @@ class LiveWriter:
                     if conn is None or conn.closed:
                         conn = connect(self.url, autocommit=True, application_name=APPENDER_APPLICATION)
                     with conn.cursor().copy("COPY live_outputs (name, tokens, num_tokens, origin) FROM STDIN") as cp:
-                        for b in blobs:
-                            cp.write_row((self.name, b, len(b) // 4, self.origin))
+                        for name, b in blobs:
+                            cp.write_row((name, b, len(b) // 4, self.origin))
                     self.written += len(blobs)
                 except (psycopg.Error, DatastoreError) as exc:
                     self.failed += len(blobs)
@@ -152,7 +154,7 @@ class LiveWriter:
                         conn.close()
                     conn = None
             with self._lock:
-                self._pending_bytes -= sum(len(b) for b in blobs)
+                self._pending_bytes -= sum(len(b) for _, b in blobs)
                 if self._queue.empty():
                     self._idle.set()
             if stop:

@@ -1,13 +1,7 @@
-"""``python -m serving``: vLLM's OpenAI-compatible server with our proposer, see :mod:`serving.server`;
-``python -m serving distill``: the target's own answers to a prompt set, see :mod:`serving.distill`."""
+"""``python -m serving``: vLLM's OpenAI-compatible server with our proposer, see :mod:`serving.server`."""
 
 import sys
 
-if sys.argv[1:2] == ["distill"]:
-    from .distill import main as distill
-
-    sys.exit(distill(sys.argv[2:]))
-
-from .server import main  # noqa: E402
+from .server import main
 
 sys.exit(main())

@@ -1,8 +1,9 @@
-"""Keying an engine's batch rows to drafting requests when it passes no request ids, and stepping its persistent batch.
+"""Keying an engine's batch rows to drafting requests when it passes no request ids, and stepping its persistent batch:
+the fallback of a vLLM our plugin's runner hook cannot reach (:mod:`serving.plugin`; with it, rows come by request id).
 
 vLLM's ``custom_class`` proposer hook hands over, each step, a row per running request (``token_ids_cpu``: prompt and
 output so far) but no request id, and rows are reassigned as requests finish, are preempted, or the batch is condensed.
-:class:`RowTracker` keys a request by its tokens (:meth:`drafting.DraftingService.step` with
+:class:`RowTracker` keys a request by its tokens (:meth:`drafting.DraftingService.step_rows` with
 :class:`drafting.EngineRows`: views of the engine's arrays, no copy):
 
 - a row whose tokens extend exactly what its request has seen is the same request (its known prefix confirmed by one
@@ -22,7 +23,7 @@ from typing import cast
 
 import numpy as np
 
-from drafting import Batch, DraftingService, EngineRows
+from drafting import Batch, DraftingService, EngineRows, StepResult
 from drafting.draft import ChainDrafts, CostCurve
 
 __all__ = ["RowTracker"]
@@ -48,8 +49,7 @@ class RowTracker:
         self.started = self.moved = self.stopped = 0
 
     def propose(self, index: Sequence[int] | None, tokens: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
-                min_score: float | None = None, curve: CostCurve | None = None, states: np.ndarray | None = None,
-                state_rows: np.ndarray | None = None) -> tuple[list[int], ChainDrafts]:
+                curve: CostCurve | None = None) -> tuple[list[int], ChainDrafts]:
         """Bring the drafter up to date with this step's rows, then draft each row's chain.
 
         Args:
@@ -59,22 +59,20 @@ class RowTracker:
                 sequence so far in its first ``lengths[i]`` columns (read in place, not copied).
             lengths: ``[>= rows]`` of the same dtype.
             budgets: ``[len(index)]`` integers (int64 is passed as it is), each row's most draft tokens.
-            min_score / curve / states / state_rows: as :meth:`drafting.DraftingService.step` (``states``: one row
-                per drafted row, in their order).
+            curve: as :meth:`drafting.DraftingService.step_rows`.
 
         Returns:
             ``(request ids, chains)``, in the order of the rows (the ids: read only).
 
         Raises:
-            As :meth:`drafting.DraftingService.step` (rows, lengths or budgets an engine cannot mean).
+            As :meth:`drafting.DraftingService.step_rows` (rows, lengths or budgets an engine cannot mean).
         """
         batch = self._batch
         if index is None and batch is not None and len(batch.ids) == len(budgets):  # the steady step
             view = self._view  # the same view while the engine passes the same arrays (vLLM rewrites them in place)
             if view is None or view.rows is not tokens or view.lengths is not lengths:
                 view = self._view = EngineRows(tokens, lengths, None, self._vocab)
-            made = self.service.step(batch, budgets, tokens=view, chain=True, min_score=min_score, curve=curve,
-                                     states=states, state_rows=state_rows)
+            made = self.service.step_rows(batch, budgets, view, curve=curve)
             if made.drafted:  # every row held its request: nothing else changed
                 return batch.ids, made.chains()  # type: ignore[return-value]  # ids the tracker made: ints
             rows = list(range(len(budgets)))
@@ -85,10 +83,8 @@ class RowTracker:
             rows = list(range(len(budgets))) if index is None else list(index)
             guess = [self._by_row.get(i) for i in rows]
             if rows and None not in guess:  # perhaps steady: follow and draft in one step
-                made = self.service.step(cast("list[int]", guess), budgets,
-                                         tokens=self._engine(tokens, lengths, None if index is None else rows),
-                                         chain=True, min_score=min_score, curve=curve, states=states,
-                                  state_rows=state_rows)
+                made = self._step(cast("list[int]", guess), budgets, tokens, lengths, None if index is None else rows,
+                                  curve)
                 followed = made.followed
             else:
                 followed = self._follow_known(rows, guess, tokens, lengths)
@@ -96,17 +92,18 @@ class RowTracker:
         whole = index is None
         if made is not None and made.drafted:
             if whole and self._batch is None:  # prepare the batch for the next steps
-                self._batch = self.service.batch(ids)
+                self._batch = self.service.batch(ids, chain=True)
             return ids, made.chains()
         # the rows changed: follow (nothing new: each request holds its row now) and draft
-        again = self.service.step(ids, budgets, tokens=self._engine(tokens, lengths, None if whole else rows),
-                                  chain=True, min_score=min_score, curve=curve, states=states,
-                                  state_rows=state_rows)
+        again = self._step(ids, budgets, tokens, lengths, None if whole else rows, curve)
         return ids, again.chains()
 
-    def _engine(self, tokens: np.ndarray, lengths: np.ndarray, rows: Sequence[int] | None) -> EngineRows:
-        """The engine's arrays, pair ``i`` on row ``rows[i]`` (``None``: on row ``i``)."""
-        return EngineRows(tokens, lengths, None if rows is None else np.array(rows, np.int64), self._vocab)
+    def _step(self, ids: list[int], budgets: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+              rows: Sequence[int] | None, curve: CostCurve | None = None) -> StepResult:
+        """Requests ``ids`` follow the engine's rows (pair ``i`` on row ``rows[i]``; ``None``: on row ``i``), then
+        draft their chains."""
+        view = EngineRows(tokens, lengths, None if rows is None else np.array(rows, np.int64), self._vocab)
+        return self.service.step_rows(self.service.batch(ids, chain=True), budgets, view, curve=curve)
 
     def _follow_known(self, rows: list[int], guess: list[int | None], tokens: np.ndarray,
                       lengths: np.ndarray) -> list[bool]:
@@ -114,8 +111,8 @@ class RowTracker:
         followed = [False] * len(rows)
         known = [k for k, rid in enumerate(guess) if rid is not None]
         if known:
-            got = self.service.step([cast(int, guess[k]) for k in known], np.zeros(len(known), np.int64),
-                                    tokens=self._engine(tokens, lengths, [rows[k] for k in known]), chain=True).followed
+            got = self._step([cast(int, guess[k]) for k in known], np.zeros(len(known), np.int64), tokens, lengths,
+                             [rows[k] for k in known]).followed
             for k, ok in zip(known, got):
                 followed[k] = ok
         return followed
@@ -133,9 +130,8 @@ class RowTracker:
         open_at = [k for k, ok in enumerate(followed) if not ok]
         if free and open_at:  # requests that moved: every (free request, open row) pair in one step, rows in order
             pairs = [(k, rid) for k in open_at for rid in free]
-            moved = self.service.step([rid for _, rid in pairs], np.zeros(len(pairs), np.int64),
-                                      tokens=self._engine(tokens, lengths, [index[k] for k, _ in pairs]),
-                                      chain=True).followed
+            moved = self._step([rid for _, rid in pairs], np.zeros(len(pairs), np.int64), tokens, lengths,
+                               [index[k] for k, _ in pairs]).followed
             for (k, rid), ok in zip(pairs, moved):
                 if ok:
                     guess[k] = rid

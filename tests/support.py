@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from hypothesis import strategies as st
 
 from datastore.tree import TokenTree
@@ -269,6 +270,9 @@ def native_step(core, handles, budgets, source=None, *, chain=False, min_score=0
     if appended is not None:
         b.appended = np.asarray([t for row in appended for t in row], np.uint32)
         b.counts = np.asarray([len(row) for row in appended], np.int64)
+    if isinstance(source, tuple):  # one datastore's replicas: its set
+        datastore, live, delta = (*source, None)[:3]
+        source = crest_native.StoreSets([(datastore, None, live, delta)])
     return core.step(b, source)
 
 
@@ -289,3 +293,19 @@ def step_drafts(made) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """A native step's drafts, per row: ``(tokens, parents, scores)``."""
     o = made.offsets.tolist()
     return [(made.tokens[a:b], made.parents[a:b], made.scores[a:b]) for a, b in zip(o, o[1:])]
+
+
+def alive_after(pids: list[int], seconds: float) -> list[int]:
+    """The processes of ``pids`` still running (a zombie has ended) after waiting up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

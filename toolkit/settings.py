@@ -55,6 +55,13 @@ def _whole(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        raise ValueError("names no datastore; list them comma-separated")
+    return names
+
+
 def _path(value: str) -> Path:
     return Path(value).expanduser()
 
@@ -83,7 +90,13 @@ class Settings:
                                    "<CREST_CACHE>/replicas), or 'off': every lookup is a round trip")
     eval_data: Path | None = setting("CREST_EVAL_DATA", None, _path, "a folder holding spec_bench/ and humaneval/ to "
                                      "use instead of the evaluation sets shipped in the package")
-    datastore: str = setting("CREST_DATASTORE", "sharegpt", _text, "the datastore the vLLM proposer drafts from")
+    datastore: str = setting("CREST_DATASTORE", "sharegpt", _text, "the shared datastore the vLLM proposer drafts "
+                             "from")
+    datastores: tuple[str, ...] | None = setting("CREST_DATASTORES", None, _names, "the datastores a request may name "
+                                          "(extra_args crest_datastore), comma-separated: the operator's list; any "
+                                          "other name drafts from the shared one (default: none)")
+    datastores_open: int = setting("CREST_DATASTORES_OPEN", 8, _whole(1), "most named datastores a process keeps open "
+                                   "at once (the least recently named with no request drafting is closed first)")
     min_score: float = setting("CREST_MIN_SCORE", 0.1, _number(0, 1), "a probability: the proposer's chains stop "
                                "before the first node whose calibrated acceptance probability is below it")
     adaptive: bool = setting("CREST_ADAPTIVE", True, _flag, "1: each step verifies only the batch's draft tokens that "
@@ -102,13 +115,11 @@ class Settings:
                                    "the role that appends outputs (INSERT on live_outputs only; default DATABASE_URL)")
     outputs_shared: bool = setting("CREST_OUTPUTS_SHARED", True, _flag, "1: the output index also learns every other "
                                    "process's finished outputs from the live layer; 0: only this process's own")
-    compact: bool = setting("CREST_COMPACT", True, _flag, "1 (with CREST_LIVE=1): compact the live layer "
-                            "automatically, one compactor per datastore across processes and hosts; 0: off")
+    compact: bool = setting("CREST_COMPACT", True, _flag, "1 (with CREST_LIVE=1): python -m serving starts python -m "
+                            "live serve beside the engine, which compacts the live layers automatically (one "
+                            "compactor per datastore across processes and hosts); 0: off")
     compact_url: str | None = setting("CREST_COMPACT_URL", None, _text,
                                       "the role that compacts (the datastores' owner; default DATABASE_URL)")
-    compact_idle_s: float | None = setting("CREST_COMPACT_IDLE_S", None, _number(0), "a compaction starts only once "
-                                           "the engine has not stepped for this many seconds (0: whenever due; "
-                                           "default 1 on vLLM's CPU platform, 0 elsewhere)")
     compact_outputs: int = setting("CREST_COMPACT_OUTPUTS", 64, _whole(1), "compact once this many new outputs wait")
     compact_after_s: float = setting("CREST_COMPACT_AFTER_S", 2.0, _number(0),
                                      "... or once the oldest new output has waited this many seconds")

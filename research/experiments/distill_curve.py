@@ -2,7 +2,7 @@
 answer tokens the datastore was built from; alone, beside a human corpus, and against the human corpus alone at the
 same number of tokens.
 
-The answers are ``python -m serving distill``'s output (OpenAI-messages JSON Lines, each with its answer's token
+The answers are ``python -m evaluation distill``'s output (OpenAI-messages JSON Lines, each with its answer's token
 count): the target's greedy answers to chat prompts that are not the scored ones (the distill screens prompts and
 answers against the evaluation sets; each build screens again, and the replay refuses a datastore whose corpus holds
 a scored item). For each size S of ``--sizes`` (answer tokens), the first answers, in file order, whose answers add up
@@ -19,7 +19,7 @@ calibrated tree, backing off) and merged (with the request's own tokens and the 
 ``--chain`` and a tree of ``--tree`` nodes: accept length is tokens per verification step, bonus included. The
 datastores are dropped at the end (``--keep`` keeps them).
 
-    .venv/bin/python -m serving distill --path CHATS --out results/distill/answers.jsonl.zst --token-budget 60000
+    .venv/bin/python -m evaluation distill --path CHATS --out results/distill/answers.jsonl.zst --token-budget 60000
     python -m research.experiments.distill_curve --answers results/distill/answers.jsonl.zst \\
         --human results/fleet/yesterday.jsonl.zst --sizes 12500 25000 50000
 """
@@ -48,7 +48,7 @@ def _answers(path: Path) -> list[tuple[str, int]]:
     from ingest.files import open_corpus_file
 
     if not path.exists():
-        raise SystemExit(f"error: --answers {path} does not exist: make it with `python -m serving distill`")
+        raise SystemExit(f"error: --answers {path} does not exist: make it with `python -m evaluation distill`")
     out = []
     with open_corpus_file(path) as f:
         for n, raw in enumerate(f, 1):
@@ -58,12 +58,12 @@ def _answers(path: Path) -> list[tuple[str, int]]:
                     out.append((line, int(json.loads(line)["distilled"]["output_tokens"])))
             except (ValueError, KeyError, TypeError):
                 raise SystemExit(f"error: --answers {path} line {n} is not a distilled chat (no "
-                                 "distilled.output_tokens): pass `python -m serving distill`'s output") from None
+                                 "distilled.output_tokens): pass `python -m evaluation distill`'s output") from None
     return out
 
 
 def _write(path: Path, lines: list[str]) -> Path:
-    from serving.distill import append_chunk
+    from evaluation.distill import append_chunk
 
     path.unlink(missing_ok=True)
     append_chunk(path, lines)
@@ -85,7 +85,7 @@ def _human_prefix(human: Path, tokens: int, out: Path) -> Path:
     """The human corpus's first conversations up to ``tokens`` corpus tokens (as a chat build counts them)."""
     from collections import Counter
 
-    from serving.distill import read_conversations
+    from evaluation.distill import read_conversations
     from toolkit import load_tokenizer
     from toolkit.tokenizer import render_chat
 
@@ -131,7 +131,7 @@ def _replay(name: str, refs, chain: int, tree: int) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     """This script's command line."""
     ap = parser(__doc__)
-    ap.add_argument("--answers", type=Path, required=True, help="python -m serving distill's output.")
+    ap.add_argument("--answers", type=Path, required=True, help="python -m evaluation distill's output.")
     ap.add_argument("--human", type=Path, required=True, help="the human chat corpus the answers are set beside.")
     ap.add_argument("--sizes", nargs="+", type=int_in(1), required=True, help="answer tokens per point.")
     ap.add_argument("--top-t", default="2M", help="n-grams per n kept by every build (default: 2M).")

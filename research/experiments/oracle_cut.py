@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -55,8 +56,9 @@ class OracleCutProposer(InstrumentedProposer):
         self.trimmed = 0  # draft tokens cut off by the reference
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        view = self._view  # the plugin's view of the step (the rows' request ids), which propose consumes
         out = super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
-        held = self.rows.held
+        held: Any = view.req_ids if view is not None else self.edge.rows.held if self.edge.rows is not None else {}
         for i, chain in enumerate(out):
             if not chain:
                 continue

@@ -3,13 +3,10 @@ is taken within its round, so a host that slows down between rounds moves no rat
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from benchmarks.vllm_serving import (
-    _during_compaction,
     _other_cpu,
     _process_cpu,
     _table,
@@ -105,21 +102,6 @@ def test_forward_passes_priced_at_one_curve_take_out_a_slower_host():
     assert summary["suffix"]["x_best_built_in_common_forward"] == [None]
     plain = _table([_run("crest", 0, 44.0, [[1, 2]])], ["spec_bench"])  # no --accounting: no such figure
     assert plain[0]["tokens_per_s_common_forward"] is None
-
-
-def test_a_compaction_still_in_flight_counts_its_forwards():
-    """Forwards ``(end, seconds, tokens)``: one inside a finished compaction, two after a compaction that never
-    finished started (a starved one: in no finished run), one before both, and a prefill (past ``decode_tokens``)
-    inside the finished one, which counts nowhere."""
-    forwards = [(10.0, 0.10, 8), (20.5, 0.20, 16), (20.6, 5.0, 400), (31.0, 0.30, 8), (32.0, 0.40, 8)]
-    finished = [SimpleNamespace(started=20.0, seconds=1.0)]
-    got = _during_compaction(forwards, finished, {"fold": 30.0}, decode_tokens=72)
-    assert got["compactions"] == 2
-    assert (got["steps_during"], got["steps_outside"]) == (3, 1)
-    assert got["forward_ms_p50_during"] == pytest.approx(300.0) and got["forward_ms_max_during"] == pytest.approx(400.0)
-    assert got["forward_ms_p50_outside"] == pytest.approx(100.0)
-    before = _during_compaction(forwards, finished, {}, decode_tokens=72)  # finished runs only: as it read before
-    assert (before["compactions"], before["steps_during"], before["steps_outside"]) == (1, 1, 3)
 
 
 def test_other_processes_cpu_is_summed_by_command_name():

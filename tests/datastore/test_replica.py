@@ -10,12 +10,16 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import cast
 
 import numpy as np
+import psutil
 import psycopg
 import pytest
 from psycopg import sql
@@ -34,7 +38,7 @@ from datastore.shared import SharedDatastore
 from drafting import DatastoreSource, DraftingService
 from oracle import codec as codec_oracle
 from oracle import replica as replica_oracle
-from support import build_small
+from support import REPO, alive_after, build_small
 
 VOCAB = 49_152
 
@@ -402,3 +406,43 @@ def test_close_while_another_process_writes_the_replica_returns_within_a_second(
         client.close()
         assert time.monotonic() - start < 1.0
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_the_replica_writer_ends_within_seconds_of_a_parent_killed_with_sigkill(database_url, chat_datastore,
+                                                                                tmp_path):
+    """A drafting process's replica writer (``python -m datastore replica``, a child at idle priority) waiting for the
+    host's writer lock, its parent killed with SIGKILL (no cleanup): the writer is gone within 5 s, and writes
+    nothing."""
+    info, db = _build(database_url, chat_datastore)
+    path = replica_path(tmp_path, db, info)
+    path.parent.mkdir(parents=True)
+    parent_script = f"""
+import threading
+from datastore.registry import resolve_build
+from datastore.replica_file import write_in_child
+from datastore.connection import connect
+from pathlib import Path
+with connect({database_url!r}) as conn:
+    info = resolve_build(conn, {chat_datastore!r})
+print("writing", flush=True)
+write_in_child({database_url!r}, Path({str(tmp_path)!r}), info, Path({str(path)!r}), threading.Event())
+"""
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:  # another process writes it: the child waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        parent = subprocess.Popen([sys.executable, "-c", parent_script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            assert parent.stdout is not None and parent.stdout.readline().strip() == "writing"
+            deadline = time.monotonic() + 30
+            while not (children := psutil.Process(parent.pid).children(recursive=True)):
+                assert time.monotonic() < deadline, "no writer started"
+                time.sleep(0.02)
+            writers = [c.pid for c in children]
+            time.sleep(1.0)  # the writer's interpreter is up, waiting for the lock
+            assert alive_after(writers, 0) == writers
+            os.kill(parent.pid, signal.SIGKILL)
+            parent.wait()
+            assert not alive_after(writers, 5), "the replica writer outlived its parent by 5 s"
+        finally:
+            parent.kill()
+            parent.wait()
+    assert not path.exists()

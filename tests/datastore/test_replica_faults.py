@@ -210,8 +210,8 @@ if __name__ == "__main__":
 def test_a_delta_replica_cut_short_is_named_damaged_and_drafts_nothing(database_url, chat_datastore, eval_prompts,
                                                                        tmp_path):
     """The live layer's delta is read from its own replica (``Stores.delta``): cut short under the running process, the
-    step reports it (index 2, so the caller drops that replica and drafts by the round trip) and drafts nothing from
-    it; the datastore's replica beside it is untouched."""
+    step reports it (index 3: its set's delta, so the caller drops that replica and drafts by the round trip) and
+    drafts nothing from it; the datastore's replica beside it is untouched."""
     path, identity = _write(database_url, chat_datastore, tmp_path)
     delta_path = tmp_path / "delta.crr"
     delta_path.write_bytes(path.read_bytes())
@@ -223,6 +223,6 @@ def test_a_delta_replica_cut_short_is_named_damaged_and_drafts_nothing(database_
     assert damaged == -1 and len(made.tokens) > 0
     os.truncate(delta_path, delta_path.stat().st_size // 2)
     made, damaged = _draft_stored(core, handles, budgets, replica, True, delta)
-    assert damaged == 2 and not made.drafted
+    assert damaged == 3 and not made.drafted
     made, damaged = _draft_stored(core, handles, budgets, replica, True)  # without it: drafts again
     assert damaged == -1 and len(made.tokens) > 0

@@ -50,7 +50,9 @@ def test_a_step_cost_curve_is_a_cost_curve():
         door.curve((curve.tokens, curve.seconds, curve.tail))
     assert door.curve(curve) is curve and door.curve(None) is None
     for args, named in (((np.array([2.0, 1.0]), np.ones(2), 0.0), "increase"),
-                        ((np.ones(1), -np.ones(1), 0.0), "seconds be >= 0"),
+                        ((np.ones(1), -np.ones(1), 0.0), "seconds be finite and >= 0"),
+                        ((np.array([np.nan]), np.ones(1), 0.0), "tokens must be finite"),
+                        ((np.ones(1), np.array([np.inf]), 0.0), "seconds be finite"),
                         ((np.ones(1), np.ones(2), 0.0), "as many seconds as tokens"),
                         ((np.ones(1), np.ones(1), float("inf")), "finite")):
         with pytest.raises(ValueError, match=named):

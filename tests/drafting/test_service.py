@@ -25,8 +25,9 @@ from datastore import Datastore
 from datastore.errors import ClosedError, InvalidContext
 from datastore.layers import live_name
 from datastore.shared import SharedDatastore
-from drafting import Batch, DatastoreSource, Draft, DraftingService, EngineRows, ScoreKind
+from drafting import DatastoreSource, Draft, DraftingService, EngineRows, ScoreKind
 from drafting.draft import CostCurve
+from drafting.service import STALE_ROUNDS
 from live.compaction import compact_live
 from live.writer import LiveWriter
 from serving.rows import RowTracker
@@ -52,6 +53,11 @@ def _same(a: Draft, b: Draft) -> bool:
 def merged(source: DatastoreSource | None, **settings) -> DraftingService:
     """The merged drafter over ``source``."""
     return DraftingService(source, vocab_size=VOCAB, **settings)
+
+
+def _step_rows(service: DraftingService, ids, budgets, rows: EngineRows, *, chain: bool = False, curve=None):
+    """A step of ``ids`` (a batch made for it) following an engine's ``rows``."""
+    return service.step_rows(service.batch(ids, chain=chain), budgets, rows, curve=curve)
 
 
 class Driver:
@@ -196,14 +202,14 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts, w
     one, two = merged(replica_source, min_score=0.1), merged(replica_source, min_score=0.1)
     counting = CountingCore(one._core)
     one._core = counting  # type: ignore[assignment, unused-ignore]
-    prepared: collections.Counter = collections.Counter()
-    step_of = one.step
+    made_batches: collections.Counter = collections.Counter()
+    batch_of = one.batch
 
-    def counted(requests, *args, **kwargs):
-        prepared[type(requests) is Batch] += 1
-        return step_of(requests, *args, **kwargs)
+    def counted(*args, **kwargs):
+        made_batches["batch"] += 1
+        return batch_of(*args, **kwargs)
 
-    one.step = counted  # type: ignore[method-assign]
+    one.batch = counted  # type: ignore[method-assign]
     tracker, follower = RowTracker(one), RowTracker(two)
     lives = [_steps(p.token_ids) for p in eval_prompts[:6]]
     width = max(len(p.token_ids) for p in eval_prompts[:6]) + 8
@@ -216,17 +222,17 @@ def test_a_steady_engine_step_is_one_native_call(replica_source, eval_prompts, w
         budgets = np.full(len(rows), 8, np.int64)
         before = (tracker.started, tracker.moved, tracker.stopped)
         counting.calls.clear()
-        prepared.clear()
+        made_batches.clear()
         curve = CostCurve(np.array([1.0, 6.0]), np.array([0.020, 0.021]), 0.008)  # a knee at 6 tokens
-        _, got = tracker.propose(None if whole else list(range(len(rows))), tokens, lengths, budgets, min_score=0.1,
-                                 curve=curve)
+        _, got = tracker.propose(None if whole else list(range(len(rows))), tokens, lengths, budgets, curve=curve)
         ids = follower.step(list(range(len(rows))), tokens, lengths)  # follow only, then draft: two calls
-        want = two.step(ids, [8] * len(ids), chain=True, curve=curve).chains()
-        cut += len(want.scores) < len(two.step(ids, [8] * len(ids), chain=True).chains().scores)
+        view = EngineRows(tokens, lengths, None, VOCAB)
+        want = _step_rows(two, ids, budgets, view, chain=True, curve=curve).chains()
+        cut += len(want.scores) < len(_step_rows(two, ids, budgets, view, chain=True).chains().scores)
         if (tracker.started, tracker.moved, tracker.stopped) == before:  # every row held its request: a steady step
             assert counting.calls == {"step": 1}, counting.calls
             steady += 1
-            batched += prepared[True] == 1 and not prepared[False]
+            batched += made_batches["batch"] == 0
         else:  # a fixed number of calls, and one per request started or stopped
             assert sum(counting.calls.values()) - counting.calls["start"] - counting.calls["stop"] <= 4, counting.calls
         assert got.token_ids == want.token_ids
@@ -251,42 +257,42 @@ def test_a_prepared_batch_is_read_again_once_requests_start_or_stop(replica_sour
         chunks.append(rest)
     width = max(len(p.token_ids) for p in eval_prompts[:2]) + 8
     budgets = np.full(2, 8, np.int64)
-    batch = service.batch([0, 1])
-    assert list(batch.ids) == [0, 1]
+    batch = service.batch([0, 1], chain=True)
+    assert list(batch.ids) == [0, 1] and batch.chain and batch.min_score == 0.1
     for step in range(4):
         for r in range(2):
             seqs[r] += chunks[r][step]
         tokens, lengths = _rows(seqs, width)
         if step == 2:
             service.start_request(2, seqs[0])  # the table changes: the batch is read again
-        made = service.step(batch, budgets, tokens=EngineRows(tokens, lengths, None, VOCAB), chain=True)
+        made = service.step_rows(batch, budgets, EngineRows(tokens, lengths, None, VOCAB))
         assert made.followed == [True, True] and made.drafted
         for r in range(2):
             alone.start_request(f"want{step}.{r}", seqs[r])
         want = alone.step([f"want{step}.{r}" for r in range(2)], budgets, chain=True)
         assert made.chains().token_ids == want.chains().token_ids
     bad, counts = _rows([seqs[0] + [5], seqs[1] + [VOCAB]], width)
-    with pytest.raises(InvalidContext, match=re.escape(f"holds token id {VOCAB} after its tokens")):
-        service.step(batch, budgets, tokens=EngineRows(bad, counts, None, VOCAB), chain=True)
+    with pytest.raises(InvalidContext, match=re.escape(f"row of request 1 holds token id {VOCAB} after its tokens")):
+        service.step_rows(batch, budgets, EngineRows(bad, counts, None, VOCAB))
     assert [len(service.tokens(r)) for r in (0, 1)] == [len(seqs[0]), len(seqs[1])]  # nothing followed
     service.stop_request(1)
+    same = EngineRows(*_rows(seqs, width), None, VOCAB)
     with pytest.raises(KeyError, match="1 is not active"):
-        service.step(batch, budgets, chain=True)
+        service.step_rows(batch, budgets, same)
     service.close()
     alone.close()
 
     with pytest.raises(ClosedError):
-        service.step(batch, budgets, chain=True)
+        service.step_rows(batch, budgets, same)
 
 
-def test_a_prepared_batch_sees_each_steps_arguments_however_they_are_passed(replica_source, eval_prompts):
-    """A prepared batch keeps what the last step set only where the native side reads it in place: an int64 budgets
-    array changed in place, a budgets list changed in place, another cut or form, and token lists after rows each
-    take effect as a fresh request list's step would."""
-    service, alone = merged(replica_source, min_score=0.1), merged(replica_source, min_score=0.1)
+def test_a_prepared_batch_keeps_its_settings_and_reads_its_budgets_at_each_step(replica_source, eval_prompts):
+    """A prepared batch's form and cut are fixed when it is made; its budgets are read as they are at each step, an
+    int64 array changed in place and a list alike: each step drafts what the library's step with the same settings
+    drafts for the same tokens."""
+    service, alone = merged(replica_source), merged(replica_source)
     prompt, rest = _steps(eval_prompts[0].token_ids)
     service.start_request(0, prompt)
-    batch = service.batch([0])
     seq = list(prompt)
 
     def want(budget: int, chain: bool, min_score: float) -> list[list[int]]:
@@ -295,20 +301,18 @@ def test_a_prepared_batch_sees_each_steps_arguments_however_they_are_passed(repl
         return [d.token_ids.tolist() for d in made.drafts]
 
     budgets, listed = np.full(1, 8, np.int64), [8]
-    forms: list[np.ndarray | list[int]] = [budgets, listed]
     for step, (budget, chain, cut) in enumerate([(8, True, 0.1), (3, True, 0.1), (3, False, 0.1), (8, False, 0.0),
                                                 (2, True, 0.0)]):
+        batch = service.batch([0], chain=chain, min_score=cut)
         budgets[0] = listed[0] = budget  # the same objects, changed in place
         seq += rest[step]
         tokens, lengths = _rows([seq], len(seq) + 1)
-        follow = EngineRows(tokens, lengths, None, VOCAB) if step % 2 else [rest[step]]
-        for k, given in enumerate(forms if step % 2 == 0 else forms[::-1]):  # each twice in a row
-            made = service.step(batch, given, tokens=None if k else follow, chain=chain, min_score=cut)
+        for given in (budgets, listed):  # each twice: the second step follows nothing new
+            made = service.step_rows(batch, given, EngineRows(tokens, lengths, None, VOCAB))
             assert [d.token_ids.tolist() for d in made.drafts] == want(budget, chain, cut), (step, type(given))
     assert service.tokens(0).tolist() == seq
     service.close()
     alone.close()
-
 
 
 STEADY_BAD: list[tuple[Any, type[BaseException], str]] = [  # (the step's rows spoilt, error, what it names)
@@ -341,11 +345,11 @@ def test_the_one_call_refuses_bad_rows_and_changes_nothing(replica_source, eval_
     budgets = np.full(1, 8, np.int64)
     rows, counts, index, spoilt = spoil(tokens, lengths, budgets)
     with pytest.raises(error, match=re.escape(named)):
-        service.step(["a"], spoilt, tokens=EngineRows(rows, counts, index, VOCAB), chain=True)
+        _step_rows(service, ["a"], spoilt, EngineRows(rows, counts, index, VOCAB), chain=True)
     assert len(service.tokens("a")) == len(prompt)  # nothing followed
     wide = np.zeros((2, tokens.shape[1]), np.int32)
     wide[0] = tokens[0]
-    made = service.step(["a"], [8], tokens=EngineRows(wide[:1], lengths, None, VOCAB), chain=True)
+    made = _step_rows(service, ["a"], [8], EngineRows(wide[:1], lengths, None, VOCAB), chain=True)
     alone = merged(replica_source, min_score=0.1)
     alone.start_request("b", seq)
     want = alone.step(["b"], [8], chain=True)
@@ -391,7 +395,7 @@ def test_a_replica_fault_mid_run_never_changes_an_engine_steps_chains(fault, sha
             tokens[i, :pos], lengths[i] = seq[:pos], pos
             if pos > 12:
                 trip.commit(i, seq[pos - 1:pos])
-        made = local.step(ids, budgets, tokens=EngineRows(tokens, lengths, None, VOCAB), chain=True)
+        made = _step_rows(local, ids, budgets, EngineRows(tokens, lengths, None, VOCAB), chain=True)
         got = made.chains()
         want = trip.service.step(ids, budgets, tokens=[trip.pending[i] for i in ids], chain=True).chains()
         trip.pending = {i: [] for i in ids}
@@ -508,6 +512,138 @@ def test_a_request_stopped_while_its_lookups_run_gets_an_empty_draft(shared_sour
     assert service.active_requests == {"a", "c"}
 
 
+def _alone(source, context, budget: int = 8, chain: bool = False) -> Draft:
+    """The draft a single-threaded drafter over ``source`` (no output index) makes for ``context``."""
+    alone = merged(source, outputs_bytes=0)
+    alone.start_request("x", context)
+    return alone.step(["x"], [budget], chain=chain).drafts[0]
+
+
+@pytest.mark.parametrize("follows", [1, STALE_ROUNDS - 1], ids=["once", "at every round trip"])
+def test_a_row_followed_between_its_lookups_and_its_draft_is_looked_up_again(follows, shared_source, eval_prompts,
+                                                                            monkeypatch):
+    """The race made certain: another caller follows request "a" while the step's round trip runs, ``follows`` times
+    in a row. The step never drafts the new context from trees looked up for the old one: it looks them up again (the
+    last of ``STALE_ROUNDS`` round trips with the table held), and its draft is a single-threaded drafter's for the
+    context it ends with; the other row's is untouched."""
+    prompt = _steps(eval_prompts[0].token_ids)[0]
+    service = merged(shared_source, outputs_bytes=0)
+    service.start_request("a", prompt)
+    service.start_request("b", prompt)
+    lookups = shared_source.retrieve_batch
+    new = [int(t) for t in eval_prompts[1].token_ids[:follows]]
+    asked: list[list[int]] = []
+
+    def following_a(contexts, back_off):
+        asked.append([len(c) for c in contexts])
+        if len(asked) <= follows:  # another caller's step, between this step's plan and its draft
+            service.step(["a"], [0], tokens=[[new[len(asked) - 1]]])
+        return lookups(contexts, back_off)
+
+    monkeypatch.setattr(shared_source, "retrieve_batch", following_a)
+    drafts = service.step(["a", "b"], [8, 8]).drafts
+    monkeypatch.undo()
+    assert len(asked) == follows + 1  # looked up again after each follow
+    want = _alone(shared_source, [*map(int, prompt), *new])
+    assert len(want) and _same(drafts[0], want)
+    assert _same(drafts[1], _alone(shared_source, prompt))
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["token lists", "engine rows"])
+def test_a_request_stopped_during_a_step_empties_only_its_row(rows, shared_source, eval_prompts, monkeypatch):
+    """The race made certain: request "b" is stopped by another caller after the step resolved its requests and before
+    it follows them. The step follows and drafts the other rows as if "b" were not there, and "b"'s row drafts
+    nothing (with token lists and with an engine's rows alike)."""
+    prompt = [int(t) for t in _steps(eval_prompts[0].token_ids)[0]]
+    service = merged(shared_source, outputs_bytes=0)
+    for key in ("a", "b", "c"):
+        service.start_request(key, prompt)
+    stores = service.retrieval.stores
+
+    def stopping_b():
+        service.stop_request("b")
+        return stores()
+
+    monkeypatch.setattr(service.retrieval, "stores", stopping_b)
+    if rows:
+        tokens, lengths = _rows([[*prompt, 11], [*prompt, 12], [*prompt, 13]], len(prompt) + 1)
+        made = _step_rows(service, ["a", "b", "c"], [8, 8, 8], EngineRows(tokens, lengths, None, VOCAB))
+    else:
+        made = service.step(["a", "b", "c"], [8, 8, 8], tokens=[[11], [12], [13]])
+    assert made.followed == [True, True, True] and made.drafted
+    drafts = made.drafts
+    assert len(drafts[1]) == 0 and service.active_requests == {"a", "c"}
+    assert _same(drafts[0], _alone(shared_source, [*prompt, 11])) and _same(drafts[2], _alone(shared_source,
+                                                                                              [*prompt, 13]))
+    assert service.tokens("a").tolist() == [*prompt, 11] and service.tokens("c").tolist() == [*prompt, 13]
+
+
+def _stepping(service: DraftingService, texts: list[list[int]], keys: list[int], seed: int, records: list,
+              errors: list) -> None:
+    """150 steps of one random request of ``keys`` each, following its text's next token: each recorded as ``(key,
+    shortest context, longest context, budget, chain, draft)``."""
+    rng = np.random.default_rng(seed)
+    try:
+        for _ in range(150):
+            key = keys[int(rng.integers(len(keys)))]
+            text = texts[key % len(texts)]
+            before = len(service.tokens(key))
+            budget, chain = int(rng.choice([3, 8, 32])), bool(rng.integers(2))
+            draft = service.step([key], [budget], tokens=[[text[before % len(text)]]], chain=chain).drafts[0]
+            records.append((key, before + 1, len(service.tokens(key)), budget, chain, draft))
+    except BaseException as exc:  # noqa: BLE001 - reported by the test's assertion
+        errors.append(exc)
+
+
+STRESS_S = float(os.environ.get("CREST_STRESS_S", "6"))
+"""Seconds each path of the two-thread stress test runs (``CREST_STRESS_S``; the contract's figure was measured over
+600)."""
+
+
+@pytest.mark.parametrize("path", ["trip", "replica"])
+def test_two_threads_stepping_the_same_requests_never_join_one_context_to_anothers_lookups(path, shared_source,
+                                                                                          replica_source,
+                                                                                          eval_prompts):
+    """Two threads step and follow the same four requests, in rounds of 150 steps each, for :data:`STRESS_S` seconds.
+    A request's tokens are only appended to, so every draft must be a single-threaded drafter's for a prefix of the
+    request's final tokens no shorter than its tokens before the step plus the one the step followed, and no longer
+    than its tokens after the step: each is checked against that drafter."""
+    source = shared_source if path == "trip" else replica_source
+    service = merged(source, outputs_bytes=0)
+    texts = [[int(t) for t in p.token_ids] for p in eval_prompts]
+    reference: dict[tuple, Draft] = {}
+    checked = mixed = rounds = 0
+    deadline = time.monotonic() + STRESS_S
+    while time.monotonic() < deadline:
+        keys = [rounds * 4 + k for k in range(4)]
+        for key in keys:
+            service.start_request(key, texts[key % len(texts)][:24])
+        records: list[tuple] = []
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_stepping, args=(service, texts, keys, rounds * 2 + t, records, errors))
+                   for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors[:2]
+        final = {key: service.tokens(key).tolist() for key in keys}
+        for key in keys:
+            service.stop_request(key)
+        for key, low, high, budget, chain, draft in records:
+            matched = False
+            for n in range(low, high + 1):
+                context = tuple(final[key][:n])
+                want = reference.get((context, budget, chain))
+                if want is None:
+                    want = reference[(context, budget, chain)] = _alone(source, context, budget, chain)
+                matched = matched or _same(draft, want)
+            checked += 1
+            mixed += not matched
+        rounds += 1
+    assert checked >= 300 and mixed == 0, f"{mixed} of {checked} drafts mixed one context with another's lookups"
+
+
 @pytest.mark.parametrize("path", ["trip", "replica"])
 def test_requests_stopped_and_restarted_under_drafting_threads_raise_only_what_is_documented(path, shared_source,
                                                                                             replica_source,
@@ -588,9 +724,14 @@ def _lengths(prompt, dtype=np.int32) -> np.ndarray:
     return np.array([len(prompt) + 1], dtype)
 
 
+def _same_row(prompt) -> EngineRows:
+    """An engine's row holding ``prompt`` and nothing new."""
+    return EngineRows(np.array([list(prompt)], np.int32), np.array([len(prompt)], np.int32), None, VOCAB)
+
+
 def _follow(s, rows, lengths, index=None, vocab=1 << 31, rid="a"):
     """A step that follows request ``rid`` on an engine's rows and drafts nothing."""
-    return s.step([rid], [0], tokens=EngineRows(rows, lengths, None if index is None else np.array(index), vocab))
+    return _step_rows(s, [rid], [0], EngineRows(rows, lengths, None if index is None else np.array(index), vocab))
 
 
 BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the error, what its message names)
@@ -623,10 +764,29 @@ BAD: list[tuple[Any, type[BaseException], str]] = [  # (what a caller does, the 
     (lambda s, p: s.step(["a"], [3], min_score=-0.1), ValueError, "min_score=-0.1"),
     (lambda s, p: s.step(["a"], [3], min_score=float("nan")), ValueError, "min_score=nan"),
     (lambda s, p: s.step(["a"], [3], min_score=cast(Any, "0.1")), TypeError, "min_score '0.1'"),
-    (lambda s, p: s.step(["a"], [3], curve=cast(Any, (1, 2))), TypeError, "curve is a tuple"),
-    (lambda s, p: s.step(["a"], [3], curve=CostCurve(np.ones(1), np.ones(1), 0.0)), ValueError,
-     "a step-cost curve cuts chains only: pass chain=True"),
-    (lambda s, p: CostCurve(np.ones(2), np.ones(2), 0.0), ValueError, "tokens must increase"),
+    (lambda s, p: s.step_rows(s.batch(["a"]), [3], _same_row(p), curve=cast(Any, (1, 2))), TypeError,
+     "curve is a tuple"),
+    (lambda s, p: s.step_rows(s.batch(["a"]), [3], _same_row(p), curve=CostCurve(np.ones(1), np.ones(1), 0.0)),
+     ValueError, "a step-cost curve cuts chains only: pass chain=True"),
+    (lambda s, p: s.step_rows(cast(Any, ["a"]), [3], _same_row(p)), TypeError, "batch is a list"),
+    (lambda s, p: s.step_rows(s.batch(["a"]), [3], cast(Any, [p])), TypeError, "rows is a list"),
+    (lambda s, p: CostCurve(np.ones(2), np.ones(2), 0.0), ValueError, "tokens must be finite and increase"),
+    (lambda s, p: CostCurve(np.array([np.nan, 2.0]), np.ones(2), 0.0), ValueError, "must be finite and increase"),
+    (lambda s, p: CostCurve(np.array([1.0, 2.0]), np.array([1.0, np.inf]), 0.0), ValueError,
+     "seconds be finite and >= 0 (point 1)"),
+    (lambda s, p: s.step(["a"], [2**63]), ValueError, f"budgets[0] = {2**63} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.step(["a"], [-2**63 - 1]), ValueError, f"budgets[0] = {-2**63 - 1} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.step(["a"], np.array([2**64 - 1], np.uint64)), ValueError,
+     f"budgets[0] = {2**64 - 1} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.step(["a"], np.array([2**40], np.uint64)), ValueError,
+     f"budgets[0] = {2**40} is outside 0..{MAX_BUDGET}"),
+    (lambda s, p: s.step(["a"], np.array(3, np.int64)), TypeError, "budgets is a 0-D numpy array of int64"),
+    (lambda s, p: s.step(["a"], np.array([[3]], np.int64)), TypeError, "budgets is a 2-D numpy array of int64"),
+    (lambda s, p: s.step(["a"], [3], state_rows=np.ones(1, bool)), TypeError, "state_rows was given without states"),
+    (lambda s, p: EngineRows(ROWS, np.array([1, 1], np.int32), None, cast(Any, True)), TypeError,
+     "limit=True is a bool"),
+    (lambda s, p: EngineRows(ROWS, np.array([1, 1], np.int32), None, cast(Any, 2.0)), TypeError,
+     "limit=2.0 is a float"),
     (lambda s, p: _follow(s, np.array([1, 2]), np.array([2])), TypeError, "[rows, max_len]"),
     (lambda s, p: _follow(s, ROWS.astype(float), np.array([2])), TypeError, "int32 or int64"),
     (lambda s, p: _follow(s, ROWS, np.array([2])), TypeError, "lengths must be a 1-D array of the rows' dtype"),
@@ -679,14 +839,58 @@ def test_chain_takes_numpy_bools_and_a_closed_service_refuses_every_call(started
     with service:
         pass
     service.close()
+    threads = set(threading.enumerate())
     calls = [lambda: service.step(["a"], [3]), lambda: service.start_request("z", prompt),
              lambda: service.step(["a"], [0], tokens=[[1]]), lambda: service.stop_request("a"),
              lambda: service.tokens("a"), lambda: service.batch(["a"]), lambda: service.learn_outputs([[1, 2]]),
-             lambda: _follow(service, _row(prompt, 5), _lengths(prompt))]
+             lambda: _follow(service, _row(prompt, 5), _lengths(prompt)), service.config, service.outputs_info,
+             lambda: service.active_requests, service.step_seconds, lambda: service.node_tables("a", [], None)]
     for call in calls:
         with pytest.raises(ClosedError, match="was closed .*open a new one"):
             call()
-    assert cast(DatastoreSource, service.retrieval.lookups).client is None  # nothing reopened
+    assert cast(DatastoreSource, service.catalog.shared).client is None  # nothing reopened
+    assert not [t for t in set(threading.enumerate()) - threads if t.is_alive()]  # and no thread started
+
+
+def test_a_batch_belongs_to_the_drafter_that_made_it(started, shared_source):
+    """A prepared :class:`drafting.Batch` steps only its own drafter: another one refuses it, naming the fix, even when
+    its table's generation and its request ids are the same, and follows nothing."""
+    service, prompt = started
+    other = merged(shared_source)
+    other.start_request("a", prompt)
+    mine = service.batch(["a"])
+    rows = EngineRows(np.array([[*prompt, 5, 6]], np.int32), np.array([len(prompt) + 2], np.int32), None, VOCAB)
+    with pytest.raises(ValueError, match=r"made by another drafter .*batches its own batch\(\) makes"):
+        other.step_rows(mine, [8], rows)
+    assert len(other.tokens("a")) == len(prompt) and len(service.tokens("a")) == len(prompt)
+    assert service.step_rows(mine, [8], rows).drafted and len(service.tokens("a")) == len(prompt) + 2
+
+
+def test_a_prepared_batch_reads_its_budgets_as_they_are_now(started):
+    """Budgets are read as they are at each step: an int64 array in place (a change between steps is seen), any other
+    (strided, another dtype, a list) copied at each step, never one copy kept."""
+    service, prompt = started
+    batch = service.batch(["a"])
+    same = _same_row(prompt)
+    inplace = np.array([2], np.int64)
+    strided = np.array([2, 99], np.int64)[::2]
+    narrow = np.array([2], np.int32)
+    for budgets in (inplace, strided, narrow):
+        assert len(service.step_rows(batch, budgets, same).drafts[0]) <= 2
+        budgets[0] = 6
+        assert len(service.step_rows(batch, budgets, same).drafts[0]) > 2
+        budgets[0] = 5_000
+        with pytest.raises(ValueError, match=f"budgets\\[0\\] = 5000 is outside 0..{MAX_BUDGET}"):
+            service.step_rows(batch, budgets, same)
+
+
+def test_read_only_engine_rows_are_read_in_place(started):
+    """An engine's rows handed over read only (a view it does not let others write) are followed as writeable ones."""
+    service, prompt = started
+    rows, lengths = _row(prompt, 7), _lengths(prompt)
+    rows.flags.writeable = lengths.flags.writeable = False
+    assert _follow(service, rows, lengths).followed == [True]
+    assert service.tokens("a").tolist() == [*map(int, prompt), 7]
 
 
 def test_budget_zero_drafts_nothing_and_a_stopped_request_is_forgotten(started):
@@ -709,18 +913,18 @@ def test_engine_rows_append_only_what_a_row_adds(eval_prompts):
     followed, whole = merged(None), merged(None)
     followed.start_request("r", ids[:20])
     whole.start_request("r", ids)
-    missed = followed.step(["r"], [8], tokens=EngineRows(rows, lengths, np.array([1]), VOCAB))
+    missed = _step_rows(followed, ["r"], [8], EngineRows(rows, lengths, np.array([1]), VOCAB))
     assert missed.followed == [False] and not missed.drafted and len(followed.tokens("r")) == 20
     with pytest.raises(ValueError, match="drafted nothing"):
         _ = missed.drafts
-    made = followed.step(["r"], [8], tokens=EngineRows(rows, lengths, np.array([0]), VOCAB))
+    made = _step_rows(followed, ["r"], [8], EngineRows(rows, lengths, np.array([0]), VOCAB))
     assert made.followed == [True] and _same(made.drafts[0], whole.step(["r"], [8]).drafts[0])
     rows64 = rows.astype(np.int64)
     wide = EngineRows(rows64, lengths.astype(np.int64), None, VOCAB)
-    assert followed.step(["r"], [0], tokens=wide).followed == [True]
+    assert _step_rows(followed, ["r"], [0], wide).followed == [True]
     rows[0, len(ids):len(ids) + 2] = [7, 8]  # the engine committed two more tokens
     lengths[0] += 2
-    made = followed.step(["r"], [8], tokens=EngineRows(rows, lengths, None, VOCAB))
+    made = _step_rows(followed, ["r"], [8], EngineRows(rows, lengths, None, VOCAB))
     want = whole.step(["r"], [8], tokens=[[7, 8]]).drafts[0]
     assert made.followed == [True] and _same(made.drafts[0], want)
 
@@ -737,12 +941,12 @@ def test_engine_rows_give_each_row_one_request_and_each_request_one_row(eval_pro
     for rid in ("a", "b"):
         service.start_request(rid, ids)
     pairs = [("a", 1), ("b", 1), ("a", 0), ("b", 0)]
-    made = service.step([r for r, _ in pairs], [0] * 4, tokens=EngineRows(rows, lengths, np.array([1, 1, 0, 0]),
+    made = _step_rows(service, [r for r, _ in pairs], [0] * 4, EngineRows(rows, lengths, np.array([1, 1, 0, 0]),
                                                                           VOCAB))
     assert made.followed == [True, False, False, True] and not made.drafted
     assert service.tokens("a").tolist() == ids + [6, 7] and service.tokens("b").tolist() == ids + [5]
     with pytest.raises(ValueError, match="pass one row of index per request"):
-        service.step(["a", "b"], [0, 0], tokens=EngineRows(rows, lengths, np.array([0]), VOCAB))
+        _step_rows(service, ["a", "b"], [0, 0], EngineRows(rows, lengths, np.array([0]), VOCAB))
 
 
 def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, live_ds, sharegpt_sample, eval_prompts):
@@ -757,8 +961,8 @@ def test_one_round_trip_a_step_with_the_live_layer_on(database_url, tokenizer, l
     service = DraftingService.open(live_ds, tokenizer=tokenizer, database_url=database_url, cache_bytes=0,
                                    replicas=False)
     try:
-        assert service.retrieval.lookups is not None
-        client = cast(SharedDatastore, service.retrieval.lookups.client)
+        assert service.catalog.shared is not None
+        client = cast(SharedDatastore, service.catalog.shared.client)
         assert client is not None and client.live is not None  # the layer is served with the datastore
         for i, s in enumerate(seqs):
             service.start_request(i, s[:10])
@@ -853,6 +1057,16 @@ def test_a_row_without_a_state_drafts_as_without_a_model(replica_source, eval_pr
         service.step(rows, [8] * len(rows), states=states[:2])
     with pytest.raises(ValueError, match="no model is set"):
         alone.step(rows, [8] * len(rows), states=states)
+    for bad in (np.nan, np.inf, -np.inf):  # refused, naming the row; nothing followed
+        spoiled = states.copy()
+        spoiled[1, 3] = bad
+        before = [len(service.tokens(i)) for i in rows]
+        with pytest.raises(ValueError, match=r"states\[1\] holds NaN or inf"):
+            service.step(rows, [8] * len(rows), tokens=[[5]] * len(rows), states=spoiled)
+        assert [len(service.tokens(i)) for i in rows] == before
+        spoiled_rows = np.ones(len(rows), bool)
+        spoiled_rows[1] = False  # a row without a state is not read
+        assert len(service.step(rows, [8] * len(rows), states=spoiled, state_rows=spoiled_rows).drafts) == len(rows)
     with pytest.raises(TypeError, match="C-ordered float32"):
         service.set_model(lm_head.astype(np.float16), _with_model(cal, (0.5, 2.0, 1.0)))
     with pytest.raises(ValueError, match="weighs no model features"):

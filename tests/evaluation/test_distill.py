@@ -1,4 +1,4 @@
-"""``python -m serving distill`` (:mod:`serving.distill`): prompts read from every chat format, deduplicated,
+"""``python -m evaluation distill`` (:mod:`evaluation.distill`): prompts read from every chat format, deduplicated,
 resumed, screened against the evaluation sets; chunks appended as whole compressed frames; and, with the ``vllm``
 extra, the target's answers written as chats that equal plain greedy decoding and that ``--source chat`` builds."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from evaluation.distill import Prompt, answered, append_chunk, read_prompts, rendered_prompts
 from ingest.contamination import screen_items
-from serving.distill import Prompt, answered, append_chunk, read_prompts, rendered_prompts
 from support import run_module
 from toolkit.eval_sets import screened_texts
 
@@ -75,7 +75,7 @@ def test_prompts_from_every_chat_format_deduplicated_screened_and_resumed(tmp_pa
 
 
 def test_an_out_file_of_something_else_is_refused(tmp_path, capsys):
-    from serving.distill import main
+    from evaluation.distill import main
 
     (tmp_path / "other.jsonl").write_text('{"text": "not a chat"}\n')
     (tmp_path / "in.jsonl").write_text(json.dumps({"prompt": "Hi"}) + "\n")

@@ -1,4 +1,4 @@
-"""The engine's step-cost curve (:mod:`serving.cost`) and the goodput choice of a step's draft tokens on it (the native
+"""The engine's step-cost curve (:mod:`drafting.cost`) and the goodput choice of a step's draft tokens on it (the native
 :func:`crest_native.goodput_keep` against its oracle, ``tests/oracle/goodput.py``): the curve of known line, knee and
 step costs, and the tokens kept on each, where the best count is known by hand."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from crest_native import goodput_keep
+from drafting.cost import StepCostModel, fit_curve
 from drafting.draft import CostCurve, Drafts, ScoreKind
 from oracle import goodput as oracle
-from serving.cost import StepCostModel, fit_curve
 
 CHAIN = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 """One row's chain scores (path probabilities: never rising)."""
@@ -233,7 +233,7 @@ def test_chains_keep_a_prefix_each():
 
 def test_group_medians_are_numpys_medians():
     """The refit's vectorised medians equal ``np.median`` of each group, odd and even sizes, ties included."""
-    from serving.cost import _group_medians
+    from drafting.cost import _group_medians
 
     rng = np.random.default_rng(7)
     for _ in range(50):
