@@ -18,6 +18,7 @@ engine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +31,7 @@ from toolkit.options import int_in
 from ._harness import parser, references
 
 MAX_MODEL_LEN = 4096
+_RUNS = itertools.count()
 
 
 def _config(k: int, tokenizer_dir: str, vocab: int):
@@ -69,6 +71,7 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
     finished: set[str] = set()
     told: set[str] = set()
     made = iter(range(1 << 62))
+    run_id = next(_RUNS)  # request ids are unique across runs on one proposer, as vLLM's are
 
     def fill(i: int) -> None:
         prompt, out = queue.pop(0)
@@ -78,12 +81,12 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
         sampled[i] = out[:1]
         if ids[i]:
             finished.add(ids[i])
-        ids[i] = f"req-{next(made)}"
+        ids[i] = f"req-{run_id}-{next(made)}"
 
     for i in range(min(concurrency, len(queue))):
         fill(i)
     times, steps, accepted, drafted, drafts_accepted = [], 0, 0, 0, 0
-    while any(r is not None for r in rows):
+    while rows:
         if flush is not None:
             flush.sum()
         t = time.perf_counter()
@@ -113,8 +116,19 @@ def run(proposer, refs: list[tuple[list[int], list[int]]], concurrency: int, flu
                 sampled[i] = []  # the row is gone (vLLM drops it) ...
                 if queue:
                     fill(i)  # ... or holds the next request
+        holes = [i for i, row in enumerate(rows) if row is None]
+        finished.update(ids[i] for i in holes)
+        for hole in holes:  # vLLM condenses its batch: its last rows move into the holes, and the batch shrinks
+            while rows and rows[-1] is None:
+                del rows[-1], sampled[-1], ids[-1]
+            if hole < len(rows) and rows[hole] is None:
+                rows[hole], sampled[hole], ids[hole] = rows[-1], sampled[-1], ids[-1]
+                tokens[hole], lengths[hole] = tokens[len(rows) - 1], lengths[len(rows) - 1]
+                del rows[-1], sampled[-1], ids[-1]
         if step is not None:
             step(len(verified), sum(1 + n for _, n in verified))
+    if by_id and finished:  # the last requests' ends, as the runner hook hands them in a step that proposes nothing
+        proposer.finish(finished)
     return {"times": times, "accept": accepted / max(steps, 1), "steps": len(times), "row_steps": steps,
             "tokens": accepted, "drafted": drafted, "drafts_accepted": drafts_accepted}
 

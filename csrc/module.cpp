@@ -65,8 +65,21 @@ struct Step {
   std::vector<crest::Drafted> drafts;  // the drafts (drafted); each array below is made from them when first read
   nb::object arrays[6] = {nb::none(), nb::none(), nb::none(), nb::none(), nb::none(), nb::none()};
   nb::object back_off = nb::none(), tails = nb::none(), counts = nb::none(), sets = nb::none();  // the plan, else None
-  nb::object handles = nb::none(), outputs = nb::none();  // an engine step's handles and its stopped outputs
+  std::vector<int64_t> engine_handles;  // an engine step's handles, and the outputs of the requests it stopped
+  std::vector<std::vector<uint32_t>> engine_outputs;
+  nb::object handles_array = nb::none();  // engine_handles, once read
   int64_t resynced = 0;
+
+  nb::object handles() {  // [pairs] int64, read only (None: not an engine step)
+    if (handles_array.is_none() && !engine_handles.empty())
+      handles_array = nb::cast(owned(std::vector<int64_t>(engine_handles)));
+    return handles_array;
+  }
+  nb::list outputs() {  // the stopped requests' outputs, each [n] uint32, in the order of the stops
+    nb::list out;
+    for (auto& o : engine_outputs) out.append(nb::cast(owned(std::vector<uint32_t>(o))));
+    return out;
+  }
 
   template <class T, std::vector<T> crest::Drafted::*field>
   nb::object flat(int k) {  // the drafts' `field`s end to end (None when nothing was drafted)
@@ -141,10 +154,8 @@ Step step_result(crest::StepOutput& out) {
     s.counts = nb::cast(owned(std::move(out.counts)));
     s.sets = nb::cast(owned(std::move(out.sets)));
   }
-  if (!out.handles.empty()) s.handles = nb::cast(owned(std::move(out.handles)));
-  nb::list outputs;
-  for (auto& o : out.outputs) outputs.append(nb::cast(owned(std::move(o))));
-  s.outputs = outputs;
+  s.engine_handles = std::move(out.handles);
+  s.engine_outputs = std::move(out.outputs);
   return s;
 }
 
@@ -188,8 +199,9 @@ Step core_engine_step(crest::Core& core, In1D<int64_t> handles, In1D<int32_t> se
   crest::EngineInput in;
   const std::size_t pairs = handles.shape(0);
   in.handles.assign(handles.data(), handles.data() + pairs);
-  if (sets.shape(0) != pairs) throw nb::value_error("pass one datastore set per request (sets)");
-  in.sets = sets.data();
+  if (sets.shape(0) != pairs && sets.shape(0) != 0)
+    throw nb::value_error("pass one datastore set per request (sets), or none where no request starts");
+  in.sets = sets.shape(0) ? sets.data() : nullptr;
   in.stops.assign(stops.data(), stops.data() + stops.shape(0));
   in.rows = engine_rows(rows, pairs);
   in.budgets.assign(budgets.data(), budgets.data() + budgets.shape(0));
@@ -277,7 +289,7 @@ void bind_step_types(nb::module_& m) {
       .def_prop_ro("offsets", [](Step& s) { return s.per_draft(4, true); })
       .def_prop_ro("chosen", [](Step& s) { return s.per_draft(5, false); })
       .def_ro("back_off", &Step::back_off).def_ro("tails", &Step::tails).def_ro("counts", &Step::counts)
-      .def_ro("sets", &Step::sets).def_ro("handles", &Step::handles).def_ro("outputs", &Step::outputs)
+      .def_ro("sets", &Step::sets).def_prop_ro("handles", &Step::handles).def_prop_ro("outputs", &Step::outputs)
       .def_ro("resynced", &Step::resynced).def("token_lists", &Step::token_lists);
   nb::class_<NodeTable>(m, "NodeTable")
       .def_ro("tokens", &NodeTable::tokens).def_ro("parents", &NodeTable::parents)

@@ -79,7 +79,8 @@ class DatastoreCatalog:
         self._sets: dict[tuple[str | None, bool], int] = {(None, True): DEFAULT_SET}
         self._members: dict[int, DatastoreSet] = {DEFAULT_SET: DatastoreSet(shared, None, shared_name)}
         self._users: Counter[int] = Counter()
-        self._stores: tuple[tuple, StoreSets] | None = None  # the replicas last handed out, and what they were made of
+        self._stores: tuple[list, StoreSets] | None = None  # the replicas last handed out, and what they were made of
+        self._sources: tuple[dict, list] | None = None  # each set's sources, as of the members it was read from
         self._closed = False
         self._lock = threading.Lock()
 
@@ -98,7 +99,8 @@ class DatastoreCatalog:
             got = self._sets.get(key)
             if got is None:
                 got = self._sets[key] = self._free_id()
-                self._members[got] = DatastoreSet(source, self.shared if shared else None, name)
+                # copied on write: readers (a step's stores()) read it without the lock
+                self._members = {**self._members, got: DatastoreSet(source, self.shared if shared else None, name)}
             return got
 
     def acquire(self, set_id: int) -> None:
@@ -125,26 +127,31 @@ class DatastoreCatalog:
     def stores(self) -> StoreSets | None:
         """The host-local replicas of every set (:class:`crest_native.StoreSets`, by set id), or ``None`` while one of
         them is not mapped, or no set has a datastore (the step is drafted by the round trip). Costs no round trip;
-        made again only when a set or a mapped build changed."""
-        members = self._members
+        made again only when a set or a mapped build changed (a step's common case: one look at each source)."""
+        sources = self._sources
+        if sources is None or sources[0] is not self._members:
+            members = self._members
+            sources = self._sources = (members, [(None if m is None else m.first, None if m is None else m.second)
+                                                 for m in map(members.get, range(max(members) + 1))])
         parts = []
-        for set_id in range(max(members) + 1):
-            m = members.get(set_id)
-            first = None if m is None or m.first is None else m.first.stores()
-            second = None if m is None or m.second is None else m.second.stores()
-            if (m is not None and m.first is not None and first is None) or \
-                    (m is not None and m.second is not None and second is None):
+        for first, second in sources[1]:
+            a = None if first is None else first.stores()
+            b = None if second is None else second.stores()
+            if (a is None and first is not None) or (b is None and second is not None):
                 return None
-            parts.append((first, second))
-        if all(first is None for first, _ in parts):
-            return None
+            parts.append((a, b))
         made = self._stores
-        if made is not None and len(made[0]) == len(parts) and \
-                all(a[0] is b[0] and a[1] is b[1] for a, b in zip(made[0], parts)):
-            return made[1]
+        if made is not None and len(made[0]) == len(parts):
+            for x, y in zip(made[0], parts):
+                if x[0] is not y[0] or x[1] is not y[1]:
+                    break
+            else:
+                return made[1]
+        if all(a is None for a, _ in parts):
+            return None
         sets = StoreSets([(None if f is None else f.datastore, None if s is None else s.datastore,
                            None if f is None else f.live, None if f is None else f.delta) for f, s in parts])
-        self._stores = (tuple(parts), sets)
+        self._stores = (parts, sets)
         return sets
 
     def replica_damaged(self, stores: StoreSets, index: int) -> None:
@@ -238,7 +245,7 @@ class DatastoreCatalog:
             for key, i in list(self._sets.items()):
                 if i in ids:
                     del self._sets[key]
-                    del self._members[i]
+            self._members = {i: m for i, m in self._members.items() if i not in ids}  # copied on write
             out.append(source)
         return out
 

@@ -37,6 +37,7 @@ Choice = Callable[[str], "tuple[str | None, bool]"]
 """A new request's datastores, from its id: ``(datastore named or None, the shared one on)``
 (:meth:`drafting.DraftingService.start_request`'s ``datastore`` and ``shared``)."""
 _NO_STOPS = np.zeros(0, np.int64)
+_NO_SETS = np.zeros(0, np.int32)  # a step where no request starts
 
 
 class EngineBatch:
@@ -54,7 +55,9 @@ class EngineBatch:
         self.service = service
         self.vocab_size, self.chain, self.min_score = vocab_size, chain, min_score
         self.resynced = self.bad_rows = 0
-        self._view: EngineRows | None = None
+        # the engine's arrays and the view of them the last step made (a view's own attributes are new objects)
+        self._view: tuple[tuple, EngineRows | None] = ((None, None), None)
+        self._last: tuple[list, np.ndarray | None, int] = ([], None, -1)  # the last step's ids, handles, generation
 
     def step(self, req_ids: Sequence[str], rows: np.ndarray, lengths: np.ndarray, budgets: np.ndarray, *,
              finished: Collection[str] = (), choose: Choice | None = None, curve: CostCurve | None = None,
@@ -82,9 +85,10 @@ class EngineBatch:
         start = time.perf_counter()
         svc = self.service
         n = len(req_ids)
-        view = self._view
-        if view is None or view.rows is not rows or view.lengths is not lengths:
-            view = self._view = EngineRows(rows, lengths, None, self.vocab_size)
+        made_of, view = self._view
+        if made_of[0] is not rows or made_of[1] is not lengths:  # vLLM rewrites the same arrays in place
+            view = EngineRows(rows, lengths, None, self.vocab_size)
+            self._view = ((rows, lengths), view)
         if not (type(budgets) is np.ndarray and budgets.dtype == np.int64 and budgets.ndim == 1
                 and budgets.flags.c_contiguous):
             budgets = door.budgets(budgets, n)
@@ -98,28 +102,39 @@ class EngineBatch:
         with svc._lock:
             svc._check_open()
             requests, catalog, core = svc._requests, svc.catalog, svc._core
-            handles = np.fromiter((requests.get(r, START) for r in req_ids), np.int64, n)
-            sets = np.zeros(n, np.int32)
-            new = np.flatnonzero(handles == START).tolist()
-            for i in new:
-                sets[i] = catalog.resolve(*choose(req_ids[i])) if choose is not None else 0
-            stops = [requests.pop(r) for r in finished if r in requests]
+            last_ids, last_handles, generation = self._last
+            if generation == svc._generation and last_ids == req_ids:  # the steady step: the same requests, in order
+                handles, new = last_handles, []
+            else:
+                held = [requests.get(r, START) for r in req_ids]
+                handles, new = np.array(held, np.int64), [i for i, h in enumerate(held) if h == START]
+            sets = _NO_SETS
+            if new:
+                sets = np.zeros(n, np.int32)
+                for i in new:
+                    sets[i] = catalog.resolve(*choose(req_ids[i])) if choose is not None else 0
+            stops = [requests.pop(r) for r in finished if r in requests] if finished else []
             stopped_sets = [core.set_of(h) for h in stops]
             made = core.engine_step(handles, sets, np.array(stops, np.int64) if stops else _NO_STOPS, view, budgets,
                                     self.chain, self.min_score, cut, svc.key_vocab, states, has_state, stores)
-            at = made.handles
-            for i in new:
-                if at[i] >= 0:
-                    requests[req_ids[i]] = int(at[i])
-                    catalog.acquire(int(sets[i]))
+            if new:
+                handles = made.handles
+                for i in new:
+                    if handles[i] >= 0:
+                        requests[req_ids[i]] = int(handles[i])
+                        catalog.acquire(int(sets[i]))
             for set_id in stopped_sets:
                 catalog.release(set_id)
             if new or stops:
                 svc._generation += 1
+            # the next step's requests are these, unless one starts or stops (a row that drafted nothing for a bad id,
+            # START still, is looked up again)
+            self._last = (list(req_ids), handles, svc._generation if not (new and START in handles) else -1)
             if made.drafted:
                 svc._count(n, made, start)
-        for output, set_id in zip(made.outputs, stopped_sets):
-            svc._hand_on(output, set_id)
+        if stops:
+            for output, set_id in zip(made.outputs, stopped_sets):
+                svc._hand_on(output, set_id)
         self.resynced += made.resynced
         if made.bad >= 0:
             if not self.bad_rows:
@@ -130,7 +145,7 @@ class EngineBatch:
             svc.retrieval.drafted(made, time.perf_counter() - start, stores)
             return StepResult(made.followed, made)
         b = crest_native.Batch()  # the round trip: the rows have followed, the calls that follow draft only
-        b.handles, b.chain, b.min_score, b.curve = at, self.chain, self.min_score, cut
+        b.handles, b.chain, b.min_score, b.curve = made.handles, self.chain, self.min_score, cut
         b.budgets = np.where(np.asarray(made.followed, bool), budgets, 0)
         b.states, b.has_state = states, has_state
         if stores is not None:

@@ -44,7 +44,8 @@ class RowTracker:
         self._vocab = service.vocab_size  # new ids are checked against it, as a prompt's are
         self._by_row: dict[int, int] = {}
         self._batch: Batch | None = None  # every row's request, while the rows hold them (None: rows changed since)
-        self._view: EngineRows | None = None  # the engine's arrays, as the last whole-batch step saw them
+        # the engine's arrays and the view of them the last whole-batch step made (a view's attributes are new objects)
+        self._view: tuple[tuple, EngineRows | None] = ((None, None), None)
         self._ids = itertools.count()
         self.started = self.moved = self.stopped = 0
 
@@ -69,9 +70,10 @@ class RowTracker:
         """
         batch = self._batch
         if index is None and batch is not None and len(batch.ids) == len(budgets):  # the steady step
-            view = self._view  # the same view while the engine passes the same arrays (vLLM rewrites them in place)
-            if view is None or view.rows is not tokens or view.lengths is not lengths:
-                view = self._view = EngineRows(tokens, lengths, None, self._vocab)
+            made_of, view = self._view  # the same view while the engine passes the same arrays (rewritten in place)
+            if made_of[0] is not tokens or made_of[1] is not lengths:
+                view = EngineRows(tokens, lengths, None, self._vocab)
+                self._view = ((tokens, lengths), view)
             made = self.service.step_rows(batch, budgets, view, curve=curve)
             if made.drafted:  # every row held its request: nothing else changed
                 return batch.ids, made.chains()  # type: ignore[return-value]  # ids the tracker made: ints

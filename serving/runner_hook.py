@@ -22,7 +22,7 @@ import logging
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -56,9 +56,9 @@ class RowStates:
     states: torch.Tensor
 
 
-@dataclass(frozen=True)
-class EngineView:
-    """What the runner holds at a step's ``propose``, by request id (read in place; valid during the call only).
+class EngineView(NamedTuple):
+    """What the runner holds at a step's ``propose``, by request id (read in place; valid during the call only; a
+    tuple: made every step, at the cost of one).
 
     Attributes:
         req_ids: ``[rows]`` each row's request, in row order. sampled: ``[rows]`` the tokens each row sampled this
