@@ -4,7 +4,8 @@ node scored by its calibrated acceptance probability) and the lifecycle every dr
 
 Public API: :class:`DraftingService` (:meth:`DraftingService.open` composes it for a datastore name) over its
 :class:`DatastoreCatalog` (the shared datastore and those a request names), the :class:`EngineBatch` an engine steps it
-with by request id, the :class:`Batch` an engine that gives no ids steps it with by its rows (:class:`EngineRows`), the
+with by request id, the :class:`Batch` an engine that gives no ids steps it with by its rows (:class:`EngineRows`;
+:class:`RowTracker` keys such rows to requests by their tokens), the
 :class:`StepResult` a step returns, its scorer :class:`Calibration`, the :class:`DraftHead` that
 estimates the target's next state for it, the fault-tolerant :class:`DatastoreSource` it
 draws on, the :class:`Draft` every drafter proposes (:class:`Drafts`, :class:`ChainDrafts`, its :class:`ScoreKind`),
@@ -20,10 +21,11 @@ from .draft import ChainDrafts, CostCurve, Draft, Drafts, ScoreKind
 from .engine import EngineBatch
 from .head import DraftHead
 from .lifecycle import Drafter, TokenDrafter
+from .rows import RowTracker
 from .service import DraftingService
 from .source import DatastoreSource
 from .step import Batch, StepResult
 
 __all__ = ["Batch", "Calibration", "ChainDrafts", "CostCurve", "DatastoreCatalog", "DatastoreSource", "Draft",
-           "DraftHead", "Drafter", "DraftingService", "Drafts", "EngineBatch", "EngineRows", "ScoreKind", "StepResult",
-           "TokenDrafter"]
+           "DraftHead", "Drafter", "DraftingService", "Drafts", "EngineBatch", "EngineRows", "RowTracker", "ScoreKind",
+           "StepResult", "TokenDrafter"]

@@ -117,19 +117,21 @@ class EngineBatch:
             stopped_sets = [core.set_of(h) for h in stops]
             made = core.engine_step(handles, sets, np.array(stops, np.int64) if stops else _NO_STOPS, view, budgets,
                                     self.chain, self.min_score, cut, svc.key_vocab, states, has_state, stores)
+            unstarted = False  # a new row that drafted nothing for a bad id: looked up again next step
             if new:
                 handles = made.handles
                 for i in new:
                     if handles[i] >= 0:
                         requests[req_ids[i]] = int(handles[i])
                         catalog.acquire(int(sets[i]))
+                    else:
+                        unstarted = True
             for set_id in stopped_sets:
                 catalog.release(set_id)
             if new or stops:
                 svc._generation += 1
-            # the next step's requests are these, unless one starts or stops (a row that drafted nothing for a bad id,
-            # START still, is looked up again)
-            self._last = (list(req_ids), handles, svc._generation if not (new and START in handles) else -1)
+            # the next step's requests are these, unless one starts or stops meanwhile
+            self._last = (list(req_ids), handles, -1 if unstarted else svc._generation)
             if made.drafted:
                 svc._count(n, made, start)
         if stops:

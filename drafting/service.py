@@ -263,7 +263,7 @@ class DraftingService:
                   curve: CostCurve | None = None,
                   states: np.ndarray | None = None, state_rows: np.ndarray | None = None) -> StepResult:
         """Follow an engine's rows, then draft for each request of ``batch`` (its own settings), ``budgets[i]`` nodes
-        for request ``batch.ids[i]``: what an engine that gives no request ids steps (:class:`serving.RowTracker`).
+        for request ``batch.ids[i]``: what an engine that gives no request ids steps (:class:`drafting.RowTracker`).
 
         Args:
             batch: this drafter's :meth:`batch`.

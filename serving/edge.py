@@ -2,7 +2,7 @@
 those requests may name (:meth:`drafting.DraftingService.open`, ``CREST_DATASTORE`` and ``CREST_DATASTORES``), the live
 layer's writer and the feed of the fleet's outputs (its only threads, beside the datastores' own), the engine's batch
 by request id (:class:`drafting.EngineBatch`), the token-keyed fallback for a vLLM without our plugin
-(:class:`serving.rows.RowTracker`), and the draft head that reads the target's state.
+(:class:`drafting.RowTracker`), and the draft head that reads the target's state.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from drafting import Calibration, ChainDrafts, CostCurve, DraftHead, DraftingService
+from drafting import Calibration, ChainDrafts, CostCurve, DraftHead, DraftingService, RowTracker
 from drafting.head import DEFAULT_HEAD, target_rows
 from toolkit.settings import Settings
-
-from .rows import RowTracker
 
 if TYPE_CHECKING:
     import torch

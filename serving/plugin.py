@@ -9,7 +9,7 @@ the vLLM versions it applies to (``VERSIONS``) and the module it changes (``MODU
 Each is applied when vLLM imports the module it changes (or at once, where it is imported already), so a process that
 never loads it (the API server) pays nothing, and each says once in the log whether it applied. Nothing here raises
 into vLLM: a change that cannot apply is logged and left out, and the proposer then drafts without it (keying rows by
-their tokens, :mod:`serving.rows`; without the target's state). A constructor patches nothing.
+their tokens, :mod:`drafting.rows`; without the target's state). A constructor patches nothing.
 """
 
 from __future__ import annotations

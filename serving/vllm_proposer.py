@@ -9,7 +9,7 @@ our plugin in the process (:mod:`serving.plugin`, loaded by vLLM itself), the mo
 step by request id (:meth:`CrestProposer.observe`, :class:`serving.runner_hook.EngineView`), and the batch is stopped,
 started, followed and drafted by id in one native call (:class:`drafting.EngineBatch`), each new request from the
 datastores its ``extra_args`` name. Without the plugin (another vLLM, or ``VLLM_PLUGINS`` leaving it out) the proposer
-drafts as it did before the plugin, keying rows by their tokens (:class:`serving.rows.RowTracker`), and says so once.
+drafts as it did before the plugin, keying rows by their tokens (:class:`drafting.RowTracker`), and says so once.
 Either way the chains are cut to the batch's goodput on this engine's measured step-cost curve (:mod:`drafting.cost`),
 and a draft head reads the target's state where the plugin hands it over. Nothing but drafting runs in the engine's
 process: it looks up, drafts and appends finished outputs; the live layers are compacted by ``python -m live serve``

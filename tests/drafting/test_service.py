@@ -25,12 +25,11 @@ from datastore import Datastore
 from datastore.errors import ClosedError, InvalidContext
 from datastore.layers import live_name
 from datastore.shared import SharedDatastore
-from drafting import DatastoreSource, Draft, DraftingService, EngineRows, ScoreKind
+from drafting import DatastoreSource, Draft, DraftingService, EngineRows, RowTracker, ScoreKind
 from drafting.draft import CostCurve
 from drafting.service import STALE_ROUNDS
 from live.compaction import compact_live
 from live.writer import LiveWriter
-from serving.rows import RowTracker
 from support import UNREACHABLE, build_small
 
 BUDGETS = (1, 3, 8, 32)

@@ -1,4 +1,4 @@
-"""Keying an engine's rows to drafting requests by their tokens (:mod:`serving.rows`): rows that grow, move, are
+"""Keying an engine's rows to drafting requests by their tokens (:mod:`drafting.rows`): rows that grow, move, are
 replaced and finish, as vLLM's batch condensing and preemption produce them, read in place from an engine-shaped token
 array (only each row's new tokens are appended); each request's state always mirrors its row's tokens, which only the
 service holds: its drafts are those of a request started from the row's whole sequence."""
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from drafting import DraftingService
-from serving.rows import RowTracker
+from drafting import DraftingService, RowTracker
 
 VOCAB = 49_152
 WIDTH = 700

@@ -23,8 +23,11 @@ from typing import cast
 
 import numpy as np
 
-from drafting import Batch, DraftingService, EngineRows, StepResult
-from drafting.draft import ChainDrafts, CostCurve
+from crest_native import EngineRows
+
+from .draft import ChainDrafts, CostCurve
+from .service import DraftingService
+from .step import Batch, StepResult
 
 __all__ = ["RowTracker"]
 
