@@ -8,7 +8,8 @@
 - ``head-pack``: what a GPU machine trains the head from at scale (:mod:`evaluation.head_pack`,
   ``evaluation/head_gpu.py``);
 - ``distill``: the target's own answers to a prompt set, a datastore's corpus before any traffic
-  (:mod:`evaluation.distill`).
+  (:mod:`evaluation.distill`);
+- ``fetch-bfcl``: the BFCL function-calling sets' data, from the bfcl-eval wheel (:mod:`evaluation.bfcl`).
 
 Each reads the saved references (``--references``) and refuses a datastore whose corpus holds a prompt it scores.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import calibrate, choose_k, greedy, head_pack, train_head
+from . import bfcl, calibrate, choose_k, greedy, head_pack, train_head
 from .references import REFERENCES
 
 __all__ = ["build_parser", "main"]
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the saved greedy references (default: %(default)s).")
     p = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n\n")[0].split("``: ")[1])
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (greedy, calibrate, choose_k, train_head, head_pack):
+    for module in (greedy, calibrate, choose_k, train_head, head_pack, bfcl):
         module.add_parser(sub, [references])
     return p
 

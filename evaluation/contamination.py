@@ -31,8 +31,10 @@ __all__ = ["Contaminated", "LIVE_WINDOW", "NotScreened", "PARTS", "live_mark", "
 LIVE_WINDOW = 16
 """Tokens in a row an earlier live output must share with a scored output to contaminate it."""
 
-PARTS = {"spec_bench": ("spec_bench",), "humaneval": ("humaneval", "humaneval_solutions")}
-"""The screened parts that decide for each evaluation set."""
+PARTS = {"spec_bench": ("spec_bench",), "humaneval": ("humaneval", "humaneval_solutions"), "bfcl": ("bfcl",),
+         "bfcl_heldout": ("bfcl",)}
+"""The screened parts that decide for each evaluation set (a conversation's later turns, ``<item>/t<n>``, are their
+item's)."""
 
 
 class Contaminated(ValueError):
@@ -93,6 +95,7 @@ def require_clean(url: str, name: str, eval_set: str, item_ids: Sequence[str],
         raise NotScreened(f"datastore {name!r} records no contamination screen (it was built before screens were "
                           "recorded, or with --engine spark), so it cannot be scored on an evaluation set; rebuild it "
                           "with `python -m ingest build --engine duckdb`")
+    item_ids = list(dict.fromkeys(item.split("/t")[0] for item in item_ids))  # a conversation's turns: its item
     _require_screened(name, record, eval_set, item_ids, data_dir)
     threshold = float(record["threshold"])
     wanted = set(item_ids)

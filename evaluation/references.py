@@ -155,7 +155,8 @@ def load_references(name: str, folder: str | os.PathLike = REFERENCES, max_new_t
     (``CREST_EVAL_DATA`` or the packaged sets), the default model in fp32 and ``max_new_tokens``.
 
     Args:
-        name: ``spec_bench``, ``spec_bench_turn2`` or ``humaneval``. folder: where they were saved.
+        name: ``spec_bench``, ``spec_bench_turn2``, ``humaneval``, ``bfcl`` or ``bfcl_heldout``. folder: where they
+            were saved.
         tokenizer: the default target's (default: :func:`toolkit.load_tokenizer`).
 
     Raises:
@@ -171,11 +172,14 @@ def load_references(name: str, folder: str | os.PathLike = REFERENCES, max_new_t
 
 def half(refs: Sequence[Reference], which: str) -> list[Reference]:
     """The references of one half (:func:`evaluation.prompts.in_half`: ``fit``, ``report`` or ``all``), file order
-    kept."""
+    kept; a conversation's turns (ids ``<entry>/t<n>``, a BFCL multi-turn entry's) share their entry's position."""
     seen: dict[str, int] = {}
+    entries: dict[str, int] = {}
     out = []
     for r in refs:
-        position = seen[r.category] = seen.get(r.category, -1) + 1
-        if in_half(position, which):
+        entry = r.id.split("/t")[0]
+        if entry not in entries:
+            entries[entry] = seen[r.category] = seen.get(r.category, -1) + 1
+        if in_half(entries[entry], which):
             out.append(r)
     return out

@@ -90,6 +90,9 @@ class Settings:
                                    "<CREST_CACHE>/replicas), or 'off': every lookup is a round trip")
     eval_data: Path | None = setting("CREST_EVAL_DATA", None, _path, "a folder holding spec_bench/ and humaneval/ to "
                                      "use instead of the evaluation sets shipped in the package")
+    bfcl_data: Path | None = setting("CREST_BFCL_DATA", None, _path, "the BFCL function-calling sets' data (the "
+                                     "bfcl-eval wheel's bfcl_eval/data folder; default <CREST_CACHE>/bfcl-<version>, "
+                                     "where python -m evaluation fetch-bfcl puts it)")
     datastore: str = setting("CREST_DATASTORE", "sharegpt", _text, "the shared datastore the vLLM proposer drafts "
                              "from")
     datastores: tuple[str, ...] | None = setting("CREST_DATASTORES", None, _names, "the datastores a request may name "
