@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--datastore", default="sharegpt", help="the shared datastore (ShareGPT; default: sharegpt).")
     ap.add_argument("--code-datastore", default="code", help="the datastore code requests name (default: code).")
     ap.add_argument("--both", default="both", help="the datastore built from both corpora together (default: both).")
-    ap.add_argument("--seed", type=int, default=0, help="the stream's order (default: 0).")
+    ap.add_argument("--seed", type=int_in(0), default=0, help="the stream's order (default: 0).")
     return ap
 
 
@@ -212,7 +212,11 @@ def main(argv: list[str] | None = None) -> None:
         out = corpus.parse_args(raw[1:]).out
         print(json.dumps({"out": str(out), "documents": write_corpus(out)}))
         return
-    args = build_parser().parse_args(raw)
+    ap = build_parser()
+    args = ap.parse_args(raw)
+    if args.code_datastore == args.datastore:
+        ap.error(f"--code-datastore {args.code_datastore} is the shared --datastore: a request that names the shared "
+                 "datastore drafts from it alone; name another (the code build)")
     finish(args, lambda: measure(args), print_table, "rows", "methods")
 
 

@@ -14,10 +14,13 @@ Every corpus-based drafter draws on the same corpus: ShareGPT for Spec-Bench (th
 ``python -m ingest build --name code --source code --path <stdlib>``); neither holds evaluation text.
 Drafters (``--methods``):
 
-- ``merged``: ours, :class:`drafting.DraftingService` with the calibrated scores and the back-off
-  lookup: the datastore merged with the request's own suffix automaton and the index of the run's finished
-  outputs (as in vLLM); ``merged-no-index``: the same without the index of earlier outputs; ``local``: ours
-  without the datastore; ``datastore``: the datastore alone (calibrated, backing off at every tree budget);
+- ``merged``: ours, :class:`drafting.DraftingService` with its defaults: the calibrated scores, refitted online on
+  the verdicts of the steps replayed before (``csrc/online.hpp``: in file order, each step scored with what the
+  earlier steps taught), and the back-off lookup: the datastore merged with the request's own suffix automaton and
+  the index of the run's finished outputs (as in vLLM); ``merged-frozen``: the same with the shipped calibration as
+  it is (``online_strength=0``); ``merged-no-index``: ``merged`` without the index of earlier outputs; ``local``:
+  ``merged`` without the datastore; ``datastore``: the datastore alone (calibrated, backing off at every tree
+  budget);
 - ``suffix``: SuffixDecoding (arctic-inference 0.3.0, vLLM's ``suffix`` defaults: tree depth 24, spec
   factor 1.0, min token prob 0.1): the request's prompt tree plus the global tree of earlier responses in
   the run; ``suffix-warm``: the same with the global tree first fed the whole corpus (every document as
@@ -64,7 +67,7 @@ from .peer_drafters import PromptLookup, RetrievalDrafter, SuffixDrafter
 CODE_PATH_HINT = " --path <the standard library>"
 SGLANG = ("sglang-bfs", "sglang-prob", "sglang-bfs-corpus", "sglang-prob-corpus")
 PEERS = ("suffix", "suffix-warm", "ngram", "rest", *SGLANG)
-OURS = ("merged", "merged-no-index", "local", "datastore")
+OURS = ("merged", "merged-frozen", "merged-no-index", "local", "datastore")
 CHAIN_ONLY = ("ngram",)
 TREE_ONLY = SGLANG
 
@@ -134,7 +137,8 @@ def _ours(method: str, datastore: str):
         return DraftingService(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
                                sources=("ds",), back_off_min_budget=0, outputs_bytes=0)
     return DraftingService(source, vocab_size=len(tok), calibration=calibration, min_score=args.node_cost,
-                           outputs_bytes=0 if method == "merged-no-index" else None)
+                           outputs_bytes=0 if method == "merged-no-index" else None,
+                           online_strength=0.0 if method == "merged-frozen" else None)
 
 
 def _sglang(method: str, corpus: str, vocab: int):

@@ -73,6 +73,10 @@ Core::Core(Calibration calibration, Options options)
     throw std::invalid_argument(
         "local_depth, outputs_depth, match_nodes and context_tokens must be >= 1, back_off_min_budget and max_tokens "
         ">= 0 and the calibration's prior >= 0");
+  if (!(o.online_strength >= 0.0 && std::isfinite(o.online_strength)) || !(o.online_memory >= 1.0) ||
+      !std::isfinite(o.online_memory) || o.online_refit < 1 || o.online_share < 0)
+    throw std::invalid_argument("online_strength must be finite and >= 0, online_memory finite and >= 1, "
+                                "online_refit >= 1 and online_share >= 0");
   check_token_bias(calibration_);
   z_.sources.assign(kNumSources, nullptr);
 }
@@ -117,6 +121,90 @@ void Core::reset(Request& r, const uint32_t* tokens, std::size_t n) {
   r.automaton.extend(tokens, n);
   r.outputs_match = OutputMatch{};
   r.last.clear();
+  r.trial.clear();
+}
+
+// -- the calibration fitted online (online.hpp) --------------------------------------------------------------------
+
+OnlineFit& Core::fit_of(SetId set, bool with_model) {
+  std::vector<OnlineFit>& fits = fits_[with_model];
+  const OnlineOptions o{options_.online_strength, options_.online_memory, options_.online_refit, options_.online_share};
+  while (static_cast<SetId>(fits.size()) <= set) fits.emplace_back(with_model ? with_model_ : calibration_, o);
+  return fits[static_cast<std::size_t>(set)];
+}
+
+const Calibration& Core::calibration_of(SetId set, bool with_model) {
+  if (!online()) return with_model ? with_model_ : calibration_;
+  return fit_of(set, with_model).calibration();
+}
+
+int64_t Core::outcomes_of(SetId set, bool with_model) { return online() ? fit_of(set, with_model).outcomes() : 0; }
+
+int64_t Core::unshared_of(SetId set, bool with_model) {
+  return online() ? fit_of(set, with_model).unshared() : 0;
+}
+
+std::string Core::fold(SetId set, bool with_model, const std::string* fleet) {
+  if (!online()) throw std::invalid_argument("online learning is off (online_strength 0): nothing to fold");
+  return fit_of(set, with_model).fold(fleet);
+}
+
+void Core::forget(SetId set) {
+  const OnlineOptions o{options_.online_strength, options_.online_memory, options_.online_refit, options_.online_share};
+  for (int k = 0; k < 2; ++k)
+    if (set >= 0 && static_cast<std::size_t>(set) < fits_[k].size())
+      fits_[k][static_cast<std::size_t>(set)] = OnlineFit(k ? with_model_ : calibration_, o);
+}
+
+void Core::capture(SetId set, bool with_model, Trial& t) {
+  const Union& u = z_.merged;
+  t.clear();
+  t.with_model = with_model;
+  t.width = kNumFeatures + (with_model ? kNumModelFeatures : 0);
+  z_.drafted.assign(u.size(), 0);
+  for (int32_t m : z_.picked) z_.drafted[static_cast<std::size_t>(m)] = 1;
+  z_.slot.assign(u.size(), -1);
+  bool present[kNumSources];
+  for (int k = 0; k < kNumSources; ++k) present[k] = z_.sources[k] && z_.sources[k]->size;
+  const Calibration& cal = calibration_of(set, with_model);
+  for (std::size_t m = 0; m < u.size(); ++m) {  // parents first: a drafted node's slot is known before its children
+    const int32_t p = u.parents[m];
+    if (p >= 0 && !(z_.drafted[static_cast<std::size_t>(p)] && z_.slot[static_cast<std::size_t>(p)] >= 0)) continue;
+    z_.slot[m] = static_cast<int32_t>(t.tokens.size());
+    t.tokens.push_back(u.tokens[m]);
+    t.parents.push_back(p < 0 ? -1 : z_.slot[static_cast<std::size_t>(p)]);
+    const double* row = &z_.x[m * kNumFeatures];
+    for (int k = 0; k < kNumSources; ++k)  // an absent source's block is 0 (the table holds stale values there)
+      for (int c = 0; c < kBlock; ++c) t.x.push_back(present[k] ? row[k * kBlock + c] : 0.0);
+    t.x.push_back(row[kAgree]);
+    t.x.push_back(row[kLogDepth]);
+    if (with_model) t.x.insert(t.x.end(), &z_.model[m * kNumModelFeatures], &z_.model[(m + 1) * kNumModelFeatures]);
+    double offset = 0.0;
+    auto at = std::lower_bound(cal.bias_tokens.begin(), cal.bias_tokens.end(), u.tokens[m]);
+    if (at != cal.bias_tokens.end() && *at == u.tokens[m]) offset = cal.token_bias[at - cal.bias_tokens.begin()];
+    t.offsets.push_back(offset);
+  }
+}
+
+void Core::learn(Request& r, const uint32_t* tokens, std::size_t n) {
+  Trial& t = r.trial;
+  if (t.tokens.empty()) return;
+  OnlineFit& fit = fit_of(r.set, t.with_model);
+  int32_t at = -1;  // the node reached (-1: the root)
+  for (std::size_t d = 0; d < n; ++d) {
+    int32_t hit = -1;
+    bool any = false;
+    for (std::size_t k = static_cast<std::size_t>(at + 1); k < t.tokens.size(); ++k) {  // children after parents
+      if (t.parents[k] != at) continue;
+      any = true;
+      const bool yes = t.tokens[k] == static_cast<int64_t>(tokens[d]);
+      fit.add(&t.x[k * t.width], t.offsets[k], yes);
+      if (yes) hit = static_cast<int32_t>(k);
+    }
+    if (!any || hit < 0) break;
+    at = hit;
+  }
+  t.clear();
 }
 
 SetId Core::set_of(Handle h) const {
@@ -128,6 +216,7 @@ void Core::append(Request& r, const uint32_t* tokens, std::size_t n) {
   if (n == 0) return;
   const Drafted& d = r.last;
   judge(d.tokens.data(), d.parents.data(), d.scores.data(), d.tokens.size(), tokens, n, r.verdicts, verdicts_);
+  learn(r, tokens, n);
   r.last.clear();
   r.tokens.insert(r.tokens.end(), tokens, tokens + n);
   r.automaton.extend(tokens, n);
@@ -208,6 +297,7 @@ bool Core::stop(Handle h, std::vector<uint32_t>& output) {
   output.assign(r->tokens.begin() + static_cast<std::ptrdiff_t>(r->prompt_len), r->tokens.end());
   r->active = false;
   r->last.clear();
+  r->trial.clear();
   std::vector<uint32_t>().swap(r->tokens);
   r->automaton = Automaton();
   free_.push_back(static_cast<uint32_t>(static_cast<uint64_t>(h) & 0xFFFFFFFFULL));
@@ -269,6 +359,7 @@ void Core::set_model(Calibration with_model, ModelView view, std::shared_ptr<con
   with_model_ = std::move(with_model);
   model_ = view;
   head_ = std::move(head);
+  fits_[1].clear();  // the with-model fits start again from the new prior
 }
 
 void Core::estimate(const std::vector<Handle>& handles, const float* states, const uint8_t* has_state) {
@@ -500,16 +591,16 @@ void Core::gather(Request& r, const Retrieved& in, int nodes) {
   z_.earlier_view = SourceTree::of(z_.earlier, earlier_len);
 }
 
-bool Core::score_candidate(const SourceTree* candidate, int max_depth, const float* state) {
+bool Core::score_candidate(SetId set, const SourceTree* candidate, int max_depth, const float* state) {
   z_.sources[kDatastore] = candidate && candidate->size ? candidate : nullptr;
   if (!merge(z_.sources, z_.children, z_.merged, max_depth)) return false;
   features(z_.sources, z_.merged, calibration_.prior, z_.x, z_.has_kids);
   if (!state) {
-    scores(calibration_, z_.sources, z_.merged, z_.x, z_.score);
+    scores(calibration_of(set, false), z_.sources, z_.merged, z_.x, z_.score);
     return true;
   }
   model_features(model_, state, z_.merged, z_.model);
-  scores(with_model_, z_.sources, z_.merged, z_.x, z_.score, z_.model.data());
+  scores(calibration_of(set, true), z_.sources, z_.merged, z_.x, z_.score, z_.model.data());
   return true;
 }
 
@@ -536,9 +627,11 @@ void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, do
   out.clear();
   double best_gain = -1.0;
   const std::size_t given = options_.sources[kDatastore] ? in.candidates.size() : 0;
+  const bool learning = online();
+  r.trial.clear();
   for (std::size_t c = 0; c < std::max<std::size_t>(given, 1); ++c) {  // no candidate: the other sources
     const SourceTree* candidate = c < given ? &in.candidates[c] : nullptr;
-    if (!score_candidate(candidate, budget, state)) continue;  // no node deeper than the budget can be drafted
+    if (!score_candidate(r.set, candidate, budget, state)) continue;  // no node deeper than the budget can be drafted
     cut(chain, budget, min_score, z_.candidate);
     double gain = 0.0;  // the draft's expected accepted length
     for (double v : z_.candidate.scores) gain += v;
@@ -546,6 +639,10 @@ void Core::draft_one(Request& r, const Retrieved& in, int budget, bool chain, do
       best_gain = gain;
       std::swap(out, z_.candidate);
       out.chosen = candidate ? static_cast<int64_t>(c) : -1;
+      if (learning) {  // what the engine's verdict on this draft will teach its set's fit
+        capture(r.set, state != nullptr, z_.trial);
+        std::swap(r.trial, z_.trial);
+      }
     }
   }
 }
@@ -568,6 +665,8 @@ bool Core::draft(const std::vector<Handle>& handles, const std::vector<int64_t>&
         return false;
       const float* state = states && has_state[i] ? estimate_of(i, states) : nullptr;
       draft_one(*r, z_.retrieved, budget, chain, min_score, state, out[i]);
+    } else {
+      r->trial.clear();  // nothing drafted: nothing to judge
     }
   }
   for (std::size_t i = 0; i < handles.size(); ++i)  // each draft handed out is judged by the request's next tokens,
@@ -643,7 +742,7 @@ void Core::tables(Handle h, const Retrieved& given, std::vector<NodeTable>& out,
   const std::size_t count = options_.sources[kDatastore] ? given.candidates.size() : 0;
   for (std::size_t c = 0; c < std::max<std::size_t>(count, 1); ++c) {
     const SourceTree* candidate = c < count ? &given.candidates[c] : nullptr;
-    if (!score_candidate(candidate, std::numeric_limits<int>::max(), state)) continue;  // every node: what a fit reads
+    if (!score_candidate(r->set, candidate, std::numeric_limits<int>::max(), state)) continue;  // every node
     zero_absent(z_.sources, z_.x);
     out.push_back({z_.merged, z_.x, z_.score});
     if (!state) continue;

@@ -25,6 +25,7 @@
 #include "goodput.hpp"
 #include "head.hpp"
 #include "merge.hpp"
+#include "online.hpp"
 #include "output_index.hpp"
 #include "replica.hpp"
 #include "scores.hpp"
@@ -45,6 +46,14 @@ struct Options {
   int max_tokens = 0;  // an engine's context length: a request's draft is cut to what fits beside its tokens and the
                        // bonus token (tokens + draft + 1 <= max_tokens; 0: no bound)
   bool sources[kNumSources] = {true, true, true, true};  // the sources drafted from
+  // the calibration fitted online on the engine's verdicts, per datastore set (online.hpp): the prior's weight in
+  // outcomes' worth of Fisher information (0: off, the calibration stays as given; 10 and 20,000 chosen on the fit
+  // halves of Spec-Bench, HumanEval and BFCL), the outcomes after which one weighs 1/e, the outcomes between Newton
+  // steps, and the most outcomes a set keeps between two folds into the fleet's fit (0: none, no fleet)
+  double online_strength = 10.0;
+  double online_memory = 20000.0;
+  int online_refit = 64;
+  int64_t online_share = 0;
 };
 
 using Handle = int64_t;  // a request: (generation << 32) | slot
@@ -273,6 +282,17 @@ class Core {
   void tokens(Handle h, std::size_t from, std::vector<uint32_t>& out) const;  // tokens[from:] of an active request
 
   SetId set_of(Handle h) const;  // its datastore set (-1: not active)
+  // Datastore set `set`'s calibration now (with the model features: `with_model`; the one given, until the engine's
+  // verdicts refit it) and the outcomes it learnt from (0 while online learning is off).
+  const Calibration& calibration_of(SetId set, bool with_model);
+  int64_t outcomes_of(SetId set, bool with_model);
+  int64_t unshared_of(SetId set, bool with_model);  // outcomes learnt but not kept for a fold
+  // Fold set `set`'s outcomes since its last fold into the fleet's learner `fleet` (its state; nullptr: none yet) and
+  // go on from the result, returned (online.hpp). Throws std::invalid_argument for a state that is not one of this
+  // set's fit, or while online learning is off.
+  std::string fold(SetId set, bool with_model, const std::string* fleet);
+  // Set `set` is to draft for another datastore (its id reused): its fits start again from the prior.
+  void forget(SetId set);
   // A draft per row; a request not active (stopped meanwhile) or a budget of 0 gets an empty draft. False when the
   // retrieval found its store damaged (no drafts).
   // states/has_state: as StepInput's.
@@ -302,6 +322,7 @@ class Core {
     OutputMatch outputs_match;  // where its last tokens match the output index
     Drafted last;               // its last draft, until its next tokens judge it
     Verdicts verdicts;          // the engine's verdicts on its drafts
+    Trial trial;                // what its last draft can be judged on (online learning)
     SetId set = 0;              // the datastores it drafts from
     uint32_t generation = 0;
     bool active = false;
@@ -326,7 +347,13 @@ class Core {
   // The step's checks and its follow (Core::step): false when a pair did not follow or held a bad id.
   void check(const StepInput& in) const;
   bool follow(const StepInput& in, StepOutput& out);
-  bool score_candidate(const SourceTree* candidate, int max_depth, const float* state);
+  bool score_candidate(SetId set, const SourceTree* candidate, int max_depth, const float* state);
+  OnlineFit& fit_of(SetId set, bool with_model);
+  // The trial of the candidate just cut (z_.merged, z_.x, z_.model, z_.picked) into `t`.
+  void capture(SetId set, bool with_model, Trial& t);
+  // Judge request r's trial against its `n` new tokens; each outcome to its set's fit.
+  void learn(Request& r, const uint32_t* tokens, std::size_t n);
+  bool online() const { return options_.online_strength > 0.0; }
   // The next-state estimates of a step's pairs that have a state (the head's, in one pass over its weights; the states
   // themselves without a head): the estimate of pair i, or nullptr.
   void estimate(const std::vector<Handle>& handles, const float* states, const uint8_t* has_state);
@@ -358,6 +385,9 @@ class Core {
     std::vector<double> discounted;                 // cut_to_curve: the batch's discounted scores
     std::vector<uint8_t> keep;
     std::vector<int32_t> order;
+    Trial trial;                                     // draft_one: the best candidate's trial so far
+    std::vector<uint8_t> drafted;                    // capture: the drafted nodes of the table
+    std::vector<int32_t> slot;                       // capture: each node's index in the trial (-1: none)
   };
 
   Scratch z_;
@@ -369,6 +399,7 @@ class Core {
   Verdicts verdicts_;  // every request's, decayed: where a new request's ratio starts
   std::vector<Request> slots_;
   std::vector<uint32_t> free_;
+  std::vector<OnlineFit> fits_[2];  // per datastore set, the online fits: without, with the model features
 };
 
 }  // namespace crest

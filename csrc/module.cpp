@@ -9,8 +9,9 @@ using namespace nb::literals;
 
 // -- the core's settings: crest::Options, each field by its own name ------------------------------------------------
 
-#define CREST_OPTIONS(X) \
-  X(local_depth) X(match_nodes) X(outputs_bytes) X(outputs_depth) X(context_tokens) X(back_off_min_budget) X(max_tokens)
+#define CREST_OPTIONS(X)                                                                                         \
+  X(local_depth) X(match_nodes) X(outputs_bytes) X(outputs_depth) X(context_tokens) X(back_off_min_budget) X(max_tokens) \
+  X(online_strength) X(online_memory) X(online_refit) X(online_share)
 
 void bind_options(nb::module_& m) {
   nb::class_<crest::Options> c(m, "Options");
@@ -315,6 +316,26 @@ void bind_core(nb::module_& m) {
              return c.start(p.data(), p.shape(0), set);
            }, "prompt"_a, "set"_a = 0)
       .def("set_of", &crest::Core::set_of, "handle"_a)
+      .def("fit",  // a datastore set's calibration now: (coef, intercept, outcomes it learnt from)
+           [](crest::Core& c, int32_t set, bool with_model) {
+             if (set < 0) throw nb::value_error("set must be a datastore set (>= 0)");
+             const crest::Calibration& cal = c.calibration_of(set, with_model);
+             return nb::make_tuple(owned(std::vector<double>(cal.coef)), cal.intercept, c.outcomes_of(set, with_model));
+           }, "set"_a, "with_model"_a = false)
+      .def("fold",  // the set's outcomes since its last fold into the fleet's learner; the new state (bytes)
+           [](crest::Core& c, int32_t set, bool with_model, nb::object fleet) {
+             if (set < 0) throw nb::value_error("set must be a datastore set (>= 0)");
+             std::string got;
+             if (fleet.is_none()) {
+               got = c.fold(set, with_model, nullptr);
+             } else {
+               const std::string given(nb::cast<nb::bytes>(fleet).c_str(), nb::len(fleet));
+               got = c.fold(set, with_model, &given);
+             }
+             return nb::bytes(got.data(), got.size());
+           }, "set"_a, "with_model"_a, "fleet"_a.none())
+      .def("forget", &crest::Core::forget, "set"_a)
+      .def("unshared", &crest::Core::unshared_of, "set"_a, "with_model"_a = false)
       .def("stop",
            [](crest::Core& c, int64_t h) -> nb::object {
              std::vector<uint32_t> output;

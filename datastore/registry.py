@@ -30,7 +30,7 @@ __all__ = ["SWAP_CHANNEL", "DatastoreInfo", "check_tokenizer", "compactor_lock_k
 STATES = ("building", "ready", "failed", "retired", "dropped")
 TREE_TABLE_PREFIX = "token_trees_"
 SWAP_CHANNEL = "crest_datastores"
-REVISIONS = ("0001", "0002", "0003", "0004")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005")
 SCHEMA_REVISION = REVISIONS[-1]
 
 

@@ -22,10 +22,10 @@ from .engine import EngineBatch
 from .head import DraftHead
 from .lifecycle import Drafter, TokenDrafter
 from .rows import RowTracker
-from .service import DraftingService
+from .service import DraftingService, FitKey
 from .source import DatastoreSource
 from .step import Batch, StepResult
 
 __all__ = ["Batch", "Calibration", "ChainDrafts", "CostCurve", "DatastoreCatalog", "DatastoreSource", "Draft",
-           "DraftHead", "Drafter", "DraftingService", "Drafts", "EngineBatch", "EngineRows", "RowTracker", "ScoreKind",
-           "StepResult", "TokenDrafter"]
+           "DraftHead", "Drafter", "DraftingService", "Drafts", "EngineBatch", "EngineRows", "FitKey", "RowTracker",
+           "ScoreKind", "StepResult", "TokenDrafter"]

@@ -186,6 +186,13 @@ class Calibration:
         """The requests' automata's deepest continuation node this calibration was fitted with (default 16)."""
         return int(self.meta.get("local", {}).get("max_depth", 16))
 
+    def flat(self) -> Calibration:
+        """This calibration with every weight and the intercept 0 and no token term (the same sources, prior and
+        width): every node a coin flip, what a datastore with no calibration at all starts from and the online fit
+        (``online_strength``) learns from there."""
+        return replace(self, coef=np.zeros_like(self.coef), intercept=0.0, token_bias=None,
+                       meta={"flat": True, "local": self.meta.get("local", {})})
+
     def for_tokenizer(self, fingerprint: str) -> Calibration:
         """This calibration for token ids of the tokenizer with ``fingerprint``: itself, or, when its token term
         belongs to another tokenizer, a copy without the term (its ids would name other tokens)."""

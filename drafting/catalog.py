@@ -79,6 +79,7 @@ class DatastoreCatalog:
         self._sets: dict[tuple[str | None, bool], int] = {(None, True): DEFAULT_SET}
         self._members: dict[int, DatastoreSet] = {DEFAULT_SET: DatastoreSet(shared, None, shared_name)}
         self._users: Counter[int] = Counter()
+        self._retired: set[int] = set()  # set ids retired since take_retired() last asked
         self._stores: tuple[list, StoreSets] | None = None  # the replicas last handed out, and what they were made of
         self._sources: tuple[dict, list] | None = None  # each set's sources, as of the members it was read from
         self._closed = False
@@ -114,6 +115,15 @@ class DatastoreCatalog:
             self._users[set_id] -= 1
             if self._users[set_id] <= 0:
                 del self._users[set_id]
+
+    def take_retired(self) -> set[int]:
+        """The set ids retired (their datastore closed) since the last call: an id may be given to another datastore's
+        set later, and what a drafter learnt for the old one (its online fit) is not the new one's."""
+        if not self._retired:  # the common case, without the lock: a set retired meanwhile is taken next time
+            return set()
+        with self._lock:
+            out, self._retired = self._retired, set()
+        return out
 
     def members(self, set_id: int) -> DatastoreSet:
         """Set ``set_id``'s datastores (a retired set's: none)."""
@@ -246,6 +256,7 @@ class DatastoreCatalog:
                 if i in ids:
                     del self._sets[key]
             self._members = {i: m for i, m in self._members.items() if i not in ids}  # copied on write
+            self._retired.update(ids)
             out.append(source)
         return out
 

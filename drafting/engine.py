@@ -113,6 +113,7 @@ class EngineBatch:
                 sets = np.zeros(n, np.int32)
                 for i in new:
                     sets[i] = catalog.resolve(*choose(req_ids[i])) if choose is not None else 0
+                svc._forget_retired()
             stops = [requests.pop(r) for r in finished if r in requests] if finished else []
             stopped_sets = [core.set_of(h) for h in stops]
             made = core.engine_step(handles, sets, np.array(stops, np.int64) if stops else _NO_STOPS, view, budgets,

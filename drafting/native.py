@@ -14,18 +14,20 @@ __all__ = ["core_options", "native_core"]
 
 
 def core_options(calibration: Calibration, sources: Sequence[str] = RETRIEVAL_SOURCES, outputs_bytes: int | None = None,
-                 back_off_min_budget: int | None = None, max_tokens: int = 0) -> Options:
+                 back_off_min_budget: int | None = None, max_tokens: int = 0, online_strength: float | None = None,
+                 online_memory: float | None = None, online_share: int | None = None) -> Options:
     """The core's settings (:class:`crest_native.Options`; any left ``None``: the core's default), whose ranges the
     core checks when it is made; the requests' automata as deep as ``calibration`` was fitted with.
 
     Raises:
-        TypeError: naming a setting that is not an int. ValueError: for a negative ``outputs_bytes`` (a byte count).
+        TypeError: naming a setting that is not an int (a float for the online ones). ValueError: for a negative
+            ``outputs_bytes`` (a byte count).
     """
     options = Options()
     options.local_depth = calibration.local_depth
     options.sources = list(sources)
     for name, value in (("outputs_bytes", outputs_bytes), ("back_off_min_budget", back_off_min_budget),
-                        ("max_tokens", max_tokens)):
+                        ("max_tokens", max_tokens), ("online_share", online_share)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
@@ -33,6 +35,12 @@ def core_options(calibration: Calibration, sources: Sequence[str] = RETRIEVAL_SO
         if name == "outputs_bytes" and value < 0:
             raise ValueError(f"outputs_bytes={value}: must be >= 0 (0: no output index)")
         setattr(options, name, value)
+    for name, real in (("online_strength", online_strength), ("online_memory", online_memory)):
+        if real is None:
+            continue
+        if isinstance(real, bool) or not isinstance(real, (int, float)):
+            raise TypeError(f"{name}={real!r} is a {type(real).__name__}; pass a number")
+        setattr(options, name, float(real))
     return options
 
 

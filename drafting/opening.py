@@ -27,8 +27,8 @@ def open_service(cls: type[DraftingService], datastore: str, *, tokenizer, datab
                  live: bool = True, cache_bytes: int = CACHE_BYTES, replicas: bool = True,
                  vocab_size: int | None = None, calibration: Calibration | None = None, min_score: float = 0.0,
                  outputs_bytes: int | None = None, max_tokens: int = 0, live_writer: OutputSink | None = None,
-                 datastores: Sequence[str] = (), max_open: int = MAX_OPEN,
-                 reopen_in_background: bool = True) -> DraftingService:
+                 datastores: Sequence[str] = (), max_open: int = MAX_OPEN, online_strength: float | None = None,
+                 online_share: int | None = None, reopen_in_background: bool = True) -> DraftingService:
     """The merged drafter over the shared datastore ``datastore`` and the datastores ``datastores`` a request may name
     (:mod:`drafting.catalog`), their lookups composed in one place (what an engine's proposer uses).
 
@@ -41,7 +41,8 @@ def open_service(cls: type[DraftingService], datastore: str, *, tokenizer, datab
         replicas: read host-local replicas of the builds (:mod:`datastore.replica`) once they are ready;
             ``False``: every step is a round trip.
         vocab_size: as the constructor (default ``len(tokenizer)``; an engine's model may have a larger one).
-        calibration / min_score / outputs_bytes / max_tokens / live_writer: as the constructor.
+        calibration / min_score / outputs_bytes / max_tokens / live_writer / online_strength / online_share: as the
+            constructor.
         datastores: the names a request may give (the operator's list; any other drafts from the shared datastore).
         max_open: most of them open at once (the least recently named with no request closed first), >= 1.
         reopen_in_background: a failed datastore is reopened on a background thread, so no step ever waits for a
@@ -68,4 +69,5 @@ def open_service(cls: type[DraftingService], datastore: str, *, tokenizer, datab
     shared = DatastoreSource(lambda: connect(datastore), reopen_in_background=reopen_in_background)
     catalog = DatastoreCatalog(shared, datastore, connect=connect, allowed=datastores, max_open=max_open)
     return cls(catalog, vocab_size=vocab_size or len(tokenizer), key_vocab=len(tokenizer), calibration=mine,
-               min_score=min_score, outputs_bytes=outputs_bytes, max_tokens=max_tokens, live_writer=live_writer)
+               min_score=min_score, outputs_bytes=outputs_bytes, max_tokens=max_tokens, online_strength=online_strength,
+               online_share=online_share, live_writer=live_writer)

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,9 +52,19 @@ from .retrieval import DatastoreTrees, native_tree
 from .source import DatastoreSource
 from .step import Batch, OutputSink, ServiceStats, StepResult
 
-__all__ = ["STALE_ROUNDS", "DraftingService"]
+__all__ = ["STALE_ROUNDS", "DraftingService", "FitKey"]
 
 log = logging.getLogger(__name__)
+
+class FitKey(NamedTuple):
+    """One online fit a fleet may share (:meth:`DraftingService.fits`): datastore set ``set_id`` drafting for the
+    datastore ``name``, started from the calibration whose digest is ``prior``, with the model features or not."""
+
+    set_id: int
+    name: str
+    prior: str
+    with_model: bool
+
 
 STALE_ROUNDS = 4
 """Round trips a step makes at most while other threads follow its requests between its lookups and its draft; the
@@ -84,6 +95,14 @@ class DraftingService:
             of the context (``None``: the core's default, chosen on the calibration's fit half).
         max_tokens: an engine's context length (vLLM's ``max_model_len``): each request's draft is cut to what fits
             beside its tokens and the bonus token (tokens + draft + 1 <= ``max_tokens``), in the core (0: no bound).
+        online_strength: the calibration refitted online on the engine's verdicts, per datastore set
+            (``csrc/online.hpp``): the weight of the given calibration as its prior, in outcomes' worth of Fisher
+            information (0: off, the calibration stays as given; ``None``: the core's default, 10, chosen on the fit
+            halves; :data:`crest_native.DEFAULTS`).
+        online_memory: the outcomes after which one weighs 1/e, >= 1 (``None``: the core's default).
+        online_share: the most outcomes each datastore set keeps between two folds into the fleet's fit
+            (:meth:`fold_fit`, :class:`live.FitFeed`), >= 0; beyond it, an outcome is learnt here only (``None``: the
+            core's default, 0: no fleet).
         live_writer: each finished request's output is handed to it, under the name of its request's first datastore
             (:class:`live.LiveWriter`); closed with the drafter.
 
@@ -103,7 +122,8 @@ class DraftingService:
     def __init__(self, lookups: DatastoreCatalog | DatastoreSource | None = None, *, vocab_size: int,
                  key_vocab: int | None = None, calibration: Calibration | None = None,
                  sources: Sequence[str] = RETRIEVAL_SOURCES, min_score: float = 0.0, outputs_bytes: int | None = None,
-                 back_off_min_budget: int | None = None, max_tokens: int = 0,
+                 back_off_min_budget: int | None = None, max_tokens: int = 0, online_strength: float | None = None,
+                 online_memory: float | None = None, online_share: int | None = None,
                  live_writer: OutputSink | None = None) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 1 << 32:
             raise ValueError(f"vocab_size={vocab_size!r}: pass the tokenizer's vocabulary size (len(tokenizer)), an "
@@ -116,13 +136,15 @@ class DraftingService:
         if unweighed:
             raise ValueError(f"sources {unweighed} are not weighed by the calibration (it weighs "
                              f"{self.calibration.sources}); fit one with them: python -m evaluation calibrate")
-        self.options = core_options(self.calibration, self.sources, outputs_bytes, back_off_min_budget, max_tokens)
+        self.options = core_options(self.calibration, self.sources, outputs_bytes, back_off_min_budget, max_tokens,
+                                    online_strength, online_memory, online_share)
         self._core = native_core(self.calibration, self.options)
         self.catalog = lookups if isinstance(lookups, DatastoreCatalog) else DatastoreCatalog(lookups)
         self.retrieval = DatastoreTrees(self.catalog)
         shared = self.catalog.shared
         self.key_vocab = key_vocab or (shared.vocab_size if shared is not None else None) or vocab_size
         self.live_writer = live_writer
+        self._model_calibration: Calibration | None = None  # set_model's
         self._requests: dict[RequestId, int] = {}  # request id -> its handle in the core
         self._generation = 0  # counts starts and stops: a Batch read before a change is read again
         self._lock = threading.Lock()
@@ -158,6 +180,7 @@ class DraftingService:
             if key in self._requests:
                 raise ValueError(f"request {key!r} is already active; stop_request it first")
             set_id = self.catalog.resolve(name, on)
+            self._forget_retired()
             self._requests[key] = self._core.start(prompt, set_id)
             self.catalog.acquire(set_id)
             self._generation += 1
@@ -180,6 +203,11 @@ class DraftingService:
             output = self._core.stop(handle)
             self.catalog.release(set_id)
         self._hand_on(output, set_id)
+
+    def _forget_retired(self) -> None:
+        """Under the lock: the sets the catalog retired since start over (an id may now be another datastore's)."""
+        for set_id in self.catalog.take_retired():
+            self._core.forget(set_id)
 
     def _hand_on(self, output: np.ndarray, set_id: int) -> None:
         """A finished request's output (of set ``set_id``) to the live layer's writer."""
@@ -433,6 +461,7 @@ class DraftingService:
         term = calibration.token_bias
         with self._lock:
             self._check_open()
+            self._model_calibration = calibration
             self._core.set_model(lm_head, calibration.coef, calibration.intercept, calibration.prior,
                                  *((None, None) if term is None else (term.tokens, term.bias)), head)
 
@@ -479,6 +508,52 @@ class DraftingService:
             self._check_open()
             self._core.add_outputs(tokens, lengths)
         return len(tokens)
+
+    # -- the calibration fitted online, shared by the fleet ----------------------------------------------------------
+
+    def fits(self) -> list[FitKey]:
+        """The online fits a fleet may share (``csrc/online.hpp``): one per datastore set that drafts for a named
+        datastore, without the model features, and with them too once :meth:`set_model` gave a model. None while online
+        learning is off (``online_strength`` 0).
+
+        Raises:
+            datastore.errors.ClosedError: after :meth:`close`."""
+        with self._lock:
+            self._check_open()
+            model = self._model_calibration
+        if self.options.online_strength == 0:
+            return []
+        kinds = [(False, self.calibration.digest())] + ([(True, model.digest())] if model is not None else [])
+        return [FitKey(set_id, m.name, prior, with_model) for set_id, m in sorted(self.catalog.sets().items())
+                if m.name is not None for with_model, prior in kinds]
+
+    def fold_fit(self, key: FitKey, fleet: bytes | None) -> bytes:
+        """Fold fit ``key``'s outcomes since its last fold into the fleet's learner ``fleet`` (its state, as stored:
+        ``None``: none yet) and go on drafting from the result, returned (the state to store back). Between folds
+        the set keeps learning on its own, from there.
+
+        Raises:
+            ValueError: for a ``fleet`` that is not a state of this fit (another calibration's or damaged: naming
+                which), or while online learning is off. KeyError: when the set no longer drafts for ``key.name``
+                (retired meanwhile: ask :meth:`fits` again). datastore.errors.ClosedError: after :meth:`close`.
+        """
+        with self._lock:
+            self._check_open()
+            if self.catalog.members(key.set_id).name != key.name:  # retired meanwhile: nothing of it to fold
+                raise KeyError(f"datastore set {key.set_id} no longer drafts for {key.name!r}; ask fits() again")
+            return self._core.fold(key.set_id, key.with_model, fleet)
+
+    def fit(self, set_id: int = 0, with_model: bool = False) -> tuple[np.ndarray, float, int]:
+        """Datastore set ``set_id``'s calibration now: its weights (``[len(FEATURES)]`` float64, or with the model
+        features), its intercept and the verdicts it learnt from (0 while online learning is off: the calibration as
+        given).
+
+        Raises:
+            ValueError: for a negative ``set_id``. datastore.errors.ClosedError: after :meth:`close`."""
+        with self._lock:
+            self._check_open()
+            coef, intercept, outcomes = self._core.fit(set_id, with_model)
+        return coef, intercept, outcomes
 
     def tokens(self, req_id: RequestId) -> np.ndarray:
         """The tokens the drafter holds for ``req_id`` (its prompt and all followed since): ``[N]`` uint32, a copy.

@@ -144,8 +144,8 @@ def add_parser(sub, parents: list) -> None:
                     help="generate each set's first N prompts only (file order) and the second turns among them "
                          "(default: all; the benchmarks replay every prompt they score, so N is for a quick check).")
     ap.add_argument("--sets", nargs="+", choices=SETS + BFCL_SETS, default=list(SETS), metavar="SET",
-                    help=f"the sets generated, of {', '.join(SETS + BFCL_SETS)} (default: {' '.join(SETS)}; the BFCL "
-                         "sets need their data: python -m evaluation fetch-bfcl).")
+                    help=f"the sets generated, of {', '.join(SETS + BFCL_SETS)}; the BFCL sets need their data: python "
+                         f"-m evaluation fetch-bfcl (default: {' '.join(SETS)}).")
     ap.add_argument("--skip-long", action="store_true",
                     help="leave out the prompts that do not fit the engine's context beside --max-new-tokens (each "
                          "named; a multi-turn conversation stops at its first such turn); default: refuse the set, "

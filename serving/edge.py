@@ -1,8 +1,8 @@
 """What our proposer owns inside an engine's process (:class:`DraftingEdge`): the drafter over the shared datastore and
 those requests may name (:meth:`drafting.DraftingService.open`, ``CREST_DATASTORE`` and ``CREST_DATASTORES``), the live
-layer's writer and the feed of the fleet's outputs (its only threads, beside the datastores' own), the engine's batch
-by request id (:class:`drafting.EngineBatch`), the token-keyed fallback for a vLLM without our plugin
-(:class:`drafting.RowTracker`), and the draft head that reads the target's state.
+layer's writer, the feed of the fleet's outputs and that of its online fits (its only threads, beside the datastores'
+own), the engine's batch by request id (:class:`drafting.EngineBatch`), the token-keyed fallback for a vLLM without
+our plugin (:class:`drafting.RowTracker`), and the draft head that reads the target's state.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class DraftingEdge:
     Attributes:
         service: the drafter. engine: the engine's batch by request id. rows: the token-keyed fallback (``None`` until
             a step comes without the plugin's view). feed: the fleet's outputs into the output index (``None``: off).
+            fits: the fleet's online fits, folded into and read back (:class:`live.FitFeed`; ``None``: off).
         head: the draft head the core runs (``None``: none). head_steps: the steps drafted with the target's state.
         lm_head: the target's ``[vocab, hidden]`` LM-head rows, from ``load_model`` (``None`` before it).
 
@@ -47,11 +48,12 @@ class DraftingEdge:
     def __init__(self, settings: Settings, tokenizer: str, max_model_len: int, model_vocab: int) -> None:
         from transformers import AutoTokenizer
 
-        from live import LiveWriter, OutputFeed
+        from live import SHARE, FitFeed, LiveWriter, OutputFeed
 
         s = self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         writer = LiveWriter(s.datastore, s.live_url or s.database_url) if s.live else None
+        fits_shared = writer is not None and s.fits_shared and s.online_strength != 0
         outputs_bytes = None if s.outputs_mb is None else int(s.outputs_mb * 2**20)
         vocab = max(len(self.tokenizer), model_vocab)
         self.service = DraftingService.open(
@@ -59,7 +61,10 @@ class DraftingEdge:
             cache_bytes=int(s.cache_mb * 2**20), replicas=s.replicas_dir is not None, vocab_size=vocab,
             calibration=None if s.calibration is None else Calibration.load(s.calibration),
             outputs_bytes=outputs_bytes, min_score=s.min_score, max_tokens=max_model_len, live_writer=writer,
-            datastores=s.datastores or (), max_open=s.datastores_open)
+            datastores=s.datastores or (), max_open=s.datastores_open, online_strength=s.online_strength,
+            online_share=SHARE if fits_shared else None)
+        # the fleet's fit of each datastore: folded into by this process's verdicts, read back (live.fits)
+        self.fits = FitFeed(self.service, s.live_url or s.database_url) if fits_shared else None
         self.feed = None
         if writer is not None and s.outputs_shared and outputs_bytes != 0:
             from live import LiveOutputs
@@ -165,6 +170,8 @@ class DraftingEdge:
         self._closed = True
         if self.feed is not None:
             self.feed.close()
+        if self.fits is not None:
+            self.fits.close()  # a last fold
         self.service.close()
 
 

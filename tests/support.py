@@ -164,12 +164,13 @@ def random_tree(rng: np.random.Generator, vocab: int, size: int) -> TokenTree:
     kids: dict[int, set] = {}
     for i in range(size):
         p = int(rng.integers(-1, i)) if i else -1
+        p = p if p < len(toks) else -1  # a parent skipped below: a root
         t = int(rng.integers(0, vocab))
         if t in kids.setdefault(p, set()):
             continue
         kids[p].add(t)
         toks.append(t)
-        parents.append(p if p < len(toks) - 1 else -1)
+        parents.append(p)
         counts.append(int(rng.integers(1, 50)) if parents[-1] < 0 else int(rng.integers(1, counts[parents[-1]] + 1)))
     top = sum(c for c, p in zip(counts, parents) if p < 0)
     return TokenTree(np.array(toks, np.uint32), np.array(parents, np.int32), np.array(counts, np.uint32),

@@ -118,6 +118,13 @@ class Settings:
                                    "the role that appends outputs (INSERT on live_outputs only; default DATABASE_URL)")
     outputs_shared: bool = setting("CREST_OUTPUTS_SHARED", True, _flag, "1: the output index also learns every other "
                                    "process's finished outputs from the live layer; 0: only this process's own")
+    online_strength: float | None = setting("CREST_ONLINE_STRENGTH", None, _number(0), "the node scores refitted "
+                                            "online on the engine's verdicts, per datastore: the shipped calibration's "
+                                            "weight as their prior, in verdicts (0: off, scores as shipped; default: "
+                                            "the core's, 10)")
+    fits_shared: bool = setting("CREST_FITS_SHARED", True, _flag, "1 (with CREST_LIVE=1): the online fit is one per "
+                                "datastore across the fleet, kept in the database across restarts (calibration_fits, "
+                                "folded every few seconds by CREST_LIVE_URL's role); 0: each process its own")
     compact: bool = setting("CREST_COMPACT", True, _flag, "1 (with CREST_LIVE=1): python -m serving starts python -m "
                             "live serve beside the engine, which compacts the live layers automatically (one "
                             "compactor per datastore across processes and hosts); 0: off")

@@ -7,7 +7,8 @@ the build with a reader's rights. ``migrate`` brings the registry schema to the 
 (builds do it too); ``drop`` removes a datastore's builds (at once out of the registry; each table when no
 session holds it) and ``vacuum`` drops the tables left for later; ``grant-reader`` / ``revoke-reader`` give
 and take back a least-privilege role's right to look datastores up; ``grant-appender`` lets a decoder's role
-append finished outputs to the live layer (``INSERT`` on ``live_outputs``, nothing else).
+append finished outputs to the live layer (``INSERT`` on ``live_outputs``) and fold its verdicts into the fleet's
+online calibration fits (``calibration_fits``), nothing else.
 
 Exit codes: 0 done, 1 the command could not be carried out, 2 bad input (:mod:`toolkit.console`).
 """
@@ -72,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("--name", type=datastore_name, default=None,
                     help="only this datastore's grant (default: every grant of the role).")
     ga = sub.add_parser("grant-appender", parents=db,
-                        help="let a decoder's role append finished outputs to the live layer (INSERT only).")
+                        help="let a decoder's role append finished outputs to the live layer (INSERT only) "
+                             "and fold into the fleet's online calibration fits.")
     ga.add_argument("role", help="the Postgres role to grant.")
     ga.add_argument("--create", action="store_true", help="create the role (LOGIN, no password) if it does not exist.")
     return p

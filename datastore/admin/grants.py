@@ -63,7 +63,7 @@ def grant_reader(url: str, role: str, name: str | None = None, *, create: bool =
         with conn.transaction():
             conn.execute("INSERT INTO reader_grants (role, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", [role, name])
             _grant_access(conn, role)
-            conn.execute(sql.SQL("GRANT SELECT ON alembic_version, datastores TO {}").format(ident))
+            conn.execute(sql.SQL("GRANT SELECT ON alembic_version, datastores, calibration_fits TO {}").format(ident))
             tables = [t for (t,) in conn.execute(
                 "SELECT trees_table FROM datastores WHERE state = 'ready' AND (%s::text IS NULL OR name = ANY(%s)) "
                 "ORDER BY id", [name, _with_delta(name)])]
@@ -125,9 +125,11 @@ def grant_to_readers(conn: psycopg.Connection, table: str, name: str) -> list[st
 
 
 def grant_appender(url: str, role: str, *, create: bool = False) -> None:
-    """Let ``role`` append finished outputs to the live layer (``live_outputs``) and nothing else: ``INSERT``
-    on that table and ``USAGE`` on its id sequence (plus ``CONNECT`` / schema ``USAGE`` where it lacks them).
-    No ``SELECT``, ``UPDATE`` or ``DELETE``: a decoder can add outputs, never read or change any.
+    """Let ``role`` append finished outputs to the live layer (``live_outputs``) and fold its verdicts into the fleet's
+    online calibration fits (``calibration_fits``), and nothing else: ``INSERT`` on ``live_outputs`` and ``USAGE`` on
+    its id sequence, ``SELECT``, ``INSERT`` and ``UPDATE`` on ``calibration_fits`` (plus ``CONNECT`` / schema
+    ``USAGE`` where it lacks them). No ``SELECT``, ``UPDATE`` or ``DELETE`` on outputs: a decoder can add outputs,
+    never read or change any.
 
     Args:
         url: libpq URL of the role that owns the tables (the one that migrates and builds).
@@ -145,6 +147,7 @@ def grant_appender(url: str, role: str, *, create: bool = False) -> None:
             _grant_access(conn, role)
             conn.execute(sql.SQL("GRANT INSERT ON live_outputs TO {}").format(ident))
             conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE live_outputs_id_seq TO {}").format(ident))
+            conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE ON calibration_fits TO {}").format(ident))
 
 
 def revoke_reader(url: str, role: str, name: str | None = None) -> list[str]:
@@ -176,7 +179,8 @@ def revoke_reader(url: str, role: str, name: str | None = None) -> list[str]:
             for table in tables:
                 conn.execute(sql.SQL("REVOKE SELECT ON {} FROM {}").format(sql.Identifier(table), ident))
             if name is None:
-                conn.execute(sql.SQL("REVOKE SELECT ON alembic_version, datastores FROM {}").format(ident))
+                conn.execute(sql.SQL("REVOKE SELECT ON alembic_version, datastores, calibration_fits FROM {}")
+                             .format(ident))
             if conn.execute("SELECT 1 FROM reader_grants WHERE role = %s AND (name IS NULL OR name LIKE %s) LIMIT 1",
                             [role, "%" + LIVE_SUFFIX]).fetchone() is None:  # no live layer's grant left
                 conn.execute(sql.SQL("REVOKE SELECT ON live_outputs FROM {}").format(ident))

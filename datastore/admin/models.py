@@ -18,6 +18,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -143,6 +144,27 @@ class LiveOutput(Base):
         CheckConstraint("num_tokens > 0 AND octet_length(tokens) = 4 * num_tokens", name="ck_live_outputs_length"),
         Index("ix_live_outputs_name_id", "name", "id"),
     )
+
+
+class CalibrationFit(Base):
+    """The fleet's online calibration fit of one datastore (:class:`live.FitFeed`, ``csrc/online.hpp``).
+
+    Attributes:
+        name: the datastore. prior: the digest of the calibration the learner started from
+            (:meth:`drafting.Calibration.digest`). with_model: whether it scores with the target's state.
+        state: the learner's state (``crest_native.Core.fold``; ``NULL``: none folded yet). outcomes: the verdicts it
+            learnt from. folds: the folds it took. updated_at: the last fold.
+    """
+
+    __tablename__ = "calibration_fits"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    prior: Mapped[str] = mapped_column(String(64), primary_key=True)
+    with_model: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    state: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    outcomes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    folds: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
 def tree_table(name: str) -> Table:

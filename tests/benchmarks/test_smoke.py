@@ -172,6 +172,45 @@ def test_service_step(database_url, chat_datastore, references):
     assert all(len(d) == 1 for d in digests.values())  # the replica drafts bit for bit what the round trip drafts
 
 
+def test_online_fit(database_url, chat_datastore, references, tmp_path):
+    out = _run("online_fit", "--sets", "spec_bench", "humaneval", "--window", "1", "--budget", "4", "--datastore",
+               chat_datastore, "--code-datastore", chat_datastore, "--references", references, "--out",
+               tmp_path / "online.json", url=database_url)
+    saved = json.loads((tmp_path / "online.json").read_text())
+    assert [(r["set"], r["variant"]) for r in saved["stream"]] == [
+        (s, v) for s in ("spec_bench", "humaneval") for v in ("frozen", "online", "flat", "flat-warmed")]
+    assert all(r["requests"] == 1 and r["accept"] >= 1 and r["windows"] for r in saved["stream"])
+    learnt = {(r["set"], r["variant"]): r["verdicts"] for r in saved["stream"]}
+    assert all(learnt[s, "frozen"] == 0 < learnt[s, "online"] for s in ("spec_bench", "humaneval"))
+    assert learnt["spec_bench", "flat-warmed"] > learnt["spec_bench", "flat"]  # it adopted the other half's verdicts
+    assert printed(out, r"spec_bench +flat-warmed +[\d.]+ +[\d.]+")
+    fleet = _run("online_fit", "--sets", "spec_bench", "--half", "all", "--fleet", "--window", "1", "--budget", "4",
+                 "--datastore", chat_datastore, "--references", references, "--out", tmp_path / "fleet.json",
+                 url=database_url)
+    (row,) = json.loads((tmp_path / "fleet.json").read_text())["fleet"]
+    assert row["a_requests"] == 1 and row["a_folded"] > 0 and row["b_adopted"] == row["a_folded"]
+    assert "fleet of two" in fleet
+
+
+def test_mixed_stream(database_url, chat_datastore, code_sample, ds_name, references, tmp_path):
+    from ingest.build import BuildConfig, build_datastore
+
+    build_datastore(BuildConfig(name=ds_name, source="code", path=code_sample, top_t=2000, database_url=database_url),
+                    progress=False)
+    methods = ["named", "named-shared", "both", *(["suffix"] if ARCTIC else [])]
+    out = _run("mixed_stream", "--methods", *methods, "--forms", "chain", "--budgets", "4", "--datastore",
+               chat_datastore, "--code-datastore", ds_name, "--both", chat_datastore, "--references", references,
+               "--out", tmp_path / "mixed.json", url=database_url)
+    saved = json.loads((tmp_path / "mixed.json").read_text())
+    assert saved["methods"] == methods and saved["requests"] == 2
+    assert [r["method"] for r in saved["rows"]] == methods
+    assert all(r["accept_length"] >= 1 and r["spec_bench"] >= 1 and r["humaneval"] >= 1 for r in saved["rows"])
+    assert "named ÷ both" in out
+    same = subprocess.run([sys.executable, "-m", "benchmarks.mixed_stream", "--code-datastore", chat_datastore,
+                           "--datastore", chat_datastore], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert same.returncode == 2 and "name another" in same.stderr and "Traceback" not in same.stderr
+
+
 def _fleet_refused(*args: object, env: dict | None = None) -> str:
     """``python -m benchmarks.fleet ARGS`` exits 1 with a one-line error, no traceback; returns its stderr."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.fleet", *map(str, args)], cwd=REPO, capture_output=True,

@@ -63,8 +63,8 @@ def test_the_engine_batch_drafts_what_the_library_drafts(chain, chat_datastore, 
     had): every row's draft is what the library's step drafts from the same request's tokens, bit for bit."""
     source = _source(chat_datastore, tokenizer, database_url, replicas=False)
     sink = Sink()
-    service = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0, live_writer=sink)
-    alone = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0)
+    service = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0, live_writer=sink, online_strength=0.0)
+    alone = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0, online_strength=0.0)
     engine = service.engine_batch(chain=chain)
     texts = [[int(t) for t in p.token_ids] for p in eval_prompts] * 2
     seqs = {i: t[:24] for i, t in enumerate(texts)}
@@ -106,8 +106,8 @@ def test_the_engine_batch_drafts_what_the_library_drafts(chain, chat_datastore, 
 def test_a_row_that_does_not_extend_its_request_is_started_again_and_a_bad_id_fails_no_other_row(
         chat_datastore, database_url, tokenizer, eval_prompts, caplog):
     source = _source(chat_datastore, tokenizer, database_url, replicas=False)
-    service = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0)
-    alone = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0)
+    service = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0, online_strength=0.0)
+    alone = DraftingService(source, vocab_size=VOCAB, outputs_bytes=0, online_strength=0.0)
     engine = service.engine_batch()
     a, b = ([int(t) for t in p.token_ids] for p in eval_prompts[:2])
     tokens, lengths = np.zeros((2, 512), np.int32), np.array([30, 30], np.int32)

@@ -50,7 +50,8 @@ def test_native_drafts_equal_the_oracle(seed, vocab_bits, chain, min_score, outp
     cal = Calibration(rng.normal(scale=0.7, size=len(FEATURES)), float(rng.normal()), float(rng.choice([0.0, 1.0])),
                       sources=crest_native.SOURCES, token_bias=term)
     oracle = PythonCore(cal, outputs_bytes, sources=sources)
-    native = native_core(calibration=cal, outputs_bytes=outputs_bytes, sources=sources, local_depth=16)
+    native = native_core(calibration=cal, outputs_bytes=outputs_bytes, sources=sources, local_depth=16,
+                         online_strength=0.0)  # the oracle scores with the calibration given (online: test_online)
     active: list[int] = []
     handles: dict[int, int] = {}
     for step in range(40):
@@ -198,7 +199,7 @@ def test_the_service_drafts_what_the_oracle_drafts_on_the_evaluation_sets(chain,
     prompts = load_prompts("spec_bench", tokenizer, limit=1) + load_prompts("humaneval", tokenizer, limit=6)
     source = DatastoreSource(lambda: SharedDatastore.open(chat_datastore, tokenizer=tokenizer,
                                                           database_url=database_url, replicas=False))
-    service = DraftingService(source, vocab_size=len(tokenizer))
+    service = DraftingService(source, vocab_size=len(tokenizer), online_strength=0.0)  # the oracle does not learn
     oracle = PythonCore(service.calibration, DEFAULTS["outputs_bytes"])
     compared = nonempty = 0
     try:

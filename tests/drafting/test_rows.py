@@ -14,7 +14,7 @@ WIDTH = 700
 
 
 def _service() -> DraftingService:
-    return DraftingService(None, vocab_size=VOCAB, outputs_bytes=0)
+    return DraftingService(None, vocab_size=VOCAB, outputs_bytes=0, online_strength=0.0)  # drafts compared across runs
 
 
 def _seq(seed: int, n: int) -> np.ndarray:

@@ -15,7 +15,7 @@ class OnlineFit:
     of its Fisher information and gradient, towards the posterior mode under a Gaussian prior of weight ``strength``
     centred on the prior's coefficients (``coef`` then the intercept)."""
 
-    def __init__(self, coef: Sequence[float], intercept: float, strength: float, memory: float,
+    def __init__(self, coef: Sequence[float] | np.ndarray, intercept: float, strength: float, memory: float,
                  refit_every: int) -> None:
         self.prior = np.array([*coef, intercept], dtype=np.float64)
         self.now = self.prior.copy()
@@ -59,7 +59,7 @@ def trial(tokens: Sequence[int], parents: Sequence[int], picked: Sequence[int]) 
     (-1: the root), in union order (parents first)."""
     drafted = set(picked)
     slot: dict[int, int] = {}
-    out = []
+    out: list[tuple[int, int]] = []
     for m, p in enumerate(parents):
         if p < 0 or (p in drafted and p in slot):
             slot[m] = len(out)
@@ -73,7 +73,7 @@ def outcomes(tokens: Sequence[int], parents: Sequence[int], picked: Sequence[int
     the node reached, and whether the committed token is it; from the root, until a depth with no trial child or no
     hit. ``(union index, accepted)`` in the order they are judged."""
     nodes = trial(tokens, parents, picked)
-    out = []
+    out: list[tuple[int, bool]] = []
     at = -1
     for token in committed:
         children = [(k, m) for k, (m, parent) in enumerate(nodes) if parent == at]
