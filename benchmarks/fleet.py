@@ -235,7 +235,7 @@ def _distill(args) -> None:
     out = args.dir / "distilled.jsonl.zst"
     if args.engine == "vllm":
         prompts = args.dir / "distill-prompts.jsonl.zst"
-        subprocess.run([sys.executable, "-m", "serving", "distill", "--path", str(prompts), "--out", str(out),
+        subprocess.run([sys.executable, "-m", "evaluation", "distill", "--path", str(prompts), "--out", str(out),
                         "--max-new-tokens", str(args.max_new_tokens)], check=True)
         return
     from evaluation.distill import append_chunk, read_prompts

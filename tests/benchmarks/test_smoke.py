@@ -368,7 +368,6 @@ def test_vllm_serving(database_url, chat_datastore, tmp_path):
     forwards = run["sets"]["spec_bench"]["accounting"]["forwards"]  # [ms, tokens] each, the prefill first
     assert len(forwards) >= 8 and all(ms > 0 and tokens > 0 for ms, tokens in forwards)
     assert forwards[0][1] > 9  # a prefill (a chat prompt's tokens), where a decode step verifies at most 1 + k
-    assert run["compaction_checks"] >= 0 and isinstance(run["compactions"], list)
     assert printed(out, r"spec_bench +1 crest +\d+ +[\d.]+")  # the accounting's table
     assert row["method"] == "crest" and row["prompts"] == 2 and row["tokens_per_s"] > 0
     assert row["accept_length"] >= 1 and row["proposer_steps"] > 0 and row["propose_p50_ms"] > 0

