@@ -75,15 +75,20 @@ if TYPE_CHECKING:
     from vllm import RequestOutput
     from vllm.inputs import TokensPrompt
 
+MAX_MODEL_LEN = 4096
+"""The engines' context, in tokens (the model's)."""
 PROMPTS = {1: 13, 8: 26, 32: 64}  # prompts per run by concurrency (the run keeps the engine full)
 
 
-def _prompts(name: str, half: str, count: int):
+def _prompts(name: str, half: str, count: int, max_new_tokens: int):
+    """``count`` prompts of the set's ``half``, round-robin over its categories, leaving out (and naming) those that do
+    not fit the engine's context beside ``max_new_tokens``, as ``python -m evaluation references --skip-long`` does."""
+    from evaluation.greedy import fitting
     from evaluation.prompts import load_prompts
     from toolkit import load_tokenizer
 
     halves: dict[str, list] = {}
-    for p in load_prompts(name, load_tokenizer(), half=half):
+    for p in fitting(name, load_prompts(name, load_tokenizer(), half=half), MAX_MODEL_LEN - max_new_tokens, True):
         halves.setdefault(p.category, []).append(p)
     out: list = []
     i = 0
@@ -270,7 +275,7 @@ def child(args) -> None:
     count = args.prompts or PROMPTS.get(concurrency, 2 * concurrency)
     t0 = time.perf_counter()
     compactor = _live_serve() if ours(args.method) else None
-    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=4096, seed=0, max_num_seqs=concurrency,
+    llm = LLM(model=export_checkpoint(), dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0, max_num_seqs=concurrency,
               speculative_config=_spec(args.method, args.k), disable_log_stats=False, enforce_eager=args.enforce_eager)
     startup = time.perf_counter() - t0
     # after the engine is built: importing vLLM's ngram proposer before it imports numba, whose llvmlite breaks
@@ -295,7 +300,7 @@ def child(args) -> None:
             raise SystemExit("the datastore's replica was not ready within 10 minutes")
     result = {"method": args.method, "k": args.k or 0, "concurrency": concurrency, "startup_s": startup, "sets": {}}
     for name in args.sets:
-        prompts = _prompts(name, args.half, count)
+        prompts = _prompts(name, args.half, count, args.max_new_tokens)
         before, pstats0 = _counters(llm), proposer.stats() if proposer else None
         if proposer:
             proposer.reset_times()
@@ -617,7 +622,7 @@ def measure(args) -> dict:
     name = Settings.from_env({**os.environ, **shared}).datastore  # where ours drafts from, as vLLM builds it
     if any(ours(m) for m in args.methods):  # ours drafts from CREST_DATASTORE: its corpus must not hold what is scored
         for eval_set in args.sets:
-            scored = _prompts(eval_set, args.half, max(args.prompts or 0, *PROMPTS.values()))
+            scored = _prompts(eval_set, args.half, max(args.prompts or 0, *PROMPTS.values()), args.max_new_tokens)
             require_clean(name, eval_set, [p.id for p in scored])
     results = []
     args.out.parent.mkdir(parents=True, exist_ok=True)

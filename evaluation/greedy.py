@@ -25,13 +25,15 @@ from pathlib import Path
 from toolkit.eval_sets import BFCL_SETS
 from toolkit.options import int_in
 
-__all__ = ["SETS", "add_parser", "greedy_engine", "reference_path"]
+__all__ = ["SETS", "add_parser", "fitting", "greedy_engine", "reference_path"]
 
 SETS = ("spec_bench", "spec_bench_turn2", "humaneval")
 
 
-def _fitting(name: str, prompts: list, room: int, skip: bool) -> list:
-    """``prompts`` whose tokens fit ``room``; the others named, then left out (``skip``) or refused.
+def fitting(name: str, prompts: list, room: int, skip: bool) -> list:
+    """``prompts`` (:class:`evaluation.prompts.Prompt`) whose ``token_ids`` fit ``room`` tokens (the engine's context
+    less the answer's tokens), in order; the others named on stdout, with their lengths, then left out (``skip``) or
+    refused. ``name`` names the set in the message.
 
     Raises:
         SystemExit: naming each prompt that does not fit and its length, unless ``skip``.
@@ -56,7 +58,7 @@ def _later_turns(llm, tok, name: str, rows: list, room: int, args: argparse.Name
     by_entry: dict[str, list] = {pid: [(pid, prompt, out)] for pid, prompt, out in rows}
     answers = {pid: [tok.decode(out, skip_special_tokens=True)] for pid, _, out in rows}
     turn = 1
-    while prompts := _fitting(f"{name} turn {turn + 1}", turn_prompts(tok, name, answers, turn), room,
+    while prompts := fitting(f"{name} turn {turn + 1}", turn_prompts(tok, name, answers, turn), room,
                               args.skip_long):
         outs = _generate(llm(), [list(p.token_ids) for p in prompts], args.max_new_tokens)
         for p, out in zip(prompts, outs):
@@ -194,7 +196,7 @@ def _generate_sets(args: argparse.Namespace) -> None:
     first: dict[str, list[int]] = {}
     room = MAX_MODEL_LEN - args.max_new_tokens  # a prompt's most tokens, beside its answer
     for name in [n for n in args.sets if n in ("spec_bench", "humaneval", *BFCL_SETS)]:
-        prompts = _fitting(name, load_prompts(name, tok)[:args.limit], room, args.skip_long)
+        prompts = fitting(name, load_prompts(name, tok)[:args.limit], room, args.skip_long)
         path, want = reference_path(args.references, name), provenance(name)
         if not _current(path, want, [p.id for p in prompts]):
             t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from evaluation.bfcl import fetch, turn_prompts
-from evaluation.greedy import _fitting
+from evaluation.greedy import fitting
 from evaluation.prompts import BFCL_SYSTEM, load_prompts
 from evaluation.references import Reference, half
 from toolkit.eval_sets import BFCL_CATEGORIES, BFCL_PER_CATEGORY, read_rows, screened_texts
@@ -90,7 +90,7 @@ def test_a_prompt_that_does_not_fit_is_named_and_refused_or_left_out(bfcl, token
     longest = max(prompts, key=lambda p: len(p.token_ids))
     room = len(longest.token_ids) - 1
     with pytest.raises(SystemExit, match=f"{longest.id} \\({len(longest.token_ids)} tokens\\).*--skip-long"):
-        _fitting("bfcl", prompts, room, skip=False)
-    kept = _fitting("bfcl", prompts, room, skip=True)
+        fitting("bfcl", prompts, room, skip=False)
+    kept = fitting("bfcl", prompts, room, skip=True)
     assert longest not in kept and len(kept) == len(prompts) - sum(len(p.token_ids) > room for p in prompts)
     assert f"{longest.id} ({len(longest.token_ids)} tokens)" in capsys.readouterr().out
